@@ -1,0 +1,156 @@
+"""Command-line interface (typer). Thin: parses options and calls the job modules.
+
+Exit codes: 0 pass; 1 parity/check failure; 2 usage error; 3 engine failed to start or died;
+130 / 143 interrupted (SIGINT / SIGTERM).
+"""
+from __future__ import annotations
+
+
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from . import __version__
+from .engine.errors import HarnessError, UsageError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Validation and stress-test harness for patched vLLM engines: launches the "
+                       "engine, runs scenarios, compares every output's token IDs (SHA256) with a "
+                       "single-request reference, and writes a results manifest with a verdict.")
+console = Console()
+
+
+def _version(value: bool):
+    if value:
+        print(f"ple-harness {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def main(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                               help="Print the version and exit.")] = False):
+    pass
+
+
+def _parse_ladder(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.replace(">", ",").replace("C", "").split(",") if x.strip()]
+    except ValueError:
+        raise UsageError(f"--ladder {text!r}: expected comma-separated concurrency levels, "
+                         "e.g. 4,3,2,1") from None
+
+
+def _parse_env(items: list[str]) -> dict[str, str]:
+    out = {}
+    for it in items:
+        if "=" not in it:
+            raise UsageError(f"--engine-env {it!r}: expected NAME=VALUE")
+        k, v = it.split("=", 1)
+        out[k] = v
+    return out
+
+
+@app.command()
+def stress(
+    model: Annotated[Optional[str], typer.Option(help="Local model path to serve. Default: the "
+                                                 "embedded tiny model (built and cached on first use).")] = None,
+    url: Annotated[Optional[str], typer.Option(help="Attach to a running server at this base URL "
+                                               "instead of launching one (e.g. http://127.0.0.1:8000).")] = None,
+    tp: Annotated[int, typer.Option("--tp", min=1, help="Tensor-parallel size "
+                                    "(--tensor-parallel-size of the launched engine).")] = 1,
+    engine_python: Annotated[Optional[str], typer.Option(help="Python that has vLLM installed. "
+                                                         "Default: this Python.")] = None,
+    engine_arg: Annotated[Optional[list[str]], typer.Option(
+        help="Extra argument for the engine server, repeatable; use the = form for values: "
+             "--engine-arg --max-num-seqs=8. Appended last, so it overrides defaults.")] = None,
+    engine_env: Annotated[Optional[list[str]], typer.Option(
+        help="NAME=VALUE environment variable for the engine, repeatable.")] = None,
+    scenario: Annotated[Optional[list[str]], typer.Option(
+        help="Scenario name (shipped, see `ple-harness scenarios`) or TOML path; repeatable. "
+             "Default: transitions.")] = None,
+    ladder: Annotated[Optional[str], typer.Option(help="Override the concurrency ladder, "
+                                                  "e.g. 4,3,2,1,2,3,4,1.")] = None,
+    repeats: Annotated[Optional[int], typer.Option(help="Override how often the ladder repeats.")] = None,
+    max_tokens: Annotated[Optional[int], typer.Option(help="Override max_tokens per request.")] = None,
+    results_dir: Annotated[Path, typer.Option(help="Where run folders are created.")] = Path("results"),
+    run_id: Annotated[Optional[str], typer.Option(help="Name of the run folder (must not exist). "
+                                                  "Default: timestamp + random suffix.")] = None,
+    host: Annotated[str, typer.Option(help="Listen address of a launched engine.")] = "127.0.0.1",
+    port: Annotated[Optional[int], typer.Option(help="Listen port of a launched engine "
+                                                "(default: a free port).")] = None,
+    start_timeout: Annotated[float, typer.Option(help="Seconds to wait for the engine to become "
+                                                 "ready.")] = 900.0,
+    served_model_name: Annotated[Optional[str], typer.Option(help="Model name to request "
+                                                             "(default: as the server lists it).")] = None,
+):
+    """Launch (or attach to) a vLLM server and run the stress scenarios against it."""
+    from .stress import StressConfig, run_stress
+
+    overrides = {}
+    if ladder is not None:
+        overrides["ladder"] = _parse_ladder(ladder)
+    if repeats is not None:
+        overrides["repeats"] = repeats
+    if max_tokens is not None:
+        overrides["max_tokens"] = max_tokens
+    cfg = StressConfig(model=model, url=url, tp=tp, engine_python=engine_python or sys.executable,
+                       engine_args=list(engine_arg or []), engine_env=_parse_env(engine_env or []),
+                       scenarios=list(scenario or ["transitions"]), overrides=overrides,
+                       results_dir=results_dir, run_id=run_id, host=host, port=port,
+                       start_timeout_s=start_timeout, served_model_name=served_model_name,
+                       invocation=["ple-harness"] + sys.argv[1:])
+    raise typer.Exit(run_stress(cfg, console))
+
+
+@app.command()
+def scenarios():
+    """List the shipped scenarios with a one-line description each."""
+    from .scenarios import REGISTRY, scenario_dirs
+    from .scenarios.base import load_scenario_file
+
+    seen = set()
+    for d in scenario_dirs():
+        for f in sorted(d.glob("*.toml")):
+            if f.stem in seen:
+                continue
+            seen.add(f.stem)
+            try:
+                sc = load_scenario_file(str(f))
+                console.print(f"[bold]{f.stem}[/bold] ({sc.kind}): {sc.description}")
+            except ValueError as exc:
+                console.print(f"[red]{f.stem}[/red]: {exc}")
+    console.print(f"scenario kinds: {', '.join(sorted(REGISTRY))}")
+
+
+@app.command("build-model")
+def build_model(engine_python: Annotated[Optional[str], typer.Option(
+        help="Python with torch, transformers and tokenizers. Default: this Python.")] = None):
+    """Build (or find in the cache) the embedded default model and print its path."""
+    from .model import ensure_embedded_model
+    print(ensure_embedded_model(engine_python or sys.executable, log=console.print))
+
+
+def run() -> None:
+    """Console entry point: maps harness errors to their exit codes with one clear line."""
+    try:
+        app(standalone_mode=False)
+    except HarnessError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        sys.exit(exc.exit_code)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except SystemExit:
+        raise
+    except Exception as exc:  # click usage errors
+        import click
+        if isinstance(exc, click.exceptions.ClickException):
+            exc.show()
+            sys.exit(2)
+        if isinstance(exc, click.exceptions.Abort):
+            sys.exit(130)
+        raise
+
+

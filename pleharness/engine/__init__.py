@@ -1,0 +1,1 @@
+"""Engine lifecycle (launch or attach), HTTP client, engine facts and /metrics scraping."""

@@ -1,0 +1,283 @@
+"""HTTP client for the engine's OpenAI-compatible API (requests; one session per thread).
+
+Completions are requested as token-ID prompts with ``return_token_ids`` so that outputs are compared
+as token IDs, never as re-tokenized text. Streaming (SSE) is used so that TTFT can be measured.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import requests
+
+from .errors import EngineError
+
+
+@dataclass
+class Timeouts:
+    """Per-request timeouts in seconds.
+
+    connect_s: TCP connect; first_token_s: from send to the first streamed token; between_tokens_s:
+    the longest gap between two streamed chunks; total_s: the whole request.
+    """
+
+    connect_s: float = 10.0
+    first_token_s: float = 300.0
+    between_tokens_s: float = 120.0
+    total_s: float = 1800.0
+
+
+@dataclass
+class Completion:
+    """Outcome of one completion request.
+
+    Attributes:
+        token_ids: output token IDs in order (possibly partial when ``error`` is set).
+        text: concatenated output text (display only).
+        finish_reason: as reported by the engine, or None.
+        prompt_tokens / completion_tokens: from the usage block, or None when absent.
+        ttft_s: seconds from sending to the first chunk carrying output tokens.
+        latency_s: seconds from sending to the end of the response.
+        itl_s: gaps between successive token-carrying chunks, seconds.
+        logprobs: per output position, a dict {token_id: logprob} of the top candidates, when asked.
+        error: None on success, else one of ``http``, ``timeout``, ``connection``, ``protocol``.
+        error_detail: short text (HTTP status and a body excerpt, or the exception).
+        http_status: HTTP status code, when a response arrived.
+        prompt_token_ids: the prompt as the engine saw it, when returned.
+    """
+
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    ttft_s: float | None = None
+    latency_s: float | None = None
+    itl_s: list[float] = field(default_factory=list)
+    logprobs: list[dict[int, float]] | None = None
+    top_logprobs_raw: list[Any] | None = None
+    error: str | None = None
+    error_detail: str | None = None
+    http_status: int | None = None
+    prompt_token_ids: list[int] | None = None
+    started_at: float | None = None
+
+
+class EngineClient:
+    """Client for one engine base URL.
+
+    Args:
+        base_url: e.g. ``http://127.0.0.1:8000`` (no trailing /v1).
+        model: model name as listed in /v1/models.
+        api_key: sent as ``Authorization: Bearer`` when given.
+        timeouts: see :class:`Timeouts`.
+    """
+
+    def __init__(self, base_url: str, model: str | None = None, api_key: str | None = None,
+                 timeouts: Timeouts | None = None):
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.api_key = api_key
+        self.timeouts = timeouts or Timeouts()
+        self._local = threading.local()
+
+    @property
+    def session(self) -> requests.Session:
+        s = getattr(self._local, "session", None)
+        if s is None:
+            s = requests.Session()
+            if self.api_key:
+                s.headers["Authorization"] = f"Bearer {self.api_key}"
+            self._local.session = s
+        return s
+
+    # -- simple endpoints ------------------------------------------------------------------------
+    def health(self, timeout: float = 5.0) -> bool:
+        try:
+            return self.session.get(self.base_url + "/health", timeout=timeout).status_code == 200
+        except requests.RequestException:
+            return False
+
+    def models(self) -> list[dict]:
+        r = self.session.get(self.base_url + "/v1/models", timeout=10)
+        r.raise_for_status()
+        return r.json().get("data", [])
+
+    def resolve_model(self) -> str:
+        """Set and return ``self.model`` (the first listed model when none was given).
+
+        Raises EngineError when the server is unreachable or lists no (matching) model.
+        """
+        try:
+            names = [m["id"] for m in self.models()]
+        except (requests.RequestException, ValueError, KeyError) as exc:
+            raise EngineError(f"cannot list models at {self.base_url}/v1/models: {exc}") from None
+        if not names:
+            raise EngineError(f"{self.base_url}/v1/models lists no model")
+        if self.model is None:
+            self.model = names[0]
+        elif self.model not in names:
+            raise EngineError(f"model {self.model!r} is not served at {self.base_url} "
+                              f"(served: {', '.join(names)})")
+        return self.model
+
+    def model_card(self) -> dict:
+        for m in self.models():
+            if m.get("id") == self.model:
+                return m
+        return {}
+
+    def version(self) -> str | None:
+        try:
+            r = self.session.get(self.base_url + "/version", timeout=5)
+            return r.json().get("version") if r.status_code == 200 else None
+        except (requests.RequestException, ValueError):
+            return None
+
+    def metrics_text(self) -> str | None:
+        try:
+            r = self.session.get(self.base_url + "/metrics", timeout=10)
+            return r.text if r.status_code == 200 else None
+        except requests.RequestException:
+            return None
+
+    def tokenize(self, **payload: Any) -> list[int]:
+        """POST /tokenize (``prompt=...`` or ``messages=...``); returns the token IDs."""
+        body = {"model": self.model, **payload}
+        r = self.session.post(self.base_url + "/tokenize", json=body, timeout=30)
+        if r.status_code != 200:
+            raise EngineError(f"/tokenize answered {r.status_code}: {r.text[:200]}")
+        return list(r.json()["tokens"])
+
+    def detokenize(self, ids: list[int]) -> str:
+        r = self.session.post(self.base_url + "/detokenize", json={"model": self.model,
+                                                                   "tokens": ids}, timeout=30)
+        if r.status_code != 200:
+            raise EngineError(f"/detokenize answered {r.status_code}: {r.text[:200]}")
+        return r.json()["prompt"]
+
+    # -- completions -----------------------------------------------------------------------------
+    def complete(self, prompt_ids: list[int], max_tokens: int, *, temperature: float = 0.0,
+                 ignore_eos: bool = True, logprobs: int | None = None,
+                 on_token=None, extra: dict | None = None) -> Completion:
+        """Stream one completion for a token-ID prompt; never raises for request failures.
+
+        Args:
+            prompt_ids: prompt as token IDs.
+            max_tokens: maximum number of output tokens.
+            temperature: 0 for greedy.
+            ignore_eos: keep decoding past EOS (vLLM extension), so lengths are fixed.
+            logprobs: number of top logprobs per position (OpenAI ``logprobs``), or None.
+            on_token: callback ``f(n_tokens_so_far)`` after each token-carrying chunk.
+            extra: further request fields.
+
+        Returns a :class:`Completion`; failures are reported in ``error`` / ``error_detail``.
+        """
+        body: dict[str, Any] = {
+            "model": self.model, "prompt": list(prompt_ids), "max_tokens": max_tokens,
+            "temperature": temperature, "ignore_eos": ignore_eos, "stream": True,
+            "stream_options": {"include_usage": True}, "return_token_ids": True,
+        }
+        if logprobs is not None:
+            body["logprobs"] = logprobs
+        if extra:
+            body.update(extra)
+        out = Completion(logprobs=[] if logprobs is not None else None)
+        t = self.timeouts
+        t0 = time.monotonic()
+        out.started_at = time.time()
+        last = t0
+        try:
+            resp = self.session.post(self.base_url + "/v1/completions", json=body, stream=True,
+                                     timeout=(t.connect_s, t.first_token_s))
+        except requests.Timeout as exc:
+            return _fail(out, "timeout", f"no response: {exc}", t0)
+        except requests.RequestException as exc:
+            return _fail(out, "connection", str(exc)[:300], t0)
+        out.http_status = resp.status_code
+        try:
+            if resp.status_code != 200:
+                return _fail(out, "http", f"HTTP {resp.status_code}: {resp.text[:300]}", t0)
+            # between-token timeout: requests applies the read timeout to each socket read
+            if resp.raw is not None and resp.raw._fp is not None:  # noqa: SLF001
+                try:
+                    resp.raw._fp.fp.raw._sock.settimeout(t.between_tokens_s)  # noqa: SLF001
+                except AttributeError:
+                    pass
+            done = False
+            for raw in resp.iter_lines():
+                now = time.monotonic()
+                if now - t0 > t.total_s:
+                    return _fail(out, "timeout", f"total time over {t.total_s} s after "
+                                 f"{len(out.token_ids)} tokens", t0)
+                if not raw:
+                    continue
+                line = raw.decode("utf-8", errors="replace")
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    done = True
+                    break
+                try:
+                    chunk = json.loads(data)
+                except ValueError:
+                    return _fail(out, "protocol", f"malformed stream chunk: {data[:200]}", t0)
+                if not isinstance(chunk, dict):
+                    return _fail(out, "protocol", f"unexpected stream chunk: {data[:200]}", t0)
+                if "error" in chunk and not chunk.get("choices"):
+                    return _fail(out, "http", f"error in stream: {str(chunk['error'])[:300]}", t0)
+                usage = chunk.get("usage")
+                if usage:
+                    out.prompt_tokens = usage.get("prompt_tokens")
+                    out.completion_tokens = usage.get("completion_tokens")
+                for choice in chunk.get("choices") or []:
+                    if choice.get("prompt_token_ids") is not None:
+                        out.prompt_token_ids = list(choice["prompt_token_ids"])
+                    ids = choice.get("token_ids")
+                    text = choice.get("text") or ""
+                    if ids is None:
+                        if text or choice.get("finish_reason") is None:
+                            return _fail(out, "protocol",
+                                         "stream chunk without token_ids (return_token_ids "
+                                         f"unsupported?): {data[:200]}", t0)
+                        ids = []
+                    if ids:
+                        if out.ttft_s is None:
+                            out.ttft_s = now - t0
+                        else:
+                            out.itl_s.append(now - last)
+                        last = now
+                        out.token_ids.extend(int(i) for i in ids)
+                        if on_token is not None:
+                            on_token(len(out.token_ids))
+                    out.text += text
+                    lp = choice.get("logprobs")
+                    if lp and out.logprobs is not None:
+                        for top in lp.get("top_logprobs") or []:
+                            out.logprobs.append(top or {})
+                    if choice.get("finish_reason") is not None:
+                        out.finish_reason = choice["finish_reason"]
+            if not done:
+                return _fail(out, "protocol", f"stream ended without [DONE] after "
+                             f"{len(out.token_ids)} tokens", t0)
+        except requests.exceptions.ConnectionError as exc:
+            kind = "timeout" if "timed out" in str(exc).lower() else "connection"
+            return _fail(out, kind, f"{exc.__class__.__name__} after {len(out.token_ids)} tokens: "
+                         f"{str(exc)[:200]}", t0)
+        except requests.RequestException as exc:
+            return _fail(out, "connection", str(exc)[:300], t0)
+        finally:
+            resp.close()
+        out.latency_s = time.monotonic() - t0
+        return out
+
+
+def _fail(out: Completion, kind: str, detail: str, t0: float) -> Completion:
+    out.error = kind
+    out.error_detail = detail
+    out.latency_s = time.monotonic() - t0
+    return out

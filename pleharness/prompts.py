@@ -1,0 +1,66 @@
+"""Prompt builders. Prompts are token-ID lists, never text the server re-tokenizes.
+
+- :func:`seeded_prompts`: reproducible random token-ID prompts of varied lengths.
+- :func:`pad_chat_prompt`: exact-length chat-shaped prompts (filler inserted before the
+  generation-prompt tail).
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from .parity import token_hash
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A prompt with a stable key (for references) and its token IDs."""
+
+    key: str
+    ids: tuple[int, ...]
+    text: str | None = None  # the instruction, for display and expected-text checks
+    why: str | None = None  # why this length was chosen (boundary scenarios)
+
+    @property
+    def hash(self) -> str:
+        return token_hash(self.ids)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+def seeded_prompts(seed: int, count: int, min_len: int, max_len: int,
+                   id_low: int, id_high: int) -> list[Prompt]:
+    """``count`` prompts of random IDs in [id_low, id_high), lengths spread over [min_len, max_len].
+
+    Lengths are evenly spaced between the bounds (so both ends are always covered) and IDs come from
+    ``random.Random(seed)``: the same arguments always give the same prompts.
+
+    Raises ValueError for count < 1, min_len < 1, min_len > max_len or an empty ID range.
+    """
+    if count < 1 or min_len < 1 or min_len > max_len or id_low >= id_high:
+        raise ValueError(f"bad prompt set: count={count} lengths=[{min_len}, {max_len}] "
+                         f"ids=[{id_low}, {id_high})")
+    rng = random.Random(seed)
+    out = []
+    for i in range(count):
+        n = min_len if count == 1 else min_len + round(i * (max_len - min_len) / (count - 1))
+        ids = tuple(rng.randrange(id_low, id_high) for _ in range(n))
+        out.append(Prompt(key=f"p{i}-len{n}", ids=ids))
+    return out
+
+
+def pad_chat_prompt(template_ids: list[int], filler_id: int, length: int, tail: int = 4) -> list[int]:
+    """Insert ``filler_id`` before the last ``tail`` IDs until the prompt has exactly ``length`` IDs.
+
+    ``template_ids`` is the chat-templated prompt (with the generation prompt); its last ``tail``
+    tokens are the generation-prompt tail. Raises ValueError when ``length`` is shorter than the
+    unpadded prompt or ``tail`` is out of range.
+    """
+    if not 0 <= tail <= len(template_ids):
+        raise ValueError(f"tail {tail} out of range for a {len(template_ids)}-token prompt")
+    if length < len(template_ids):
+        raise ValueError(f"length {length} is shorter than the unpadded prompt "
+                         f"({len(template_ids)} tokens)")
+    cut = len(template_ids) - tail
+    return template_ids[:cut] + [filler_id] * (length - len(template_ids)) + template_ids[cut:]

@@ -1,0 +1,298 @@
+"""Run orchestration: results folder, engine (launch or attach), scenarios, manifest, verdict.
+
+Exit codes (documented once, used by the CLI): 0 every compared hash matched and no check failed;
+1 a parity or check failure (or failed requests); 2 usage error; 3 the engine failed to start or died;
+130 / 143 interrupted by SIGINT / SIGTERM.
+"""
+from __future__ import annotations
+
+import platform
+import secrets
+import statistics
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from . import __version__
+from .engine.client import Completion, EngineClient
+from .engine.errors import EngineError, UsageError
+from .engine.facts import EngineFacts
+from .engine.launch import EngineServer
+from .manifest import (CheckResult, Manifest, PhaseRecord, ReferenceRecord, RequestRecord,
+                       now_iso, write_manifest)
+from .parity import first_divergence, token_hash
+from .prompts import Prompt
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_ENGINE = 0, 1, 2, 3
+
+
+@dataclass
+class RequestSpec:
+    """One request to issue: a prompt, its sampling, and what to compare it with.
+
+    ``compare``: compare the output hash with the prompt's single-request reference.
+    ``checks``: reference-free checks to run on the output, as {check name: params}.
+    """
+
+    prompt: Prompt
+    max_tokens: int
+    compare: bool = True
+    logprobs: int | None = None
+    checks: dict[str, dict[str, Any]] = field(default_factory=dict)
+    note: str | None = None
+
+    @property
+    def ref_key(self) -> tuple[str, int]:
+        return (self.prompt.hash, self.max_tokens)
+
+
+@dataclass
+class Outcome:
+    spec: RequestSpec
+    completion: Completion
+    record: RequestRecord
+
+
+def new_run_dir(results_dir: Path, run_id: str | None = None) -> tuple[str, Path]:
+    """Create a fresh run folder ``results_dir/<run-id>``; never reuses an existing one.
+
+    Raises UsageError when the folder cannot be created or ``run_id`` exists already.
+    """
+    try:
+        results_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"results directory {results_dir} cannot be created: {exc}") from None
+    for _ in range(100):
+        rid = run_id or datetime.now().strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
+        d = results_dir / rid
+        try:
+            d.mkdir()
+            return rid, d
+        except FileExistsError:
+            if run_id:
+                raise UsageError(f"run folder {d} exists already; results are never "
+                                 "overwritten") from None
+        except OSError as exc:
+            raise UsageError(f"results directory {results_dir} is not writable: {exc}") from None
+    raise UsageError(f"could not create a new run folder under {results_dir}")
+
+
+def git_commit() -> str | None:
+    here = Path(__file__).resolve().parent
+    try:
+        r = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True,
+                           text=True, timeout=10)
+        return r.stdout.strip() or None if r.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def gpu_inventory() -> list[dict[str, Any]] | None:
+    """GPUs from nvidia-smi (name, memory used/total MiB, driver), or None when there is none."""
+    try:
+        r = subprocess.run(["nvidia-smi", "--query-gpu=index,name,memory.used,memory.total,"
+                            "driver_version", "--format=csv,noheader,nounits"],
+                           capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if r.returncode != 0:
+        return None
+    gpus = []
+    for line in r.stdout.strip().splitlines():
+        p = [x.strip() for x in line.split(",")]
+        if len(p) == 5:
+            gpus.append({"index": int(p[0]), "name": p[1], "memory_used_mib": float(p[2]),
+                         "memory_total_mib": float(p[3]), "driver": p[4]})
+    return gpus
+
+
+class RunContext:
+    """What scenarios use to issue phases: client, facts, references, manifest, progress.
+
+    Phases are recorded in the manifest, which is written atomically after each one.
+    """
+
+    def __init__(self, client: EngineClient, manifest: Manifest, manifest_path: Path,
+                 facts: EngineFacts, console: Console, server: EngineServer | None = None,
+                 progress: Progress | None = None, check_registry: dict | None = None):
+        self.client = client
+        self.manifest = manifest
+        self.manifest_path = manifest_path
+        self.facts = facts
+        self.console = console
+        self.server = server
+        self.progress = progress
+        self.references: dict[tuple[str, int], ReferenceRecord] = {}
+        self.check_registry = check_registry or {}
+        self._req_counter = 0
+        self.scenario_name = ""
+
+    # -- manifest ---------------------------------------------------------------------------------
+    def save(self) -> None:
+        write_manifest(self.manifest_path, self.manifest)
+
+    def ensure_engine_alive(self) -> None:
+        """Raise EngineError when the launched engine has exited or /health is no longer 200."""
+        if self.server is not None and not self.server.alive():
+            raise EngineError("engine process exited during the run", self.server.root_cause(),
+                              str(self.server.log_path))
+        if not self.client.health(timeout=10):
+            cause = self.server.root_cause() if self.server else None
+            raise EngineError("engine /health no longer answers 200", cause,
+                              str(self.server.log_path) if self.server else None)
+
+    # -- references -------------------------------------------------------------------------------
+    def take_references(self, specs: Sequence[RequestSpec], phase_name: str = "references") -> None:
+        """Run each not-yet-referenced (prompt, max_tokens) alone, one request in flight.
+
+        The outputs become the single-request references that later phases are compared with.
+        """
+        todo, seen = [], set()
+        for s in specs:
+            if s.ref_key not in self.references and s.ref_key not in seen:
+                seen.add(s.ref_key)
+                todo.append(RequestSpec(s.prompt, s.max_tokens, compare=False,
+                                        logprobs=s.logprobs, checks=s.checks))
+        if not todo:
+            return
+        outcomes = self.run_phase(phase_name, 1, todo, role="reference")
+        for o in outcomes:
+            c = o.completion
+            if c.error is None:
+                self.references[o.spec.ref_key] = ReferenceRecord(
+                    prompt_key=o.spec.prompt.key, prompt_hash=o.spec.prompt.hash,
+                    prompt_len=len(o.spec.prompt), max_tokens=o.spec.max_tokens,
+                    output_hash=token_hash(c.token_ids), output_ids=list(c.token_ids))
+                self.manifest.references.append(self.references[o.spec.ref_key])
+        self.save()
+
+    # -- phases -----------------------------------------------------------------------------------
+    def run_phase(self, name: str, concurrency: int, specs: Sequence[RequestSpec], *,
+                  counts_for_throughput: bool = True, role: str = "load",
+                  issue: Callable[[RequestSpec], Completion] | None = None) -> list[Outcome]:
+        """Issue ``specs`` keeping exactly ``concurrency`` requests in flight; record the phase.
+
+        Returns the outcomes in the order of ``specs``. Raises EngineError when requests failed
+        because the engine died (the phase is recorded first).
+        """
+        if concurrency < 1:
+            raise UsageError(f"phase {name}: concurrency must be >= 1")
+        ph = PhaseRecord(index=len(self.manifest.phases), name=name, scenario=self.scenario_name,
+                         concurrency=concurrency, requests=len(specs),
+                         counts_for_throughput=counts_for_throughput and role == "load",
+                         role=role, started_at=now_iso())
+        self.manifest.phases.append(ph)
+        task = None
+        if self.progress is not None:
+            task = self.progress.add_task(f"{self.scenario_name}: {name} (C{concurrency})",
+                                          total=len(specs))
+        issue = issue or self._issue
+
+        def one(spec: RequestSpec) -> Completion:
+            c = issue(spec)
+            if task is not None:
+                self.progress.advance(task)
+            return c
+
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(max_workers=concurrency) as pool:
+            completions = list(pool.map(one, specs))
+        ph.wall_s = time.monotonic() - t0
+        ph.ended_at = now_iso()
+        if task is not None:
+            self.progress.remove_task(task)
+        outcomes = [Outcome(s, c, self._record(ph, s, c)) for s, c in zip(specs, completions)]
+        self._finish_phase(ph, outcomes)
+        self.save()
+        if any(o.completion.error in ("connection", "timeout") for o in outcomes):
+            self.ensure_engine_alive()
+        return outcomes
+
+    def _issue(self, spec: RequestSpec) -> Completion:
+        return self.client.complete(list(spec.prompt.ids), spec.max_tokens, logprobs=spec.logprobs)
+
+    def _record(self, ph: PhaseRecord, spec: RequestSpec, c: Completion) -> RequestRecord:
+        self._req_counter += 1
+        rec = RequestRecord(
+            id=f"r{self._req_counter:05d}", scenario=self.scenario_name, phase=ph.name,
+            concurrency=ph.concurrency, prompt_key=spec.prompt.key, prompt_len=len(spec.prompt),
+            prompt_hash=spec.prompt.hash, max_tokens=spec.max_tokens,
+            output_hash=token_hash(c.token_ids) if c.error is None else None,
+            output_len=len(c.token_ids), finish_reason=c.finish_reason,
+            prompt_tokens=c.prompt_tokens, completion_tokens=c.completion_tokens,
+            ttft_s=c.ttft_s, latency_s=c.latency_s, error=c.error, error_detail=c.error_detail,
+            note=spec.note)
+        if spec.compare:
+            ref = self.references.get(spec.ref_key)
+            if ref is None:
+                rec.match = False
+                rec.checks.append(CheckResult(name="parity", status="fail",
+                                              detail="no single-request reference for this prompt"))
+            elif c.error is None:
+                rec.reference_hash = ref.output_hash
+                rec.match = rec.output_hash == ref.output_hash
+                if not rec.match:
+                    rec.first_divergence = first_divergence(ref.output_ids, c.token_ids)
+                    rec.output_ids = list(c.token_ids)
+            else:
+                rec.reference_hash = ref.output_hash
+                rec.match = False
+        for check_name, params in spec.checks.items():
+            check = self.check_registry.get(check_name)
+            if check is None:
+                rec.checks.append(CheckResult(name=check_name, status="skip",
+                                              detail="check not registered"))
+            else:
+                rec.checks.append(check(self, spec, c, params))
+        self.manifest.requests.append(rec)
+        return rec
+
+    @staticmethod
+    def _finish_phase(ph: PhaseRecord, outcomes: list[Outcome]) -> None:
+        recs = [o.record for o in outcomes]
+        ph.matched = sum(1 for r in recs if r.match is True)
+        ph.mismatched = sum(1 for r in recs if r.match is False and r.error is None)
+        ph.errors = sum(1 for r in recs if r.error is not None)
+        ph.completion_tokens = sum(r.output_len for r in recs if r.error is None)
+        if ph.wall_s:
+            ph.decode_tok_per_s = ph.completion_tokens / ph.wall_s
+        ttfts = [r.ttft_s for r in recs if r.ttft_s is not None]
+        lats = [r.latency_s for r in recs if r.latency_s is not None and r.error is None]
+        ph.ttft_s_median = statistics.median(ttfts) if ttfts else None
+        ph.latency_s_median = statistics.median(lats) if lats else None
+        failed_checks = [c for r in recs for c in r.checks if c.status == "fail"]
+        if ph.errors or ph.mismatched or failed_checks:
+            ph.status = "fail"
+            why = []
+            if ph.mismatched:
+                why.append(f"{ph.mismatched} hash mismatch(es)")
+            if ph.errors:
+                why.append(f"{ph.errors} request error(s)")
+            if failed_checks:
+                why.append(f"{len(failed_checks)} failed check(s)")
+            ph.reason = ", ".join(why)
+        else:
+            ph.status = "pass"
+
+
+def environment_info(engine_python: str | None) -> dict[str, Any]:
+    from .engine.launch import python_versions
+    env: dict[str, Any] = {"platform": platform.platform(), "harness_python":
+                           platform.python_version(), "gpus": gpu_inventory()}
+    if engine_python:
+        v = python_versions(engine_python)
+        env.update({"engine_python": engine_python, "python": v.get("python"),
+                    "torch": v.get("torch"), "vllm_package": v.get("vllm")})
+    return env
+
+
+def harness_info() -> dict[str, Any]:
+    return {"version": __version__, "git_commit": git_commit()}

@@ -1,0 +1,8 @@
+"""Scenario kinds, one module each, registered by name (see :mod:`.base`)."""
+from .base import REGISTRY, Scenario, ScenarioError, load_scenario_file, register, scenario_dirs
+
+# Import kinds so that they register themselves.
+from . import transitions  # noqa: E402,F401
+
+__all__ = ["REGISTRY", "Scenario", "ScenarioError", "load_scenario_file", "register",
+           "scenario_dirs"]

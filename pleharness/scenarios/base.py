@@ -1,0 +1,146 @@
+"""Scenario registry and TOML scenario files.
+
+A scenario file (``scenarios/NAME.toml``) names a registered kind and its parameters::
+
+    kind = "transitions"
+    description = "..."          # optional, one line
+    [params]                     # validated by the kind's Params model (unknown keys rejected)
+    ladder = [4, 3, 2, 1]
+
+Errors name the file and, for parameters, the dotted key and what was expected.
+"""
+from __future__ import annotations
+
+import tomllib
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..runner import RunContext
+
+REGISTRY: dict[str, type["Scenario"]] = {}
+
+
+class ScenarioError(ValueError):
+    """A scenario file or override is malformed; the message names the file and the key."""
+
+
+class Params(BaseModel):
+    """Base for scenario parameters: unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class Scenario(ABC):
+    """A named, parameterised schedule of phases.
+
+    Subclasses set ``kind`` (registry name), ``summary`` (one line) and ``Params`` (a pydantic model),
+    and implement :meth:`run`, which issues phases through the run context.
+    """
+
+    kind: ClassVar[str]
+    summary: ClassVar[str]
+    Params: ClassVar[type[Params]]
+
+    def __init__(self, name: str, params: Params, source: str, description: str = ""):
+        self.name = name
+        self.params = params
+        self.source = source
+        self.description = description or self.summary
+
+    def definition(self) -> dict[str, Any]:
+        """The scenario as run (for the manifest)."""
+        return {"name": self.name, "kind": self.kind, "source": self.source,
+                "description": self.description, "params": self.params.model_dump()}
+
+    def validate_against(self, facts: dict[str, Any]) -> None:  # noqa: B027 - optional hook
+        """Check parameters against engine facts (e.g. max_model_len) before any request.
+
+        Raises ScenarioError. Default: nothing to check.
+        """
+
+    @abstractmethod
+    def run(self, ctx: "RunContext") -> None:
+        """Issue the scenario's phases through ``ctx``."""
+
+
+def register(cls: type[Scenario]) -> type[Scenario]:
+    REGISTRY[cls.kind] = cls
+    return cls
+
+
+def scenario_dirs() -> list[Path]:
+    """Where shipped scenario files live: the installed package data, then the source tree."""
+    here = Path(__file__).resolve().parent.parent
+    return [p for p in (here / "scenarios_data", here.parent / "scenarios") if p.is_dir()]
+
+
+def find_scenario_file(name_or_path: str) -> Path:
+    p = Path(name_or_path)
+    if p.suffix == ".toml" or p.exists():
+        if not p.is_file():
+            raise ScenarioError(f"{p}: scenario file not found")
+        return p
+    for d in scenario_dirs():
+        cand = d / f"{name_or_path}.toml"
+        if cand.is_file():
+            return cand
+    known = sorted({f.stem for d in scenario_dirs() for f in d.glob("*.toml")})
+    raise ScenarioError(f"unknown scenario {name_or_path!r} (known: {', '.join(known)})")
+
+
+def _format_loc(loc: tuple) -> str:
+    return ".".join(str(x) for x in loc)
+
+
+def build_params(kind_cls: type[Scenario], raw: dict[str, Any], where: str) -> Params:
+    """Validate ``raw`` against the kind's Params; errors name ``where`` and the key."""
+    try:
+        return kind_cls.Params.model_validate(raw)
+    except ValidationError as exc:
+        msgs = []
+        for e in exc.errors():
+            key = "params." + _format_loc(e["loc"]) if e["loc"] else "params"
+            if e["type"] == "extra_forbidden":
+                allowed = ", ".join(kind_cls.Params.model_fields)
+                msgs.append(f"{key}: unknown key (allowed: {allowed})")
+            else:
+                msgs.append(f"{key}: {e['msg']}")
+        raise ScenarioError(f"{where}: " + "; ".join(msgs)) from None
+
+
+def load_scenario_file(name_or_path: str, overrides: dict[str, Any] | None = None) -> Scenario:
+    """Load a scenario file by name (shipped) or path, apply ``overrides`` to its params.
+
+    Raises ScenarioError naming the file (and line for TOML syntax errors, key otherwise).
+    """
+    path = find_scenario_file(name_or_path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ScenarioError(f"{path}: TOML syntax error: {exc}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ScenarioError(f"{path}: cannot read: {exc}") from None
+    unknown = set(data) - {"kind", "description", "params", "name"}
+    if unknown:
+        raise ScenarioError(f"{path}: unknown top-level key(s) {', '.join(sorted(unknown))} "
+                            "(allowed: kind, name, description, params)")
+    kind = data.get("kind")
+    if not isinstance(kind, str):
+        raise ScenarioError(f"{path}: key 'kind' is missing or not a string "
+                            f"(known kinds: {', '.join(sorted(REGISTRY))})")
+    if kind not in REGISTRY:
+        raise ScenarioError(f"{path}: kind {kind!r} is not a known scenario kind "
+                            f"(known: {', '.join(sorted(REGISTRY))})")
+    raw = data.get("params", {})
+    if not isinstance(raw, dict):
+        raise ScenarioError(f"{path}: key 'params' must be a table")
+    raw = {**raw, **(overrides or {})}
+    cls = REGISTRY[kind]
+    where = str(path) + (" (with command-line overrides)" if overrides else "")
+    params = build_params(cls, raw, where)
+    desc = data.get("description", "")
+    return cls(str(data.get("name", path.stem)), params, str(path), desc)

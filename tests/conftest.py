@@ -1,0 +1,59 @@
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_cli(*args: str, timeout: float = 900, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run ``ple-harness ARGS`` with this interpreter; output captured as text."""
+    return subprocess.run([sys.executable, "-m", "pleharness", *args], capture_output=True,
+                          text=True, timeout=timeout, cwd=ROOT, env={**os.environ, **(env or {}),
+                                                                      "COLUMNS": "200"})
+
+
+def load_json(path: Path) -> dict:
+    return json.loads(Path(path).read_text())
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def launched_pid(run_dir: Path) -> int | None:
+    for line in (run_dir / "launcher.log").read_text().splitlines():
+        if line.startswith("pid "):
+            return int(line.split()[1].rstrip(";"))
+    return None
+
+
+@pytest.fixture(scope="session")
+def embedded_model() -> Path:
+    from pleharness.model import ensure_embedded_model
+    return ensure_embedded_model(sys.executable)
+
+
+@pytest.fixture(scope="session")
+def cpu_engine(embedded_model, tmp_path_factory):
+    """The real CPU vLLM engine serving the embedded model (started once per test session)."""
+    from pleharness.engine.launch import EngineServer, LaunchSpec
+    from pleharness.model import SERVED_NAME
+    from pleharness.stress import EMBEDDED_ENGINE_ARGS, EMBEDDED_ENV
+
+    spec = LaunchSpec(model=str(embedded_model), python=sys.executable,
+                      engine_args=list(EMBEDDED_ENGINE_ARGS), env=dict(EMBEDDED_ENV),
+                      served_model_name=SERVED_NAME)
+    srv = EngineServer(spec, tmp_path_factory.mktemp("cpu-engine"), start_timeout_s=600)
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.stop()

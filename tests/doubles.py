@@ -1,0 +1,149 @@
+"""Engine doubles for fault injection: small HTTP servers that forward to a real engine (or answer
+themselves) and inject faults a healthy engine never produces.
+
+``FaultProxy(upstream, fault)`` forwards every request to ``upstream``; for streamed
+``/v1/completions`` it passes each SSE chunk through ``fault.chunk(ctx, chunk)``, which may modify
+it. ``ctx`` tells the fault which completion request this is (1-based arrival order), the prompt,
+and how many tokens were already streamed.
+"""
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import requests
+
+
+@dataclass
+class RequestCtx:
+    number: int  # 1-based arrival order among completion requests
+    body: dict
+    in_flight: int  # completion requests in flight when this one arrived (itself included)
+    tokens_so_far: int = 0
+    state: dict = field(default_factory=dict)
+
+
+class Fault:
+    """Base fault: changes nothing."""
+
+    def chunk(self, ctx: RequestCtx, chunk: dict) -> dict | None:
+        return chunk
+
+
+class FlipToken(Fault):
+    """Flip the output token at position ``pos`` of the ``request_number``-th completion request."""
+
+    def __init__(self, request_number: int, pos: int, vocab: int):
+        self.request_number = request_number
+        self.pos = pos
+        self.vocab = vocab
+        self.flipped: dict[str, Any] = {}
+
+    def chunk(self, ctx, chunk):
+        if ctx.number != self.request_number:
+            return chunk
+        for ch in chunk.get("choices") or []:
+            ids = ch.get("token_ids") or []
+            for i in range(len(ids)):
+                if ctx.tokens_so_far + i == self.pos:
+                    old = ids[i]
+                    ids[i] = (old + 1) % self.vocab
+                    self.flipped = {"request": ctx.number, "pos": self.pos, "old": old,
+                                    "new": ids[i], "in_flight": ctx.in_flight}
+        return chunk
+
+
+class FaultProxy:
+    """Forwarding HTTP server on 127.0.0.1 (a free port) with a fault hook; a context manager."""
+
+    def __init__(self, upstream: str, fault: Fault | None = None):
+        self.upstream = upstream.rstrip("/")
+        self.fault = fault or Fault()
+        self.lock = threading.Lock()
+        self.count = 0
+        self.in_flight = 0
+        self.log: list[RequestCtx] = []
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):  # quiet
+                pass
+
+            def do_GET(self):
+                r = requests.get(proxy.upstream + self.path, timeout=30)
+                self._send(r.status_code, r.content, r.headers.get("content-type", "text/plain"))
+
+            def do_POST(self):
+                n = int(self.headers.get("content-length") or 0)
+                raw = self.rfile.read(n)
+                if self.path != "/v1/completions":
+                    r = requests.post(proxy.upstream + self.path, data=raw, timeout=60,
+                                      headers={"content-type": "application/json"})
+                    self._send(r.status_code, r.content, r.headers.get("content-type", ""))
+                    return
+                body = json.loads(raw)
+                with proxy.lock:
+                    proxy.count += 1
+                    proxy.in_flight += 1
+                    ctx = RequestCtx(proxy.count, body, proxy.in_flight)
+                    proxy.log.append(ctx)
+                try:
+                    proxy.handle_completion(self, ctx, raw)
+                finally:
+                    with proxy.lock:
+                        proxy.in_flight -= 1
+
+            def _send(self, code, content, ctype):
+                self.send_response(code)
+                self.send_header("content-type", ctype)
+                self.send_header("content-length", str(len(content)))
+                self.end_headers()
+                self.wfile.write(content)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def handle_completion(self, h: BaseHTTPRequestHandler, ctx: RequestCtx, raw: bytes) -> None:
+        r = requests.post(self.upstream + "/v1/completions", data=raw, stream=True, timeout=300,
+                          headers={"content-type": "application/json"})
+        if r.status_code != 200:
+            h._send(r.status_code, r.content, r.headers.get("content-type", ""))
+            return
+        h.send_response(200)
+        h.send_header("content-type", "text/event-stream")
+        h.send_header("transfer-encoding", "chunked")
+        h.end_headers()
+
+        def write(data: bytes) -> None:
+            h.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            h.wfile.flush()
+
+        for line in r.iter_lines():
+            if not line:
+                continue
+            text = line.decode()
+            if text.startswith("data:") and text[5:].strip() != "[DONE]":
+                chunk = json.loads(text[5:])
+                n_ids = sum(len(c.get("token_ids") or []) for c in chunk.get("choices") or [])
+                chunk = self.fault.chunk(ctx, chunk)
+                ctx.tokens_so_far += n_ids
+                if chunk is None:
+                    continue
+                text = "data: " + json.dumps(chunk)
+            write((text + "\n\n").encode())
+        write(b"")
+
+    def __enter__(self) -> "FaultProxy":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()

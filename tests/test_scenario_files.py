@@ -1,0 +1,95 @@
+from pathlib import Path
+
+import pytest
+
+from pleharness.engine.errors import UsageError
+from pleharness.prompts import pad_chat_prompt, seeded_prompts
+from pleharness.scenarios import ScenarioError, load_scenario_file
+from pleharness.stress import load_scenarios
+
+
+def write(tmp_path: Path, text: str) -> str:
+    p = tmp_path / "s.toml"
+    p.write_text(text)
+    return str(p)
+
+
+def test_shipped_transitions_defaults():
+    sc = load_scenario_file("transitions")
+    assert sc.kind == "transitions"
+    assert sc.params.ladder == [4, 3, 2, 1, 2, 3, 4, 1]
+    assert sc.params.repeats == 2
+    assert sc.planned_phases() == 16
+
+
+def test_cli_overrides_apply():
+    (sc,) = load_scenarios(["transitions"], {"ladder": [2, 1], "repeats": 3, "max_tokens": 8})
+    assert sc.params.ladder == [2, 1]
+    assert sc.planned_phases() == 6
+    assert sc.params.max_tokens == 8
+
+
+def test_override_for_no_scenario_is_an_error():
+    with pytest.raises(UsageError, match="apply to none"):
+        load_scenarios(["transitions"], {"no_such_key": 1})
+
+
+def test_toml_syntax_error_names_file_and_line(tmp_path):
+    path = write(tmp_path, 'kind = "transitions"\n[params]\nrepeats = = 2\nladder = [1]\n')
+    with pytest.raises(ScenarioError) as e:
+        load_scenario_file(path)
+    assert str(e.value).startswith(f"{path}: TOML syntax error")
+    assert "line 3" in str(e.value)
+
+
+@pytest.mark.parametrize("body,message", [
+    ("ladder = []", "params.ladder: Value error, the ladder must have at least one concurrency level"),
+    ("ladder = [4, 0, 1]", "params.ladder: Value error, concurrency levels must be >= 1 (got 0)"),
+    ("ladder = 'four'", "params.ladder: Input should be a valid list"),
+    ("repeats = 0", "params.repeats: Input should be greater than or equal to 1"),
+    ("laddr = [1]", "params.laddr: unknown key (allowed: ladder, repeats, requests_per_slot, "
+                    "max_tokens, warmup_requests, prompts)"),
+    ("[params.prompts]\nmin_len = 10\nmax_len = 5",
+     "params.prompts: Value error, min_len (10) must be <= max_len (5)"),
+])
+def test_invalid_params_name_the_key(tmp_path, body, message):
+    path = write(tmp_path, f'kind = "transitions"\n[params]\n{body}\n')
+    with pytest.raises(ScenarioError) as e:
+        load_scenario_file(path)
+    assert str(e.value) == f"{path}: {message}"
+
+
+def test_unknown_kind_and_top_level_key(tmp_path):
+    path = write(tmp_path, 'kind = "nope"\n')
+    with pytest.raises(ScenarioError, match="kind 'nope' is not a known scenario kind"):
+        load_scenario_file(path)
+    path = write(tmp_path, 'kind = "transitions"\nladder = [1]\n')
+    with pytest.raises(ScenarioError, match="unknown top-level key"):
+        load_scenario_file(path)
+
+
+def test_validate_against_max_model_len(tmp_path):
+    sc = load_scenario_file("transitions")
+    with pytest.raises(ScenarioError, match="exceeds max_model_len 256"):
+        sc.validate_against({"max_model_len": 256, "vocab_size": 1000})
+    sc.validate_against({"max_model_len": 4096, "vocab_size": 1000})
+    with pytest.raises(ScenarioError, match="id_high is needed"):
+        sc.validate_against({"max_model_len": 4096})
+
+
+def test_seeded_prompts_are_reproducible_and_spread():
+    a = seeded_prompts(7, 4, 5, 20, 16, 100)
+    b = seeded_prompts(7, 4, 5, 20, 16, 100)
+    assert [p.ids for p in a] == [p.ids for p in b]
+    assert [len(p) for p in a] == [5, 10, 15, 20]
+    assert all(16 <= t < 100 for p in a for t in p.ids)
+    assert seeded_prompts(8, 4, 5, 20, 16, 100)[0].ids != a[0].ids
+
+
+def test_pad_chat_prompt():
+    tpl = [0, 2, 10, 11, 12, 4, 9, 3, 9]
+    out = pad_chat_prompt(tpl, 99, 12, tail=4)
+    assert out == [0, 2, 10, 11, 12, 99, 99, 99, 4, 9, 3, 9]
+    assert pad_chat_prompt(tpl, 99, len(tpl)) == tpl
+    with pytest.raises(ValueError, match="shorter than the unpadded prompt"):
+        pad_chat_prompt(tpl, 99, 5)
