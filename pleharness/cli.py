@@ -53,14 +53,19 @@ def _parse_env(items: list[str]) -> dict[str, str]:
     return out
 
 
+FACT_HELP = "Engine fact for boundary lengths when attaching with --url (launches know it)."
+
+
 @app.command()
 def stress(
     model: Annotated[Optional[str], typer.Option(help="Local model path to serve. Default: the "
                                                  "embedded tiny model (built and cached on first use).")] = None,
     url: Annotated[Optional[str], typer.Option(help="Attach to a running server at this base URL "
                                                "instead of launching one (e.g. http://127.0.0.1:8000).")] = None,
-    tp: Annotated[int, typer.Option("--tp", min=1, help="Tensor-parallel size "
-                                    "(--tensor-parallel-size of the launched engine).")] = 1,
+    engine_profile: Annotated[Optional[Path], typer.Option(
+        help="TOML engine profile (model, python, tp, engine_args, [env]); flags override it.")] = None,
+    tp: Annotated[Optional[int], typer.Option("--tp", min=1, help="Tensor-parallel size "
+                                              "(--tensor-parallel-size of the launched engine).")] = None,
     engine_python: Annotated[Optional[str], typer.Option(help="Python that has vLLM installed. "
                                                          "Default: this Python.")] = None,
     engine_arg: Annotated[Optional[list[str]], typer.Option(
@@ -70,7 +75,7 @@ def stress(
         help="NAME=VALUE environment variable for the engine, repeatable.")] = None,
     scenario: Annotated[Optional[list[str]], typer.Option(
         help="Scenario name (shipped, see `ple-harness scenarios`) or TOML path; repeatable. "
-             "Default: transitions.")] = None,
+             "Default: transitions, boundary, pairs, insert.")] = None,
     ladder: Annotated[Optional[str], typer.Option(help="Override the concurrency ladder, "
                                                   "e.g. 4,3,2,1,2,3,4,1.")] = None,
     repeats: Annotated[Optional[int], typer.Option(help="Override how often the ladder repeats.")] = None,
@@ -78,17 +83,28 @@ def stress(
     results_dir: Annotated[Path, typer.Option(help="Where run folders are created.")] = Path("results"),
     run_id: Annotated[Optional[str], typer.Option(help="Name of the run folder (must not exist). "
                                                   "Default: timestamp + random suffix.")] = None,
-    host: Annotated[str, typer.Option(help="Listen address of a launched engine.")] = "127.0.0.1",
+    host: Annotated[Optional[str], typer.Option(help="Listen address of a launched engine "
+                                                "(default 127.0.0.1).")] = None,
     port: Annotated[Optional[int], typer.Option(help="Listen port of a launched engine "
                                                 "(default: a free port).")] = None,
     start_timeout: Annotated[float, typer.Option(help="Seconds to wait for the engine to become "
                                                  "ready.")] = 900.0,
     served_model_name: Annotated[Optional[str], typer.Option(help="Model name to request "
                                                              "(default: as the server lists it).")] = None,
+    block_size: Annotated[Optional[int], typer.Option(help="KV block size B. " + FACT_HELP)] = None,
+    chunk_size: Annotated[Optional[int], typer.Option(
+        help="Chunked-prefill budget C (max_num_batched_tokens). " + FACT_HELP)] = None,
+    num_speculative_tokens: Annotated[Optional[int], typer.Option(
+        help="Speculative tokens k (q = 1 + k). " + FACT_HELP)] = None,
+    max_num_seqs: Annotated[Optional[int], typer.Option(help="max_num_seqs. " + FACT_HELP)] = None,
+    max_model_len: Annotated[Optional[int], typer.Option(help="max_model_len M. " + FACT_HELP)] = None,
+    vocab_size: Annotated[Optional[int], typer.Option(help="Vocabulary size V. " + FACT_HELP)] = None,
 ):
     """Launch (or attach to) a vLLM server and run the stress scenarios against it."""
-    from .stress import StressConfig, run_stress
+    from .profile import EngineProfile, load_profile
+    from .stress import DEFAULT_SCENARIOS, StressConfig, run_stress
 
+    prof = load_profile(engine_profile) if engine_profile else EngineProfile()
     overrides = {}
     if ladder is not None:
         overrides["ladder"] = _parse_ladder(ladder)
@@ -96,12 +112,21 @@ def stress(
         overrides["repeats"] = repeats
     if max_tokens is not None:
         overrides["max_tokens"] = max_tokens
-    cfg = StressConfig(model=model, url=url, tp=tp, engine_python=engine_python or sys.executable,
-                       engine_args=list(engine_arg or []), engine_env=_parse_env(engine_env or []),
-                       scenarios=list(scenario or ["transitions"]), overrides=overrides,
-                       results_dir=results_dir, run_id=run_id, host=host, port=port,
-                       start_timeout_s=start_timeout, served_model_name=served_model_name,
-                       invocation=["ple-harness"] + sys.argv[1:])
+    facts = {k: v for k, v in {"block_size": block_size, "max_num_batched_tokens": chunk_size,
+                               "num_speculative_tokens": num_speculative_tokens,
+                               "max_num_seqs": max_num_seqs, "max_model_len": max_model_len,
+                               "vocab_size": vocab_size}.items() if v is not None}
+    cfg = StressConfig(
+        model=model or prof.model, url=url, tp=tp or prof.tp or 1,
+        engine_python=engine_python or prof.python or sys.executable,
+        engine_args=prof.engine_args + list(engine_arg or []),
+        engine_env={**prof.env, **_parse_env(engine_env or [])},
+        scenarios=list(scenario or DEFAULT_SCENARIOS), overrides=overrides,
+        results_dir=results_dir, run_id=run_id, host=host or prof.host or "127.0.0.1", port=port,
+        start_timeout_s=start_timeout,
+        served_model_name=served_model_name or prof.served_model_name,
+        explicit_facts=facts, profile=str(engine_profile) if engine_profile else None,
+        invocation=["ple-harness"] + sys.argv[1:])
     raise typer.Exit(run_stress(cfg, console))
 
 

@@ -58,6 +58,8 @@ class RequestRecord(BaseModel):
     latency_s: float | None = None
     error: str | None = None
     error_detail: str | None = None
+    http_status: int | None = None
+    error_expected: bool = False  # e.g. a clean 4xx for a prompt beyond max_model_len
     output_ids: list[int] | None = None  # kept for mismatches and references only (compact)
     checks: list[CheckResult] = Field(default_factory=list)
     note: str | None = None

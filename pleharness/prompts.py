@@ -64,3 +64,36 @@ def pad_chat_prompt(template_ids: list[int], filler_id: int, length: int, tail: 
                          f"({len(template_ids)} tokens)")
     cut = len(template_ids) - tail
     return template_ids[:cut] + [filler_id] * (length - len(template_ids)) + template_ids[cut:]
+
+
+class ChatPromptBuilder:
+    """Exact-length chat-shaped prompts through the engine's /tokenize endpoint.
+
+    The messages are tokenized with the model's chat template (``add_generation_prompt``); the filler
+    string (default " ") is tokenized without special tokens and must be exactly one token; filler
+    tokens are inserted before the last ``tail`` template tokens (the generation-prompt tail, default
+    4) until the prompt has exactly N tokens (shared/DESIGN.md, "Prompt builder").
+
+    Raises ValueError naming the filler when it is not one token, and when N is shorter than the
+    unpadded prompt.
+    """
+
+    def __init__(self, client, filler: str = " ", tail: int = 4):
+        self.client = client
+        self.tail = tail
+        ids = client.tokenize(prompt=filler, add_special_tokens=False)
+        if len(ids) != 1:
+            raise ValueError(f"filler string {filler!r} is {len(ids)} tokens ({ids}), not exactly "
+                             "one; choose another filler")
+        self.filler_id = ids[0]
+        self._templates: dict[str, list[int]] = {}
+
+    def template(self, text: str) -> list[int]:
+        if text not in self._templates:
+            self._templates[text] = self.client.tokenize(
+                messages=[{"role": "user", "content": text}], add_generation_prompt=True)
+        return self._templates[text]
+
+    def build(self, text: str, length: int, key: str | None = None, why: str | None = None) -> Prompt:
+        ids = pad_chat_prompt(self.template(text), self.filler_id, length, self.tail)
+        return Prompt(key=key or f"chat-len{length}", ids=tuple(ids), text=text, why=why)

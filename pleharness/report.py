@@ -31,7 +31,7 @@ def render(m: Manifest, console: Console, max_failures: int = 20) -> None:
                   f"{ph.ttft_s_median:.3f}" if ph.ttft_s_median is not None else "-",
                   ph.status + (f" ({ph.reason})" if ph.reason else ""), style=style)
     console.print(t)
-    bad = [r for r in m.requests if r.match is False or r.error or
+    bad = [r for r in m.requests if r.match is False or (r.error and not r.error_expected) or
            any(c.status == "fail" for c in r.checks)]
     if bad:
         ft = Table(title="failing requests")

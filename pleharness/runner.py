@@ -30,6 +30,7 @@ from .manifest import (CheckResult, Manifest, PhaseRecord, ReferenceRecord, Requ
                        now_iso, write_manifest)
 from .parity import first_divergence, token_hash
 from .prompts import Prompt
+from .checks import DEFAULT_CHECKS, DEFAULT_PHASE_CHECKS, PHASE_REGISTRY
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_ENGINE = 0, 1, 2, 3
 
@@ -46,8 +47,10 @@ class RequestSpec:
     max_tokens: int
     compare: bool = True
     logprobs: int | None = None
-    checks: dict[str, dict[str, Any]] = field(default_factory=dict)
+    checks: dict[str, dict[str, Any]] = field(default_factory=lambda: {
+        name: {} for name in DEFAULT_CHECKS})
     note: str | None = None
+    accept_4xx: bool = False  # a clean HTTP 4xx rejection is an acceptable answer (edge probes)
 
     @property
     def ref_key(self) -> tuple[str, int]:
@@ -210,9 +213,12 @@ class RunContext:
         if task is not None:
             self.progress.remove_task(task)
         outcomes = [Outcome(s, c, self._record(ph, s, c)) for s, c in zip(specs, completions)]
+        for name in DEFAULT_PHASE_CHECKS:
+            ph.checks.append(PHASE_REGISTRY[name](self, ph))
+        healthy = all(c.status != "fail" for c in ph.checks if c.name == "health_after_phase")
         self._finish_phase(ph, outcomes)
         self.save()
-        if any(o.completion.error in ("connection", "timeout") for o in outcomes):
+        if not healthy or any(o.completion.error in ("connection", "timeout") for o in outcomes):
             self.ensure_engine_alive()
         return outcomes
 
@@ -229,7 +235,9 @@ class RunContext:
             output_len=len(c.token_ids), finish_reason=c.finish_reason,
             prompt_tokens=c.prompt_tokens, completion_tokens=c.completion_tokens,
             ttft_s=c.ttft_s, latency_s=c.latency_s, error=c.error, error_detail=c.error_detail,
-            note=spec.note)
+            http_status=c.http_status, note=spec.note,
+            error_expected=bool(spec.accept_4xx and c.error == "http" and c.http_status is not None
+                                and 400 <= c.http_status < 500))
         if spec.compare:
             ref = self.references.get(spec.ref_key)
             if ref is None:
@@ -260,8 +268,9 @@ class RunContext:
         recs = [o.record for o in outcomes]
         ph.matched = sum(1 for r in recs if r.match is True)
         ph.mismatched = sum(1 for r in recs if r.match is False and r.error is None)
-        ph.errors = sum(1 for r in recs if r.error is not None)
+        ph.errors = sum(1 for r in recs if r.error is not None and not r.error_expected)
         ph.completion_tokens = sum(r.output_len for r in recs if r.error is None)
+        ph.requests = len(recs)
         if ph.wall_s:
             ph.decode_tok_per_s = ph.completion_tokens / ph.wall_s
         ttfts = [r.ttft_s for r in recs if r.ttft_s is not None]
@@ -269,6 +278,7 @@ class RunContext:
         ph.ttft_s_median = statistics.median(ttfts) if ttfts else None
         ph.latency_s_median = statistics.median(lats) if lats else None
         failed_checks = [c for r in recs for c in r.checks if c.status == "fail"]
+        failed_checks += [c for c in ph.checks if c.status == "fail"]
         if ph.errors or ph.mismatched or failed_checks:
             ph.status = "fail"
             why = []

@@ -1,13 +1,21 @@
 """Reference-free output checks, one module each, registered by name.
 
-A check is a callable ``check(ctx, spec, completion, params) -> CheckResult``; its docstring states
-exactly what it asserts.
+A request check is a callable ``check(ctx, spec, completion, params) -> CheckResult``; its docstring
+states exactly what it asserts. ``ctx`` is the :class:`pleharness.runner.RunContext` (engine facts,
+references), ``spec`` the :class:`pleharness.runner.RequestSpec`, ``completion`` the
+:class:`pleharness.engine.client.Completion`, ``params`` the check's parameters from the scenario.
+A check that cannot run returns status ``skip`` with the reason; it never passes silently.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
 
 REGISTRY: dict[str, Callable] = {}
+# Phase checks: ``check(ctx, phase_record) -> CheckResult``, run after every phase.
+PHASE_REGISTRY: dict[str, Callable] = {}
+# Checks applied to every request unless a scenario says otherwise.
+DEFAULT_CHECKS = ("vocab_range", "usage", "logprobs_finite")
+DEFAULT_PHASE_CHECKS = ("health_after_phase",)
 
 
 def register(name: str):
@@ -16,3 +24,19 @@ def register(name: str):
         fn.check_name = name
         return fn
     return deco
+
+
+def register_phase(name: str):
+    def deco(fn):
+        PHASE_REGISTRY[name] = fn
+        fn.check_name = name
+        return fn
+    return deco
+
+
+def _load() -> None:
+    from . import (counting, degeneration, expected_text, health_after_phase,  # noqa: F401
+                   logprobs_finite, max_model_len_edge, usage, vocab_range)
+
+
+_load()

@@ -1,0 +1,28 @@
+"""Check ``expected_text``: the output text matches a regex (``regex``) or equals ``exact``.
+
+Params: ``regex`` (searched with re.match from the start, e.g. ``^\\s*OK`` for "Reply with OK.") or
+``exact`` (compared with the stripped text). Text is decoded by the engine (display and this check
+only; parity always uses token IDs).
+"""
+import re
+
+from ..manifest import CheckResult
+from . import register
+
+
+@register("expected_text")
+def check(ctx, spec, c, params) -> CheckResult:
+    if c.error is not None:
+        return CheckResult(name="expected_text", status="skip", detail="request failed")
+    if "exact" in params:
+        ok = c.text.strip() == params["exact"]
+        want = f"exactly {params['exact']!r}"
+    elif "regex" in params:
+        ok = re.match(params["regex"], c.text) is not None
+        want = f"/{params['regex']}/"
+    else:
+        return CheckResult(name="expected_text", status="skip", detail="no regex or exact given")
+    if ok:
+        return CheckResult(name="expected_text", status="pass")
+    return CheckResult(name="expected_text", status="fail",
+                       detail=f"text {c.text[:60]!r} does not match {want}")

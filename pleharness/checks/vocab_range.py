@@ -1,0 +1,22 @@
+"""Check ``vocab_range``: every output token ID is in [0, V), V = the vocabulary size fact.
+
+Corrupted decode steps often emit out-of-range IDs (shared/DESIGN.md, "Checks and what they catch").
+Skipped when V is unknown.
+"""
+from ..manifest import CheckResult
+from . import register
+
+
+@register("vocab_range")
+def check(ctx, spec, c, params) -> CheckResult:
+    v = params.get("vocab_size") or ctx.facts.get("vocab_size")
+    if v is None:
+        return CheckResult(name="vocab_range", status="skip", detail="vocabulary size unknown")
+    if c.error is not None:
+        return CheckResult(name="vocab_range", status="skip", detail="request failed")
+    bad = [(i, t) for i, t in enumerate(c.token_ids) if not 0 <= t < v]
+    if bad:
+        i, t = bad[0]
+        return CheckResult(name="vocab_range", status="fail",
+                           detail=f"{len(bad)} ID(s) outside [0, {v}); first: {t} at position {i}")
+    return CheckResult(name="vocab_range", status="pass")

@@ -1,0 +1,40 @@
+"""Scraping the engine's Prometheus /metrics (parsed with prometheus_client's text parser).
+
+Counter names (vLLM V1): ``vllm:prefix_cache_queries_total``, ``vllm:prefix_cache_hits_total``
+(tokens), ``vllm:spec_decode_num_drafts_total``, ``vllm:spec_decode_num_accepted_tokens_total``.
+"""
+from __future__ import annotations
+
+from prometheus_client.parser import text_string_to_metric_families
+
+PREFIX_HITS = "vllm:prefix_cache_hits"
+PREFIX_QUERIES = "vllm:prefix_cache_queries"
+
+
+def parse_counters(text: str) -> dict[str, float]:
+    """Sum of every ``*_total`` sample per metric name (labels summed), keyed without ``_total``."""
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name.endswith("_total"):
+                key = s.name[: -len("_total")]
+                out[key] = out.get(key, 0.0) + float(s.value)
+    return out
+
+
+def scrape(client) -> dict[str, float] | None:
+    """Counters from ``client.metrics_text()``, or None when /metrics is not available."""
+    text = client.metrics_text()
+    if text is None:
+        return None
+    try:
+        return parse_counters(text)
+    except ValueError:
+        return None
+
+
+def delta(before: dict[str, float] | None, after: dict[str, float] | None, name: str) -> float | None:
+    """after[name] - before[name]; None when either scrape or the counter is missing."""
+    if before is None or after is None or name not in after:
+        return None
+    return after[name] - before.get(name, 0.0)

@@ -1,0 +1,51 @@
+"""Engine profiles: a production launch's flags in one TOML file (``--engine-profile FILE``).
+
+Keys (all optional): ``model`` (local path), ``python`` (interpreter with vLLM), ``tp``
+(tensor-parallel size), ``served_model_name``, ``host``, ``engine_args`` (list of strings, appended
+to the server command), ``[env]`` (environment variables for the engine). Command-line flags
+override the profile: ``--model``, ``--tp``, ``--engine-python``, ``--served-model-name``,
+``--host`` replace; ``--engine-arg`` values are appended after the profile's (so they win in vLLM's
+argument parser); ``--engine-env`` entries replace the profile's of the same name.
+"""
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .engine.errors import UsageError
+
+
+class EngineProfile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    python: str | None = None
+    tp: int | None = Field(None, ge=1)
+    served_model_name: str | None = None
+    host: str | None = None
+    engine_args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+def load_profile(path: str | Path) -> EngineProfile:
+    """Read and validate a profile. Raises UsageError naming the file (and line or key)."""
+    p = Path(path)
+    try:
+        data = tomllib.loads(p.read_text())
+    except FileNotFoundError:
+        raise UsageError(f"engine profile {p} not found") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"{p}: TOML syntax error: {exc}") from None
+    except OSError as exc:
+        raise UsageError(f"{p}: cannot read: {exc}") from None
+    try:
+        return EngineProfile.model_validate(data)
+    except ValidationError as exc:
+        msgs = []
+        for e in exc.errors():
+            key = ".".join(str(x) for x in e["loc"])
+            msgs.append(f"{key}: unknown key (allowed: {', '.join(EngineProfile.model_fields)})"
+                        if e["type"] == "extra_forbidden" else f"{key}: {e['msg']}")
+        raise UsageError(f"{p}: " + "; ".join(msgs)) from None

@@ -1,0 +1,142 @@
+"""Scenario kind ``boundary``: prompts at lengths derived from the engine's configuration, run cold
+then warm, plus max_model_len edges.
+
+1. Lengths (see :mod:`.lengths`): q, n*B + q and n*C + q for n = 1..depth, each with controls at
+   -1 and +1, kept at most M - max_tokens, duplicates merged; the manifest records why each length
+   was chosen.
+2. Cold: every length once, alone (its first run; shared chat/filler prefixes of earlier lengths may
+   be cached, whole prompts are not). These outputs are the prompts' single-request references.
+3. Warm: every length again, alone. The output must equal the cold one (a mismatch is a failure).
+   /metrics prefix-cache hit counters are scraped around each warm request and the hit tokens
+   recorded (with prefix caching, the warm run recomputes only the uncached tail, e.g. q tokens at
+   L = n*B + q: the case that exposes tail bugs). Without counters the cache-hit record is skipped
+   with the reason.
+4. Edges: prompt + max_tokens = M - 1, M, M + 1, and a prompt of exactly M tokens. The engine must
+   answer 200 (finish_reason "length") or a clean 4xx, and /health must stay 200.
+
+A table (``tables.boundary`` in the manifest): length, formula, L mod C, L mod B, cold result, warm
+result, cache-hit tokens, failed checks.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..engine import metrics
+from ..manifest import CheckResult
+from .base import Scenario, register
+from .common import ChatParams, boundary_spec, max_prompt_len
+from .lengths import boundary_lengths
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..runner import RunContext
+
+
+class BoundaryParams(ChatParams):
+    cold_warm: bool = True
+    edges: bool = True
+
+
+@register
+class Boundary(Scenario):
+    kind = "boundary"
+    summary = "prompts at q, n*B+q, n*C+q (+-1), cold then warm (prefix cache), and max_model_len edges"
+    Params = BoundaryParams
+
+    def planned_phases(self) -> int:
+        return 1 + int(self.params.cold_warm) + int(self.params.edges)
+
+    def run(self, ctx: "RunContext") -> None:
+        from ..runner import RequestSpec
+
+        p = self.params
+        lengths, notes = boundary_lengths(ctx.facts.values, p.depth, p.controls,
+                                          max_prompt_len(ctx, p.max_tokens), p.extra_lengths)
+        specs = [boundary_spec(ctx, p, bl.length, bl.why) for bl in lengths]
+        ctx.manifest.tables.setdefault("boundary_notes", []).extend({"note": n} for n in notes)
+        ctx.take_references(specs, phase_name="boundary-cold")
+        # the cold runs are the references; give them a load role for the headline count
+        ctx.manifest.phases[-1].role = "load"
+        ctx.manifest.phases[-1].counts_for_throughput = False
+        hits: dict[str, float | None] = {}
+        if p.cold_warm:
+            def warm_issue(spec: RequestSpec):
+                before = metrics.scrape(ctx.client)
+                c = ctx._issue(spec)
+                hits[spec.prompt.key] = metrics.delta(before, metrics.scrape(ctx.client),
+                                                      metrics.PREFIX_HITS)
+                return c
+            warm = ctx.run_phase("boundary-warm", 1, specs, issue=warm_issue,
+                                 counts_for_throughput=False)
+            for o in warm:
+                h = hits.get(o.spec.prompt.key)
+                o.record.checks.append(
+                    CheckResult(name="prefix_cache_hit", status="skip",
+                                detail="no prefix-cache counters at /metrics") if h is None else
+                    CheckResult(name="prefix_cache_hit", status="pass" if h > 0 else "warn",
+                                detail=f"{h:.0f} prefix-cache hit tokens on the warm run"))
+            ctx.save()
+        self._table(ctx, lengths, specs, hits)
+        if p.edges:
+            self._edges(ctx)
+
+    def _table(self, ctx, lengths, specs, hits) -> None:
+        b = ctx.facts.get("block_size")
+        c = ctx.facts.get("max_num_batched_tokens")
+        by_key: dict[str, dict] = {}
+        for r in ctx.manifest.requests:
+            if r.scenario == self.name and r.phase in ("boundary-cold", "boundary-warm"):
+                by_key.setdefault(r.prompt_key, {})[r.phase] = r
+        rows = []
+        for bl, spec in zip(lengths, specs):
+            rs = by_key.get(spec.prompt.key, {})
+            cold, warm = rs.get("boundary-cold"), rs.get("boundary-warm")
+            failed = sorted({ch.name for r in (cold, warm) if r for ch in r.checks
+                             if ch.status == "fail"})
+
+            def res(r):
+                if r is None:
+                    return "not run"
+                if r.error:
+                    return f"error: {r.error}"
+                return "ok" if not any(ch.status == "fail" for ch in r.checks) else "checks failed"
+            warm_res = "not run" if warm is None else (
+                f"error: {warm.error}" if warm.error else
+                "= cold" if warm.match else f"DIFFERS from cold at {warm.first_divergence}")
+            rows.append({"length": bl.length, "formula": bl.why, "control": bl.control,
+                         "mod_C": None if not c else bl.length % c,
+                         "mod_B": None if not b else bl.length % b,
+                         "cold": res(cold), "warm": warm_res,
+                         "prefix_cache_hit_tokens": hits.get(spec.prompt.key),
+                         "checks_failed": failed})
+        ctx.manifest.tables["boundary"] = rows
+        ctx.save()
+
+    def _edges(self, ctx) -> None:
+        from ..runner import RequestSpec
+
+        p = self.params
+        m = ctx.facts.get("max_model_len")
+        if not m:
+            ctx.manifest.tables.setdefault("boundary_notes", []).append(
+                {"note": "max_model_len edges skipped: max_model_len unknown"})
+            return
+        m = int(m)
+        cases = [(m - p.max_tokens - 1, p.max_tokens, "prompt + max_tokens = M - 1"),
+                 (m - p.max_tokens, p.max_tokens, "prompt + max_tokens = M"),
+                 (m - p.max_tokens + 1, p.max_tokens, "prompt + max_tokens = M + 1"),
+                 (m, p.max_tokens, "prompt of exactly M tokens")]
+        specs = []
+        for length, mt, why in cases:
+            s = boundary_spec(ctx, p, length, why, max_tokens=mt)
+            s.compare = False
+            s.accept_4xx = True
+            s.checks = {"max_model_len_edge": {"total": length + mt, "max_model_len": m}}
+            specs.append(s)
+        outs = ctx.run_phase("max-model-len-edges", 1, specs, counts_for_throughput=False)
+        ctx.manifest.tables["max_model_len_edges"] = [
+            {"case": s.note, "prompt_len": len(s.prompt), "max_tokens": s.max_tokens,
+             "http_status": o.record.http_status, "finish_reason": o.record.finish_reason,
+             "output_len": o.record.output_len, "answer": (o.record.error_detail or "")[:160],
+             "check": o.record.checks[0].status if o.record.checks else None}
+            for s, o in zip(specs, outs)]
+        ctx.save()

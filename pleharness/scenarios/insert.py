@@ -1,0 +1,98 @@
+"""Scenario kind ``insert``: prefills inserted while a long decode is running.
+
+A long streaming decode ("Count from 1 to N.", max_tokens N) starts; once it has streamed
+``insert_after_tokens`` tokens, prompts of boundary lengths (q, n*B + q, n*C + q, depth 1 by
+default) are sent one after another, each while the decode runs (a prefill sharing a step with a
+running decode: shared/DESIGN.md, "Ongoing decode + inserted prefill"). The decode's whole output
+must equal its solo reference and count 1..N in order; each inserted request must match its solo
+reference and pass its checks. The decode position at which each insert was sent is recorded; an
+insert sent after the decode had ended is a warning (the decode was too short for this engine).
+"""
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING
+
+from pydantic import Field
+
+from ..manifest import CheckResult
+from .base import Scenario, register
+from .common import ChatParams, boundary_spec, builder, max_prompt_len
+from .lengths import boundary_lengths
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..runner import RunContext
+
+
+class InsertParams(ChatParams):
+    depth: int = Field(1, ge=1)
+    controls: bool = False
+    count_to: int = Field(300, ge=1, description="N of the decode prompt 'Count from 1 to N.'")
+    insert_after_tokens: int = Field(32, ge=1)
+    max_inserts: int = Field(8, ge=1)
+
+
+@register
+class Insert(Scenario):
+    kind = "insert"
+    summary = "long streaming decode (count 1..N) with boundary-length prefills inserted mid-decode"
+    Params = InsertParams
+
+    def planned_phases(self) -> int:
+        return 1
+
+    def run(self, ctx: "RunContext") -> None:
+        from ..prompts import Prompt
+        from ..runner import RequestSpec
+
+        p = self.params
+        b = builder(ctx, p)
+        text = f"Count from 1 to {p.count_to}."
+        tpl = b.template(text)
+        decode = RequestSpec(Prompt(key=f"count-to-{p.count_to}", ids=tuple(tpl), text=text),
+                             p.count_to, note="ongoing decode")
+        decode.checks["counting"] = {"n": p.count_to}
+        lengths, notes = boundary_lengths(ctx.facts.values, p.depth, p.controls,
+                                          max_prompt_len(ctx, p.max_tokens), p.extra_lengths)
+        inserts = [boundary_spec(ctx, p, bl.length, bl.why) for bl in lengths][: p.max_inserts]
+        ctx.manifest.tables.setdefault("insert_notes", []).extend({"note": n} for n in notes)
+        ctx.take_references([decode] + inserts, phase_name="insert-references")
+
+        started = threading.Event()
+        done = threading.Event()
+        pos = {"n": 0}
+
+        def on_token(n: int) -> None:
+            pos["n"] = n
+            if n >= p.insert_after_tokens:
+                started.set()
+
+        def issue(spec: RequestSpec):
+            if spec is decode:
+                try:
+                    return ctx.client.complete(list(spec.prompt.ids), spec.max_tokens,
+                                               on_token=on_token)
+                finally:
+                    started.set()
+                    done.set()
+            started.wait(timeout=ctx.client.timeouts.total_s)
+            at = pos["n"]
+            spec.note = (f"inserted at decode position {at}" if not done.is_set()
+                         else f"sent after the decode ended ({at} tokens)")
+            return ctx._issue(spec)
+
+        outs = ctx.run_phase("insert", 2, [decode] + inserts, issue=issue)
+        ph = ctx.manifest.phases[-1]
+        late = [o.spec.prompt.key for o in outs[1:] if "after the decode ended" in (o.spec.note or "")]
+        ph.checks.append(CheckResult(
+            name="inserts_during_decode", status="warn" if late else "pass",
+            detail=(f"{len(late)} insert(s) sent after the decode ended: {', '.join(late)}"
+                    if late else f"{len(outs) - 1} inserts sent while the decode ran")))
+        for o in outs:
+            o.record.note = o.spec.note
+        ctx.manifest.tables["insert"] = [
+            {"request": o.record.id, "prompt": o.spec.prompt.key, "prompt_len": len(o.spec.prompt),
+             "why": o.spec.prompt.why, "note": o.spec.note, "match": o.record.match,
+             "checks_failed": [c.name for c in o.record.checks if c.status == "fail"]}
+            for o in outs]
+        ctx.save()

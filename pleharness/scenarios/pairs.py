@@ -1,0 +1,80 @@
+"""Scenario kind ``pairs``: two boundary-length requests in flight together.
+
+Pairs derived from the facts (q = 1 + k, C = max_num_batched_tokens, B = block size, M =
+max_model_len; the chunk unit falls back to B when C is unknown):
+
+- q-tail + q-tail: (C + q, 2C + q): both last prefill chunks are q tokens, in one step;
+- q-tail + 2C-scale: (C + q, 2C): a q-token tail next to a full two-chunk prefill;
+- q + long: (q, 2C + q): a verify-shaped fresh prompt beside a long prefill;
+- long + long: (M - max_tokens - 1, M - max_tokens - 2).
+
+Each output must equal its single-request (solo) reference and pass its checks.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pydantic import Field
+
+from .base import Scenario, register
+from .common import ChatParams, boundary_spec, max_prompt_len
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..runner import RunContext
+
+
+class PairsParams(ChatParams):
+    max_tokens: int = Field(16, ge=1)
+    extra_pairs: list[list[int]] = Field(default_factory=list,
+                                         description="more [L1, L2] pairs to run")
+
+
+def derive_pairs(facts: dict, max_len: int | None, extra: list[list[int]] | None = None
+                 ) -> tuple[list[tuple[str, int, int]], list[str]]:
+    """(label, L1, L2) pairs and notes on what was left out (see the module docstring)."""
+    q = 1 + int(facts.get("num_speculative_tokens") or 0)
+    unit = facts.get("max_num_batched_tokens") or facts.get("block_size")
+    notes, out = [], []
+    cand = []
+    if unit:
+        u = "C" if facts.get("max_num_batched_tokens") else "B"
+        cand += [(f"q-tail + q-tail ({u}+q, 2{u}+q)", unit + q, 2 * unit + q),
+                 (f"q-tail + 2{u}-scale ({u}+q, 2{u})", unit + q, 2 * unit),
+                 (f"q + long (q, 2{u}+q)", q, 2 * unit + q)]
+    else:
+        notes.append("q-tail pairs skipped: neither chunk size nor block size known")
+    if max_len:
+        cand.append(("long + long (M-max_tokens-1, M-max_tokens-2)", max_len - 1, max_len - 2))
+    else:
+        notes.append("long + long skipped: max_model_len unknown")
+    for a, b in extra or []:
+        cand.append((f"requested ({a}, {b})", a, b))
+    for label, a, b in cand:
+        if max_len is not None and max(a, b) > max_len:
+            notes.append(f"{label} dropped: longer than {max_len}")
+        elif min(a, b) < 1:
+            notes.append(f"{label} dropped: non-positive length")
+        else:
+            out.append((label, a, b))
+    return out, notes
+
+
+@register
+class Pairs(Scenario):
+    kind = "pairs"
+    summary = "two boundary-length prompts in flight together (q-tail + q-tail, + 2C, long + long)"
+    Params = PairsParams
+
+    def planned_phases(self) -> int:
+        return 4 + len(self.params.extra_pairs)
+
+    def run(self, ctx: "RunContext") -> None:
+        p = self.params
+        pairs, notes = derive_pairs(ctx.facts.values, max_prompt_len(ctx, p.max_tokens),
+                                    p.extra_pairs)
+        ctx.manifest.tables.setdefault("pairs_notes", []).extend({"note": n} for n in notes)
+        all_specs = [[boundary_spec(ctx, p, a, label), boundary_spec(ctx, p, b, label)]
+                     for label, a, b in pairs]
+        ctx.take_references([s for pair in all_specs for s in pair], phase_name="pairs-references")
+        for i, ((label, a, b), specs) in enumerate(zip(pairs, all_specs), 1):
+            ctx.run_phase(f"pair{i}-{a}+{b}", 2, specs)

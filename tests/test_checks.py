@@ -1,0 +1,106 @@
+import math
+
+from pleharness.checks import REGISTRY
+from pleharness.checks.degeneration import longest_loop, longest_run
+from pleharness.engine.client import Completion
+from pleharness.engine.facts import EngineFacts
+from pleharness.manifest import ReferenceRecord
+from pleharness.prompts import Prompt
+from pleharness.runner import RequestSpec
+
+
+class Ctx:
+    def __init__(self, vocab=100, refs=None):
+        self.facts = EngineFacts({"vocab_size": vocab}, {})
+        self.references = refs or {}
+
+
+def spec(max_tokens=4, n=3):
+    return RequestSpec(Prompt("p", tuple(range(16, 16 + n))), max_tokens)
+
+
+def comp(ids, text="", finish="length", pt=3, ct=None, **kw):
+    return Completion(token_ids=list(ids), text=text, finish_reason=finish, prompt_tokens=pt,
+                      completion_tokens=len(ids) if ct is None else ct, **kw)
+
+
+def run(name, c, params=None, ctx=None, s=None):
+    return REGISTRY[name](ctx or Ctx(), s or spec(), c, params or {})
+
+
+def test_vocab_range():
+    assert run("vocab_range", comp([1, 2, 99])).status == "pass"
+    r = run("vocab_range", comp([1, 100, 2, 5000]))
+    assert r.status == "fail" and "first: 100 at position 1" in r.detail and "2 ID(s)" in r.detail
+    ctx = Ctx()
+    ctx.facts = EngineFacts({}, {})
+    assert run("vocab_range", comp([1]), ctx=ctx).status == "skip"
+
+
+def test_usage():
+    assert run("usage", comp([1, 2, 3, 4])).status == "pass"
+    r = run("usage", comp([1, 2, 3, 4], pt=5))
+    assert r.status == "fail" and "prompt_tokens 5 != intended 3" in r.detail
+    r = run("usage", comp([1, 2, 3, 4], ct=3))
+    assert r.status == "fail" and "completion_tokens 3 != 4" in r.detail
+    r = run("usage", comp([1, 2, 3, 4], finish="stop"))
+    assert r.status == "fail" and "finish_reason 'stop'" in r.detail
+    assert run("usage", comp([1, 2], finish="stop")).status == "pass"
+    r = run("usage", comp([1, 2, 3, 4], pt=None, ct=None))
+    assert r.status == "fail" and "no usage block" in r.detail
+
+
+def test_logprobs_finite():
+    assert run("logprobs_finite", comp([1])).status == "skip"
+    ok = comp([1], logprobs=[{1: -0.1, 2: -3.0}])
+    assert run("logprobs_finite", ok).status == "pass"
+    bad = comp([1, 2], logprobs=[{1: -0.1}, {2: math.nan}])
+    r = run("logprobs_finite", bad)
+    assert r.status == "fail" and "position 1" in r.detail
+
+
+def test_expected_text():
+    assert run("expected_text", comp([1], text=" OK</s>"), {"regex": r"^\s*OK"}).status == "pass"
+    r = run("expected_text", comp([1], text="KO"), {"regex": r"^\s*OK"})
+    assert r.status == "fail" and "'KO'" in r.detail
+    assert run("expected_text", comp([1], text=" OK "), {"exact": "OK"}).status == "pass"
+
+
+def test_counting():
+    assert run("counting", comp([], text=" 1 2 3 4 5 6"), {"n": 5}).status == "pass"
+    r = run("counting", comp([], text=" 1 2 4 5"), {"n": 4})
+    assert r.status == "fail" and "word 3 is '4'" in r.detail
+    r = run("counting", comp([], text=" 1 2"), {"n": 4})
+    assert r.status == "fail" and "ends after 2 of 4" in r.detail
+
+
+def test_degeneration_helpers():
+    assert longest_run([5, 0, 0, 0, 1]) == (3, 0, 1)
+    assert longest_run([]) == (0, -1, 0)
+    assert longest_loop([1, 2, 1, 2, 1, 2, 9], 2) == (3, 0)
+
+
+def test_degeneration_zero_run_and_reference_excuse():
+    ids = [7] + [0] * 20
+    r = run("degeneration", comp(ids))
+    assert r.status == "fail" and "run of 20 x token ID 0" in r.detail
+    s = spec(max_tokens=21)
+    ref = ReferenceRecord(prompt_key="p", prompt_hash=s.prompt.hash, prompt_len=3, max_tokens=21,
+                          output_hash="x", output_ids=ids)
+    ctx = Ctx(refs={s.ref_key: ref})
+    assert run("degeneration", comp(ids), ctx=ctx, s=s).status == "pass"
+    loop = [1, 2, 3, 4] * 10
+    r = run("degeneration", comp(loop))
+    assert r.status == "fail" and "4-gram repeated 10 times" in r.detail
+
+
+def test_max_model_len_edge():
+    s = spec()
+    assert run("max_model_len_edge", comp([1, 2, 3, 4]), s=s).status == "pass"
+    rej = Completion(error="http", http_status=400, error_detail="HTTP 400: too long")
+    r = run("max_model_len_edge", rej, s=s)
+    assert r.status == "pass" and "clean 400" in r.detail
+    bad = Completion(error="http", http_status=500, error_detail="HTTP 500: boom")
+    assert run("max_model_len_edge", bad, s=s).status == "fail"
+    dead = Completion(error="connection", error_detail="refused")
+    assert run("max_model_len_edge", dead, s=s).status == "fail"
