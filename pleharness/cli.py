@@ -16,11 +16,11 @@ from rich.console import Console
 from . import __version__
 from .engine.errors import HarnessError, UsageError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Validation and stress-test harness for patched vLLM engines: launches the "
                        "engine, runs scenarios, compares every output's token IDs (SHA256) with a "
                        "single-request reference, and writes a results manifest with a verdict.")
-console = Console()
+console = Console(width=None if sys.stdout.isatty() else 160)
 
 
 def _version(value: bool):
@@ -161,7 +161,8 @@ def build_model(engine_python: Annotated[Optional[str], typer.Option(
 def run() -> None:
     """Console entry point: maps harness errors to their exit codes with one clear line."""
     try:
-        app(standalone_mode=False)
+        rc = app(standalone_mode=False)
+        sys.exit(rc if isinstance(rc, int) else 0)
     except HarnessError as exc:
         console.print(f"[red]error:[/red] {exc}")
         sys.exit(exc.exit_code)

@@ -43,14 +43,15 @@ def embedded_model() -> Path:
 
 @pytest.fixture(scope="session")
 def cpu_engine(embedded_model, tmp_path_factory):
-    """The real CPU vLLM engine serving the embedded model (started once per test session)."""
+    """The real CPU vLLM engine serving the embedded model with profiles/cpu-ngram.toml (started
+    once per test session)."""
     from pleharness.engine.launch import EngineServer, LaunchSpec
     from pleharness.model import SERVED_NAME
-    from pleharness.stress import EMBEDDED_ENGINE_ARGS, EMBEDDED_ENV
+    from pleharness.profile import load_profile
 
+    prof = load_profile(ROOT / "profiles" / "cpu-ngram.toml")
     spec = LaunchSpec(model=str(embedded_model), python=sys.executable,
-                      engine_args=list(EMBEDDED_ENGINE_ARGS), env=dict(EMBEDDED_ENV),
-                      served_model_name=SERVED_NAME)
+                      engine_args=prof.engine_args, env=prof.env, served_model_name=SERVED_NAME)
     srv = EngineServer(spec, tmp_path_factory.mktemp("cpu-engine"), start_timeout_s=600)
     srv.start()
     try:

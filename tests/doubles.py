@@ -56,6 +56,54 @@ class FlipToken(Fault):
         return chunk
 
 
+class Corrupt(Fault):
+    """Corrupt the output of the requests that ``select(ctx)`` picks, at positions >= ``start``.
+
+    ``mutate(token_id, pos) -> (new_id, new_text)`` gives the replacement for each corrupted
+    position (the text changes too, as it would on a corrupting engine). ``hits`` lists the
+    corrupted requests' (number, prompt length, max_tokens).
+    """
+
+    def __init__(self, select, mutate, start: int = 0, stop: int | None = None):
+        self.select = select
+        self.mutate = mutate
+        self.start = start
+        self.stop = stop
+        self.hits: list[tuple[int, int, int]] = []
+        self.seen: dict[tuple, int] = {}
+        self.lock = threading.Lock()
+
+    def occurrence(self, ctx) -> int:
+        """1 for the first request with this (prompt, max_tokens), 2 for the second, ..."""
+        if "occurrence" not in ctx.state:
+            key = (tuple(ctx.body.get("prompt") or []), ctx.body.get("max_tokens"))
+            with self.lock:
+                self.seen[key] = self.seen.get(key, 0) + 1
+                ctx.state["occurrence"] = self.seen[key]
+        return ctx.state["occurrence"]
+
+    def chunk(self, ctx, chunk):
+        self.occurrence(ctx)
+        if "selected" not in ctx.state:
+            ctx.state["selected"] = bool(self.select(ctx))
+            if ctx.state["selected"]:
+                self.hits.append((ctx.number, len(ctx.body.get("prompt") or []),
+                                  ctx.body.get("max_tokens")))
+        if not ctx.state["selected"]:
+            return chunk
+        for ch in chunk.get("choices") or []:
+            ids = ch.get("token_ids") or []
+            texts = []
+            for i in range(len(ids)):
+                pos = ctx.tokens_so_far + i
+                if pos >= self.start and (self.stop is None or pos < self.stop):
+                    ids[i], t = self.mutate(ids[i], pos)
+                    texts.append(t)
+            if texts:
+                ch["text"] = "".join(texts)
+        return chunk
+
+
 class FaultProxy:
     """Forwarding HTTP server on 127.0.0.1 (a free port) with a fault hook; a context manager."""
 
@@ -105,7 +153,11 @@ class FaultProxy:
                 self.end_headers()
                 self.wfile.write(content)
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Server(ThreadingHTTPServer):
+            def handle_error(self, request, client_address):  # clients hang up: not news
+                pass
+
+        self.server = Server(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)

@@ -104,3 +104,13 @@ def test_max_model_len_edge():
     assert run("max_model_len_edge", bad, s=s).status == "fail"
     dead = Completion(error="connection", error_detail="refused")
     assert run("max_model_len_edge", dead, s=s).status == "fail"
+
+
+def test_degeneration_ignores_eos_runs():
+    ctx = Ctx()
+    ctx.facts = EngineFacts({"vocab_size": 100, "eos_token_id": 1}, {})
+    assert run("degeneration", comp([5, 6, 1] + [1] * 30), ctx=ctx).status == "pass"
+    r = run("degeneration", comp([1, 1] + [0] * 20), ctx=ctx)
+    assert r.status == "fail" and "run of 20 x token ID 0" in r.detail
+    r = run("degeneration", comp([5] * 20 + [1]), ctx=ctx)
+    assert r.status == "fail" and "run of 20 x token 5" in r.detail

@@ -14,7 +14,7 @@ REGISTRY: dict[str, Callable] = {}
 # Phase checks: ``check(ctx, phase_record) -> CheckResult``, run after every phase.
 PHASE_REGISTRY: dict[str, Callable] = {}
 # Checks applied to every request unless a scenario says otherwise.
-DEFAULT_CHECKS = ("vocab_range", "usage", "logprobs_finite")
+DEFAULT_CHECKS = ("vocab_range", "usage", "logprobs_finite", "degeneration")
 DEFAULT_PHASE_CHECKS = ("health_after_phase",)
 
 

@@ -70,7 +70,8 @@ class EngineFacts:
 
     def to_dict(self) -> dict[str, Any]:
         names = ["max_model_len", "vocab_size", "block_size", "max_num_batched_tokens",
-                 "num_speculative_tokens", "max_num_seqs", "prefix_caching", "tensor_parallel_size"]
+                 "num_speculative_tokens", "max_num_seqs", "prefix_caching", "tensor_parallel_size",
+                 "eos_token_id"]
         return {n: {"value": self.values.get(n), "source": self.sources.get(n, "unknown")}
                 for n in names}
 
@@ -113,6 +114,7 @@ def gather_facts(*, explicit: dict[str, Any] | None = None, engine_args: Sequenc
                 data = data.get("text_config", data)
                 f.set("vocab_size", data.get("vocab_size"), f"{cfg}")
                 f.set("max_model_len", data.get("max_position_embeddings"), f"{cfg}")
+                f.set("eos_token_id", data.get("eos_token_id"), f"{cfg}")
             except (OSError, ValueError):
                 pass
     return f

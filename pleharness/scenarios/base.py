@@ -18,13 +18,15 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from ..engine.errors import UsageError
+
 if TYPE_CHECKING:  # pragma: no cover
     from ..runner import RunContext
 
 REGISTRY: dict[str, type["Scenario"]] = {}
 
 
-class ScenarioError(ValueError):
+class ScenarioError(UsageError, ValueError):
     """A scenario file or override is malformed; the message names the file and the key."""
 
 
