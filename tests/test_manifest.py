@@ -58,3 +58,17 @@ def test_unwritable_results_dir(tmp_path):
     f.write_text("")
     with pytest.raises(UsageError, match="cannot be created"):
         new_run_dir(f / "sub")
+
+
+def test_root_cause_skips_wrappers_and_prefixes():
+    from pleharness.engine.launch import root_cause_line
+    log = """INFO starting
+(Worker pid=9360) ERROR 11-29 18:06:27 [multiproc_executor.py:1063] Traceback (most recent call last):
+(Worker pid=9360) ERROR 11-29 18:06:27 [multiproc_executor.py:1063] ValueError: No common block size for 16 (CPU_ATTN: [MultipleOf(32)]).
+(EngineCore pid=9337) ERROR 11-29 18:06:27 [core.py:1510] RuntimeError: Worker failed with error 'No common block size for 16', please check the stack trace above for the root cause
+RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {'EngineCore': 1}
+/usr/lib/python3.11/multiprocessing/resource_tracker.py:254: UserWarning: resource_tracker: leaked
+"""
+    assert root_cause_line(log) == "ValueError: No common block size for 16 (CPU_ATTN: [MultipleOf(32)])."
+    assert root_cause_line("all good\n") is None
+    assert root_cause_line("RuntimeError: see above\n") == "RuntimeError: see above"

@@ -42,17 +42,28 @@ def port_in_use(host: str, port: int) -> bool:
         return s.connect_ex((host, port)) == 0
 
 
+POINTS_ELSEWHERE = re.compile(r"root cause above|stack trace above|see above", re.IGNORECASE)
+
+
 def root_cause_line(log_text: str) -> str | None:
-    """The last line of an engine log that names an exception (``ValueError: ...``), stripped.
+    """The most telling exception line of an engine log, e.g. ``ValueError: No common block ...``.
 
     vLLM start failures print long tracebacks whose useful line is the last ``ValueError`` /
-    ``RuntimeError`` (shared/ENGINE_NOTES.md). Returns None when no such line exists.
+    ``RuntimeError`` (shared/ENGINE_NOTES.md); wrappers re-raised by the engine core and the API
+    server ("... See root cause above.", "please check the stack trace above") are skipped. The
+    process prefix (``(Worker pid=1) ERROR 11-29 ... [file.py:1]``) is cut off. Returns None when
+    no such line exists.
     """
-    found = None
+    found = fallback = None
     for line in log_text.splitlines():
-        if ROOT_CAUSE.search(line) and "Traceback" not in line:
-            found = line.strip()
-    return found
+        m = ROOT_CAUSE.search(line)
+        if not m or "Traceback" in line:
+            continue
+        text = line[m.start():].strip()
+        fallback = text
+        if not POINTS_ELSEWHERE.search(text):
+            found = text
+    return found or fallback
 
 
 def redact_env(env: Mapping[str, str]) -> dict[str, str]:

@@ -16,6 +16,7 @@ had ended is a warning (the decode was too short for this engine).
 from __future__ import annotations
 
 import threading
+import time
 from typing import TYPE_CHECKING
 
 from pydantic import Field
@@ -66,6 +67,7 @@ class Insert(Scenario):
         ctx.take_references([decode] + inserts, phase_name="insert-references")
 
         sent = threading.Event()
+        t_sent = {"t": 0.0}
         started = threading.Event()
         done = threading.Event()
         pos = {"n": 0}
@@ -77,6 +79,7 @@ class Insert(Scenario):
 
         def issue(spec: RequestSpec):
             if spec is decode:
+                t_sent["t"] = time.monotonic()
                 sent.set()
                 try:
                     return ctx.client.complete(list(spec.prompt.ids), spec.max_tokens,
@@ -85,7 +88,7 @@ class Insert(Scenario):
                     started.set()
                     done.set()
             sent.wait(timeout=ctx.client.timeouts.total_s)
-            started.wait(timeout=p.insert_after_s)
+            started.wait(timeout=max(0.0, t_sent["t"] + p.insert_after_s - time.monotonic()))
             at = pos["n"]
             running = not done.is_set() and at < decode.max_tokens
             spec.note = (f"inserted while the decode ran (client-seen decode position {at})"
