@@ -7,6 +7,7 @@ from __future__ import annotations
 
 
 import sys
+import os
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -14,6 +15,7 @@ import typer
 from rich.console import Console
 
 from . import __version__
+from .engine.client import Timeouts
 from .engine.errors import HarnessError, UsageError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -99,6 +101,18 @@ def stress(
     max_num_seqs: Annotated[Optional[int], typer.Option(help="max_num_seqs. " + FACT_HELP)] = None,
     max_model_len: Annotated[Optional[int], typer.Option(help="max_model_len M. " + FACT_HELP)] = None,
     vocab_size: Annotated[Optional[int], typer.Option(help="Vocabulary size V. " + FACT_HELP)] = None,
+    api_key_env: Annotated[Optional[str], typer.Option(
+        help="Name of an environment variable holding an API key: sent as a Bearer token and "
+             "given to a launched engine (VLLM_API_KEY); never written anywhere.")] = None,
+    connect_timeout: Annotated[float, typer.Option(help="Seconds to connect.")] = 10.0,
+    first_token_timeout: Annotated[float, typer.Option(
+        help="Seconds from sending a request to its first token.")] = 300.0,
+    between_tokens_timeout: Annotated[float, typer.Option(
+        help="Longest gap between two streamed tokens, seconds.")] = 120.0,
+    request_timeout: Annotated[float, typer.Option(help="Longest whole request, seconds.")] = 1800.0,
+    on_timeout: Annotated[str, typer.Option(
+        help="After a phase with timed-out requests (recorded as 'timeout', the phase fails): "
+             "'continue' with the next phase, or 'abort' the run (status incomplete).")] = "continue",
 ):
     """Launch (or attach to) a vLLM server and run the stress scenarios against it."""
     from .profile import EngineProfile, load_profile
@@ -116,6 +130,11 @@ def stress(
                                "num_speculative_tokens": num_speculative_tokens,
                                "max_num_seqs": max_num_seqs, "max_model_len": max_model_len,
                                "vocab_size": vocab_size}.items() if v is not None}
+    api_key = None
+    if api_key_env:
+        api_key = os.environ.get(api_key_env)
+        if not api_key:
+            raise UsageError(f"--api-key-env {api_key_env}: that environment variable is not set")
     cfg = StressConfig(
         model=model or prof.model, url=url, tp=tp or prof.tp or 1,
         engine_python=engine_python or prof.python or sys.executable,
@@ -126,6 +145,9 @@ def stress(
         start_timeout_s=start_timeout,
         served_model_name=served_model_name or prof.served_model_name,
         explicit_facts=facts, profile=str(engine_profile) if engine_profile else None,
+        api_key=api_key, on_timeout=on_timeout,
+        timeouts=Timeouts(connect_timeout, first_token_timeout, between_tokens_timeout,
+                          request_timeout),
         invocation=["ple-harness"] + sys.argv[1:])
     raise typer.Exit(run_stress(cfg, console))
 
@@ -148,6 +170,30 @@ def scenarios():
             except ValueError as exc:
                 console.print(f"[red]{f.stem}[/red]: {exc}")
     console.print(f"scenario kinds: {', '.join(sorted(REGISTRY))}")
+
+
+@app.command()
+def probe(
+    json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the result as JSON "
+                                                      "to this path.")] = None,
+    quick: Annotated[bool, typer.Option(help="Capability and a 100-replay self-test; no "
+                                        "timings.")] = False,
+    replays: Annotated[int, typer.Option(min=1, help="Self-test replays per row size.")] = 1000,
+):
+    """GPU pre-flight probe for deferred PLE row loading (stream memops inside CUDA graphs).
+
+    Exit 0 when the probe answered (ok, fallback: synchronous, or unavailable: no GPU / no CUDA),
+    1 when the self-test failed.
+    """
+    import json
+
+    from .probe import render, run_probe
+    result = run_probe(selftest=True, timings=not quick, replays=100 if quick else replays)
+    if json_path:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(result, indent=2) + "\n")
+    render(result, console)
+    raise typer.Exit(1 if result.get("status") == "failed" else 0)
 
 
 @app.command("build-model")

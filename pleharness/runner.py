@@ -117,6 +117,46 @@ def gpu_inventory() -> list[dict[str, Any]] | None:
     return gpus
 
 
+class RequestTimeoutAbort(Exception):
+    """Raised after a phase with timed-out requests when the policy is ``--on-timeout abort``."""
+
+
+class _Watchdog:
+    """Polls the engine while a phase runs (every ``interval_s``): the launched process must be
+    alive and /health must answer 200. Two failed polls in a row mark the engine dead and cut off
+    every request in flight, so a dead engine is noticed within a few seconds instead of after
+    the request timeouts."""
+
+    def __init__(self, ctx: "RunContext", interval_s: float = 2.0):
+        import threading
+        self.ctx = ctx
+        self.interval_s = interval_s
+        self.dead: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="ple-watchdog")
+        self._thread.start()
+
+    def _run(self) -> None:
+        misses = 0
+        while not self._stop.wait(self.interval_s):
+            srv = self.ctx.server
+            if srv is not None and not srv.alive():
+                self.dead = f"engine process exited (code {srv.proc.poll()})"
+            elif not self.ctx.client.health(timeout=min(5.0, self.interval_s * 2)):
+                misses += 1
+                if misses >= 2:
+                    self.dead = "/health stopped answering 200"
+            else:
+                misses = 0
+            if self.dead:
+                self.ctx.client.abort_all(self.dead)
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
 class RunContext:
     """What scenarios use to issue phases: client, facts, references, manifest, progress.
 
@@ -137,6 +177,7 @@ class RunContext:
         self.check_registry = check_registry or {}
         self._req_counter = 0
         self.scenario_name = ""
+        self.on_timeout = "continue"
 
     # -- manifest ---------------------------------------------------------------------------------
     def save(self) -> None:
@@ -206,8 +247,24 @@ class RunContext:
             return c
 
         t0 = time.monotonic()
-        with ThreadPoolExecutor(max_workers=concurrency) as pool:
-            completions = list(pool.map(one, specs))
+        pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="ple-req")
+        watchdog = _Watchdog(self)
+        try:
+            futures = [pool.submit(one, s) for s in specs]
+            completions = [f.result() for f in futures]
+        except BaseException:
+            # interrupted: abandon the requests in flight, record the phase as not run
+            self.client.abort_all("harness interrupted")
+            pool.shutdown(wait=False, cancel_futures=True)
+            ph.status, ph.reason, ph.ended_at = "not_run", "interrupted", now_iso()
+            ph.wall_s = time.monotonic() - t0
+            if task is not None:
+                self.progress.remove_task(task)
+            self.save()
+            raise
+        finally:
+            watchdog.stop()
+        pool.shutdown(wait=True)
         ph.wall_s = time.monotonic() - t0
         ph.ended_at = now_iso()
         if task is not None:
@@ -218,8 +275,19 @@ class RunContext:
         healthy = all(c.status != "fail" for c in ph.checks if c.name == "health_after_phase")
         self._finish_phase(ph, outcomes)
         self.save()
-        if not healthy or any(o.completion.error in ("connection", "timeout") for o in outcomes):
+        if watchdog.dead is not None:
+            ph.reason = (ph.reason + "; " if ph.reason else "") + f"engine died: {watchdog.dead}"
+            self.save()
             self.ensure_engine_alive()
+            raise EngineError(f"engine died during phase {name}: {watchdog.dead}",
+                              self.server.root_cause() if self.server else None,
+                              str(self.server.log_path) if self.server else None)
+        if not healthy or any(o.completion.error in ("connection", "aborted")
+                              for o in outcomes):
+            self.ensure_engine_alive()
+        if self.on_timeout == "abort" and any(o.completion.error == "timeout" for o in outcomes):
+            raise RequestTimeoutAbort(f"phase {name}: request(s) timed out and the policy is "
+                                      "--on-timeout abort")
         return outcomes
 
     def _issue(self, spec: RequestSpec) -> Completion:

@@ -15,11 +15,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from .engine.client import EngineClient, Timeouts
 from .engine.errors import EngineError, HarnessError, UsageError
 from .engine.facts import gather_facts
-from .engine.launch import EngineServer, LaunchSpec, engine_python_check
+from .engine.launch import EngineServer, LaunchSpec, engine_python_check, redact_env
 from .manifest import Manifest, now_iso, write_manifest
 from .report import headline, render
-from .runner import (EXIT_ENGINE, EXIT_FAIL, EXIT_OK, RunContext, environment_info,
-                     harness_info, new_run_dir)
+from .runner import (EXIT_ENGINE, EXIT_FAIL, EXIT_OK, RequestTimeoutAbort, RunContext,
+                     environment_info, gpu_inventory, harness_info, new_run_dir)
 from .scenarios import Scenario, load_scenario_file
 
 DEFAULT_SCENARIOS = ["transitions", "boundary", "pairs", "insert"]
@@ -53,6 +53,8 @@ class StressConfig:
     timeouts: Timeouts = field(default_factory=Timeouts)
     invocation: list[str] = field(default_factory=list)
     profile: str | None = None
+    on_timeout: str = "continue"
+    gpu_memory_tolerance_mib: float = 1024.0
 
 
 def load_scenarios(names: list[str], overrides: dict[str, Any]) -> list[Scenario]:
@@ -96,11 +98,19 @@ def run_stress(cfg: StressConfig, console: Console | None = None) -> int:
             engine_env = {**EMBEDDED_ENV, **engine_env}
         elif not Path(model_path).exists():
             raise UsageError(f"model path {model_path} does not exist")
+    elif not EngineClient(cfg.url, api_key=cfg.api_key).health(timeout=10):
+        raise UsageError(f"no engine answers GET {cfg.url.rstrip('/')}/health with 200 "
+                         "(is the server running and the URL right?)")
+    if cfg.on_timeout not in ("continue", "abort"):
+        raise UsageError(f"--on-timeout {cfg.on_timeout!r}: expected continue or abort")
     run_id, run_dir = new_run_dir(Path(cfg.results_dir), cfg.run_id)
     mpath = run_dir / "manifest.json"
     manifest = Manifest(run_id=run_id, harness=harness_info(), invocation=cfg.invocation,
                         scenarios=[s.definition() for s in scenarios])
     manifest.environment = environment_info(cfg.engine_python if cfg.url is None else None)
+    if manifest.environment.get("gpus"):
+        from .probe import capability_summary  # cheap: capability only, never raises
+        manifest.environment["ple_probe"] = capability_summary()
     manifest.summary = {"phases_planned": sum(getattr(s, "planned_phases", lambda: 0)()
                                               for s in scenarios),
                         "phases_completed": 0, "hashes_compared": 0, "hashes_matched": 0}
@@ -110,8 +120,15 @@ def run_stress(cfg: StressConfig, console: Console | None = None) -> int:
     server: EngineServer | None = None
     ready = False
     old_handlers = {}
+    signalled = []
 
     def on_signal(signum, _frame):
+        if signalled:  # a second Ctrl-C / SIGTERM: skip the grace period
+            if server is not None and server.proc is not None:
+                from .engine.launch import _signal_group
+                _signal_group(server.proc.pid, signal.SIGKILL)
+            return
+        signalled.append(signum)
         raise _Interrupted(signum)
 
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -120,6 +137,7 @@ def run_stress(cfg: StressConfig, console: Console | None = None) -> int:
         except ValueError:  # not in the main thread
             pass
     code = EXIT_FAIL
+    gpus_before = manifest.environment.get("gpus")
     try:
         if cfg.url is None:
             spec = LaunchSpec(model=model_path, python=cfg.engine_python, tp=cfg.tp,
@@ -128,7 +146,7 @@ def run_stress(cfg: StressConfig, console: Console | None = None) -> int:
             server = EngineServer(spec, run_dir, cfg.start_timeout_s, api_key=cfg.api_key)
             manifest.engine = {"mode": "launched", "launch": {
                 "model": model_path, "python": cfg.engine_python, "tp": cfg.tp,
-                "engine_args": engine_args, "env": {k: v for k, v in engine_env.items()},
+                "engine_args": engine_args, "env": redact_env(engine_env),
                 "host": cfg.host, "profile": cfg.profile}, "engine_log": "engine.log", "launcher_log": "launcher.log"}
             with console.status("starting the engine (see engine.log) ..."):
                 server.start()
@@ -161,6 +179,7 @@ def run_stress(cfg: StressConfig, console: Console | None = None) -> int:
                       TimeElapsedColumn(), console=console, transient=True) as progress:
             ctx = RunContext(client, manifest, mpath, facts, console, server, progress,
                              check_registry=_checks())
+            ctx.on_timeout = cfg.on_timeout
             for sc in scenarios:
                 ctx.scenario_name = sc.name
                 sc.run(ctx)
@@ -172,6 +191,10 @@ def run_stress(cfg: StressConfig, console: Console | None = None) -> int:
         manifest.verdict = "error"
         manifest.reason = f"interrupted by {signal.Signals(exc.signum).name}"
         code = 128 + exc.signum
+    except RequestTimeoutAbort as exc:
+        manifest.status, manifest.verdict, manifest.reason = "incomplete", "fail", str(exc)
+        code = EXIT_FAIL
+        console.print(f"[red]aborted:[/red] {exc}")
     except KeyboardInterrupt:
         manifest.status, manifest.verdict, manifest.reason = "interrupted", "error", "SIGINT"
         code = 130
@@ -200,7 +223,9 @@ def run_stress(cfg: StressConfig, console: Console | None = None) -> int:
         try:
             if server is not None:
                 with console.status("stopping the engine ..."):
-                    server.stop()
+                    server.stop(grace_s=0 if len(signalled) > 1 else None)
+                if gpus_before:
+                    _gpu_memory_after(manifest, gpus_before, cfg.gpu_memory_tolerance_mib, console)
         finally:
             for sig, h in old_handlers.items():
                 signal.signal(sig, h)
@@ -214,6 +239,29 @@ def run_stress(cfg: StressConfig, console: Console | None = None) -> int:
     console.print(f"status {manifest.status}, verdict {manifest.verdict}, exit {code}; "
                   f"manifest: {mpath}")
     return code
+
+
+def _gpu_memory_after(m: Manifest, before: list[dict], tolerance_mib: float, console,
+                      wait_s: float = 30.0) -> None:
+    """Record per-GPU memory after shutdown; warn when it has not returned to within
+    ``tolerance_mib`` of the pre-launch baseline after ``wait_s`` seconds."""
+    import time
+    deadline = time.monotonic() + wait_s
+    while True:
+        after = gpu_inventory() or []
+        by_index = {g["index"]: g for g in after}
+        leaked = [(b["index"], by_index[b["index"]]["memory_used_mib"] - b["memory_used_mib"])
+                  for b in before if b["index"] in by_index and
+                  by_index[b["index"]]["memory_used_mib"] - b["memory_used_mib"] > tolerance_mib]
+        if not leaked or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    m.environment["gpus_after_shutdown"] = after
+    m.environment["gpu_memory_released"] = not leaked
+    if leaked:
+        msg = ", ".join(f"GPU {i}: +{d:.0f} MiB" for i, d in leaked)
+        m.environment["gpu_memory_warning"] = f"not back to baseline after {wait_s:.0f} s: {msg}"
+        console.print(f"[yellow]warning:[/yellow] GPU memory {m.environment['gpu_memory_warning']}")
 
 
 def _checks() -> dict:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -197,5 +198,135 @@ class FaultProxy:
         return self
 
     def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class FakeEngine:
+    """A self-answering OpenAI-compatible engine double (no model), for faults a real engine never
+    produces. Outputs are a deterministic function of the prompt, so a healthy FakeEngine passes
+    parity. ``behave(n, body) -> str | None`` picks a behaviour for the n-th completion request:
+
+    - None: normal streaming;  "http500": a 500 JSON error;  "malformed": a broken JSON chunk;
+    - "no_token_ids": chunks without token_ids;  "stall": 3 tokens, then silence;
+    - "never": accept, read the request, never answer;  "die": the whole engine dies now
+      (every open and later connection is cut, /health included).
+    """
+
+    MODEL = "fake-model"
+
+    def __init__(self, behave=None, vocab: int = 600):
+        self.behave = behave or (lambda n, body: None)
+        self.vocab = vocab
+        self.count = 0
+        self.lock = threading.Lock()
+        self.dead = threading.Event()
+        self.release = threading.Event()  # set on exit: stalled handlers end
+        eng = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):
+                pass
+
+            def _cut(self):
+                import socket as _s
+                try:
+                    self.connection.shutdown(_s.SHUT_RDWR)
+                except OSError:
+                    pass
+                self.close_connection = True
+
+            def _json(self, code, obj):
+                data = json.dumps(obj).encode()
+                self.send_response(code)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                if eng.dead.is_set():
+                    return self._cut()
+                if self.path == "/health":
+                    self.send_response(200)
+                    self.send_header("content-length", "0")
+                    self.end_headers()
+                elif self.path == "/v1/models":
+                    self._json(200, {"data": [{"id": eng.MODEL, "max_model_len": 4096}]})
+                elif self.path == "/version":
+                    self._json(200, {"version": "fake"})
+                else:
+                    self._json(404, {"error": "not found"})
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers.get("content-length") or 0)))
+                if eng.dead.is_set():
+                    return self._cut()
+                with eng.lock:
+                    eng.count += 1
+                    n = eng.count
+                how = eng.behave(n, body)
+                if how == "die":
+                    eng.dead.set()
+                    return self._cut()
+                if how == "http500":
+                    return self._json(500, {"error": {"message": "injected failure", "code": 500}})
+                if how == "never":
+                    eng.release.wait(120)
+                    return self._cut()
+                self.send_response(200)
+                self.send_header("content-type", "text/event-stream")
+                self.send_header("transfer-encoding", "chunked")
+                self.end_headers()
+
+                def send(obj_or_text):
+                    text = obj_or_text if isinstance(obj_or_text, str) else json.dumps(obj_or_text)
+                    data = f"data: {text}\n\n".encode()
+                    self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+                    self.wfile.flush()
+
+                prompt = body.get("prompt") or []
+                mt = int(body.get("max_tokens") or 16)
+                base = sum(prompt) * 31
+                for i in range(mt):
+                    if eng.dead.is_set():
+                        return self._cut()
+                    if how == "stall" and i == 3:
+                        eng.release.wait(120)
+                        return self._cut()
+                    if how == "malformed" and i == 2:
+                        send('{"choices": [{"text": "x", "token_ids": [1')
+                        self.wfile.write(b"0\r\n\r\n")
+                        return
+                    tok = (base + i * 7) % (eng.vocab - 10) + 10
+                    choice = {"index": 0, "text": f" t{tok}", "finish_reason":
+                              "length" if i == mt - 1 else None}
+                    if how != "no_token_ids":
+                        choice["token_ids"] = [tok]
+                    send({"choices": [choice]})
+                    time.sleep(0.002)
+                send({"choices": [], "usage": {"prompt_tokens": len(prompt),
+                                               "completion_tokens": mt}})
+                send("[DONE]")
+                self.wfile.write(b"0\r\n\r\n")
+
+        class Server(ThreadingHTTPServer):
+            daemon_threads = True
+
+            def handle_error(self, request, client_address):
+                pass
+
+        self.server = Server(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> "FakeEngine":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release.set()
         self.server.shutdown()
         self.server.server_close()

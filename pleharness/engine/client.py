@@ -6,6 +6,7 @@ as token IDs, never as re-tokenized text. Streaming (SSE) is used so that TTFT c
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -66,6 +67,34 @@ class Completion:
     started_at: float | None = None
 
 
+class _Active:
+    """One request in flight, watched by the client's monitor thread."""
+
+    def __init__(self):
+        self.t0 = time.monotonic()
+        self.last = self.t0
+        self.tokens = 0
+        self.resp = None
+        self.reason: tuple[str, str] | None = None  # (error kind, detail) when cut off
+
+
+def _shutdown(resp) -> None:
+    """Wake a thread blocked reading ``resp`` by shutting its socket down (close alone may not)."""
+    for path in (("raw", "_connection", "sock"), ("raw", "_fp", "fp", "raw", "_sock")):
+        obj = resp
+        try:
+            for name in path:
+                obj = getattr(obj, name)
+        except AttributeError:
+            continue
+        if isinstance(obj, socket.socket):
+            try:
+                obj.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            return
+
+
 class EngineClient:
     """Client for one engine base URL.
 
@@ -83,6 +112,56 @@ class EngineClient:
         self.api_key = api_key
         self.timeouts = timeouts or Timeouts()
         self._local = threading.local()
+        self._active: set[_Active] = set()
+        self._lock = threading.Lock()
+        self._monitor: threading.Thread | None = None
+
+    # -- in-flight requests ----------------------------------------------------------------------
+    def _watch(self, a: _Active) -> None:
+        with self._lock:
+            self._active.add(a)
+            if self._monitor is None or not self._monitor.is_alive():
+                self._monitor = threading.Thread(target=self._monitor_loop, daemon=True,
+                                                 name="ple-request-monitor")
+                self._monitor.start()
+
+    def _unwatch(self, a: _Active) -> None:
+        with self._lock:
+            self._active.discard(a)
+
+    def _cut(self, a: _Active, kind: str, detail: str) -> None:
+        if a.reason is None:
+            a.reason = (kind, detail)
+            if a.resp is not None:
+                _shutdown(a.resp)
+
+    def _monitor_loop(self) -> None:
+        """Enforce first-token, between-token and total timeouts on every request in flight."""
+        t = self.timeouts
+        while True:
+            time.sleep(0.2)
+            now = time.monotonic()
+            with self._lock:
+                active = list(self._active)
+                if not active:
+                    self._monitor = None
+                    return
+            for a in active:
+                if now - a.t0 > t.total_s:
+                    self._cut(a, "timeout", f"total time over {t.total_s:g} s after {a.tokens} tokens")
+                elif a.tokens == 0 and now - a.t0 > t.first_token_s:
+                    self._cut(a, "timeout", f"no token within {t.first_token_s:g} s")
+                elif a.tokens and now - a.last > t.between_tokens_s:
+                    self._cut(a, "timeout", f"stalled: no token for {t.between_tokens_s:g} s after "
+                                            f"{a.tokens} tokens")
+
+    def abort_all(self, reason: str) -> int:
+        """Cut off every request in flight (recorded as error ``aborted``); returns how many."""
+        with self._lock:
+            active = list(self._active)
+        for a in active:
+            self._cut(a, "aborted", reason)
+        return len(active)
 
     @property
     def session(self) -> requests.Session:
@@ -183,36 +262,47 @@ class EngineClient:
         }
         if logprobs is not None:
             body["logprobs"] = logprobs
+            body["return_tokens_as_token_ids"] = True  # top_logprobs keyed "token_id:N"
         if extra:
             body.update(extra)
         out = Completion(logprobs=[] if logprobs is not None else None)
         t = self.timeouts
-        t0 = time.monotonic()
+        a = _Active()
+        self._watch(a)
+        try:
+            self._stream(body, out, a, on_token)
+        finally:
+            self._unwatch(a)
+        if a.reason is not None:  # cut off by the monitor (timeout) or by abort_all
+            out.error, out.error_detail = a.reason
+        out.latency_s = time.monotonic() - a.t0
+        return out
+
+    def _stream(self, body: dict, out: Completion, a: _Active, on_token) -> None:
+        t = self.timeouts
+        t0 = a.t0
         out.started_at = time.time()
         last = t0
         try:
             resp = self.session.post(self.base_url + "/v1/completions", json=body, stream=True,
-                                     timeout=(t.connect_s, t.first_token_s))
+                                     # the monitor thread enforces the token timeouts; the socket
+                                     # read timeout is only a safety net behind it
+                                     timeout=(t.connect_s,
+                                              max(t.first_token_s, t.between_tokens_s) * 1.5 + 1))
         except requests.Timeout as exc:
-            return _fail(out, "timeout", f"no response: {exc}", t0)
+            return _fail(out, "timeout", f"no response: {str(exc)[:200]}")
         except requests.RequestException as exc:
-            return _fail(out, "connection", str(exc)[:300], t0)
+            return _fail(out, "connection", str(exc)[:300])
+        a.resp = resp
         out.http_status = resp.status_code
         try:
             if resp.status_code != 200:
-                return _fail(out, "http", f"HTTP {resp.status_code}: {resp.text[:300]}", t0)
-            # between-token timeout: requests applies the read timeout to each socket read
-            if resp.raw is not None and resp.raw._fp is not None:  # noqa: SLF001
-                try:
-                    resp.raw._fp.fp.raw._sock.settimeout(t.between_tokens_s)  # noqa: SLF001
-                except AttributeError:
-                    pass
+                return _fail(out, "http", f"HTTP {resp.status_code}: {resp.text[:300]}")
             done = False
             for raw in resp.iter_lines():
                 now = time.monotonic()
-                if now - t0 > t.total_s:
-                    return _fail(out, "timeout", f"total time over {t.total_s} s after "
-                                 f"{len(out.token_ids)} tokens", t0)
+                if a.reason is not None:
+                    break
                 if not raw:
                     continue
                 line = raw.decode("utf-8", errors="replace")
@@ -225,11 +315,12 @@ class EngineClient:
                 try:
                     chunk = json.loads(data)
                 except ValueError:
-                    return _fail(out, "protocol", f"malformed stream chunk: {data[:200]}", t0)
+                    return _fail(out, "protocol", f"malformed stream chunk after "
+                                 f"{len(out.token_ids)} tokens: {data[:200]}")
                 if not isinstance(chunk, dict):
-                    return _fail(out, "protocol", f"unexpected stream chunk: {data[:200]}", t0)
+                    return _fail(out, "protocol", f"unexpected stream chunk: {data[:200]}")
                 if "error" in chunk and not chunk.get("choices"):
-                    return _fail(out, "http", f"error in stream: {str(chunk['error'])[:300]}", t0)
+                    return _fail(out, "http", f"error in stream: {str(chunk['error'])[:300]}")
                 usage = chunk.get("usage")
                 if usage:
                     out.prompt_tokens = usage.get("prompt_tokens")
@@ -243,7 +334,7 @@ class EngineClient:
                         if text or choice.get("finish_reason") is None:
                             return _fail(out, "protocol",
                                          "stream chunk without token_ids (return_token_ids "
-                                         f"unsupported?): {data[:200]}", t0)
+                                         f"unsupported?): {data[:200]}")
                         ids = []
                     if ids:
                         if out.ttft_s is None:
@@ -251,6 +342,7 @@ class EngineClient:
                         else:
                             out.itl_s.append(now - last)
                         last = now
+                        a.last, a.tokens = now, a.tokens + len(ids)
                         out.token_ids.extend(int(i) for i in ids)
                         if on_token is not None:
                             on_token(len(out.token_ids))
@@ -258,26 +350,37 @@ class EngineClient:
                     lp = choice.get("logprobs")
                     if lp and out.logprobs is not None:
                         for top in lp.get("top_logprobs") or []:
-                            out.logprobs.append(top or {})
+                            out.logprobs.append(_parse_top(top))
                     if choice.get("finish_reason") is not None:
                         out.finish_reason = choice["finish_reason"]
-            if not done:
+            if a.reason is None and not done:
                 return _fail(out, "protocol", f"stream ended without [DONE] after "
-                             f"{len(out.token_ids)} tokens", t0)
+                             f"{len(out.token_ids)} tokens")
         except requests.exceptions.ConnectionError as exc:
             kind = "timeout" if "timed out" in str(exc).lower() else "connection"
             return _fail(out, kind, f"{exc.__class__.__name__} after {len(out.token_ids)} tokens: "
-                         f"{str(exc)[:200]}", t0)
+                         f"{str(exc)[:200]}")
         except requests.RequestException as exc:
-            return _fail(out, "connection", str(exc)[:300], t0)
+            return _fail(out, "connection", f"{exc.__class__.__name__} after "
+                         f"{len(out.token_ids)} tokens: {str(exc)[:200]}")
         finally:
             resp.close()
-        out.latency_s = time.monotonic() - t0
-        return out
 
 
-def _fail(out: Completion, kind: str, detail: str, t0: float) -> Completion:
+def _parse_top(top: dict | None) -> dict[int, float]:
+    """{token id: logprob} from a top_logprobs entry keyed ``token_id:N`` (return_tokens_as_token_ids)."""
+    out = {}
+    for k, v in (top or {}).items():
+        if isinstance(k, str) and k.startswith("token_id:"):
+            try:
+                out[int(k[9:])] = v
+                continue
+            except ValueError:
+                pass
+        out[k] = v
+    return out
+
+
+def _fail(out: Completion, kind: str, detail: str) -> None:
     out.error = kind
     out.error_detail = detail
-    out.latency_s = time.monotonic() - t0
-    return out

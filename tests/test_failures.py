@@ -1,0 +1,103 @@
+"""Failure handling against engine doubles that answer themselves (tests/doubles.py FakeEngine):
+500s, malformed stream chunks, missing token_ids, stalls, requests never answered, an engine that
+dies mid-phase. Each run must leave a valid manifest with the right record, status and exit code,
+and no process behind.
+
+Schedule used: transitions with ladder 2,1 once, max_tokens 8: warm-up 4 requests (1-4),
+references 8 (5-12), phase C2 (13-16), phase C1 (17-18).
+"""
+import psutil
+import pytest
+
+from conftest import load_json, run_cli
+from doubles import FakeEngine
+
+ARGS = ["--scenario", "transitions", "--ladder", "2,1", "--repeats", "1", "--max-tokens", "8",
+        "--vocab-size", "600", "--first-token-timeout", "2", "--between-tokens-timeout", "2"]
+
+
+def run_against(behave, tmp_path, run_id="run", *extra):
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    with FakeEngine(behave) as eng:
+        r = run_cli("stress", "--url", eng.url, "--results-dir", str(tmp_path), "--run-id", run_id,
+                    *ARGS, *extra, timeout=120)
+    after = {p.pid for p in psutil.Process().children(recursive=True)}
+    assert after <= before, "the harness left processes behind"
+    return r, r.stdout + r.stderr, load_json(tmp_path / run_id / "manifest.json")
+
+
+def only(n, how):
+    return lambda k, body: how if k == n else None
+
+
+def errored(m):
+    return [q for q in m["requests"] if q["error"]]
+
+
+def test_healthy_double_passes(tmp_path):
+    r, out, m = run_against(None, tmp_path)
+    assert r.returncode == 0, out[-2000:]
+    assert m["summary"]["hashes_matched"] == m["summary"]["hashes_compared"] == 6
+
+
+def test_http_500_is_recorded_not_matched(tmp_path):
+    r, out, m = run_against(only(14, "http500"), tmp_path)
+    assert r.returncode == 1, out[-2000:]
+    (q,) = errored(m)
+    assert q["error"] == "http" and q["http_status"] == 500 and q["match"] is False
+    assert q["error_detail"].startswith("HTTP 500: ") and "injected failure" in q["error_detail"]
+    ph = [p for p in m["phases"] if p["name"] == q["phase"]][0]
+    assert ph["errors"] == 1 and ph["status"] == "fail" and "1 request error(s)" in ph["reason"]
+    assert m["status"] == "complete" and m["verdict"] == "fail"
+
+
+def test_malformed_chunk(tmp_path):
+    r, out, m = run_against(only(15, "malformed"), tmp_path)
+    assert r.returncode == 1, out[-2000:]
+    (q,) = errored(m)
+    assert q["error"] == "protocol" and q["error_detail"].startswith(
+        "malformed stream chunk after 2 tokens")
+    assert q["output_len"] == 2 and q["match"] is False
+
+
+def test_missing_token_ids(tmp_path):
+    r, out, m = run_against(only(13, "no_token_ids"), tmp_path)
+    assert r.returncode == 1, out[-2000:]
+    (q,) = errored(m)
+    assert q["error"] == "protocol" and "without token_ids" in q["error_detail"]
+
+
+def test_stalled_stream_times_out_and_run_continues(tmp_path):
+    r, out, m = run_against(only(14, "stall"), tmp_path)
+    assert r.returncode == 1, out[-2000:]
+    (q,) = errored(m)
+    assert q["error"] == "timeout" and q["output_len"] == 3
+    assert q["error_detail"] == "stalled: no token for 2 s after 3 tokens"
+    assert [p["status"] for p in m["phases"] if p["role"] == "load"] == ["fail", "pass"]
+    assert m["status"] == "complete"
+
+
+def test_stall_with_abort_policy(tmp_path):
+    r, out, m = run_against(only(14, "stall"), tmp_path, "run", "--on-timeout", "abort")
+    assert r.returncode == 1, out[-2000:]
+    assert m["status"] == "incomplete" and "--on-timeout abort" in m["reason"]
+    assert [p["status"] for p in m["phases"] if p["role"] == "load"] == ["fail"]
+    assert m["summary"]["phases_completed"] == 1 and m["summary"]["phases_planned"] == 2
+
+
+def test_request_never_answered(tmp_path):
+    r, out, m = run_against(only(16, "never"), tmp_path)
+    assert r.returncode == 1, out[-2000:]
+    (q,) = errored(m)
+    assert q["error"] == "timeout" and q["error_detail"] == "no token within 2 s"
+
+
+def test_engine_dies_mid_phase(tmp_path):
+    r, out, m = run_against(only(14, "die"), tmp_path)
+    assert r.returncode == 3, out[-2000:]
+    assert m["status"] == "engine_died" and m["verdict"] == "error" and m["exit_code"] == 3
+    assert "engine" in m["reason"]
+    bad = errored(m)
+    assert bad and all(q["phase"] == "r1-s1-C2" and q["match"] is False for q in bad)
+    assert m["summary"]["phases_completed"] == 1 and m["summary"]["phases_planned"] == 2
+    assert "1/2 phases completed" in out
