@@ -113,12 +113,37 @@ def stress(
     on_timeout: Annotated[str, typer.Option(
         help="After a phase with timed-out requests (recorded as 'timeout', the phase fails): "
              "'continue' with the next phase, or 'abort' the run (status incomplete).")] = "continue",
+    reference: Annotated[str, typer.Option(
+        help="Where single-request references come from: 'solo' (this engine, one request at a "
+             "time, before the load), 'engine' (a second launch with --reference-engine-arg, run "
+             "first and stopped), or 'manifest:PATH' (a previous run: golden references).")] = "solo",
+    reference_engine_arg: Annotated[Optional[list[str]], typer.Option(
+        help="Argument of the reference engine (--reference engine), repeatable, e.g. "
+             "--reference-engine-arg=--enforce-eager.")] = None,
+    repeat: Annotated[int, typer.Option(min=1, help="Run the whole suite N times on one engine; "
+                                        "throughput is reported as median/min/max over repeats.")] = 1,
+    logprobs: Annotated[int, typer.Option(min=0, help="Top-k logprobs per output token (needed "
+                                          "for near-tie analysis; 0 = off).")] = 2,
+    near_tie_nats: Annotated[float, typer.Option(
+        help="A divergence whose reference top-1/top-2 margin is below this (nats) is a near tie "
+             "(warning), else hard (failure). See pleharness/divergence.py.")] = 0.1,
+    strict: Annotated[bool, typer.Option(help="Any divergence fails, near ties too (for "
+                                         "batch-invariant engines).")] = False,
+    suite: Annotated[Optional[str], typer.Option(
+        help="A suite file (name in scenarios/suites/ or path): scenarios with parameters, "
+             "repeats and compare gates, e.g. nightly or premerge.")] = None,
 ):
     """Launch (or attach to) a vLLM server and run the stress scenarios against it."""
     from .profile import EngineProfile, load_profile
     from .stress import DEFAULT_SCENARIOS, StressConfig, run_stress
 
     prof = load_profile(engine_profile) if engine_profile else EngineProfile()
+    suite_def = None
+    if suite is not None:
+        from .suites import load_suite
+        suite_def = load_suite(suite)
+        if scenario:
+            raise UsageError("--suite and --scenario cannot be combined")
     overrides = {}
     if ladder is not None:
         overrides["ladder"] = _parse_ladder(ladder)
@@ -140,16 +165,92 @@ def stress(
         engine_python=engine_python or prof.python or sys.executable,
         engine_args=prof.engine_args + list(engine_arg or []),
         engine_env={**prof.env, **_parse_env(engine_env or [])},
-        scenarios=list(scenario or DEFAULT_SCENARIOS), overrides=overrides,
+        scenarios=(suite_def.scenario_refs() if suite_def else list(scenario or DEFAULT_SCENARIOS)),
+        overrides=overrides,
         results_dir=results_dir, run_id=run_id, host=host or prof.host or "127.0.0.1", port=port,
         start_timeout_s=start_timeout,
         served_model_name=served_model_name or prof.served_model_name,
         explicit_facts=facts, profile=str(engine_profile) if engine_profile else None,
-        api_key=api_key, on_timeout=on_timeout,
+        api_key=api_key, on_timeout=on_timeout, reference=reference,
+        reference_engine_args=list(reference_engine_arg or []),
+        repeat=repeat if repeat != 1 or not suite_def else suite_def.repeat,
+        logprobs=logprobs, near_tie_nats=near_tie_nats, strict=strict,
         timeouts=Timeouts(connect_timeout, first_token_timeout, between_tokens_timeout,
                           request_timeout),
         invocation=["ple-harness"] + sys.argv[1:])
     raise typer.Exit(run_stress(cfg, console))
+
+
+@app.command()
+def report(
+    run: Annotated[Path, typer.Argument(help="Run folder or manifest.json.")],
+    format: Annotated[str, typer.Option(help="console, markdown or junit.")] = "console",
+):
+    """Re-render a finished or interrupted run (console summary, Markdown for a PR, JUnit XML)."""
+    from .compare import load
+    from .report import render as render_console
+    from .reports import to_junit, to_markdown
+
+    m = load(run)
+    if format == "console":
+        render_console(m, console)
+        console.print(f"status {m.status}, verdict {m.verdict}, exit {m.exit_code}")
+    elif format == "markdown":
+        print(to_markdown(m), end="")
+    elif format == "junit":
+        print(to_junit(m), end="")
+    else:
+        raise UsageError(f"--format {format!r}: expected console, markdown or junit")
+
+
+@app.command("compare")
+def compare_cmd(
+    base: Annotated[Path, typer.Argument(help="BASE run folder or manifest.")],
+    head: Annotated[Path, typer.Argument(help="HEAD run folder or manifest.")],
+    min_throughput_ratio: Annotated[Optional[float], typer.Option(
+        help="Gate: every per-concurrency median HEAD/BASE decode throughput ratio >= R.")] = None,
+    min_phase_ratio: Annotated[Optional[float], typer.Option(
+        help="Gate: every per-phase HEAD/BASE ratio >= R (noisy for short phases).")] = None,
+    threshold: Annotated[Optional[list[str]], typer.Option(
+        help="Gate on HEAD's median decode tok/s, e.g. 'C4>=62.985'; repeatable.")] = None,
+    suite: Annotated[Optional[str], typer.Option(
+        help="Take the gates from this suite's [gates] (flags given here win).")] = None,
+):
+    """Compare two runs: per-request token parity, throughput ratios, gates. Exit 0 pass, 1 fail."""
+    from rich.table import Table
+
+    from .compare import compare, load
+
+    if suite:
+        from .suites import load_suite
+        g = load_suite(suite).gates
+        min_throughput_ratio = min_throughput_ratio if min_throughput_ratio is not None \
+            else g.min_throughput_ratio
+        min_phase_ratio = min_phase_ratio if min_phase_ratio is not None else g.min_phase_ratio
+        threshold = threshold or g.thresholds
+
+    res = compare(load(base), load(head), min_throughput_ratio, min_phase_ratio, threshold)
+    t = Table(title="decode throughput per concurrency (median over repeats, tok/s)")
+    for col in ("C", "BASE", "HEAD", "HEAD/BASE"):
+        t.add_column(col, justify="right")
+    for c, r in res.concurrency_ratios.items():
+        t.add_row(c, f"{res.base_throughput[c]['median_tok_per_s']:.1f}",
+                  f"{res.head_throughput[c]['median_tok_per_s']:.1f}", f"{r:.3f}")
+    console.print(t)
+    if res.phase_ratios:
+        worst = sorted(res.phase_ratios.items(), key=lambda kv: kv[1])[:5]
+        console.print("lowest per-phase ratios: " + ", ".join(f"{n} {r:.3f}" for n, r in worst))
+    for mm in res.parity_mismatches[:20]:
+        console.print(f"[red]parity:[/red] {mm['prompt']} (max_tokens {mm['max_tokens']}): "
+                      f"BASE {mm['base']} vs HEAD {mm['head']}")
+    if res.only_in_one:
+        console.print(f"{res.only_in_one} prompt(s) issued by only one of the runs (not compared)")
+    for g in res.gates_passed:
+        console.print(f"[green]PASS[/green] {g}")
+    for g in res.gate_failures:
+        console.print(f"[red]FAIL[/red] {g}")
+    console.print(f"verdict: {'pass' if res.passed else 'fail'}")
+    raise typer.Exit(0 if res.passed else 1)
 
 
 @app.command()

@@ -61,6 +61,7 @@ class RequestRecord(BaseModel):
     http_status: int | None = None
     error_expected: bool = False  # e.g. a clean 4xx for a prompt beyond max_model_len
     output_ids: list[int] | None = None  # kept for mismatches and references only (compact)
+    divergence: dict[str, Any] | None = None  # see pleharness.divergence.analyse
     checks: list[CheckResult] = Field(default_factory=list)
     note: str | None = None
 
@@ -76,9 +77,11 @@ class PhaseRecord(BaseModel):
     reason: str = ""
     requests: int = 0
     matched: int = 0
-    mismatched: int = 0
+    mismatched: int = 0  # mismatches that fail (hard, unknown, or with a failed check; all if strict)
+    near_ties: int = 0  # mismatches classified near_tie (warnings unless --strict)
     errors: int = 0
     role: Literal["load", "reference", "warmup"] = "load"
+    repeat: int = 1
     counts_for_throughput: bool = True
     wall_s: float | None = None
     completion_tokens: int = 0
@@ -99,6 +102,7 @@ class ReferenceRecord(BaseModel):
     max_tokens: int
     output_hash: str
     output_ids: list[int]
+    margins: list[float | None] | None = None  # top-1 minus top-2 logprob per position, nats
     source: str = "solo"
     cache_state: str = "cold"
 
@@ -116,6 +120,7 @@ class Manifest(BaseModel):
     log_tail: list[str] = Field(default_factory=list)
     harness: dict[str, Any] = Field(default_factory=dict)
     invocation: list[str] = Field(default_factory=list)
+    run_options: dict[str, Any] = Field(default_factory=dict)
     engine: dict[str, Any] = Field(default_factory=dict)
     facts: dict[str, Any] = Field(default_factory=dict)
     environment: dict[str, Any] = Field(default_factory=dict)

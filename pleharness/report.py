@@ -10,9 +10,14 @@ from .manifest import Manifest
 def headline(m: Manifest) -> str:
     """E.g. '16/16 phases completed; 80/80 token hashes matched their single-request references'."""
     s = m.summary
-    return (f"{s.get('phases_completed', 0)}/{s.get('phases_planned', 0)} phases completed; "
+    line = (f"{s.get('phases_completed', 0)}/{s.get('phases_planned', 0)} phases completed; "
             f"{s.get('hashes_matched', 0)}/{s.get('hashes_compared', 0)} token hashes matched "
             "their single-request references")
+    if s.get("near_ties"):
+        line += f"; {s['near_ties']} near-tie divergence(s) (warnings)"
+    if s.get("hard_divergences"):
+        line += f"; {s['hard_divergences']} hard divergence(s)"
+    return line
 
 
 def render(m: Manifest, console: Console, max_failures: int = 20) -> None:
@@ -31,11 +36,13 @@ def render(m: Manifest, console: Console, max_failures: int = 20) -> None:
                   f"{ph.ttft_s_median:.3f}" if ph.ttft_s_median is not None else "-",
                   ph.status + (f" ({ph.reason})" if ph.reason else ""), style=style)
     console.print(t)
-    bad = [r for r in m.requests if r.match is False or (r.error and not r.error_expected) or
+    bad = [r for r in m.requests if r.match is False or r.divergence or
+           (r.error and not r.error_expected) or
            any(c.status == "fail" for c in r.checks)]
     if bad:
-        ft = Table(title="failing requests")
-        for col in ("request", "phase", "C", "prompt", "len", "first divergent pos", "problem"):
+        ft = Table(title="failing requests and divergences")
+        for col in ("request", "phase", "C", "prompt", "len", "first divergent pos", "class",
+                    "problem"):
             ft.add_column(col)
         for r in bad[:max_failures]:
             probs = []
@@ -44,10 +51,14 @@ def render(m: Manifest, console: Console, max_failures: int = 20) -> None:
             elif r.match is False:
                 probs.append(f"hash {(r.output_hash or '')[:12]} != reference "
                              f"{(r.reference_hash or '')[:12]}")
-            probs += [f"{c.name}: {c.detail}"[:120] for c in r.checks if c.status == "fail"]
+            probs += [f"{c.name}: {c.detail}"[:160] for c in r.checks
+                      if c.status == "fail" or (c.name == "parity" and c.status == "warn")]
+            cls = "-"
+            if r.divergence:
+                cls = r.divergence["class"] + ("" if r.divergence["fails"] else " (warn)")
             ft.add_row(r.id, r.phase, str(r.concurrency), r.prompt_key, str(r.prompt_len),
-                       "-" if r.first_divergence is None else str(r.first_divergence),
-                       "; ".join(probs))
+                       "-" if r.first_divergence is None else str(r.first_divergence), cls,
+                       "; ".join(probs), style="yellow" if cls.endswith("(warn)") else "")
         console.print(ft)
         if len(bad) > max_failures:
             console.print(f"... and {len(bad) - max_failures} more (see the manifest)")

@@ -28,6 +28,7 @@ from .engine.facts import EngineFacts
 from .engine.launch import EngineServer
 from .manifest import (CheckResult, Manifest, PhaseRecord, ReferenceRecord, RequestRecord,
                        now_iso, write_manifest)
+from .divergence import DEFAULT_NEAR_TIE_NATS, analyse, margins
 from .parity import first_divergence, token_hash
 from .prompts import Prompt
 from .checks import DEFAULT_CHECKS, DEFAULT_PHASE_CHECKS, PHASE_REGISTRY
@@ -178,6 +179,14 @@ class RunContext:
         self._req_counter = 0
         self.scenario_name = ""
         self.on_timeout = "continue"
+        self.logprobs: int | None = 2  # top-k logprobs on every request (divergence margins)
+        self.near_tie_nats = DEFAULT_NEAR_TIE_NATS
+        self.strict = False
+        self.reference_mode = "solo"  # solo | manifest | engine
+        self.reference_source = "solo"
+        self.collect_only = False  # True on the reference engine: take references, skip load
+        self.phase_prefix = ""
+        self.repeat_index = 1
 
     # -- manifest ---------------------------------------------------------------------------------
     def save(self) -> None:
@@ -194,11 +203,17 @@ class RunContext:
                               str(self.server.log_path) if self.server else None)
 
     # -- references -------------------------------------------------------------------------------
-    def take_references(self, specs: Sequence[RequestSpec], phase_name: str = "references") -> None:
+    def take_references(self, specs: Sequence[RequestSpec], phase_name: str = "references"
+                        ) -> PhaseRecord | None:
         """Run each not-yet-referenced (prompt, max_tokens) alone, one request in flight.
 
         The outputs become the single-request references that later phases are compared with.
+        Returns the phase record, or None when nothing was run (every reference exists already,
+        or the references come from elsewhere: ``--reference manifest:PATH`` / ``engine``, where a
+        missing reference is an explicit parity failure, never a fallback).
         """
+        if self.reference_mode != "solo" and not self.collect_only:
+            return None
         todo, seen = [], set()
         for s in specs:
             if s.ref_key not in self.references and s.ref_key not in seen:
@@ -206,7 +221,7 @@ class RunContext:
                 todo.append(RequestSpec(s.prompt, s.max_tokens, compare=False,
                                         logprobs=s.logprobs, checks=s.checks))
         if not todo:
-            return
+            return None
         outcomes = self.run_phase(phase_name, 1, todo, role="reference")
         for o in outcomes:
             c = o.completion
@@ -214,9 +229,11 @@ class RunContext:
                 self.references[o.spec.ref_key] = ReferenceRecord(
                     prompt_key=o.spec.prompt.key, prompt_hash=o.spec.prompt.hash,
                     prompt_len=len(o.spec.prompt), max_tokens=o.spec.max_tokens,
-                    output_hash=token_hash(c.token_ids), output_ids=list(c.token_ids))
+                    output_hash=token_hash(c.token_ids), output_ids=list(c.token_ids),
+                    margins=margins(c.logprobs), source=self.reference_source)
                 self.manifest.references.append(self.references[o.spec.ref_key])
         self.save()
+        return self.manifest.phases[-1]
 
     # -- phases -----------------------------------------------------------------------------------
     def run_phase(self, name: str, concurrency: int, specs: Sequence[RequestSpec], *,
@@ -229,7 +246,11 @@ class RunContext:
         """
         if concurrency < 1:
             raise UsageError(f"phase {name}: concurrency must be >= 1")
+        if self.collect_only and role != "reference":
+            return []  # reference pass on the reference engine: only references are taken
+        name = self.phase_prefix + name
         ph = PhaseRecord(index=len(self.manifest.phases), name=name, scenario=self.scenario_name,
+                         repeat=self.repeat_index,
                          concurrency=concurrency, requests=len(specs),
                          counts_for_throughput=counts_for_throughput and role == "load",
                          role=role, started_at=now_iso())
@@ -291,7 +312,8 @@ class RunContext:
         return outcomes
 
     def _issue(self, spec: RequestSpec) -> Completion:
-        return self.client.complete(list(spec.prompt.ids), spec.max_tokens, logprobs=spec.logprobs)
+        lp = spec.logprobs if spec.logprobs is not None else self.logprobs
+        return self.client.complete(list(spec.prompt.ids), spec.max_tokens, logprobs=lp)
 
     def _record(self, ph: PhaseRecord, spec: RequestSpec, c: Completion) -> RequestRecord:
         self._req_counter += 1
@@ -328,6 +350,21 @@ class RunContext:
                                               detail="check not registered"))
             else:
                 rec.checks.append(check(self, spec, c, params))
+        if rec.match is False and c.error is None and rec.first_divergence is not None:
+            ref = self.references[spec.ref_key]
+            failed = [ch.name for ch in rec.checks if ch.status == "fail"]
+            d = analyse(ref.output_ids, c.token_ids, rec.first_divergence, ref.margins,
+                        self.near_tie_nats, failed)
+            if self.strict:
+                d["fails"] = True
+            rec.divergence = d
+            m = "n/a (no reference logprobs)" if d["margin_nats"] is None else \
+                f"{d['margin_nats']:.4f} nats"
+            rec.checks.append(CheckResult(
+                name="parity", status="fail" if d["fails"] else "warn",
+                detail=f"{d['class']} at position {d['position']}: reference "
+                       f"{d['reference_token']} vs observed {d['observed_token']}, reference "
+                       f"top-1/top-2 margin {m}" + (" (strict)" if self.strict else "")))
         self.manifest.requests.append(rec)
         return rec
 
@@ -335,7 +372,8 @@ class RunContext:
     def _finish_phase(ph: PhaseRecord, outcomes: list[Outcome]) -> None:
         recs = [o.record for o in outcomes]
         ph.matched = sum(1 for r in recs if r.match is True)
-        ph.mismatched = sum(1 for r in recs if r.match is False and r.error is None)
+        ph.near_ties = sum(1 for r in recs if r.divergence and not r.divergence["fails"])
+        ph.mismatched = sum(1 for r in recs if r.match is False and r.error is None) - ph.near_ties
         ph.errors = sum(1 for r in recs if r.error is not None and not r.error_expected)
         ph.completion_tokens = sum(r.output_len for r in recs if r.error is None)
         ph.requests = len(recs)
@@ -345,7 +383,8 @@ class RunContext:
         lats = [r.latency_s for r in recs if r.latency_s is not None and r.error is None]
         ph.ttft_s_median = statistics.median(ttfts) if ttfts else None
         ph.latency_s_median = statistics.median(lats) if lats else None
-        failed_checks = [c for r in recs for c in r.checks if c.status == "fail"]
+        failed_checks = [c for r in recs for c in r.checks if c.status == "fail"
+                         and c.name != "parity"]
         failed_checks += [c for c in ph.checks if c.status == "fail"]
         if ph.errors or ph.mismatched or failed_checks:
             ph.status = "fail"
@@ -359,6 +398,8 @@ class RunContext:
             ph.reason = ", ".join(why)
         else:
             ph.status = "pass"
+            if ph.near_ties:
+                ph.reason = f"{ph.near_ties} near-tie divergence(s) (warning)"
 
 
 def environment_info(engine_python: str | None) -> dict[str, Any]:

@@ -55,21 +55,32 @@ class StressConfig:
     profile: str | None = None
     on_timeout: str = "continue"
     gpu_memory_tolerance_mib: float = 1024.0
+    reference: str = "solo"
+    reference_engine_args: list[str] = field(default_factory=list)
+    repeat: int = 1
+    logprobs: int = 2
+    near_tie_nats: float = 0.1
+    strict: bool = False
 
 
-def load_scenarios(names: list[str], overrides: dict[str, Any]) -> list[Scenario]:
-    """Load scenario files; each override applies to the scenarios whose parameters have that key."""
+def load_scenarios(names: list, overrides: dict[str, Any]) -> list[Scenario]:
+    """Load scenario files; each override applies to the scenarios whose parameters have that key.
+
+    ``names`` items are a scenario name or path, or (name, params) pairs from a suite, whose
+    params override the file's (command-line overrides win over both).
+    """
     out = []
-    for n in names:
+    for item in names:
+        n, own = (item, {}) if isinstance(item, str) else item
         sc = load_scenario_file(n)
-        mine = {k: v for k, v in overrides.items() if k in type(sc.params).model_fields}
+        mine = {**own, **{k: v for k, v in overrides.items() if k in type(sc.params).model_fields}}
         if mine:
             sc = load_scenario_file(n, mine)
         out.append(sc)
     unused = set(overrides) - {k for sc in out for k in type(sc.params).model_fields}
     if unused:
         raise UsageError(f"option(s) {', '.join(sorted(unused))} apply to none of the selected "
-                         f"scenarios ({', '.join(names)})")
+                         f"scenarios ({', '.join(str(n) for n in names)})")
     return out
 
 
@@ -78,14 +89,14 @@ class _Interrupted(Exception):
         self.signum = signum
 
 
-def run_stress(cfg: StressConfig, console: Console | None = None) -> int:
-    """Run the job; returns the exit code (see :mod:`pleharness.runner`). Never leaves an engine."""
-    console = console or Console(stderr=False)
-    scenarios = load_scenarios(cfg.scenarios, cfg.overrides)  # bad input: before anything starts
+def _resolve_launch(cfg: StressConfig, console: Console) -> tuple[str | None, str | None,
+                                                                  list[str], dict[str, str], list[str]]:
+    """(model path, served name, engine args, engine env, base args for a reference engine)."""
     served_name = cfg.served_model_name
     model_path = cfg.model
     engine_args = list(cfg.engine_args)
     engine_env = dict(cfg.engine_env)
+    base: list[str] = []
     if cfg.url is None:
         problem = engine_python_check(cfg.engine_python)
         if problem:
@@ -94,15 +105,65 @@ def run_stress(cfg: StressConfig, console: Console | None = None) -> int:
             from .model import SERVED_NAME, ensure_embedded_model
             model_path = str(ensure_embedded_model(cfg.engine_python, log=console.print))
             served_name = served_name or SERVED_NAME
-            engine_args = EMBEDDED_ENGINE_ARGS + engine_args
+            base = _defaults_not_overridden(EMBEDDED_ENGINE_ARGS, engine_args)
+            engine_args = base + engine_args
             engine_env = {**EMBEDDED_ENV, **engine_env}
         elif not Path(model_path).exists():
             raise UsageError(f"model path {model_path} does not exist")
     elif not EngineClient(cfg.url, api_key=cfg.api_key).health(timeout=10):
         raise UsageError(f"no engine answers GET {cfg.url.rstrip('/')}/health with 200 "
                          "(is the server running and the URL right?)")
+    return model_path, served_name, engine_args, engine_env, base
+
+
+def _defaults_not_overridden(defaults: list[str], user: list[str]) -> list[str]:
+    """The ``--flag value`` pairs of ``defaults`` whose flag the user's arguments do not set."""
+    from .engine.facts import parse_engine_args
+    given = set(parse_engine_args(user))
+    out = []
+    for i in range(0, len(defaults), 2):
+        if defaults[i] not in given:
+            out += defaults[i: i + 2]
+    return out
+
+
+def _load_reference_manifest(spec: str) -> dict:
+    from .manifest import load_manifest
+    path = spec.split(":", 1)[1]
+    try:
+        ref = load_manifest(Path(path))
+    except ValueError as exc:
+        raise UsageError(f"--reference {spec}: {exc}") from None
+    if not ref.references:
+        raise UsageError(f"--reference {spec}: that manifest holds no references")
+    return {(r.prompt_hash, r.max_tokens): r for r in ref.references}
+
+
+def _launch(spec: LaunchSpec, log_dir: Path, log_name: str, cfg: StressConfig, console: Console,
+            what: str) -> EngineServer:
+    server = EngineServer(spec, log_dir, cfg.start_timeout_s, api_key=cfg.api_key,
+                          log_name=log_name)
+    with console.status(f"starting the {what} (see {log_name}.log) ..."):
+        server.start()
+    console.print(f"{what} ready after {server.ready_s:.0f} s at {server.url}")
+    return server
+
+
+def run_stress(cfg: StressConfig, console: Console | None = None) -> int:
+    """Run the job; returns the exit code (see :mod:`pleharness.runner`). Never leaves an engine."""
+    console = console or Console(stderr=False)
+    scenarios = load_scenarios(cfg.scenarios, cfg.overrides)  # bad input: before anything starts
+    model_path, served_name, engine_args, engine_env, base_args = _resolve_launch(cfg, console)
     if cfg.on_timeout not in ("continue", "abort"):
         raise UsageError(f"--on-timeout {cfg.on_timeout!r}: expected continue or abort")
+    if cfg.repeat < 1:
+        raise UsageError("--repeat must be >= 1")
+    mode = cfg.reference.split(":", 1)[0]
+    if mode not in ("solo", "engine", "manifest"):
+        raise UsageError(f"--reference {cfg.reference!r}: expected solo, engine or manifest:PATH")
+    if mode == "engine" and cfg.url is not None:
+        raise UsageError("--reference engine needs a launched engine (not --url)")
+    golden = _load_reference_manifest(cfg.reference) if mode == "manifest" else None
     run_id, run_dir = new_run_dir(Path(cfg.results_dir), cfg.run_id)
     mpath = run_dir / "manifest.json"
     manifest = Manifest(run_id=run_id, harness=harness_info(), invocation=cfg.invocation,
@@ -111,22 +172,26 @@ def run_stress(cfg: StressConfig, console: Console | None = None) -> int:
     if manifest.environment.get("gpus"):
         from .probe import capability_summary  # cheap: capability only, never raises
         manifest.environment["ple_probe"] = capability_summary()
-    manifest.summary = {"phases_planned": sum(getattr(s, "planned_phases", lambda: 0)()
-                                              for s in scenarios),
-                        "phases_completed": 0, "hashes_compared": 0, "hashes_matched": 0}
+    manifest.summary = {"phases_planned": cfg.repeat * sum(
+        getattr(s, "planned_phases", lambda: 0)() for s in scenarios),
+        "phases_completed": 0, "hashes_compared": 0, "hashes_matched": 0}
+    manifest.run_options = {"reference": cfg.reference, "repeat": cfg.repeat,
+                            "logprobs": cfg.logprobs, "near_tie_nats": cfg.near_tie_nats,
+                            "strict": cfg.strict, "on_timeout": cfg.on_timeout}
     write_manifest(mpath, manifest)
     console.print(f"run {run_id}: results in {run_dir}")
 
-    server: EngineServer | None = None
+    servers: list[EngineServer] = []
     ready = False
     old_handlers = {}
     signalled = []
 
     def on_signal(signum, _frame):
         if signalled:  # a second Ctrl-C / SIGTERM: skip the grace period
-            if server is not None and server.proc is not None:
-                from .engine.launch import _signal_group
-                _signal_group(server.proc.pid, signal.SIGKILL)
+            from .engine.launch import _signal_group
+            for srv in servers:
+                if srv.proc is not None:
+                    _signal_group(srv.proc.pid, signal.SIGKILL)
             return
         signalled.append(signum)
         raise _Interrupted(signum)
@@ -138,25 +203,27 @@ def run_stress(cfg: StressConfig, console: Console | None = None) -> int:
             pass
     code = EXIT_FAIL
     gpus_before = manifest.environment.get("gpus")
+    server: EngineServer | None = None
     try:
+        references = dict(golden or {})
+        if mode == "engine":
+            references = _reference_pass(cfg, manifest, mpath, scenarios, model_path, served_name,
+                                         base_args, engine_args, engine_env, run_dir, console,
+                                         servers)
         if cfg.url is None:
             spec = LaunchSpec(model=model_path, python=cfg.engine_python, tp=cfg.tp,
                               engine_args=engine_args, env=engine_env, host=cfg.host,
                               port=cfg.port, served_model_name=served_name)
-            server = EngineServer(spec, run_dir, cfg.start_timeout_s, api_key=cfg.api_key)
-            manifest.engine = {"mode": "launched", "launch": {
-                "model": model_path, "python": cfg.engine_python, "tp": cfg.tp,
-                "engine_args": engine_args, "env": redact_env(engine_env),
-                "host": cfg.host, "profile": cfg.profile}, "engine_log": "engine.log", "launcher_log": "launcher.log"}
-            with console.status("starting the engine (see engine.log) ..."):
-                server.start()
+            manifest.engine.update({"mode": "launched", "launch": _launch_record(spec, cfg),
+                                    "engine_log": "engine.log", "launcher_log": "launcher.log"})
+            server = _launch(spec, run_dir, "engine", cfg, console, "engine")
+            servers.append(server)
             manifest.engine["command"] = server.command
             manifest.engine["ready_s"] = round(server.ready_s or 0, 3)
             url = server.url
-            console.print(f"engine ready after {server.ready_s:.0f} s at {url}")
         else:
             url = cfg.url
-            manifest.engine = {"mode": "attached", "url": url}
+            manifest.engine.update({"mode": "attached", "url": url})
         client = EngineClient(url, served_name, cfg.api_key, cfg.timeouts)
         if not client.health(timeout=10):
             raise EngineError(f"no engine answers /health with 200 at {url}")
@@ -175,15 +242,12 @@ def run_stress(cfg: StressConfig, console: Console | None = None) -> int:
         for sc in scenarios:
             sc.validate_against(facts.values)
         write_manifest(mpath, manifest)
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), console=console, transient=True) as progress:
-            ctx = RunContext(client, manifest, mpath, facts, console, server, progress,
-                             check_registry=_checks())
-            ctx.on_timeout = cfg.on_timeout
-            for sc in scenarios:
-                ctx.scenario_name = sc.name
-                sc.run(ctx)
-                ctx.ensure_engine_alive()
+        with _progress(console) as progress:
+            ctx = _context(cfg, client, manifest, mpath, facts, console, server, progress)
+            if mode != "solo":
+                ctx.reference_mode = mode
+                ctx.references.update(references)
+            _run_suite(ctx, scenarios, cfg.repeat)
         manifest.status = "complete"
         code = _verdict(manifest)
     except _Interrupted as exc:
@@ -199,17 +263,18 @@ def run_stress(cfg: StressConfig, console: Console | None = None) -> int:
         manifest.status, manifest.verdict, manifest.reason = "interrupted", "error", "SIGINT"
         code = 130
     except EngineError as exc:
+        srv = servers[-1] if servers else None
         manifest.status = "engine_died" if ready else "failed"
         manifest.verdict = "error"
         manifest.reason = str(exc.args[0]) if exc.args else str(exc)
-        manifest.root_cause = exc.root_cause or (server.root_cause() if server else None)
-        manifest.log_tail = server.log_tail(20) if server else []
+        manifest.root_cause = exc.root_cause or (srv.root_cause() if srv else None)
+        manifest.log_tail = srv.log_tail(20) if srv else []
         code = EXIT_ENGINE
         console.print(f"[red]engine error:[/red] {manifest.reason}")
         if manifest.root_cause:
             console.print(f"root cause: {manifest.root_cause}")
-        if server:
-            console.print(f"engine log: {server.log_path}")
+        if srv:
+            console.print(f"engine log: {srv.log_path}")
     except HarnessError as exc:
         manifest.status, manifest.verdict, manifest.reason = "failed", "error", str(exc)
         code = exc.exit_code
@@ -221,11 +286,11 @@ def run_stress(cfg: StressConfig, console: Console | None = None) -> int:
         code = EXIT_FAIL
     finally:
         try:
-            if server is not None:
+            for srv in servers:
                 with console.status("stopping the engine ..."):
-                    server.stop(grace_s=0 if len(signalled) > 1 else None)
-                if gpus_before:
-                    _gpu_memory_after(manifest, gpus_before, cfg.gpu_memory_tolerance_mib, console)
+                    srv.stop(grace_s=0 if len(signalled) > 1 else None)
+            if servers and gpus_before:
+                _gpu_memory_after(manifest, gpus_before, cfg.gpu_memory_tolerance_mib, console)
         finally:
             for sig, h in old_handlers.items():
                 signal.signal(sig, h)
@@ -235,10 +300,90 @@ def run_stress(cfg: StressConfig, console: Console | None = None) -> int:
             if manifest.status == "running":
                 manifest.status = "incomplete"
             write_manifest(mpath, manifest)
+            _write_reports(manifest, run_dir)
     render(manifest, console)
     console.print(f"status {manifest.status}, verdict {manifest.verdict}, exit {code}; "
                   f"manifest: {mpath}")
     return code
+
+
+def _launch_record(spec: LaunchSpec, cfg: StressConfig) -> dict:
+    return {"model": spec.model, "python": spec.python, "tp": spec.tp,
+            "engine_args": list(spec.engine_args), "env": redact_env(spec.env),
+            "host": spec.host, "profile": cfg.profile}
+
+
+def _progress(console: Console) -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), console=console, transient=True)
+
+
+def _context(cfg, client, manifest, mpath, facts, console, server, progress) -> RunContext:
+    ctx = RunContext(client, manifest, mpath, facts, console, server, progress,
+                     check_registry=_checks())
+    ctx.on_timeout = cfg.on_timeout
+    ctx.logprobs = cfg.logprobs or None
+    ctx.near_tie_nats = cfg.near_tie_nats
+    ctx.strict = cfg.strict
+    return ctx
+
+
+def _run_suite(ctx: RunContext, scenarios: list[Scenario], repeat: int) -> None:
+    """Every scenario in order, ``repeat`` times on the same engine (references are taken once)."""
+    for rep in range(1, repeat + 1):
+        ctx.repeat_index = rep
+        ctx.phase_prefix = f"rep{rep}/" if repeat > 1 else ""
+        for sc in scenarios:
+            ctx.scenario_name = sc.name
+            sc.run(ctx)
+            ctx.ensure_engine_alive()
+    ctx.phase_prefix = ""
+
+
+def _reference_pass(cfg, manifest, mpath, scenarios, model_path, served_name, base_args,
+                    engine_args, engine_env, run_dir, console, servers) -> dict:
+    """``--reference engine``: launch the reference configuration (model, tp, environment, the
+    harness's defaults and --reference-engine-arg values; not --engine-arg), take every
+    scenario's single-request references there, stop it. The boundary lengths come from the
+    engine under test's facts (its launch arguments), not the reference engine's."""
+    spec = LaunchSpec(model=model_path, python=cfg.engine_python, tp=cfg.tp,
+                      engine_args=base_args + list(cfg.reference_engine_args), env=engine_env,
+                      host=cfg.host, served_model_name=served_name)
+    manifest.engine["reference_engine"] = {"launch": _launch_record(spec, cfg),
+                                           "engine_log": "reference-engine.log"}
+    srv = _launch(spec, run_dir, "reference-engine", cfg, console, "reference engine")
+    servers.append(srv)
+    try:
+        client = EngineClient(srv.url, served_name, cfg.api_key, cfg.timeouts)
+        client.resolve_model()
+        card = client.model_card()
+        manifest.engine["reference_engine"].update({"command": srv.command,
+                                                    "version": client.version(),
+                                                    "ready_s": round(srv.ready_s or 0, 3)})
+        facts = gather_facts(explicit=cfg.explicit_facts, engine_args=engine_args, launched=True,
+                             tp=cfg.tp, model_card=card, model_path=model_path)
+        with _progress(console) as progress:
+            ctx = _context(cfg, client, manifest, mpath, facts, console, srv, progress)
+            ctx.collect_only = True
+            ctx.reference_source = "engine"
+            ctx.phase_prefix = "ref-engine/"
+            for sc in scenarios:
+                ctx.scenario_name = sc.name
+                sc.run(ctx)
+        return dict(ctx.references)
+    finally:
+        srv.stop()
+        servers.remove(srv)
+
+
+def _write_reports(m: Manifest, run_dir: Path) -> None:
+    from .manifest import write_atomic
+    from .reports import to_junit, to_markdown
+    try:
+        write_atomic(run_dir / "summary.md", to_markdown(m))
+        write_atomic(run_dir / "junit.xml", to_junit(m))
+    except Exception as exc:  # noqa: BLE001 - reports never hide the manifest
+        m.summary["report_error"] = str(exc)
 
 
 def _gpu_memory_after(m: Manifest, before: list[dict], tolerance_mib: float, console,
@@ -277,17 +422,22 @@ def _summarize(m: Manifest) -> None:
         "phases_failed": sum(1 for p in load if p.status == "fail"),
         "hashes_compared": len(compared),
         "hashes_matched": sum(1 for r in compared if r.match),
+        "near_ties": sum(1 for r in m.requests if r.divergence and not r.divergence["fails"]),
+        "hard_divergences": sum(1 for r in m.requests if r.divergence and r.divergence["fails"]),
         "request_errors": sum(1 for r in m.requests if r.error and not r.error_expected),
-        "checks_failed": sum(1 for r in m.requests for c in r.checks if c.status == "fail"),
+        "checks_failed": sum(1 for r in m.requests for c in r.checks
+                             if c.status == "fail" and c.name != "parity"),
     })
+    from .reports import throughput_by_concurrency
+    m.summary["throughput_by_concurrency"] = throughput_by_concurrency(m)
     m.summary["headline"] = headline(m)
 
 
 def _verdict(m: Manifest) -> int:
     _summarize(m)
     s = m.summary
-    failed = (s["hashes_matched"] < s["hashes_compared"] or s["request_errors"] or
-              s["checks_failed"] or any(p.status == "fail" for p in m.phases))
+    failed = (s["hashes_matched"] + s["near_ties"] < s["hashes_compared"] or s["request_errors"]
+              or s["checks_failed"] or any(p.status == "fail" for p in m.phases))
     m.verdict = "fail" if failed else "pass"
     return EXIT_FAIL if failed else EXIT_OK
 

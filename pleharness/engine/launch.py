@@ -117,7 +117,7 @@ class EngineServer:
     """
 
     def __init__(self, spec: LaunchSpec, log_dir: Path, start_timeout_s: float = 900.0,
-                 grace_s: float = 10.0, api_key: str | None = None):
+                 grace_s: float = 10.0, api_key: str | None = None, log_name: str = "engine"):
         self.spec = spec
         self.log_dir = Path(log_dir)
         self.start_timeout_s = start_timeout_s
@@ -125,8 +125,9 @@ class EngineServer:
         self.api_key = api_key
         self.proc: subprocess.Popen | None = None
         self.port: int | None = None
-        self.log_path = self.log_dir / "engine.log"
-        self.launcher_log_path = self.log_dir / "launcher.log"
+        self.log_path = self.log_dir / f"{log_name}.log"
+        self.launcher_log_path = self.log_dir / ("launcher.log" if log_name == "engine"
+                                                 else f"{log_name}.launcher.log")
         self._log_file = None
         self.command: list[str] = []
         self.ready_s: float | None = None

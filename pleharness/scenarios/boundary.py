@@ -53,10 +53,14 @@ class Boundary(Scenario):
                                           max_prompt_len(ctx, p.max_tokens), p.extra_lengths)
         specs = [boundary_spec(ctx, p, bl.length, bl.why) for bl in lengths]
         ctx.manifest.tables.setdefault("boundary_notes", []).extend({"note": n} for n in notes)
-        ctx.take_references(specs, phase_name="boundary-cold")
-        # the cold runs are the references; give them a load role for the headline count
-        ctx.manifest.phases[-1].role = "load"
-        ctx.manifest.phases[-1].counts_for_throughput = False
+        cold = ctx.take_references(specs, phase_name="boundary-cold")
+        if cold is not None and not ctx.collect_only:
+            # the cold runs are the references; give them a load role for the headline count
+            cold.role, cold.counts_for_throughput = "load", False
+        elif cold is None:
+            # references exist already (a repeat, or --reference manifest/engine): the cold run
+            # is compared with them like any other run
+            ctx.run_phase("boundary-cold", 1, specs, counts_for_throughput=False)
         hits: dict[str, float | None] = {}
         if p.cold_warm:
             def warm_issue(spec: RequestSpec):
@@ -84,8 +88,10 @@ class Boundary(Scenario):
         c = ctx.facts.get("max_num_batched_tokens")
         by_key: dict[str, dict] = {}
         for r in ctx.manifest.requests:
-            if r.scenario == self.name and r.phase in ("boundary-cold", "boundary-warm"):
-                by_key.setdefault(r.prompt_key, {})[r.phase] = r
+            phase = r.phase.rsplit("/", 1)[-1]
+            if r.scenario == self.name and phase in ("boundary-cold", "boundary-warm") and \
+                    r.phase.startswith(ctx.phase_prefix):
+                by_key.setdefault(r.prompt_key, {})[phase] = r
         rows = []
         for bl, spec in zip(lengths, specs):
             rs = by_key.get(spec.prompt.key, {})
@@ -99,15 +105,20 @@ class Boundary(Scenario):
                 if r.error:
                     return f"error: {r.error}"
                 return "ok" if not any(ch.status == "fail" for ch in r.checks) else "checks failed"
+            ref_name = "cold" if ctx.reference_mode == "solo" else "reference"
             warm_res = "not run" if warm is None else (
                 f"error: {warm.error}" if warm.error else
-                "= cold" if warm.match else f"DIFFERS from cold at {warm.first_divergence}")
+                f"= {ref_name}" if warm.match else
+                f"DIFFERS from {ref_name} at {warm.first_divergence}" + (
+                    f" ({warm.divergence['class']})" if warm.divergence else ""))
             rows.append({"length": bl.length, "formula": bl.why, "control": bl.control,
                          "mod_C": None if not c else bl.length % c,
                          "mod_B": None if not b else bl.length % b,
                          "cold": res(cold), "warm": warm_res,
                          "prefix_cache_hit_tokens": hits.get(spec.prompt.key),
                          "checks_failed": failed})
+        if ctx.collect_only:
+            return
         ctx.manifest.tables["boundary"] = rows
         ctx.save()
 
@@ -133,6 +144,8 @@ class Boundary(Scenario):
             s.checks = {"max_model_len_edge": {"total": length + mt, "max_model_len": m}}
             specs.append(s)
         outs = ctx.run_phase("max-model-len-edges", 1, specs, counts_for_throughput=False)
+        if not outs:
+            return
         ctx.manifest.tables["max_model_len_edges"] = [
             {"case": s.note, "prompt_len": len(s.prompt), "max_tokens": s.max_tokens,
              "http_status": o.record.http_status, "finish_reason": o.record.finish_reason,

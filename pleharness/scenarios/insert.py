@@ -96,6 +96,8 @@ class Insert(Scenario):
             return ctx._issue(spec)
 
         outs = ctx.run_phase("insert", 2, [decode] + inserts, issue=issue)
+        if not outs:
+            return
         ph = ctx.manifest.phases[-1]
         late = [o.spec.prompt.key for o in outs[1:] if "after the decode ended" in (o.spec.note or "")]
         ph.checks.append(CheckResult(

@@ -1,0 +1,134 @@
+"""``ple-harness compare BASE HEAD``: token parity across two runs, throughput ratios, gates.
+
+Parity: for every (prompt hash, max_tokens) that both runs issued, the set of output token hashes
+each run produced (references and load requests) must be the same single hash. Throughput: per
+phase (by name) and per concurrency (median over repeats, see
+:func:`pleharness.reports.throughput_by_concurrency`), as HEAD / BASE ratios.
+
+Gates (each failure says which gate and by how much):
+- token parity: always;
+- ``--min-throughput-ratio R``: every per-concurrency median ratio >= R;
+- ``--min-phase-ratio R``: every per-phase ratio >= R (phases are short: noisy on small machines);
+- ``--threshold "C4>=62.985"``: HEAD's median decode tok/s at that concurrency against a
+  preregistered number (operators >=, >, <=, <).
+"""
+from __future__ import annotations
+
+import operator
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .engine.errors import UsageError
+from .manifest import Manifest, load_manifest
+from .reports import throughput_by_concurrency
+
+OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}
+THRESHOLD = re.compile(r"^\s*C(\d+)\s*(>=|<=|>|<)\s*([0-9.]+)\s*$")
+
+
+@dataclass
+class Comparison:
+    parity_compared: int = 0
+    parity_mismatches: list[dict] = field(default_factory=list)
+    only_in_one: int = 0
+    phase_ratios: dict[str, float] = field(default_factory=dict)
+    concurrency_ratios: dict[str, float] = field(default_factory=dict)
+    head_throughput: dict[str, dict] = field(default_factory=dict)
+    base_throughput: dict[str, dict] = field(default_factory=dict)
+    gate_failures: list[str] = field(default_factory=list)
+    gates_passed: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.gate_failures
+
+
+def parse_threshold(text: str) -> tuple[str, str, float]:
+    """'C4>=62.985' -> ('C4', '>=', 62.985). Raises UsageError on other forms."""
+    m = THRESHOLD.match(text)
+    if not m:
+        raise UsageError(f"--threshold {text!r}: expected e.g. 'C4>=62.985' (C<concurrency>, one of "
+                         ">= > <= <, decode tok/s)")
+    return f"C{m.group(1)}", m.group(2), float(m.group(3))
+
+
+def _outputs(m: Manifest) -> dict[tuple[str, int], dict]:
+    out: dict[tuple[str, int], dict] = defaultdict(lambda: {"hashes": set(), "prompt": None})
+    for r in m.references:
+        e = out[(r.prompt_hash, r.max_tokens)]
+        e["hashes"].add(r.output_hash)
+        e["prompt"] = r.prompt_key
+    for q in m.requests:
+        if q.output_hash and not q.error:
+            e = out[(q.prompt_hash, q.max_tokens)]
+            e["hashes"].add(q.output_hash)
+            e["prompt"] = e["prompt"] or q.prompt_key
+    return out
+
+
+def compare(base: Manifest, head: Manifest, min_throughput_ratio: float | None = None,
+            min_phase_ratio: float | None = None, thresholds: list[str] | None = None) -> Comparison:
+    res = Comparison()
+    bo, ho = _outputs(base), _outputs(head)
+    for key in sorted(set(bo) | set(ho)):
+        if key not in bo or key not in ho:
+            res.only_in_one += 1
+            continue
+        res.parity_compared += 1
+        if bo[key]["hashes"] != ho[key]["hashes"] or len(ho[key]["hashes"]) != 1:
+            res.parity_mismatches.append({
+                "prompt": ho[key]["prompt"], "prompt_hash": key[0][:12], "max_tokens": key[1],
+                "base": sorted(h[:12] for h in bo[key]["hashes"]),
+                "head": sorted(h[:12] for h in ho[key]["hashes"])})
+    if res.parity_mismatches:
+        res.gate_failures.append(f"token parity: {len(res.parity_mismatches)} of "
+                                 f"{res.parity_compared} prompts differ between BASE and HEAD")
+    else:
+        res.gates_passed.append(f"token parity: {res.parity_compared} prompts identical")
+    bp = {p.name: p for p in base.phases if p.counts_for_throughput and p.decode_tok_per_s}
+    for p in head.phases:
+        if p.counts_for_throughput and p.decode_tok_per_s and p.name in bp:
+            res.phase_ratios[p.name] = p.decode_tok_per_s / bp[p.name].decode_tok_per_s
+    res.base_throughput = throughput_by_concurrency(base)
+    res.head_throughput = throughput_by_concurrency(head)
+    for c, h in res.head_throughput.items():
+        b = res.base_throughput.get(c)
+        if b and b["median_tok_per_s"] > 0:
+            res.concurrency_ratios[c] = h["median_tok_per_s"] / b["median_tok_per_s"]
+    if min_throughput_ratio is not None:
+        bad = {c: r for c, r in res.concurrency_ratios.items() if r < min_throughput_ratio}
+        if bad:
+            res.gate_failures += [f"--min-throughput-ratio {min_throughput_ratio:g}: {c} median ratio "
+                                  f"{r:.3f} is {min_throughput_ratio - r:.3f} below"
+                                  for c, r in bad.items()]
+        else:
+            res.gates_passed.append(f"--min-throughput-ratio {min_throughput_ratio:g}: all "
+                                    f"{len(res.concurrency_ratios)} concurrency levels")
+    if min_phase_ratio is not None:
+        bad = {n: r for n, r in res.phase_ratios.items() if r < min_phase_ratio}
+        if bad:
+            res.gate_failures += [f"--min-phase-ratio {min_phase_ratio:g}: phase {n} ratio {r:.3f} "
+                                  f"is {min_phase_ratio - r:.3f} below" for n, r in bad.items()]
+        else:
+            res.gates_passed.append(f"--min-phase-ratio {min_phase_ratio:g}: all "
+                                    f"{len(res.phase_ratios)} phases")
+    for t in thresholds or []:
+        c, op, val = parse_threshold(t)
+        got = res.head_throughput.get(c, {}).get("median_tok_per_s")
+        if got is None:
+            res.gate_failures.append(f"--threshold {t}: HEAD has no throughput at {c}")
+        elif not OPS[op](got, val):
+            res.gate_failures.append(f"--threshold {t}: HEAD median {got:.3f} tok/s at {c} misses "
+                                     f"it by {abs(got - val):.3f}")
+        else:
+            res.gates_passed.append(f"--threshold {t}: HEAD median {got:.3f} tok/s")
+    return res
+
+
+def load(path: str | Path) -> Manifest:
+    try:
+        return load_manifest(Path(path))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None

@@ -1,0 +1,64 @@
+"""Scenario kind ``determinism``: N identical greedy requests in flight together.
+
+Every request carries the same prompt and sampling (temperature 0); a deterministic engine returns
+one distinct output. The phase records the number of distinct outputs and how many requests
+produced each (the distribution); more than one distinct output fails the phase check
+``determinism`` (shared/DESIGN.md, "Identical burst").
+"""
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING
+
+from pydantic import Field
+
+from ..manifest import CheckResult
+from ..prompts import seeded_prompts
+from .base import Params, Scenario, register
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..runner import RunContext
+
+
+class DeterminismParams(Params):
+    n: int = Field(32, ge=2, description="identical requests in flight together")
+    prompt_len: int = Field(64, ge=1)
+    max_tokens: int = Field(32, ge=1)
+    seed: int = 7
+
+
+@register
+class Determinism(Scenario):
+    kind = "determinism"
+    summary = "N identical greedy requests in flight together: count distinct outputs (1 expected)"
+    Params = DeterminismParams
+
+    def planned_phases(self) -> int:
+        return 1
+
+    def run(self, ctx: "RunContext") -> None:
+        from ..runner import RequestSpec
+
+        p = self.params
+        vocab = int(ctx.facts.get("vocab_size") or 256)
+        (prompt,) = seeded_prompts(p.seed, 1, p.prompt_len, p.prompt_len, 16, vocab)
+        specs = [RequestSpec(prompt, p.max_tokens, compare=False) for _ in range(p.n)]
+        outs = ctx.run_phase(f"identical-x{p.n}", p.n, specs)
+        if not outs:
+            return
+        counts = Counter(o.record.output_hash for o in outs if o.record.error is None)
+        dist = [{"output_hash": h, "requests": n} for h, n in counts.most_common()]
+        ph = ctx.manifest.phases[-1]
+        ok = len(counts) == 1
+        ph.checks.append(CheckResult(
+            name="determinism", status="pass" if ok else "fail",
+            detail=f"{len(counts)} distinct output(s) from {sum(counts.values())} identical "
+                   f"requests: {', '.join(str(d['requests']) for d in dist)}"))
+        if not ok:
+            ph.status = "fail"
+            ph.reason = (ph.reason + "; " if ph.reason else "") + \
+                f"{len(counts)} distinct outputs from identical requests"
+        ctx.manifest.tables.setdefault("determinism", []).append(
+            {"phase": ph.name, "requests": p.n, "distinct_outputs": len(counts),
+             "distribution": dist})
+        ctx.save()

@@ -1,0 +1,88 @@
+"""Engine lifecycle on the real CPU engine: a killed engine and an interrupted harness each leave a
+valid manifest that says so, no engine process, and no API key in anything the run wrote."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, group_alive, launched_pid
+
+pytestmark = pytest.mark.engine
+
+KEY = "sk-ple-test-7f3a9c1e5b"
+
+
+def start_stress(tmp_path: Path, run_id: str, *extra: str) -> subprocess.Popen:
+    env = {**os.environ, "PLE_TEST_KEY": KEY, "COLUMNS": "200"}
+    return subprocess.Popen([sys.executable, "-m", "pleharness", "stress", "--results-dir",
+                             str(tmp_path), "--run-id", run_id, "--api-key-env", "PLE_TEST_KEY",
+                             *extra], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def wait_for_load_phase(run_dir: Path, proc: subprocess.Popen, timeout: float = 600) -> dict:
+    """Wait until the manifest shows a finished load phase of the ladder (the next one runs)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        assert proc.poll() is None, proc.stdout.read()[-3000:]
+        try:
+            m = json.loads((run_dir / "manifest.json").read_text())
+            if any(p["role"] == "load" and p["status"] == "pass" for p in m["phases"]):
+                return m
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.05)
+    raise AssertionError("no load phase finished in time")
+
+
+def assert_no_key(run_dir: Path, output: str) -> None:
+    assert KEY not in output
+    for f in run_dir.iterdir():
+        assert KEY not in f.read_text(errors="replace"), f"API key leaked into {f.name}"
+
+
+def test_engine_killed_mid_run(tmp_path):
+    proc = start_stress(tmp_path, "killed", "--scenario", "transitions", "--repeats", "4")
+    run_dir = tmp_path / "killed"
+    try:
+        wait_for_load_phase(run_dir, proc)
+        pid = launched_pid(run_dir)
+        os.kill(pid, signal.SIGKILL)  # the API server process dies mid-run
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    m = json.loads((run_dir / "manifest.json").read_text())
+    assert proc.returncode == 3, out[-3000:]
+    assert m["status"] == "engine_died" and m["verdict"] == "error" and m["exit_code"] == 3
+    assert m["summary"]["phases_completed"] < m["summary"]["phases_planned"] == 32
+    assert m["log_tail"], "the manifest keeps the last lines of engine.log"
+    assert "engine error" in out
+    assert not group_alive(pid), "engine processes survived"
+    assert "<redacted>" in (run_dir / "launcher.log").read_text()
+    assert_no_key(run_dir, out)
+
+
+def test_sigint_interrupts_cleanly(tmp_path):
+    proc = start_stress(tmp_path, "intr", "--scenario", "transitions", "--repeats", "4")
+    run_dir = tmp_path / "intr"
+    try:
+        wait_for_load_phase(run_dir, proc)
+        pid = launched_pid(run_dir)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, out[-3000:]
+    m = json.loads((run_dir / "manifest.json").read_text())
+    assert m["status"] == "interrupted" and m["reason"] == "interrupted by SIGINT"
+    assert m["exit_code"] == 130 and m["ended_at"]
+    assert 0 < m["summary"]["phases_completed"] < 32
+    assert not group_alive(pid), "engine processes survived"
+    assert_no_key(run_dir, out)
