@@ -134,3 +134,15 @@ def fmt(x, nd: int = 3) -> str:
 
 def now() -> float:
     return time.monotonic()
+
+
+def wait_quiet(max_wait_s: float, exclude_pids: set[int] | None = None, poll_s: float = 60.0) -> int:
+    """Wait (up to ``max_wait_s``) until no other vLLM engine runs; returns how many still run."""
+    deadline = time.monotonic() + max_wait_s
+    while True:
+        busy = other_engines(exclude_pids)
+        if not busy or time.monotonic() >= deadline:
+            return len(busy)
+        print(f"{len(busy)} other vLLM engine(s) running; waiting up to "
+              f"{deadline - time.monotonic():.0f} s more", flush=True)
+        time.sleep(min(poll_s, max(1.0, deadline - time.monotonic())))

@@ -42,3 +42,37 @@ def keepalive():
         yield
     finally:
         requests.models.Response.iter_lines = orig
+
+
+@contextlib.contextmanager
+def no_env_lookup():
+    """``EngineClient.session`` (pleharness/engine/client.py) makes a ``requests.Session`` with
+    ``trust_env=True`` (the default), so every request runs ``merge_environment_settings`` →
+    ``get_environ_proxies`` → ``urllib.request.getproxies_environment`` + ``proxy_bypass``, which scan
+    the whole ``os.environ`` twice (about 12 % of the client's profiled time). The patch sets
+    ``trust_env = False`` on the sessions the client makes (proposed fix: do that in
+    ``EngineClient.session``, or resolve proxies once per client and pass ``proxies=`` explicitly;
+    a local engine needs no proxy)."""
+    from pleharness.engine.client import EngineClient
+
+    orig = EngineClient.session
+
+    def session(self):
+        s = orig.fget(self)
+        s.trust_env = False
+        return s
+
+    EngineClient.session = property(session)
+    try:
+        yield
+    finally:
+        EngineClient.session = orig
+
+
+@contextlib.contextmanager
+def all_fixes():
+    with keepalive(), no_env_lookup():
+        yield
+
+
+PROTOTYPES = {"keepalive": keepalive, "no_env_lookup": no_env_lookup, "all": all_fixes}

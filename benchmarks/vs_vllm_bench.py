@@ -14,6 +14,9 @@ send the same prompts every run, so the prefix cache is equally warm for both. P
 run and per pair the ratio harness/vLLM of output tok/s, then the median ratio per C; with
 ``--json`` writes everything to a file.
 
+``--prototype all`` adds a third arm per pair (A, A', B): the harness path with the client fixes of
+``_prototypes.py`` monkeypatched in (connection keep-alive, no per-request environment scan).
+
 Example: ``.venv/bin/python benchmarks/vs_vllm_bench.py --pairs 3 --concurrency 1,4,8``
 """
 from __future__ import annotations
@@ -32,7 +35,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (fmt, launch_engine, machine, other_engines, print_machine,  # noqa: E402
-                     vocab_size)
+                     vocab_size, wait_quiet)
+from _prototypes import PROTOTYPES  # noqa: E402
 
 
 def make_prompts(n: int, length: int, seed: int, vocab: int) -> list[list[int]]:
@@ -118,6 +122,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engine-arg", action="append", default=[],
                     help="extra engine argument (= form), repeatable; base: --block-size 32")
     ap.add_argument("--no-warmup", action="store_true", help="skip the unreported warm-up runs")
+    ap.add_argument("--prototype", choices=sorted(PROTOTYPES),
+                    help="add a third arm per pair: the harness path with this fix of "
+                         "_prototypes.py monkeypatched in (run A, A', B)")
+    ap.add_argument("--wait-quiet", type=float, default=0.0,
+                    help="wait up to this many seconds for other vLLM engines to end first")
     ap.add_argument("--json", type=Path, help="write all figures to this JSON file")
     a = ap.parse_args(argv)
     cs = [int(x) for x in a.concurrency.split(",") if x.strip()]
@@ -128,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     import vllm.benchmarks.serve  # noqa: F401  (slow import, kept out of the timed runs)
     print(f"imported vllm.benchmarks.serve in {time.monotonic() - t_import:.1f} s")
 
+    if a.wait_quiet:
+        wait_quiet(a.wait_quiet)
     with tempfile.TemporaryDirectory(prefix="ple-bench-") as tmp:
         work = Path(tmp)
         with contextlib.ExitStack() as stack:
@@ -149,18 +160,32 @@ def main(argv: list[str] | None = None) -> int:
             if info["other_vllm_engines"]:
                 print("WARNING: other vLLM engines are running:", *other_engines(mine), sep="\n  ")
             harness = HarnessDriver(url, model, work, server)
+            fixed = HarnessDriver(url, model, work, server) if a.prototype else None
             results: dict = {"machine": info, "args": vars(a) | {"json": str(a.json)},
                              "by_concurrency": {}}
             for c in cs:
                 if not a.no_warmup:
                     harness.run(prompts, a.max_tokens, c)
+                    if fixed is not None:
+                        with PROTOTYPES[a.prototype]():
+                            fixed.run(prompts, a.max_tokens, c)
                     vllm_run(url, model, prompts, a.max_tokens, c)
                 pairs = []
                 for i in range(a.pairs):
                     ra = harness.run(prompts, a.max_tokens, c)
+                    rf = None
+                    if fixed is not None:
+                        with PROTOTYPES[a.prototype]():
+                            rf = fixed.run(prompts, a.max_tokens, c)
                     rb = vllm_run(url, model, prompts, a.max_tokens, c)
                     ratio = ra["tok_s"] / rb["tok_s"] if ra["tok_s"] and rb["tok_s"] else None
                     pairs.append({"harness": ra, "vllm": rb, "ratio": ratio})
+                    if rf is not None:
+                        pairs[-1]["harness_fixed"] = rf
+                        pairs[-1]["ratio_fixed"] = rf["tok_s"] / rb["tok_s"]
+                        print(f"C={c} pair {i + 1}: harness+{a.prototype} {fmt(rf['tok_s'], 1)} "
+                              f"tok/s TTFT {fmt(rf['ttft_s'] * 1000, 1)} ms | ratio "
+                              f"{fmt(pairs[-1]['ratio_fixed'], 3)}")
                     print(f"C={c} pair {i + 1}: harness {fmt(ra['tok_s'], 1)} tok/s TTFT "
                           f"{fmt(ra['ttft_s'] * 1000, 1)} ms ({ra['errors']} errors) | vllm "
                           f"{fmt(rb['tok_s'], 1)} tok/s TTFT {fmt(rb['ttft_s'] * 1000, 1)} ms "
@@ -175,6 +200,11 @@ def main(argv: list[str] | None = None) -> int:
                         p["harness"]["ttft_s"] for p in pairs),
                     "vllm_ttft_ms_median": 1000 * statistics.median(
                         p["vllm"]["ttft_s"] for p in pairs)}
+                if fixed is not None:
+                    summary["median_ratio_fixed"] = statistics.median(
+                        p["ratio_fixed"] for p in pairs)
+                    print(f"C={c} median ratio with {a.prototype}: "
+                          f"{summary['median_ratio_fixed']:.3f}")
                 results["by_concurrency"][str(c)] = summary
                 print(f"C={c} median: harness {summary['harness_tok_s_median']:.1f} tok/s, vllm "
                       f"{summary['vllm_tok_s_median']:.1f} tok/s, TTFT "

@@ -105,8 +105,8 @@ def _resolve_launch(cfg: StressConfig, console: Console) -> tuple[str | None, st
             from .model import SERVED_NAME, ensure_embedded_model
             model_path = str(ensure_embedded_model(cfg.engine_python, log=console.print))
             served_name = served_name or SERVED_NAME
-            base = _defaults_not_overridden(EMBEDDED_ENGINE_ARGS, engine_args)
-            engine_args = base + engine_args
+            engine_args = _defaults_not_overridden(EMBEDDED_ENGINE_ARGS, engine_args) + engine_args
+            base = list(EMBEDDED_ENGINE_ARGS)  # a reference engine starts from the defaults
             engine_env = {**EMBEDDED_ENV, **engine_env}
         elif not Path(model_path).exists():
             raise UsageError(f"model path {model_path} does not exist")

@@ -210,8 +210,14 @@ class FakeEngine:
     - None: normal streaming;  "http500": a 500 JSON error;  "malformed": a broken JSON chunk;
     - "no_token_ids": chunks without token_ids;  "stall": 3 tokens, then silence;
     - "never": accept, read the request, never answer;  "die": the whole engine dies now
-      (every open and later connection is cut, /health included).
+      (every open and later connection is cut, /health included);
+    - "flip_tie": emit the runner-up token at position TIE_POS, where the top-1/top-2 logprob
+      margin is tiny (0.01 nats); "flip_hard": the same at HARD_POS, where the margin is 4 nats.
+    With ``logprobs`` requested, every position carries two candidates: the emitted token and
+    token + 1.
     """
+
+    TIE_POS, HARD_POS = 3, 5
 
     MODEL = "fake-model"
 
@@ -300,9 +306,17 @@ class FakeEngine:
                         send('{"choices": [{"text": "x", "token_ids": [1')
                         self.wfile.write(b"0\r\n\r\n")
                         return
-                    tok = (base + i * 7) % (eng.vocab - 10) + 10
+                    tok = (base + i * 7) % (eng.vocab - 11) + 10
+                    alt = tok + 1
+                    margin = 0.01 if i == eng.TIE_POS else 4.0
+                    if (how == "flip_tie" and i == eng.TIE_POS) or \
+                            (how == "flip_hard" and i == eng.HARD_POS):
+                        tok, alt = alt, tok
                     choice = {"index": 0, "text": f" t{tok}", "finish_reason":
                               "length" if i == mt - 1 else None}
+                    if body.get("logprobs"):
+                        choice["logprobs"] = {"top_logprobs": [
+                            {f"token_id:{tok}": -0.05, f"token_id:{alt}": -0.05 - margin}]}
                     if how != "no_token_ids":
                         choice["token_ids"] = [tok]
                     send({"choices": [choice]})

@@ -84,3 +84,48 @@ def test_engine_start_failure_gives_root_cause(tmp_path, embedded_model):
     assert m["status"] == "failed" and m["verdict"] == "error" and m["exit_code"] == 3
     assert "No common block size for 16" in m["root_cause"]
     assert not group_alive(launched_pid(tmp_path / "bad"))
+
+
+def test_two_real_runs_compare_clean(cpu_engine, tmp_path):
+    for rid in ("base", "head"):
+        r = run_cli("stress", "--url", cpu_engine.url, "--results-dir", str(tmp_path), "--run-id",
+                    rid, "--scenario", "transitions", "--repeats", "1")
+        assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    r = run_cli("compare", str(tmp_path / "base"), str(tmp_path / "head"))
+    assert r.returncode == 0, r.stdout
+    assert "PASS token parity: 12 prompts identical" in r.stdout
+    m = load_json(tmp_path / "head" / "manifest.json")
+    refs = m["references"]
+    assert refs and all(ref["margins"] and len(ref["margins"]) == 32 for ref in refs)
+
+
+def test_reference_engine_without_speculative_decoding(tmp_path):
+    """References from the CPU engine without speculative decoding; engine under test with ngram
+    speculative decoding (k = 3): every output must match, both configurations recorded."""
+    r = run_cli("stress", "--engine-profile", "profiles/cpu-ngram.toml", "--reference", "engine",
+                "--scenario", "transitions", "--scenario", "boundary", "--repeats", "1",
+                "--results-dir", str(tmp_path), "--run-id", "refeng")
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-3000:]
+    run_dir = tmp_path / "refeng"
+    m = load_json(run_dir / "manifest.json")
+    ref_cmd = m["engine"]["reference_engine"]["command"]
+    assert "--speculative-config" not in ref_cmd and "--speculative-config" in m["engine"]["command"]
+    assert all(ref["source"] == "engine" for ref in m["references"])
+    assert [p["name"] for p in m["phases"] if p["role"] == "reference"][:2] == \
+        ["ref-engine/references", "ref-engine/boundary-cold"]
+    # the boundary lengths follow the engine under test (q = 4), not the reference (q = 1)
+    assert {row["length"] for row in m["tables"]["boundary"]} >= {4, 36, 260}
+    assert all(row["warm"] == "= reference" for row in m["tables"]["boundary"])
+    assert m["summary"]["hashes_matched"] == m["summary"]["hashes_compared"] > 80
+    assert (run_dir / "reference-engine.log").stat().st_size > 0
+    for pid_file in ("launcher.log", "reference-engine.launcher.log"):
+        pid = launched_pid_from(run_dir / pid_file)
+        assert pid and not group_alive(pid)
+
+
+def launched_pid_from(path):
+    for line in path.read_text().splitlines():
+        if line.startswith("pid "):
+            return int(line.split()[1].rstrip(";"))
+    return None
