@@ -185,6 +185,9 @@ def stress(
 def report(
     run: Annotated[Path, typer.Argument(help="Run folder or manifest.json.")],
     format: Annotated[str, typer.Option(help="console, markdown or junit.")] = "console",
+    plot: Annotated[Optional[Path], typer.Option(
+        help="Also write a PNG: decode tok/s and TTFT per phase, mismatches marked "
+             "(needs matplotlib).")] = None,
 ):
     """Re-render a finished or interrupted run (console summary, Markdown for a PR, JUnit XML)."""
     from .compare import load
@@ -192,6 +195,9 @@ def report(
     from .reports import to_junit, to_markdown
 
     m = load(run)
+    if plot is not None:
+        from .plot import plot_run
+        console.print(f"plot written to {plot_run(m, plot)}")
     if format == "console":
         render_console(m, console)
         console.print(f"status {m.status}, verdict {m.verdict}, exit {m.exit_code}")

@@ -200,3 +200,11 @@ def test_suites_load_and_compose(tmp_path):
         load_suite(str(bad))
     assert "repeat: Input should be greater than or equal to 1" in str(e.value)
     assert "scenario.0.nme: unknown key" in str(e.value)
+
+
+def test_plot_png(tmp_path):
+    r, out, m = run_fake(lambda k, body: "http500" if k == 13 else None, tmp_path, "plot")
+    png = tmp_path / "p.png"
+    r = run_cli("report", str(tmp_path / "plot"), "--plot", str(png))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
