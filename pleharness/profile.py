@@ -9,12 +9,11 @@ argument parser); ``--engine-env`` entries replace the profile's of the same nam
 """
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from .engine.errors import UsageError
+from .tomlfile import read_toml, validate
 
 
 class EngineProfile(BaseModel):
@@ -31,21 +30,4 @@ class EngineProfile(BaseModel):
 
 def load_profile(path: str | Path) -> EngineProfile:
     """Read and validate a profile. Raises UsageError naming the file (and line or key)."""
-    p = Path(path)
-    try:
-        data = tomllib.loads(p.read_text())
-    except FileNotFoundError:
-        raise UsageError(f"engine profile {p} not found") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise UsageError(f"{p}: TOML syntax error: {exc}") from None
-    except OSError as exc:
-        raise UsageError(f"{p}: cannot read: {exc}") from None
-    try:
-        return EngineProfile.model_validate(data)
-    except ValidationError as exc:
-        msgs = []
-        for e in exc.errors():
-            key = ".".join(str(x) for x in e["loc"])
-            msgs.append(f"{key}: unknown key (allowed: {', '.join(EngineProfile.model_fields)})"
-                        if e["type"] == "extra_forbidden" else f"{key}: {e['msg']}")
-        raise UsageError(f"{p}: " + "; ".join(msgs)) from None
+    return validate(EngineProfile, read_toml(Path(path), "engine profile"), str(path))

@@ -15,14 +15,12 @@ Shipped suites live in ``scenarios/suites/``. Errors name the file and the key.
 """
 from __future__ import annotations
 
-import tomllib
-from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from .engine.errors import UsageError
 from .scenarios.base import scenario_dirs
+from .tomlfile import find_named, read_toml, validate
 
 
 class SuiteScenario(BaseModel):
@@ -49,31 +47,8 @@ class Suite(BaseModel):
         return [(s.name, s.params) for s in self.scenario]
 
 
-def find_suite(name_or_path: str) -> Path:
-    p = Path(name_or_path)
-    if p.suffix == ".toml" or p.exists():
-        if not p.is_file():
-            raise UsageError(f"{p}: suite file not found")
-        return p
-    for d in scenario_dirs():
-        cand = d / "suites" / f"{name_or_path}.toml"
-        if cand.is_file():
-            return cand
-    known = sorted({f.stem for d in scenario_dirs() for f in (d / "suites").glob("*.toml")})
-    raise UsageError(f"unknown suite {name_or_path!r} (known: {', '.join(known)})")
-
-
 def load_suite(name_or_path: str) -> Suite:
-    path = find_suite(name_or_path)
-    try:
-        data = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise UsageError(f"{path}: TOML syntax error: {exc}") from None
-    try:
-        return Suite.model_validate(data)
-    except ValidationError as exc:
-        msgs = []
-        for e in exc.errors():
-            key = ".".join(str(x) for x in e["loc"])
-            msgs.append(f"{key}: unknown key" if e["type"] == "extra_forbidden" else f"{key}: {e['msg']}")
-        raise UsageError(f"{path}: " + "; ".join(msgs)) from None
+    """A suite by shipped name (``scenarios/suites/NAME.toml``) or path. Raises UsageError naming
+    the file and the key."""
+    path = find_named(name_or_path, [d / "suites" for d in scenario_dirs()], "suite")
+    return validate(Suite, read_toml(path, "suite"), str(path))

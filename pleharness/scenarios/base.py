@@ -11,14 +11,14 @@ Errors name the file and, for parameters, the dotted key and what was expected.
 """
 from __future__ import annotations
 
-import tomllib
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
 from ..engine.errors import UsageError
+from ..tomlfile import find_named, read_toml, validate
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..runner import RunContext
@@ -81,37 +81,12 @@ def scenario_dirs() -> list[Path]:
 
 
 def find_scenario_file(name_or_path: str) -> Path:
-    p = Path(name_or_path)
-    if p.suffix == ".toml" or p.exists():
-        if not p.is_file():
-            raise ScenarioError(f"{p}: scenario file not found")
-        return p
-    for d in scenario_dirs():
-        cand = d / f"{name_or_path}.toml"
-        if cand.is_file():
-            return cand
-    known = sorted({f.stem for d in scenario_dirs() for f in d.glob("*.toml")})
-    raise ScenarioError(f"unknown scenario {name_or_path!r} (known: {', '.join(known)})")
-
-
-def _format_loc(loc: tuple) -> str:
-    return ".".join(str(x) for x in loc)
+    return find_named(name_or_path, scenario_dirs(), "scenario", ScenarioError)
 
 
 def build_params(kind_cls: type[Scenario], raw: dict[str, Any], where: str) -> Params:
     """Validate ``raw`` against the kind's Params; errors name ``where`` and the key."""
-    try:
-        return kind_cls.Params.model_validate(raw)
-    except ValidationError as exc:
-        msgs = []
-        for e in exc.errors():
-            key = "params." + _format_loc(e["loc"]) if e["loc"] else "params"
-            if e["type"] == "extra_forbidden":
-                allowed = ", ".join(kind_cls.Params.model_fields)
-                msgs.append(f"{key}: unknown key (allowed: {allowed})")
-            else:
-                msgs.append(f"{key}: {e['msg']}")
-        raise ScenarioError(f"{where}: " + "; ".join(msgs)) from None
+    return validate(kind_cls.Params, raw, where, prefix="params.", error=ScenarioError)
 
 
 def load_scenario_file(name_or_path: str, overrides: dict[str, Any] | None = None) -> Scenario:
@@ -120,12 +95,7 @@ def load_scenario_file(name_or_path: str, overrides: dict[str, Any] | None = Non
     Raises ScenarioError naming the file (and line for TOML syntax errors, key otherwise).
     """
     path = find_scenario_file(name_or_path)
-    try:
-        data = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise ScenarioError(f"{path}: TOML syntax error: {exc}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ScenarioError(f"{path}: cannot read: {exc}") from None
+    data = read_toml(path, "scenario", ScenarioError)
     unknown = set(data) - {"kind", "description", "params", "name"}
     if unknown:
         raise ScenarioError(f"{path}: unknown top-level key(s) {', '.join(sorted(unknown))} "

@@ -1,0 +1,77 @@
+"""Reading the harness's TOML files (scenarios, suites, engine profiles) with errors that name the
+file, the line (syntax) or the dotted key (content) and what was expected."""
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from .engine.errors import UsageError
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def read_toml(path: Path, what: str, error: type[Exception] = UsageError) -> dict[str, Any]:
+    """Parse ``path``; raises ``error`` naming the file (and line, for syntax errors)."""
+    try:
+        return tomllib.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise error(f"{what} {path} not found") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise error(f"{path}: TOML syntax error: {exc}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise error(f"{path}: cannot read: {exc}") from None
+
+
+def _model_at(model: type[BaseModel], loc: tuple) -> type[BaseModel]:
+    """The (nested) model that holds the key at ``loc``, for the 'allowed keys' hint."""
+    for part in loc[:-1]:
+        field = model.model_fields.get(part) if isinstance(part, str) else None
+        ann = getattr(field, "annotation", None)
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            model = ann
+        else:
+            break
+    return model
+
+
+def validate(model: type[M], data: Any, where: str, prefix: str = "",
+             error: type[Exception] = UsageError) -> M:
+    """``model.model_validate(data)``; on failure raises ``error`` with one clause per problem:
+    ``<where>: <prefix><dotted.key>: <message>``, unknown keys listing the allowed ones."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise error(f"{where}: " + "; ".join(_messages(model, exc, prefix))) from None
+
+
+def _messages(model: type[BaseModel], exc: ValidationError, prefix: str) -> Iterable[str]:
+    for e in exc.errors():
+        loc = tuple(e["loc"])
+        key = prefix + ".".join(str(x) for x in loc) if loc else prefix.rstrip(".") or "(file)"
+        if e["type"] == "extra_forbidden":
+            allowed = ", ".join(_model_at(model, loc).model_fields)
+            yield f"{key}: unknown key (allowed: {allowed})"
+        else:
+            yield f"{key}: {e['msg']}"
+
+
+def find_named(name_or_path: str, dirs: Iterable[Path], what: str,
+               error: type[Exception] = UsageError) -> Path:
+    """A path as given (``x.toml`` or an existing path), else ``<dir>/<name>.toml`` in ``dirs``.
+    Raises ``error`` listing the known names."""
+    dirs = list(dirs)
+    p = Path(name_or_path)
+    if p.suffix == ".toml" or p.exists():
+        if not p.is_file():
+            raise error(f"{p}: {what} file not found")
+        return p
+    for d in dirs:
+        cand = d / f"{name_or_path}.toml"
+        if cand.is_file():
+            return cand
+    known = sorted({f.stem for d in dirs for f in d.glob("*.toml")})
+    raise error(f"unknown {what} {name_or_path!r} (known: {', '.join(known)})")
