@@ -120,6 +120,10 @@ def stress(
     reference_engine_arg: Annotated[Optional[list[str]], typer.Option(
         help="Argument of the reference engine (--reference engine), repeatable, e.g. "
              "--reference-engine-arg=--enforce-eager.")] = None,
+    reference_cache_state: Annotated[str, typer.Option(
+        help="'warm' (default): run each reference prompt alone twice, judge the second "
+             "(prefix-cached) run against the first, keep the second; 'cold': keep the first "
+             "run.")] = "warm",
     repeat: Annotated[int, typer.Option(min=1, help="Run the whole suite N times on one engine; "
                                         "throughput is reported as median/min/max over repeats.")] = 1,
     logprobs: Annotated[int, typer.Option(min=0, help="Top-k logprobs per output token (needed "
@@ -175,6 +179,7 @@ def stress(
         reference_engine_args=list(reference_engine_arg or []),
         repeat=repeat if repeat != 1 or not suite_def else suite_def.repeat,
         logprobs=logprobs, near_tie_nats=near_tie_nats, strict=strict,
+        reference_cache_state=reference_cache_state,
         timeouts=Timeouts(connect_timeout, first_token_timeout, between_tokens_timeout,
                           request_timeout),
         invocation=["ple-harness"] + sys.argv[1:])

@@ -104,7 +104,8 @@ class ReferenceRecord(BaseModel):
     output_ids: list[int]
     margins: list[float | None] | None = None  # top-1 minus top-2 logprob per position, nats
     source: str = "solo"
-    cache_state: str = "cold"
+    cache_state: str = "cold"  # cold: the prompt's first run; warm: a later, prefix-cached run
+    cold_output_hash: str | None = None  # for a warm reference: the first run's hash
 
 
 class Manifest(BaseModel):

@@ -61,6 +61,7 @@ class StressConfig:
     logprobs: int = 2
     near_tie_nats: float = 0.1
     strict: bool = False
+    reference_cache_state: str = "warm"
 
 
 def load_scenarios(names: list, overrides: dict[str, Any]) -> list[Scenario]:
@@ -158,6 +159,9 @@ def run_stress(cfg: StressConfig, console: Console | None = None) -> int:
         raise UsageError(f"--on-timeout {cfg.on_timeout!r}: expected continue or abort")
     if cfg.repeat < 1:
         raise UsageError("--repeat must be >= 1")
+    if cfg.reference_cache_state not in ("cold", "warm"):
+        raise UsageError(f"--reference-cache-state {cfg.reference_cache_state!r}: expected cold "
+                         "or warm")
     mode = cfg.reference.split(":", 1)[0]
     if mode not in ("solo", "engine", "manifest"):
         raise UsageError(f"--reference {cfg.reference!r}: expected solo, engine or manifest:PATH")
@@ -177,7 +181,8 @@ def run_stress(cfg: StressConfig, console: Console | None = None) -> int:
         "phases_completed": 0, "hashes_compared": 0, "hashes_matched": 0}
     manifest.run_options = {"reference": cfg.reference, "repeat": cfg.repeat,
                             "logprobs": cfg.logprobs, "near_tie_nats": cfg.near_tie_nats,
-                            "strict": cfg.strict, "on_timeout": cfg.on_timeout}
+                            "strict": cfg.strict, "on_timeout": cfg.on_timeout,
+                            "reference_cache_state": cfg.reference_cache_state}
     write_manifest(mpath, manifest)
     console.print(f"run {run_id}: results in {run_dir}")
 
@@ -325,6 +330,7 @@ def _context(cfg, client, manifest, mpath, facts, console, server, progress) -> 
     ctx.logprobs = cfg.logprobs or None
     ctx.near_tie_nats = cfg.near_tie_nats
     ctx.strict = cfg.strict
+    ctx.reference_cache_state = cfg.reference_cache_state
     return ctx
 
 

@@ -25,7 +25,9 @@ def test_stress_default_suite_launch(tmp_path):
     load = [p for p in m["phases"] if p["role"] == "load" and p["scenario"] == "transitions"]
     assert [p["concurrency"] for p in load] == [4, 3, 2, 1, 2, 3, 4, 1] * 2
     assert all(p["matched"] == p["requests"] == 2 * p["concurrency"] for p in load)
-    assert [p["role"] for p in m["phases"][:2]] == ["warmup", "reference"]
+    assert [(p["name"], p["role"]) for p in m["phases"][:3]] == [
+        ("warmup", "warmup"), ("references-cold", "reference"), ("references", "reference")]
+    assert all(ref["cache_state"] == "warm" for ref in m["references"])
     reqs = [q for q in m["requests"] if q["match"] is not None and q["scenario"] == "transitions"]
     assert len(reqs) == 80
     assert all(q["output_len"] == 32 and q["output_hash"] == q["reference_hash"] for q in reqs)
@@ -113,7 +115,7 @@ def test_reference_engine_without_speculative_decoding(tmp_path):
     assert "--speculative-config" not in ref_cmd and "--speculative-config" in m["engine"]["command"]
     assert all(ref["source"] == "engine" for ref in m["references"])
     assert [p["name"] for p in m["phases"] if p["role"] == "reference"][:2] == \
-        ["ref-engine/references", "ref-engine/boundary-cold"]
+        ["ref-engine/references-cold", "ref-engine/references"]
     # the boundary lengths follow the engine under test (q = 4), not the reference (q = 1)
     assert {row["length"] for row in m["tables"]["boundary"]} >= {4, 36, 260}
     assert all(row["warm"] == "= reference" for row in m["tables"]["boundary"])

@@ -4,7 +4,7 @@ dies mid-phase. Each run must leave a valid manifest with the right record, stat
 and no process behind.
 
 Schedule used: transitions with ladder 2,1 once, max_tokens 8: warm-up 4 requests (1-4),
-references 8 (5-12), phase C2 (13-16), phase C1 (17-18).
+references: cold 8 (5-12) and warm 8 (13-20), phase C2 (21-24), phase C1 (25-26).
 """
 import psutil
 import pytest
@@ -37,11 +37,11 @@ def errored(m):
 def test_healthy_double_passes(tmp_path):
     r, out, m = run_against(None, tmp_path)
     assert r.returncode == 0, out[-2000:]
-    assert m["summary"]["hashes_matched"] == m["summary"]["hashes_compared"] == 6
+    assert m["summary"]["hashes_matched"] == m["summary"]["hashes_compared"] == 14
 
 
 def test_http_500_is_recorded_not_matched(tmp_path):
-    r, out, m = run_against(only(14, "http500"), tmp_path)
+    r, out, m = run_against(only(22, "http500"), tmp_path)
     assert r.returncode == 1, out[-2000:]
     (q,) = errored(m)
     assert q["error"] == "http" and q["http_status"] == 500 and q["match"] is False
@@ -52,7 +52,7 @@ def test_http_500_is_recorded_not_matched(tmp_path):
 
 
 def test_malformed_chunk(tmp_path):
-    r, out, m = run_against(only(15, "malformed"), tmp_path)
+    r, out, m = run_against(only(23, "malformed"), tmp_path)
     assert r.returncode == 1, out[-2000:]
     (q,) = errored(m)
     assert q["error"] == "protocol" and q["error_detail"].startswith(
@@ -61,14 +61,14 @@ def test_malformed_chunk(tmp_path):
 
 
 def test_missing_token_ids(tmp_path):
-    r, out, m = run_against(only(13, "no_token_ids"), tmp_path)
+    r, out, m = run_against(only(21, "no_token_ids"), tmp_path)
     assert r.returncode == 1, out[-2000:]
     (q,) = errored(m)
     assert q["error"] == "protocol" and "without token_ids" in q["error_detail"]
 
 
 def test_stalled_stream_times_out_and_run_continues(tmp_path):
-    r, out, m = run_against(only(14, "stall"), tmp_path)
+    r, out, m = run_against(only(22, "stall"), tmp_path)
     assert r.returncode == 1, out[-2000:]
     (q,) = errored(m)
     assert q["error"] == "timeout" and q["output_len"] == 3
@@ -78,7 +78,7 @@ def test_stalled_stream_times_out_and_run_continues(tmp_path):
 
 
 def test_stall_with_abort_policy(tmp_path):
-    r, out, m = run_against(only(14, "stall"), tmp_path, "run", "--on-timeout", "abort")
+    r, out, m = run_against(only(22, "stall"), tmp_path, "run", "--on-timeout", "abort")
     assert r.returncode == 1, out[-2000:]
     assert m["status"] == "incomplete" and "--on-timeout abort" in m["reason"]
     assert [p["status"] for p in m["phases"] if p["role"] == "load"] == ["fail"]
@@ -86,14 +86,14 @@ def test_stall_with_abort_policy(tmp_path):
 
 
 def test_request_never_answered(tmp_path):
-    r, out, m = run_against(only(16, "never"), tmp_path)
+    r, out, m = run_against(only(24, "never"), tmp_path)
     assert r.returncode == 1, out[-2000:]
     (q,) = errored(m)
     assert q["error"] == "timeout" and q["error_detail"] == "no token within 2 s"
 
 
 def test_engine_dies_mid_phase(tmp_path):
-    r, out, m = run_against(only(14, "die"), tmp_path)
+    r, out, m = run_against(only(22, "die"), tmp_path)
     assert r.returncode == 3, out[-2000:]
     assert m["status"] == "engine_died" and m["verdict"] == "error" and m["exit_code"] == 3
     assert "engine" in m["reason"]

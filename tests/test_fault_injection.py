@@ -30,8 +30,8 @@ def failing(m, check=None):
 
 
 def test_flipped_token_is_reported(cpu_engine, tmp_path):
-    # warm-up 4 + references 8 = 12 requests; then C4 (8 requests: 13-20), then C3 (21-26).
-    fault = FlipToken(request_number=22, pos=5, vocab=1024)
+    # warm-up 4 + references 8 cold + 8 warm = 20 requests; then C4 (21-28), then C3 (29-34).
+    fault = FlipToken(request_number=30, pos=5, vocab=1024)
     with FaultProxy(cpu_engine.url, fault) as proxy:
         r, out, m = stress_via(proxy, tmp_path, "flip", "--scenario", "transitions", "--repeats", "1")
     assert fault.flipped, "the double never flipped a token"
@@ -79,8 +79,8 @@ def test_out_of_range_token_is_caught_by_vocab_range(cpu_engine, tmp_path):
 
 
 def test_token_zero_run_is_caught_by_degeneration(cpu_engine, tmp_path):
-    # the 13th request is the first of the C4 ladder phase; its output from position 4 on is 0s
-    fault = Corrupt(lambda ctx: ctx.number == 13, lambda t, pos: (0, "!"), start=4)
+    # the 21st request is the first of the C4 ladder phase; its output from position 4 on is 0s
+    fault = Corrupt(lambda ctx: ctx.number == 21, lambda t, pos: (0, "!"), start=4)
     with FaultProxy(cpu_engine.url, fault) as proxy:
         r, out, m = stress_via(proxy, tmp_path, "zeros", "--scenario", "transitions",
                                "--repeats", "1")
@@ -107,8 +107,9 @@ def test_warm_run_differing_from_cold_is_caught(cpu_engine, tmp_path):
 
 
 def test_broken_counting_in_ongoing_decode(cpu_engine, tmp_path):
-    # the decode is the only 300-token request; its second run (the insert phase) skips a number
-    fault = Corrupt(lambda ctx: ctx.body.get("max_tokens") == 300 and fault.occurrence(ctx) == 2,
+    # the decode is the only 300-token request; its third run (after the cold and the warm
+    # reference: the insert phase) skips a number
+    fault = Corrupt(lambda ctx: ctx.body.get("max_tokens") == 300 and fault.occurrence(ctx) == 3,
                     lambda t, pos: (t + 1, " 999"), start=100, stop=101)
     with FaultProxy(cpu_engine.url, fault) as proxy:
         r, out, m = stress_via(proxy, tmp_path, "count", "--scenario", "insert")

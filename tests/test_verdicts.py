@@ -54,7 +54,7 @@ def flip_at(n, how):
 
 
 def test_near_tie_flip_is_a_warning(tmp_path):
-    r, out, m = run_fake(flip_at(14, "flip_tie"), tmp_path, "tie")
+    r, out, m = run_fake(flip_at(22, "flip_tie"), tmp_path, "tie")
     assert r.returncode == 0, out[-2000:]
     (q,) = [q for q in m["requests"] if q["divergence"]]
     d = q["divergence"]
@@ -62,13 +62,13 @@ def test_near_tie_flip_is_a_warning(tmp_path):
     assert d["margin_nats"] == pytest.approx(0.01) and d["reconverged"] is True
     assert m["verdict"] == "pass" and m["summary"]["near_ties"] == 1
     assert "1 near-tie divergence(s) (warnings)" in out
-    r, out, m = run_fake(flip_at(14, "flip_tie"), tmp_path, "tie-strict", "--strict")
+    r, out, m = run_fake(flip_at(22, "flip_tie"), tmp_path, "tie-strict", "--strict")
     assert r.returncode == 1 and m["verdict"] == "fail"
     assert m["summary"]["hard_divergences"] == 1
 
 
 def test_hard_flip_fails(tmp_path):
-    r, out, m = run_fake(flip_at(14, "flip_hard"), tmp_path, "hard")
+    r, out, m = run_fake(flip_at(22, "flip_hard"), tmp_path, "hard")
     assert r.returncode == 1, out[-2000:]
     (q,) = [q for q in m["requests"] if q["divergence"]]
     assert q["divergence"]["class"] == "hard" and q["divergence"]["margin_nats"] == pytest.approx(4.0)
@@ -116,7 +116,7 @@ def test_repeat_reports_medians_and_reports_render(tmp_path):
     load = [p for p in m["phases"] if p["role"] == "load"]
     assert [p["repeat"] for p in load] == [1, 1, 2, 2, 3, 3]
     assert load[2]["name"] == "rep2/r1-s1-C2"
-    assert len([p for p in m["phases"] if p["role"] == "reference"]) == 1  # taken once
+    assert len([p for p in m["phases"] if p["role"] == "reference"]) == 2  # taken once: cold, warm
     tbc = m["summary"]["throughput_by_concurrency"]
     assert set(tbc) == {"C1", "C2"} and tbc["C2"]["repeats"] == 3
     assert tbc["C2"]["min_tok_per_s"] <= tbc["C2"]["median_tok_per_s"] <= tbc["C2"]["max_tok_per_s"]
@@ -132,7 +132,7 @@ def test_repeat_reports_medians_and_reports_render(tmp_path):
 
 
 def test_junit_counts_failures(tmp_path):
-    r, out, m = run_fake(lambda k, body: "http500" if k in (13, 17) else None, tmp_path, "j")
+    r, out, m = run_fake(lambda k, body: "http500" if k in (21, 25) else None, tmp_path, "j")
     assert r.returncode == 1
     root = ET.parse(tmp_path / "j" / "junit.xml").getroot()
     failed = [c for c in root.findall(".//testcase") if c.find("failure") is not None]
@@ -144,8 +144,9 @@ def test_determinism_scenario_counts_distinct_outputs(tmp_path):
     r, out, m = run_fake(None, tmp_path, "det-ok", "--scenario", "determinism")
     assert r.returncode == 0, out[-2000:]
     assert m["tables"]["determinism"][0]["distinct_outputs"] == 1
-    # the 20th of the 32 identical requests gets a different token: 2 distinct outputs, 31 + 1
-    r, out, m = run_fake(flip_at(20, "flip_hard"), tmp_path, "det-bad", "--scenario",
+    # after the 26 requests of the small transitions run (27-58: the 32 identical requests),
+    # request 46 gets a different token: 2 distinct outputs, 31 + 1
+    r, out, m = run_fake(flip_at(46, "flip_hard"), tmp_path, "det-bad", "--scenario",
                          "determinism")
     assert r.returncode == 1
     t = m["tables"]["determinism"][-1]
@@ -203,8 +204,34 @@ def test_suites_load_and_compose(tmp_path):
 
 
 def test_plot_png(tmp_path):
-    r, out, m = run_fake(lambda k, body: "http500" if k == 13 else None, tmp_path, "plot")
+    r, out, m = run_fake(lambda k, body: "http500" if k == 21 else None, tmp_path, "plot")
     png = tmp_path / "p.png"
     r = run_cli("report", str(tmp_path / "plot"), "--plot", str(png))
     assert r.returncode == 0, r.stdout + r.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+
+
+def test_warm_reference_judges_cold_vs_warm_once(tmp_path):
+    """A prompt whose first (cold) run breaks a near tie differently from its later (warm) runs:
+    the warm reference phase reports one near tie, the load phases match the warm reference."""
+    first_of_p0 = {}
+
+    def cold_only(k, body):
+        key = tuple(body["prompt"])
+        if 5 <= k <= 12 and not first_of_p0:  # the first cold reference run
+            first_of_p0[key] = k
+            return "flip_tie"
+        return None
+
+    r, out, m = run_fake(cold_only, tmp_path, "coldwarm")
+    assert r.returncode == 0, out[-2000:]
+    (q,) = [q for q in m["requests"] if q["divergence"]]
+    assert q["phase"] == "references" and q["divergence"]["class"] == "near_tie"
+    ref = [x for x in m["references"] if x["prompt_key"] == q["prompt_key"]][0]
+    assert ref["cache_state"] == "warm" and ref["cold_output_hash"] != ref["output_hash"]
+    assert all(x["match"] for x in m["requests"] if x["phase"].startswith("r1-"))
+    r, out, m = run_fake(lambda k, b: "flip_tie" if k == 5 else None, tmp_path, "cold",
+                         "--reference-cache-state", "cold")
+    assert r.returncode == 0
+    bad = [q for q in m["requests"] if q["divergence"]]
+    assert bad and all(q["phase"].startswith("r1-") for q in bad), "cold reference: every later run differs"

@@ -53,7 +53,7 @@ class Boundary(Scenario):
                                           max_prompt_len(ctx, p.max_tokens), p.extra_lengths)
         specs = [boundary_spec(ctx, p, bl.length, bl.why) for bl in lengths]
         ctx.manifest.tables.setdefault("boundary_notes", []).extend({"note": n} for n in notes)
-        cold = ctx.take_references(specs, phase_name="boundary-cold")
+        cold = ctx.take_references(specs, phase_name="boundary-cold", cache_state="cold")
         if cold is not None and not ctx.collect_only:
             # the cold runs are the references; give them a load role for the headline count
             cold.role, cold.counts_for_throughput = "load", False
@@ -78,6 +78,9 @@ class Boundary(Scenario):
                                 detail="no prefix-cache counters at /metrics") if h is None else
                     CheckResult(name="prefix_cache_hit", status="pass" if h > 0 else "warn",
                                 detail=f"{h:.0f} prefix-cache hit tokens on the warm run"))
+            if ctx.reference_cache_state == "warm" and cold is not None:
+                # later scenarios compare warm runs: give them warm references
+                ctx.store_references([o for o in warm if o.record.match], "warm")
             ctx.save()
         self._table(ctx, lengths, specs, hits)
         if p.edges:
