@@ -168,6 +168,10 @@ class EngineClient:
         s = getattr(self._local, "session", None)
         if s is None:
             s = requests.Session()
+            # Proxies are resolved once: with trust_env every request re-scans the environment
+            # (about 10% of the client's CPU, benchmarks/client_overhead.py).
+            s.proxies = requests.utils.get_environ_proxies(self.base_url)
+            s.trust_env = False
             if self.api_key:
                 s.headers["Authorization"] = f"Bearer {self.api_key}"
             self._local.session = s
@@ -310,8 +314,8 @@ class EngineClient:
                     continue
                 data = line[5:].strip()
                 if data == "[DONE]":
-                    done = True
-                    break
+                    done = True  # read on to the end of the body so the connection is reused
+                    continue
                 try:
                     chunk = json.loads(data)
                 except ValueError:
