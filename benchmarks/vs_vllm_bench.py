@@ -64,6 +64,9 @@ class HarnessDriver:
                               Console(file=io.StringIO()), server=server, progress=None,
                               check_registry=REGISTRY)
         self.ctx.scenario_name = "bench"
+        # the same workload as vLLM's client: no logprobs (the stress default asks for top-2
+        # logprobs for near-tie analysis, which costs the engine and the wire extra work)
+        self.ctx.logprobs = None
         self.n = 0
 
     def run(self, prompts: list[list[int]], max_tokens: int, c: int) -> dict:

@@ -316,10 +316,22 @@ def build_model(engine_python: Annotated[Optional[str], typer.Option(
     print(ensure_embedded_model(engine_python or sys.executable, log=console.print))
 
 
+def _exit_now_if_requests_hang(code: int) -> None:
+    """After an interrupted run, request threads may still wait for an engine that never answers
+    (a request cut off before its response headers cannot be woken). Everything is recorded and
+    the engine is stopped by then, so exit without joining them (the interpreter would)."""
+    import threading
+    if any(t.name.startswith("ple-req") and t.is_alive() for t in threading.enumerate()):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
 def run() -> None:
     """Console entry point: maps harness errors to their exit codes with one clear line."""
     try:
         rc = app(standalone_mode=False)
+        _exit_now_if_requests_hang(rc if isinstance(rc, int) else 0)
         sys.exit(rc if isinstance(rc, int) else 0)
     except HarnessError as exc:
         console.print(f"[red]error:[/red] {exc}")

@@ -101,3 +101,54 @@ def test_engine_dies_mid_phase(tmp_path):
     assert bad and all(q["phase"] == "r1-s1-C2" and q["match"] is False for q in bad)
     assert m["summary"]["phases_completed"] == 1 and m["summary"]["phases_planned"] == 2
     assert "1/2 phases completed" in out
+
+
+def test_bad_command_lines_fail_before_anything_starts(tmp_path):
+    import socket
+    cases = [
+        (["--url", "http://127.0.0.1:9"], "no engine answers GET http://127.0.0.1:9/health"),
+        (["--model", str(tmp_path / "nope")], f"model path {tmp_path / 'nope'} does not exist"),
+        (["--engine-python", "/nope/python"], "engine Python '/nope/python' does not exist"),
+        (["--results-dir", "/proc/ple"], "results directory /proc/ple cannot be created"),
+        (["--scenario", "nope"], "unknown scenario 'nope'"),
+        (["--api-key-env", "PLE_NOT_SET_X"], "--api-key-env PLE_NOT_SET_X: that environment "
+                                             "variable is not set"),
+        (["--ladder", "4,x"], "--ladder '4,x': expected comma-separated concurrency levels"),
+    ]
+    for args, message in cases:
+        r = run_cli("stress", *args, timeout=120)
+        assert r.returncode == 2, (args, r.stdout + r.stderr)
+        assert r.stdout.startswith("error: ") and message in r.stdout, (args, r.stdout)
+        assert "Traceback" not in r.stdout + r.stderr
+    with socket.socket() as s:  # a fixed port that is taken: a clear engine error, exit 3
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r = run_cli("stress", "--port", str(port), "--results-dir", str(tmp_path), timeout=300)
+        assert r.returncode == 3 and f"port {port} on 127.0.0.1 is already in use" in r.stdout
+
+
+def test_sigterm_during_a_hung_request(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+    from conftest import ROOT
+    with FakeEngine(only(22, "never")) as eng:
+        proc = subprocess.Popen([sys.executable, "-m", "pleharness", "stress", "--url", eng.url,
+                                 "--results-dir", str(tmp_path), "--run-id", "term", *ARGS[:-4],
+                                 "--first-token-timeout", "60"], cwd=ROOT,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        end = time.monotonic() + 60
+        while eng.count < 22 and time.monotonic() < end:
+            time.sleep(0.05)
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+        took = time.monotonic() - t0
+    assert proc.returncode == 143, out[-2000:]
+    assert took < 15, "in-flight requests must be abandoned, not waited for"
+    m = load_json(tmp_path / "term" / "manifest.json")
+    assert m["status"] == "interrupted" and m["reason"] == "interrupted by SIGTERM"
+    assert [p["status"] for p in m["phases"] if p["role"] == "load"] == ["not_run"]

@@ -93,3 +93,28 @@ def test_pad_chat_prompt():
     assert pad_chat_prompt(tpl, 99, len(tpl)) == tpl
     with pytest.raises(ValueError, match="shorter than the unpadded prompt"):
         pad_chat_prompt(tpl, 99, 5)
+
+
+class StubTokenizer:
+    """Answers /tokenize like the engine would, for the prompt builder."""
+
+    def __init__(self, filler_ids):
+        self.filler_ids = filler_ids
+
+    def tokenize(self, **payload):
+        if "messages" in payload:
+            return [0, 2, 10, 11, 12, 4, 9, 3, 9]
+        return list(self.filler_ids)
+
+
+def test_chat_prompt_builder_exact_length_and_filler_errors():
+    from pleharness.prompts import ChatPromptBuilder
+    b = ChatPromptBuilder(StubTokenizer([7]), filler=" ", tail=4)
+    p = b.build("Reply with OK.", 12, why="test")
+    assert list(p.ids) == [0, 2, 10, 11, 12, 7, 7, 7, 4, 9, 3, 9] and len(p) == 12
+    with pytest.raises(ValueError, match="shorter than the unpadded prompt"):
+        b.build("Reply with OK.", 8)
+    with pytest.raises(ValueError) as e:
+        ChatPromptBuilder(StubTokenizer([7, 8]), filler="ab")
+    assert str(e.value) == ("filler string 'ab' is 2 tokens ([7, 8]), not exactly one; "
+                            "choose another filler")

@@ -168,6 +168,8 @@ class EngineServer:
         self._log_file = open(self.log_path, "wb")
         self.proc = subprocess.Popen(self.command, stdout=self._log_file, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        with open(self.launcher_log_path, "a") as f:
+            f.write(f"pid {self.proc.pid} (process group {self.proc.pid})\n")
         t0 = time.monotonic()
         try:
             self._wait_ready(t0)
@@ -176,7 +178,7 @@ class EngineServer:
             raise
         self.ready_s = time.monotonic() - t0
         with open(self.launcher_log_path, "a") as f:
-            f.write(f"pid {self.proc.pid}; ready after {self.ready_s:.1f} s at {self.url}\n")
+            f.write(f"ready after {self.ready_s:.1f} s at {self.url}\n")
 
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
