@@ -112,3 +112,25 @@ def test_shipped_profiles_load():
     assert f.q == 4 and f.get("max_num_batched_tokens") == 256
     gpu = load_profile(root / "gpu-tp4-mtp.example.toml")
     assert gpu.tp == 4
+
+
+def test_launch_command_tp_and_redaction():
+    from pleharness.engine.launch import LaunchSpec, redact_env
+    spec = LaunchSpec(model="/m", python="/py", tp=4, engine_args=["--block-size", "16"],
+                      served_model_name="m")
+    cmd = spec.command(8000)
+    assert cmd[:3] == ["/py", "-m", "vllm.entrypoints.openai.api_server"]
+    assert cmd[cmd.index("--tensor-parallel-size") + 1] == "4"
+    assert cmd[cmd.index("--host") + 1] == "127.0.0.1" and cmd[-2:] == ["--block-size", "16"]
+    assert "--tensor-parallel-size" not in LaunchSpec(model="/m", python="/py").command(1)
+    env = redact_env({"HF_TOKEN": "x", "MY_API_KEY": "y", "DB_PASSWORD": "z", "SECRET_V": "w",
+                      "NCCL_NVLS_ENABLE": "0"})
+    assert env == {"HF_TOKEN": "<redacted>", "MY_API_KEY": "<redacted>", "DB_PASSWORD": "<redacted>",
+                   "SECRET_V": "<redacted>", "NCCL_NVLS_ENABLE": "0"}
+    # the embedded model's heads divide by tensor-parallel sizes 1, 2 and 4
+    import re
+    from pathlib import Path
+    src = (Path(__file__).resolve().parent.parent / "pleharness/model/build_tiny.py").read_text()
+    heads = int(re.search(r"num_attention_heads=(\d+)", src).group(1))
+    kv = int(re.search(r"num_key_value_heads=(\d+)", src).group(1))
+    assert heads % 4 == 0 and kv % 4 == 0
