@@ -19,7 +19,6 @@ Example: ``.venv/bin/python benchmarks/client_overhead.py --requests 2000 --prof
 from __future__ import annotations
 
 import argparse
-import contextlib
 import cProfile
 import io
 import json

@@ -7,7 +7,6 @@ Schedule used: transitions with ladder 2,1 once, max_tokens 8: warm-up 4 request
 references: cold 8 (5-12) and warm 8 (13-20), phase C2 (21-24), phase C1 (25-26).
 """
 import psutil
-import pytest
 
 from conftest import load_json, run_cli
 from doubles import FakeEngine

@@ -9,7 +9,7 @@ from doubles import FakeEngine
 from pleharness.compare import compare, parse_threshold
 from pleharness.divergence import analyse, margins, reconverges
 from pleharness.engine.errors import UsageError
-from pleharness.manifest import Manifest, PhaseRecord, load_manifest
+from pleharness.manifest import Manifest, load_manifest
 
 SMALL = ["--scenario", "transitions", "--ladder", "2,1", "--repeats", "1", "--max-tokens", "8",
          "--vocab-size", "600"]

@@ -270,7 +270,6 @@ class EngineClient:
         if extra:
             body.update(extra)
         out = Completion(logprobs=[] if logprobs is not None else None)
-        t = self.timeouts
         a = _Active()
         self._watch(a)
         try:

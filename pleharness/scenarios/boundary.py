@@ -126,7 +126,6 @@ class Boundary(Scenario):
         ctx.save()
 
     def _edges(self, ctx) -> None:
-        from ..runner import RequestSpec
 
         p = self.params
         m = ctx.facts.get("max_model_len")
