@@ -13,6 +13,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from . import __version__
 from .engine.client import Timeouts
@@ -87,29 +88,30 @@ def stress(
                                                   "Default: timestamp + random suffix.")] = None,
     host: Annotated[Optional[str], typer.Option(help="Listen address of a launched engine "
                                                 "(default 127.0.0.1).")] = None,
-    port: Annotated[Optional[int], typer.Option(help="Listen port of a launched engine "
+    port: Annotated[Optional[int], typer.Option(min=1, max=65535, help="Listen port of a launched engine "
                                                 "(default: a free port).")] = None,
-    start_timeout: Annotated[float, typer.Option(help="Seconds to wait for the engine to become "
+    start_timeout: Annotated[float, typer.Option(min=1.0, help="Seconds to wait for the engine to become "
                                                  "ready.")] = 900.0,
     served_model_name: Annotated[Optional[str], typer.Option(help="Model name to request "
                                                              "(default: as the server lists it).")] = None,
-    block_size: Annotated[Optional[int], typer.Option(help="KV block size B. " + FACT_HELP)] = None,
-    chunk_size: Annotated[Optional[int], typer.Option(
+    block_size: Annotated[Optional[int], typer.Option(min=1, help="KV block size B. " + FACT_HELP)] = None,
+    chunk_size: Annotated[Optional[int], typer.Option(min=1,
         help="Chunked-prefill budget C (max_num_batched_tokens). " + FACT_HELP)] = None,
-    num_speculative_tokens: Annotated[Optional[int], typer.Option(
+    num_speculative_tokens: Annotated[Optional[int], typer.Option(min=0,
         help="Speculative tokens k (q = 1 + k). " + FACT_HELP)] = None,
-    max_num_seqs: Annotated[Optional[int], typer.Option(help="max_num_seqs. " + FACT_HELP)] = None,
-    max_model_len: Annotated[Optional[int], typer.Option(help="max_model_len M. " + FACT_HELP)] = None,
-    vocab_size: Annotated[Optional[int], typer.Option(help="Vocabulary size V. " + FACT_HELP)] = None,
+    max_num_seqs: Annotated[Optional[int], typer.Option(min=1, help="max_num_seqs. " + FACT_HELP)] = None,
+    max_model_len: Annotated[Optional[int], typer.Option(min=1, help="max_model_len M. " + FACT_HELP)] = None,
+    vocab_size: Annotated[Optional[int], typer.Option(min=1, help="Vocabulary size V. " + FACT_HELP)] = None,
     api_key_env: Annotated[Optional[str], typer.Option(
         help="Name of an environment variable holding an API key: sent as a Bearer token and "
              "given to a launched engine (VLLM_API_KEY); never written anywhere.")] = None,
-    connect_timeout: Annotated[float, typer.Option(help="Seconds to connect.")] = 10.0,
+    connect_timeout: Annotated[float, typer.Option(min=0.1, max=86400, help="Seconds to connect.")] = 10.0,
     first_token_timeout: Annotated[float, typer.Option(
-        help="Seconds from sending a request to its first token.")] = 300.0,
+        min=0.1, max=86400, help="Seconds from sending a request to its first token.")] = 300.0,
     between_tokens_timeout: Annotated[float, typer.Option(
-        help="Longest gap between two streamed tokens, seconds.")] = 120.0,
-    request_timeout: Annotated[float, typer.Option(help="Longest whole request, seconds.")] = 1800.0,
+        min=0.1, max=86400, help="Longest gap between two streamed tokens, seconds.")] = 120.0,
+    request_timeout: Annotated[float, typer.Option(min=0.1, max=604800,
+                                                   help="Longest whole request, seconds.")] = 1800.0,
     on_timeout: Annotated[str, typer.Option(
         help="After a phase with timed-out requests (recorded as 'timeout', the phase fails): "
              "'continue' with the next phase, or 'abort' the run (status incomplete).")] = "continue",
@@ -126,9 +128,9 @@ def stress(
              "run.")] = "warm",
     repeat: Annotated[int, typer.Option(min=1, help="Run the whole suite N times on one engine; "
                                         "throughput is reported as median/min/max over repeats.")] = 1,
-    logprobs: Annotated[int, typer.Option(min=0, help="Top-k logprobs per output token (needed "
+    logprobs: Annotated[int, typer.Option(min=0, max=20, help="Top-k logprobs per output token (needed "
                                           "for near-tie analysis; 0 = off).")] = 2,
-    near_tie_nats: Annotated[float, typer.Option(
+    near_tie_nats: Annotated[float, typer.Option(min=0.0,
         help="A divergence whose reference top-1/top-2 margin is below this (nats) is a near tie "
              "(warning), else hard (failure). See pleharness/divergence.py.")] = 0.1,
     strict: Annotated[bool, typer.Option(help="Any divergence fails, near ties too (for "
@@ -202,7 +204,7 @@ def report(
     m = load(run)
     if plot is not None:
         from .plot import plot_run
-        console.print(f"plot written to {plot_run(m, plot)}")
+        console.print(f"plot written to {escape(str(plot_run(m, plot)))}")
     if format == "console":
         render_console(m, console)
         console.print(f"status {m.status}, verdict {m.verdict}, exit {m.exit_code}")
@@ -218,9 +220,9 @@ def report(
 def compare_cmd(
     base: Annotated[Path, typer.Argument(help="BASE run folder or manifest.")],
     head: Annotated[Path, typer.Argument(help="HEAD run folder or manifest.")],
-    min_throughput_ratio: Annotated[Optional[float], typer.Option(
+    min_throughput_ratio: Annotated[Optional[float], typer.Option(min=0.0,
         help="Gate: every per-concurrency median HEAD/BASE decode throughput ratio >= R.")] = None,
-    min_phase_ratio: Annotated[Optional[float], typer.Option(
+    min_phase_ratio: Annotated[Optional[float], typer.Option(min=0.0,
         help="Gate: every per-phase HEAD/BASE ratio >= R (noisy for short phases).")] = None,
     threshold: Annotated[Optional[list[str]], typer.Option(
         help="Gate on HEAD's median decode tok/s, e.g. 'C4>=62.985'; repeatable.")] = None,
@@ -334,18 +336,17 @@ def run() -> None:
         _exit_now_if_requests_hang(rc if isinstance(rc, int) else 0)
         sys.exit(rc if isinstance(rc, int) else 0)
     except HarnessError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
         sys.exit(exc.exit_code)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except SystemExit:
         raise
-    except Exception as exc:  # click usage errors
-        import click
-        if isinstance(exc, click.exceptions.ClickException):
+    except Exception as exc:  # click's usage errors (typer may bundle its own copy of click)
+        if hasattr(exc, "show") and isinstance(getattr(exc, "exit_code", None), int):
             exc.show()
-            sys.exit(2)
-        if isinstance(exc, click.exceptions.Abort):
+            sys.exit(2 if exc.exit_code in (1, 2) else exc.exit_code)
+        if type(exc).__name__ == "Abort":
             sys.exit(130)
         raise
 

@@ -71,6 +71,10 @@ def _outputs(m: Manifest) -> dict[tuple[str, int], dict]:
 def compare(base: Manifest, head: Manifest, min_throughput_ratio: float | None = None,
             min_phase_ratio: float | None = None, thresholds: list[str] | None = None) -> Comparison:
     res = Comparison()
+    for label, m in (("BASE", base), ("HEAD", head)):
+        if m.status != "complete":
+            res.gate_failures.append(f"run status: {label} ({m.run_id}) is {m.status!r}, not "
+                                     "complete: it cannot pass a comparison")
     bo, ho = _outputs(base), _outputs(head)
     for key in sorted(set(bo) | set(ho)):
         if key not in bo or key not in ho:
@@ -82,7 +86,10 @@ def compare(base: Manifest, head: Manifest, min_throughput_ratio: float | None =
                 "prompt": ho[key]["prompt"], "prompt_hash": key[0][:12], "max_tokens": key[1],
                 "base": sorted(h[:12] for h in bo[key]["hashes"]),
                 "head": sorted(h[:12] for h in ho[key]["hashes"])})
-    if res.parity_mismatches:
+    if res.parity_compared == 0:
+        res.gate_failures.append("token parity: no prompt was issued by both runs (nothing "
+                                 "compared)")
+    elif res.parity_mismatches:
         res.gate_failures.append(f"token parity: {len(res.parity_mismatches)} of "
                                  f"{res.parity_compared} prompts differ between BASE and HEAD")
     else:
@@ -99,7 +106,10 @@ def compare(base: Manifest, head: Manifest, min_throughput_ratio: float | None =
             res.concurrency_ratios[c] = h["median_tok_per_s"] / b["median_tok_per_s"]
     if min_throughput_ratio is not None:
         bad = {c: r for c, r in res.concurrency_ratios.items() if r < min_throughput_ratio}
-        if bad:
+        if not res.concurrency_ratios:
+            res.gate_failures.append(f"--min-throughput-ratio {min_throughput_ratio:g}: no "
+                                     "concurrency level has throughput in both runs")
+        elif bad:
             res.gate_failures += [f"--min-throughput-ratio {min_throughput_ratio:g}: {c} median ratio "
                                   f"{r:.3f} is {min_throughput_ratio - r:.3f} below"
                                   for c, r in bad.items()]
@@ -108,7 +118,10 @@ def compare(base: Manifest, head: Manifest, min_throughput_ratio: float | None =
                                     f"{len(res.concurrency_ratios)} concurrency levels")
     if min_phase_ratio is not None:
         bad = {n: r for n, r in res.phase_ratios.items() if r < min_phase_ratio}
-        if bad:
+        if not res.phase_ratios:
+            res.gate_failures.append(f"--min-phase-ratio {min_phase_ratio:g}: no phase has "
+                                     "throughput in both runs")
+        elif bad:
             res.gate_failures += [f"--min-phase-ratio {min_phase_ratio:g}: phase {n} ratio {r:.3f} "
                                   f"is {min_phase_ratio - r:.3f} below" for n, r in bad.items()]
         else:

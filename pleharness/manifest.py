@@ -162,6 +162,17 @@ def load_manifest(path: Path) -> Manifest:
     if path.is_dir():
         path = path / "manifest.json"
     try:
-        return Manifest.model_validate(json.loads(path.read_text()))
+        data = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise ValueError(f"{path}: not a readable ple-harness manifest: {exc}") from None
+    if not isinstance(data, dict) or "run_id" not in data or "schema_version" not in data:
+        raise ValueError(f"{path}: not a ple-harness manifest (no run_id / schema_version)")
+    if data["schema_version"] != SCHEMA_VERSION:
+        raise ValueError(f"{path}: manifest schema version {data['schema_version']!r}; this "
+                         f"ple-harness reads version {SCHEMA_VERSION}")
+    try:
+        return Manifest.model_validate(data)
+    except ValueError as exc:
+        first = str(exc).splitlines()
+        raise ValueError(f"{path}: not a valid ple-harness manifest: "
+                         f"{' '.join(first[1:3]) if len(first) > 2 else first[0]}") from None

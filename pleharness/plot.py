@@ -34,6 +34,12 @@ def plot_run(m: Manifest, out: Path) -> Path:
     ax1.set_title(f"{m.run_id}: {m.summary.get('headline', '')}"[:110], fontsize=9)
     fig.tight_layout()
     out = Path(out)
-    fig.savefig(out, dpi=100)
+    if out.suffix.lower() != ".png":
+        out = out.with_name(out.name + ".png")
+    try:
+        fig.savefig(out, dpi=100)
+    except OSError as exc:
+        plt.close(fig)
+        raise UsageError(f"cannot write the plot {out}: {exc}") from None
     plt.close(fig)
     return out

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from .manifest import Manifest
@@ -21,7 +22,7 @@ def headline(m: Manifest) -> str:
 
 
 def render(m: Manifest, console: Console, max_failures: int = 20) -> None:
-    t = Table(title=f"run {m.run_id}", show_lines=False)
+    t = Table(title=escape(f"run {m.run_id}"), show_lines=False)
     for col, just in (("phase", "left"), ("scenario", "left"), ("C", "right"),
                       ("requests", "right"), ("matched", "right"), ("errors", "right"),
                       ("decode tok/s", "right"), ("TTFT p50 s", "right"), ("status", "left")):
@@ -62,4 +63,4 @@ def render(m: Manifest, console: Console, max_failures: int = 20) -> None:
         console.print(ft)
         if len(bad) > max_failures:
             console.print(f"... and {len(bad) - max_failures} more (see the manifest)")
-    console.print(headline(m))
+    console.print(escape(headline(m)))

@@ -70,6 +70,10 @@ def new_run_dir(results_dir: Path, run_id: str | None = None) -> tuple[str, Path
 
     Raises UsageError when the folder cannot be created or ``run_id`` exists already.
     """
+    if run_id is not None and (not run_id or "/" in run_id or run_id in (".", "..")
+                               or "\\" in run_id or run_id.startswith(".")):
+        raise UsageError(f"--run-id {run_id!r}: a plain folder name is needed (no '/', no "
+                         "leading '.')")
     try:
         results_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

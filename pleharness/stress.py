@@ -10,6 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
+
+
+def esc(x) -> str:
+    """Text for rich's console: user-given paths and messages may contain [brackets]."""
+    return escape(str(x))
+
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .engine.client import EngineClient, Timeouts
@@ -184,7 +191,7 @@ def run_stress(cfg: StressConfig, console: Console | None = None) -> int:
                             "strict": cfg.strict, "on_timeout": cfg.on_timeout,
                             "reference_cache_state": cfg.reference_cache_state}
     write_manifest(mpath, manifest)
-    console.print(f"run {run_id}: results in {run_dir}")
+    console.print(f"run {run_id}: results in {esc(run_dir)}")
 
     servers: list[EngineServer] = []
     ready = False
@@ -263,7 +270,7 @@ def run_stress(cfg: StressConfig, console: Console | None = None) -> int:
     except RequestTimeoutAbort as exc:
         manifest.status, manifest.verdict, manifest.reason = "incomplete", "fail", str(exc)
         code = EXIT_FAIL
-        console.print(f"[red]aborted:[/red] {exc}")
+        console.print(f"[red]aborted:[/red] {esc(exc)}")
     except KeyboardInterrupt:
         manifest.status, manifest.verdict, manifest.reason = "interrupted", "error", "SIGINT"
         code = 130
@@ -275,15 +282,15 @@ def run_stress(cfg: StressConfig, console: Console | None = None) -> int:
         manifest.root_cause = exc.root_cause or (srv.root_cause() if srv else None)
         manifest.log_tail = srv.log_tail(20) if srv else []
         code = EXIT_ENGINE
-        console.print(f"[red]engine error:[/red] {manifest.reason}")
+        console.print(f"[red]engine error:[/red] {esc(manifest.reason)}")
         if manifest.root_cause:
-            console.print(f"root cause: {manifest.root_cause}")
+            console.print(f"root cause: {esc(manifest.root_cause)}")
         if srv:
-            console.print(f"engine log: {srv.log_path}")
+            console.print(f"engine log: {esc(srv.log_path)}")
     except HarnessError as exc:
         manifest.status, manifest.verdict, manifest.reason = "failed", "error", str(exc)
         code = exc.exit_code
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {esc(exc)}")
     except Exception as exc:  # noqa: BLE001 - a harness bug still leaves an honest manifest
         manifest.status, manifest.verdict = "failed", "error"
         manifest.reason = f"harness error: {exc.__class__.__name__}: {exc}"
@@ -308,7 +315,7 @@ def run_stress(cfg: StressConfig, console: Console | None = None) -> int:
             _write_reports(manifest, run_dir)
     render(manifest, console)
     console.print(f"status {manifest.status}, verdict {manifest.verdict}, exit {code}; "
-                  f"manifest: {mpath}")
+                  f"manifest: {esc(mpath)}")
     return code
 
 

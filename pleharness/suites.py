@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .scenarios.base import scenario_dirs
 from .tomlfile import find_named, read_toml, validate
@@ -31,9 +31,18 @@ class SuiteScenario(BaseModel):
 
 class Gates(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    min_throughput_ratio: float | None = None
-    min_phase_ratio: float | None = None
+    min_throughput_ratio: float | None = Field(None, ge=0)
+    min_phase_ratio: float | None = Field(None, ge=0)
     thresholds: list[str] = Field(default_factory=list)
+
+    @field_validator("thresholds")
+    @classmethod
+    def _thresholds(cls, v: list[str]) -> list[str]:
+        from .compare import THRESHOLD
+        for t in v:
+            if not THRESHOLD.match(t):
+                raise ValueError(f"{t!r} is not like 'C4>=62.985'")
+        return v
 
 
 class Suite(BaseModel):

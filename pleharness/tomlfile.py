@@ -28,13 +28,17 @@ def read_toml(path: Path, what: str, error: type[Exception] = UsageError) -> dic
 
 def _model_at(model: type[BaseModel], loc: tuple) -> type[BaseModel]:
     """The (nested) model that holds the key at ``loc``, for the 'allowed keys' hint."""
+    from typing import get_args
     for part in loc[:-1]:
-        field = model.model_fields.get(part) if isinstance(part, str) else None
+        if isinstance(part, int):  # an index into a list of models
+            continue
+        field = model.model_fields.get(part)
         ann = getattr(field, "annotation", None)
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
-            model = ann
-        else:
+        cands = [ann] + list(get_args(ann))
+        sub = next((c for c in cands if isinstance(c, type) and issubclass(c, BaseModel)), None)
+        if sub is None:
             break
+        model = sub
     return model
 
 

@@ -113,7 +113,13 @@ def test_bad_command_lines_fail_before_anything_starts(tmp_path):
         (["--api-key-env", "PLE_NOT_SET_X"], "--api-key-env PLE_NOT_SET_X: that environment "
                                              "variable is not set"),
         (["--ladder", "4,x"], "--ladder '4,x': expected comma-separated concurrency levels"),
+        (["--run-id", "../escape"], "--run-id '../escape': a plain folder name is needed"),
     ]
+    for args in (["--bogus"], ["--repeat", "0"], ["--logprobs", "-1"], ["--first-token-timeout",
+                                                                         "-5"], ["--tp", "0"]):
+        r = run_cli("stress", *args, timeout=60)
+        assert r.returncode == 2 and "Traceback" not in r.stdout + r.stderr, (args, r.stderr)
+        assert "Usage: " in r.stdout + r.stderr
     for args, message in cases:
         r = run_cli("stress", *args, timeout=120)
         assert r.returncode == 2, (args, r.stdout + r.stderr)
@@ -124,7 +130,8 @@ def test_bad_command_lines_fail_before_anything_starts(tmp_path):
         s.listen()
         port = s.getsockname()[1]
         r = run_cli("stress", "--port", str(port), "--results-dir", str(tmp_path), timeout=300)
-        assert r.returncode == 3 and f"port {port} on 127.0.0.1 is already in use" in r.stdout
+        assert r.returncode == 2 and f"--port {port}: port {port} on 127.0.0.1 is already in use" \
+            in r.stdout
 
 
 def test_sigterm_during_a_hung_request(tmp_path):

@@ -44,7 +44,10 @@ def test_toml_syntax_error_names_file_and_line(tmp_path):
 
 @pytest.mark.parametrize("body,message", [
     ("ladder = []", "params.ladder: Value error, the ladder must have at least one concurrency level"),
-    ("ladder = [4, 0, 1]", "params.ladder: Value error, concurrency levels must be >= 1 (got 0)"),
+    ("ladder = [4, 0, 1]", "params.ladder: Value error, concurrency levels must be between 1 "
+                           "and 1024 (got 0)"),
+    ("ladder = [100000000000]", "params.ladder: Value error, concurrency levels must be between "
+                                "1 and 1024 (got 100000000000)"),
     ("ladder = 'four'", "params.ladder: Input should be a valid list"),
     ("repeats = 0", "params.repeats: Input should be greater than or equal to 1"),
     ("laddr = [1]", "params.laddr: unknown key (allowed: ladder, repeats, requests_per_slot, "
@@ -118,3 +121,28 @@ def test_chat_prompt_builder_exact_length_and_filler_errors():
         ChatPromptBuilder(StubTokenizer([7, 8]), filler="ab")
     assert str(e.value) == ("filler string 'ab' is 2 tokens ([7, 8]), not exactly one; "
                             "choose another filler")
+
+
+@pytest.mark.parametrize("kind,body,message", [
+    ("boundary", "expected_regex = '(['", "params.expected_regex: Value error, not a valid "
+                                          "regular expression"),
+    ("boundary", "filler = ''", "params.filler: String should have at least 1 character"),
+    ("boundary", "tail = 500", "params.tail: Input should be less than or equal to 64"),
+    ("pairs", "extra_pairs = [[1]]", "params.extra_pairs.0"),
+    ("boundary", "extra_lengths = [-5]", "params.extra_lengths.0: Input should be greater than"),
+    ("determinism", "n = 100000", "params.n: Input should be less than or equal to 1024"),
+])
+def test_more_invalid_params(tmp_path, kind, body, message):
+    path = write(tmp_path, f'kind = "{kind}"\n[params]\n{body}\n')
+    with pytest.raises(ScenarioError) as e:
+        load_scenario_file(path)
+    assert str(e.value).startswith(f"{path}: ") and message in str(e.value)
+
+
+def test_max_tokens_beyond_max_model_len_is_refused_before_requests():
+    sc = load_scenario_file("boundary", {"max_tokens": 5000})
+    with pytest.raises(ScenarioError, match="leaves no room for a prompt: max_model_len is 4096"):
+        sc.validate_against({"max_model_len": 4096})
+    det = load_scenario_file("determinism", {"prompt_len": 5000})
+    with pytest.raises(ScenarioError, match="exceeds max_model_len 4096"):
+        det.validate_against({"max_model_len": 4096})

@@ -235,3 +235,29 @@ def test_warm_reference_judges_cold_vs_warm_once(tmp_path):
     assert r.returncode == 0
     bad = [q for q in m["requests"] if q["divergence"]]
     assert bad and all(q["phase"].startswith("r1-") for q in bad), "cold reference: every later run differs"
+
+
+def test_compare_refuses_incomplete_or_empty_runs(tmp_path):
+    r, out, m = run_fake(None, tmp_path, "good")
+    assert r.returncode == 0
+    bad = dict(m, status="interrupted", requests=[], references=[], phases=[])
+    (tmp_path / "interrupted.json").write_text(json.dumps(bad))
+    r = run_cli("compare", str(tmp_path / "good"), str(tmp_path / "interrupted.json"),
+                "--min-throughput-ratio", "0.9")
+    assert r.returncode == 1
+    assert "FAIL run status: HEAD (good) is 'interrupted', not complete" in r.stdout
+    assert "FAIL token parity: no prompt was issued by both runs" in r.stdout
+    assert "FAIL --min-throughput-ratio 0.9: no concurrency level has throughput" in r.stdout
+    (tmp_path / "other.json").write_text(json.dumps({"run_id": "x", "schema_version": 99}))
+    r = run_cli("compare", str(tmp_path / "good"), str(tmp_path / "other.json"))
+    assert r.returncode == 2 and "manifest schema version 99" in r.stdout
+
+
+def test_suite_gates_and_item_keys_are_checked(tmp_path):
+    from pleharness.suites import load_suite
+    bad = tmp_path / "s.toml"
+    bad.write_text('[[scenario]]\nname = "transitions"\nfoo = 1\n[gates]\nthresholds = ["garbage"]\n')
+    with pytest.raises(UsageError) as e:
+        load_suite(str(bad))
+    assert "scenario.0.foo: unknown key (allowed: name, params)" in str(e.value)
+    assert "gates.thresholds: Value error, 'garbage' is not like 'C4>=62.985'" in str(e.value)

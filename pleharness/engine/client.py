@@ -203,8 +203,9 @@ class EngineClient:
         if self.model is None:
             self.model = names[0]
         elif self.model not in names:
-            raise EngineError(f"model {self.model!r} is not served at {self.base_url} "
-                              f"(served: {', '.join(names)})")
+            from .errors import UsageError
+            raise UsageError(f"--served-model-name {self.model!r}: not served at {self.base_url} "
+                             f"(served: {', '.join(names)})")
         return self.model
 
     def model_card(self) -> dict:

@@ -145,7 +145,10 @@ class EngineServer:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         if self.spec.port is not None:
             if port_in_use(self.spec.host, self.spec.port):
-                raise EngineError(f"port {self.spec.port} on {self.spec.host} is already in use")
+                from .errors import UsageError
+                raise UsageError(f"--port {self.spec.port}: port {self.spec.port} on "
+                                 f"{self.spec.host} is already in use (leave --port out to get a "
+                                 "free one)")
             self.port = self.spec.port
         else:
             self.port = free_port(self.spec.host)

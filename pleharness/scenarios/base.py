@@ -112,7 +112,7 @@ def load_scenario_file(name_or_path: str, overrides: dict[str, Any] | None = Non
         raise ScenarioError(f"{path}: key 'params' must be a table")
     raw = {**raw, **(overrides or {})}
     cls = REGISTRY[kind]
-    where = str(path) + (" (with command-line overrides)" if overrides else "")
+    where = str(path) + (" (with overrides from a suite or the command line)" if overrides else "")
     params = build_params(cls, raw, where)
     desc = data.get("description", "")
     return cls(str(data.get("name", path.stem)), params, str(path), desc)

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING
 
 from ..engine import metrics
 from ..manifest import CheckResult
-from .base import Scenario, register
-from .common import ChatParams, boundary_spec, max_prompt_len
+from .base import register
+from .common import ChatParams, ChatScenario, boundary_spec, max_prompt_len
 from .lengths import boundary_lengths
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -37,7 +37,7 @@ class BoundaryParams(ChatParams):
 
 
 @register
-class Boundary(Scenario):
+class Boundary(ChatScenario):
     kind = "boundary"
     summary = "prompts at q, n*B+q, n*C+q (+-1), cold then warm (prefix cache), and max_model_len edges"
     Params = BoundaryParams

@@ -3,11 +3,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pydantic import Field
+import re
+from typing import Annotated
+
+from pydantic import Field, field_validator
 
 from ..checks import DEFAULT_CHECKS
 from ..prompts import ChatPromptBuilder, Prompt, seeded_prompts
-from .base import Params
+from .base import Params, Scenario, ScenarioError
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..runner import RequestSpec, RunContext
@@ -16,20 +19,43 @@ if TYPE_CHECKING:  # pragma: no cover
 class ChatParams(Params):
     """Exact-length chat prompt settings shared by the boundary-style kinds."""
 
-    instruction: str = "Reply with OK."
+    instruction: str = Field("Reply with OK.", min_length=1)
     expected_regex: str = r"^\s*OK"
-    filler: str = " "
-    tail: int = Field(4, ge=0, description="generation-prompt tail tokens (filler goes before)")
-    max_tokens: int = Field(8, ge=1)
-    depth: int = Field(3, ge=1, description="N in n*B + q and n*C + q, n = 1..N")
+    filler: str = Field(" ", min_length=1, description="must tokenize to exactly one token")
+    tail: int = Field(4, ge=0, le=64, description="generation-prompt tail tokens (filler goes before)")
+    max_tokens: int = Field(8, ge=1, le=1_000_000)
+    depth: int = Field(3, ge=1, le=64, description="N in n*B + q and n*C + q, n = 1..N")
     controls: bool = True
-    extra_lengths: list[int] = Field(default_factory=list)
+    extra_lengths: list[Annotated[int, Field(ge=1)]] = Field(default_factory=list)
+
+    @field_validator("expected_regex")
+    @classmethod
+    def _regex(cls, v: str) -> str:
+        try:
+            re.compile(v)
+        except re.error as exc:
+            raise ValueError(f"not a valid regular expression: {exc}") from None
+        return v
+
+
+class ChatScenario(Scenario):
+    """Base of the kinds built on exact-length chat prompts: checks max_tokens against M."""
+
+    def validate_against(self, facts) -> None:
+        m = facts.get("max_model_len")
+        mt = max([self.params.max_tokens] + [getattr(self.params, "count_to", 0)])
+        if m is not None and mt >= int(m):
+            raise ScenarioError(f"{self.source}: params.max_tokens (or count_to) {mt} leaves no "
+                                f"room for a prompt: max_model_len is {m}")
 
 
 def builder(ctx: "RunContext", p: ChatParams) -> ChatPromptBuilder:
     b = getattr(ctx, "_chat_builders", {}).get((p.filler, p.tail))
     if b is None:
-        b = ChatPromptBuilder(ctx.client, p.filler, p.tail)
+        try:
+            b = ChatPromptBuilder(ctx.client, p.filler, p.tail)
+        except ValueError as exc:
+            raise ScenarioError(f"params.filler: {exc}") from None
         ctx.__dict__.setdefault("_chat_builders", {})[(p.filler, p.tail)] = b
     return b
 
@@ -47,7 +73,10 @@ def boundary_spec(ctx: "RunContext", p: ChatParams, length: int, why: str,
     mt = max_tokens or p.max_tokens
     checks = {name: {} for name in DEFAULT_CHECKS}
     if length >= len(b.template(p.instruction)):
-        prompt = b.build(p.instruction, length, key=f"chat-len{length}", why=why)
+        try:
+            prompt = b.build(p.instruction, length, key=f"chat-len{length}", why=why)
+        except ValueError as exc:
+            raise ScenarioError(f"params.tail / params.instruction: {exc}") from None
         checks["expected_text"] = {"regex": p.expected_regex}
     else:
         vocab = int(ctx.facts.get("vocab_size") or 256)

@@ -14,16 +14,16 @@ from pydantic import Field
 
 from ..manifest import CheckResult
 from ..prompts import seeded_prompts
-from .base import Params, Scenario, register
+from .base import Params, Scenario, ScenarioError, register
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..runner import RunContext
 
 
 class DeterminismParams(Params):
-    n: int = Field(32, ge=2, description="identical requests in flight together")
-    prompt_len: int = Field(64, ge=1)
-    max_tokens: int = Field(32, ge=1)
+    n: int = Field(32, ge=2, le=1024, description="identical requests in flight together")
+    prompt_len: int = Field(64, ge=1, le=10_000_000)
+    max_tokens: int = Field(32, ge=1, le=1_000_000)
     seed: int = 7
 
 
@@ -35,6 +35,13 @@ class Determinism(Scenario):
 
     def planned_phases(self) -> int:
         return 1
+
+    def validate_against(self, facts) -> None:
+        m = facts.get("max_model_len")
+        if m is not None and self.params.prompt_len + self.params.max_tokens > int(m):
+            raise ScenarioError(f"{self.source}: params.prompt_len + params.max_tokens = "
+                                f"{self.params.prompt_len + self.params.max_tokens} exceeds "
+                                f"max_model_len {m}")
 
     def run(self, ctx: "RunContext") -> None:
         from ..runner import RequestSpec

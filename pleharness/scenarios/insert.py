@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING
 from pydantic import Field
 
 from ..manifest import CheckResult
-from .base import Scenario, register
-from .common import ChatParams, boundary_spec, builder, max_prompt_len
+from .base import register
+from .common import ChatParams, ChatScenario, boundary_spec, builder, max_prompt_len
 from .lengths import boundary_lengths
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -33,15 +33,15 @@ if TYPE_CHECKING:  # pragma: no cover
 class InsertParams(ChatParams):
     depth: int = Field(1, ge=1)
     controls: bool = False
-    count_to: int = Field(300, ge=1, description="N of the decode prompt 'Count from 1 to N.'")
+    count_to: int = Field(300, ge=1, le=100_000, description="N of the decode prompt 'Count from 1 to N.'")
     max_tokens: int = Field(4, ge=1)
     insert_after_tokens: int = Field(16, ge=1)
     insert_after_s: float = Field(0.25, gt=0)
-    max_inserts: int = Field(8, ge=1)
+    max_inserts: int = Field(8, ge=1, le=256)
 
 
 @register
-class Insert(Scenario):
+class Insert(ChatScenario):
     kind = "insert"
     summary = "long streaming decode (count 1..N) with boundary-length prefills inserted mid-decode"
     Params = InsertParams

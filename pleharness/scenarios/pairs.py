@@ -14,10 +14,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from typing import Annotated
+
 from pydantic import Field
 
-from .base import Scenario, register
-from .common import ChatParams, boundary_spec, max_prompt_len
+from .base import register
+from .common import ChatParams, ChatScenario, boundary_spec, max_prompt_len
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..runner import RunContext
@@ -25,8 +27,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 class PairsParams(ChatParams):
     max_tokens: int = Field(16, ge=1)
-    extra_pairs: list[list[int]] = Field(default_factory=list,
-                                         description="more [L1, L2] pairs to run")
+    extra_pairs: list[tuple[Annotated[int, Field(ge=1)], Annotated[int, Field(ge=1)]]] = Field(
+        default_factory=list, description="more [L1, L2] pairs to run")
 
 
 def derive_pairs(facts: dict, max_len: int | None, extra: list[list[int]] | None = None
@@ -60,7 +62,7 @@ def derive_pairs(facts: dict, max_len: int | None, extra: list[list[int]] | None
 
 
 @register
-class Pairs(Scenario):
+class Pairs(ChatScenario):
     kind = "pairs"
     summary = "two boundary-length prompts in flight together (q-tail + q-tail, + 2C, long + long)"
     Params = PairsParams

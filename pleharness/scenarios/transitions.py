@@ -21,13 +21,16 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..runner import RunContext
 
 
+MAX_CONCURRENCY = 1024  # requests in flight at once: beyond this a phase is a denial of service
+
+
 class PromptSet(Params):
     """Seeded random token-ID prompts; lengths evenly spread over [min_len, max_len]."""
 
     seed: int = 20261129
-    count: int = Field(8, ge=1)
-    min_len: int = Field(5, ge=1)
-    max_len: int = Field(300, ge=1)
+    count: int = Field(8, ge=1, le=100_000)
+    min_len: int = Field(5, ge=1, le=10_000_000)
+    max_len: int = Field(300, ge=1, le=10_000_000)
     id_low: int = Field(16, ge=0)
     id_high: int | None = Field(None, ge=1, description="exclusive; default: vocabulary size")
 
@@ -40,10 +43,10 @@ class PromptSet(Params):
 
 class TransitionsParams(Params):
     ladder: list[int] = Field(default_factory=lambda: [4, 3, 2, 1, 2, 3, 4, 1])
-    repeats: int = Field(2, ge=1)
-    requests_per_slot: int = Field(2, ge=1)
-    max_tokens: int = Field(32, ge=1)
-    warmup_requests: int = Field(4, ge=0)
+    repeats: int = Field(2, ge=1, le=10_000)
+    requests_per_slot: int = Field(2, ge=1, le=10_000)
+    max_tokens: int = Field(32, ge=1, le=1_000_000)
+    warmup_requests: int = Field(4, ge=0, le=MAX_CONCURRENCY)
     prompts: PromptSet = Field(default_factory=PromptSet)
 
     @field_validator("ladder")
@@ -51,9 +54,10 @@ class TransitionsParams(Params):
     def _ladder(cls, v: list[int]) -> list[int]:
         if not v:
             raise ValueError("the ladder must have at least one concurrency level")
-        bad = [c for c in v if c < 1]
+        bad = [c for c in v if c < 1 or c > MAX_CONCURRENCY]
         if bad:
-            raise ValueError(f"concurrency levels must be >= 1 (got {bad[0]})")
+            raise ValueError(f"concurrency levels must be between 1 and {MAX_CONCURRENCY} "
+                             f"(got {bad[0]})")
         return v
 
 
