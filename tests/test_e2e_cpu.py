@@ -54,9 +54,17 @@ def test_stress_default_suite_launch(tmp_path):
     edges = m["tables"]["max_model_len_edges"]
     assert len(edges) == 4 and all(e["check"] == "pass" for e in edges)
     assert edges[3]["http_status"] == 400  # a prompt of exactly M tokens: clean rejection
-    # insert: every insert was sent while the decode ran
+    # insert: each insert records whether it was sent while the decode ran; on a loaded 2-core
+    # machine the harness's insert thread has been seen to start only after the whole decode
+    # (1.1 s late), which the phase reports as a warning, never as a pass in silence
     ins = m["tables"]["insert"]
-    assert len(ins) >= 4 and all("while the decode ran" in row["note"] for row in ins[1:])
+    assert len(ins) >= 4
+    assert all("while the decode ran" in row["note"] or "after the decode ended" in row["note"]
+               for row in ins[1:])
+    (chk,) = [c for p in m["phases"] if p["name"] == "insert" for c in p["checks"]
+              if c["name"] == "inserts_during_decode"]
+    late = [row for row in ins[1:] if "after the decode ended" in row["note"]]
+    assert chk["status"] == ("warn" if late else "pass")
     assert all(q["ttft_s"] > 0 and q["latency_s"] >= q["ttft_s"] for q in reqs)
     assert all(p["decode_tok_per_s"] > 0 for p in load)
     # provenance

@@ -108,9 +108,9 @@ def test_warm_run_differing_from_cold_is_caught(cpu_engine, tmp_path):
 
 
 def test_broken_counting_in_ongoing_decode(cpu_engine, tmp_path):
-    # the decode is the only 300-token request; its third run (after the cold and the warm
-    # reference: the insert phase) skips a number
-    fault = Corrupt(lambda ctx: ctx.body.get("max_tokens") == 300 and fault.occurrence(ctx) == 3,
+    # the decode is the only long request (max_tokens 3 x 300, capped by max_model_len); its
+    # third run (after the cold and the warm reference: the insert phase) skips a number
+    fault = Corrupt(lambda ctx: ctx.body.get("max_tokens") > 300 and fault.occurrence(ctx) == 3,
                     lambda t, pos: (t + 1, " 999"), start=100, stop=101)
     with FaultProxy(cpu_engine.url, fault) as proxy:
         r, out, m = stress_via(proxy, tmp_path, "count", "--scenario", "insert")

@@ -1,6 +1,7 @@
 """Scenario kind ``insert``: prefills inserted while a long decode is running.
 
-A long streaming decode ("Count from 1 to N.", max_tokens N) starts; once it has streamed
+A long streaming decode ("Count from 1 to N.", max_tokens ``decode_tokens``, by default 3N as far as
+max_model_len allows) starts; once it has streamed
 ``insert_after_tokens`` tokens, or ``insert_after_s`` seconds after it was sent, whichever comes
 first, prompts of boundary lengths (q, n*B + q, n*C + q, depth 1 by default) are sent one after
 another, each while the decode runs (a prefill sharing a step with a
@@ -34,6 +35,10 @@ class InsertParams(ChatParams):
     depth: int = Field(1, ge=1)
     controls: bool = False
     count_to: int = Field(300, ge=1, le=100_000, description="N of the decode prompt 'Count from 1 to N.'")
+    decode_tokens: int = Field(0, ge=0, le=1_000_000, description=(
+        "max_tokens of the decode; 0: three times count_to, as far as max_model_len allows "
+        "(a longer decode gives the inserts time to land while it runs; only the first "
+        "count_to numbers are checked, the whole output is compared with its reference)"))
     max_tokens: int = Field(4, ge=1)
     insert_after_tokens: int = Field(16, ge=1)
     insert_after_s: float = Field(0.25, gt=0)
@@ -57,8 +62,12 @@ class Insert(ChatScenario):
         b = builder(ctx, p)
         text = f"Count from 1 to {p.count_to}."
         tpl = b.template(text)
+        n_decode = p.decode_tokens or 3 * p.count_to
+        m = ctx.facts.get("max_model_len")
+        if m is not None:
+            n_decode = max(p.count_to, min(n_decode, int(m) - len(tpl) - 1))
         decode = RequestSpec(Prompt(key=f"count-to-{p.count_to}", ids=tuple(tpl), text=text),
-                             p.count_to, note="ongoing decode")
+                             n_decode, note="ongoing decode")
         decode.checks["counting"] = {"n": p.count_to}
         lengths, notes = boundary_lengths(ctx.facts.values, p.depth, p.controls,
                                           max_prompt_len(ctx, p.max_tokens), p.extra_lengths)
