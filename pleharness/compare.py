@@ -104,29 +104,10 @@ def compare(base: Manifest, head: Manifest, min_throughput_ratio: float | None =
         b = res.base_throughput.get(c)
         if b and b["median_tok_per_s"] > 0:
             res.concurrency_ratios[c] = h["median_tok_per_s"] / b["median_tok_per_s"]
-    if min_throughput_ratio is not None:
-        bad = {c: r for c, r in res.concurrency_ratios.items() if r < min_throughput_ratio}
-        if not res.concurrency_ratios:
-            res.gate_failures.append(f"--min-throughput-ratio {min_throughput_ratio:g}: no "
-                                     "concurrency level has throughput in both runs")
-        elif bad:
-            res.gate_failures += [f"--min-throughput-ratio {min_throughput_ratio:g}: {c} median ratio "
-                                  f"{r:.3f} is {min_throughput_ratio - r:.3f} below"
-                                  for c, r in bad.items()]
-        else:
-            res.gates_passed.append(f"--min-throughput-ratio {min_throughput_ratio:g}: all "
-                                    f"{len(res.concurrency_ratios)} concurrency levels")
-    if min_phase_ratio is not None:
-        bad = {n: r for n, r in res.phase_ratios.items() if r < min_phase_ratio}
-        if not res.phase_ratios:
-            res.gate_failures.append(f"--min-phase-ratio {min_phase_ratio:g}: no phase has "
-                                     "throughput in both runs")
-        elif bad:
-            res.gate_failures += [f"--min-phase-ratio {min_phase_ratio:g}: phase {n} ratio {r:.3f} "
-                                  f"is {min_phase_ratio - r:.3f} below" for n, r in bad.items()]
-        else:
-            res.gates_passed.append(f"--min-phase-ratio {min_phase_ratio:g}: all "
-                                    f"{len(res.phase_ratios)} phases")
+    _ratio_gate(res, "--min-throughput-ratio", min_throughput_ratio, res.concurrency_ratios,
+                "{} median ratio", "concurrency level", "concurrency levels")
+    _ratio_gate(res, "--min-phase-ratio", min_phase_ratio, res.phase_ratios, "phase {} ratio",
+                "phase", "phases")
     for t in thresholds or []:
         c, op, val = parse_threshold(t)
         got = res.head_throughput.get(c, {}).get("median_tok_per_s")
@@ -138,6 +119,22 @@ def compare(base: Manifest, head: Manifest, min_throughput_ratio: float | None =
         else:
             res.gates_passed.append(f"--threshold {t}: HEAD median {got:.3f} tok/s")
     return res
+
+
+def _ratio_gate(res: Comparison, flag: str, floor: float | None, ratios: dict[str, float],
+                item: str, unit: str, units: str) -> None:
+    """Every ratio must be >= ``floor``; nothing to compare fails too."""
+    if floor is None:
+        return
+    if not ratios:
+        res.gate_failures.append(f"{flag} {floor:g}: no {unit} has throughput in both runs")
+        return
+    bad = {k: r for k, r in ratios.items() if r < floor}
+    if bad:
+        res.gate_failures += [f"{flag} {floor:g}: {item.format(k)} {r:.3f} is {floor - r:.3f} below"
+                              for k, r in bad.items()]
+    else:
+        res.gates_passed.append(f"{flag} {floor:g}: all {len(ratios)} {units}")
 
 
 def load(path: str | Path) -> Manifest:
