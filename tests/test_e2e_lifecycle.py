@@ -46,17 +46,27 @@ def assert_no_key(run_dir: Path, output: str) -> None:
         assert KEY not in f.read_text(errors="replace"), f"API key leaked into {f.name}"
 
 
-def test_engine_killed_mid_run(tmp_path):
-    proc = start_stress(tmp_path, "killed", "--scenario", "transitions", "--repeats", "4")
-    run_dir = tmp_path / "killed"
+def disrupt_mid_run(tmp_path: Path, run_id: str, disrupt) -> tuple[subprocess.Popen, str, Path,
+                                                                     int]:
+    """Start a long ladder, wait until a load phase finished, call ``disrupt(proc, engine_pid)``,
+    collect the output. Returns (process, output, run folder, engine pid)."""
+    proc = start_stress(tmp_path, run_id, "--scenario", "transitions", "--repeats", "4")
+    run_dir = tmp_path / run_id
     try:
         wait_for_load_phase(run_dir, proc)
         pid = launched_pid(run_dir)
-        os.kill(pid, signal.SIGKILL)  # the API server process dies mid-run
+        disrupt(proc, pid)
         out, _ = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
+    return proc, out, run_dir, pid
+
+
+def test_engine_killed_mid_run(tmp_path):
+    # the API server process dies mid-run
+    proc, out, run_dir, pid = disrupt_mid_run(tmp_path, "killed",
+                                              lambda p, pid: os.kill(pid, signal.SIGKILL))
     m = json.loads((run_dir / "manifest.json").read_text())
     assert proc.returncode == 3, out[-3000:]
     assert m["status"] == "engine_died" and m["verdict"] == "error" and m["exit_code"] == 3
@@ -69,16 +79,8 @@ def test_engine_killed_mid_run(tmp_path):
 
 
 def test_sigint_interrupts_cleanly(tmp_path):
-    proc = start_stress(tmp_path, "intr", "--scenario", "transitions", "--repeats", "4")
-    run_dir = tmp_path / "intr"
-    try:
-        wait_for_load_phase(run_dir, proc)
-        pid = launched_pid(run_dir)
-        proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    proc, out, run_dir, pid = disrupt_mid_run(tmp_path, "intr",
+                                              lambda p, pid: p.send_signal(signal.SIGINT))
     assert proc.returncode == 130, out[-3000:]
     m = json.loads((run_dir / "manifest.json").read_text())
     assert m["status"] == "interrupted" and m["reason"] == "interrupted by SIGINT"

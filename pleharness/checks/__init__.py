@@ -18,20 +18,18 @@ DEFAULT_CHECKS = ("vocab_range", "usage", "logprobs_finite", "degeneration")
 DEFAULT_PHASE_CHECKS = ("health_after_phase",)
 
 
-def register(name: str):
-    def deco(fn):
-        REGISTRY[name] = fn
-        fn.check_name = name
-        return fn
-    return deco
+def _registrar(registry: dict[str, Callable]):
+    def register_as(name: str):
+        def deco(fn):
+            registry[name] = fn
+            fn.check_name = name
+            return fn
+        return deco
+    return register_as
 
 
-def register_phase(name: str):
-    def deco(fn):
-        PHASE_REGISTRY[name] = fn
-        fn.check_name = name
-        return fn
-    return deco
+register = _registrar(REGISTRY)  # request checks
+register_phase = _registrar(PHASE_REGISTRY)  # phase checks
 
 
 def _load() -> None:
