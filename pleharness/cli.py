@@ -102,6 +102,9 @@ def stress(
     max_num_seqs: Annotated[Optional[int], typer.Option(min=1, help="max_num_seqs. " + FACT_HELP)] = None,
     max_model_len: Annotated[Optional[int], typer.Option(min=1, help="max_model_len M. " + FACT_HELP)] = None,
     vocab_size: Annotated[Optional[int], typer.Option(min=1, help="Vocabulary size V. " + FACT_HELP)] = None,
+    dtype: Annotated[Optional[str], typer.Option(
+        help="Serving dtype (bfloat16, float16, float32): sets the default near-tie threshold. "
+             + FACT_HELP)] = None,
     api_key_env: Annotated[Optional[str], typer.Option(
         help="Name of an environment variable holding an API key: sent as a Bearer token and "
              "given to a launched engine (VLLM_API_KEY); never written anywhere.")] = None,
@@ -118,7 +121,16 @@ def stress(
     reference: Annotated[str, typer.Option(
         help="Where single-request references come from: 'solo' (this engine, one request at a "
              "time, before the load), 'engine' (a second launch with --reference-engine-arg, run "
-             "first and stopped), or 'manifest:PATH' (a previous run: golden references).")] = "solo",
+             "first and stopped), 'golden' (transformers in float32 on the same weights: an "
+             "implementation independent of vLLM; the engine's own solo runs are compared with "
+             "it too), or 'manifest:PATH' (a previous run's references).")] = "solo",
+    golden: Annotated[bool, typer.Option(
+        help="Classify each divergence with the golden model (transformers float32, started on "
+             "the first divergence) when the model is a local folder that fits in memory: "
+             "teacher-forced logprobs decide near tie vs hard.")] = True,
+    golden_model: Annotated[Optional[str], typer.Option(
+        help="Model folder for the golden model when attaching with --url (default: the served "
+             "model's root, when it is a local folder).")] = None,
     reference_engine_arg: Annotated[Optional[list[str]], typer.Option(
         help="Argument of the reference engine (--reference engine), repeatable, e.g. "
              "--reference-engine-arg=--enforce-eager.")] = None,
@@ -130,9 +142,10 @@ def stress(
                                         "throughput is reported as median/min/max over repeats.")] = 1,
     logprobs: Annotated[int, typer.Option(min=0, max=20, help="Top-k logprobs per output token (needed "
                                           "for near-tie analysis; 0 = off).")] = 2,
-    near_tie_nats: Annotated[float, typer.Option(min=0.0,
-        help="A divergence whose reference top-1/top-2 margin is below this (nats) is a near tie "
-             "(warning), else hard (failure). See pleharness/divergence.py.")] = 0.1,
+    near_tie_nats: Annotated[Optional[float], typer.Option(min=0.0,
+        help="A divergence whose top-1/top-2 gap is below this (nats) is a near tie (warning), "
+             "else hard (failure). Default: from the serving dtype: bfloat16 0.5, float16 "
+             "0.0625, float32 0.01 (see pleharness/divergence.py).")] = None,
     strict: Annotated[bool, typer.Option(help="Any divergence fails, near ties too (for "
                                          "batch-invariant engines).")] = False,
     suite: Annotated[Optional[str], typer.Option(
@@ -160,7 +173,12 @@ def stress(
     facts = {k: v for k, v in {"block_size": block_size, "max_num_batched_tokens": chunk_size,
                                "num_speculative_tokens": num_speculative_tokens,
                                "max_num_seqs": max_num_seqs, "max_model_len": max_model_len,
-                               "vocab_size": vocab_size}.items() if v is not None}
+                               "vocab_size": vocab_size, "dtype": dtype}.items()
+             if v is not None}
+    if dtype is not None:
+        from .divergence import normalize_dtype
+        if normalize_dtype(dtype) is None:
+            raise UsageError(f"--dtype {dtype!r}: expected bfloat16, float16 or float32")
     api_key = None
     if api_key_env:
         api_key = os.environ.get(api_key_env)
@@ -180,7 +198,8 @@ def stress(
         api_key=api_key, on_timeout=on_timeout, reference=reference,
         reference_engine_args=list(reference_engine_arg or []),
         repeat=repeat if repeat != 1 or not suite_def else suite_def.repeat,
-        logprobs=logprobs, near_tie_nats=near_tie_nats, strict=strict,
+        logprobs=logprobs, near_tie_nats=near_tie_nats, strict=strict, golden=golden,
+        golden_model=golden_model,
         reference_cache_state=reference_cache_state,
         timeouts=Timeouts(connect_timeout, first_token_timeout, between_tokens_timeout,
                           request_timeout),
@@ -311,11 +330,30 @@ def probe(
 
 
 @app.command("build-model")
-def build_model(engine_python: Annotated[Optional[str], typer.Option(
-        help="Python with torch, transformers and tokenizers. Default: this Python.")] = None):
-    """Build (or find in the cache) the embedded default model and print its path."""
-    from .model import ensure_embedded_model
-    print(ensure_embedded_model(engine_python or sys.executable, log=console.print))
+def build_model(
+    engine_python: Annotated[Optional[str], typer.Option(
+        help="Python with torch, transformers and tokenizers (for --verify). Default: this "
+             "Python.")] = None,
+    verify: Annotated[bool, typer.Option(
+        "--verify", help="Also retrain the model from its recipe (build_tiny.py, about 5 minutes "
+                         "on 2 cores) and compare the result with the pinned weights: exit 0 when "
+                         "identical, 1 when they differ (expected on another CPU family; the "
+                         "shipped weights stay authoritative).")] = False,
+):
+    """Verify the embedded model's pinned SHA256 digests and print its path (and, with --verify,
+    whether its recipe reproduces it here)."""
+    from .model import WEIGHTS_SHA256, ensure_embedded_model, rebuild
+    path = ensure_embedded_model()
+    print(path)
+    err = Console(stderr=True)
+    err.print(f"embedded model verified: weights SHA256 {WEIGHTS_SHA256}", highlight=False)
+    if verify:
+        res = rebuild(engine_python or sys.executable, log=err.print)
+        err.print(f"rebuilt weights SHA256 {res['weights_sha256']}: "
+                  + ("identical to the pinned weights" if res["same"] else
+                     "DIFFERENT from the pinned weights (files: "
+                     + ", ".join(res["differing_files"]) + ")"), highlight=False)
+        raise typer.Exit(0 if res["same"] else 1)
 
 
 def _exit_now_if_requests_hang(code: int) -> None:

@@ -1,28 +1,72 @@
 """Divergence analysis: is a token mismatch a numerical near tie or corruption?
 
-When an output differs from its reference, the first divergent position p is located and the
-reference's top-1 minus top-2 logprob margin at p is read (nats; needs ``logprobs >= 2`` on the
-reference request). A margin below the threshold means the reference itself was almost undecided
-there, so a batch-size dependent reduction order (different kernels, split-K, padding) can flip
-the argmax without any bug: ``near_tie``. Otherwise ``hard``: the engine produced a token the
-reference ranked clearly lower, which is what corruption looks like.
+When an output differs from its reference, the first divergent position p is located. Two
+classifiers, the second preferred whenever it is available:
 
-Default threshold: 0.1 nats. Reasoning: bf16 keeps 8 significant bits, so a logit of magnitude 8-16
-is stored with a step of 0.03-0.06; two kernels that sum in a different order differ by one or two
-such steps, i.e. up to about 0.1 nats between the top two candidates. Float32 engines flip only
-far below this. Use ``--strict`` on batch-invariant engines (VLLM_BATCH_INVARIANT=1), where any
-divergence is a bug, and ``--near-tie-nats`` to tune it.
+1. **Engine margin** (no golden model): the reference's top-1 minus top-2 logprob margin at p
+   (nats; needs ``logprobs >= 2`` on the reference request). Below the threshold the reference was
+   almost undecided there, so a batch-size dependent reduction order (different kernels, split-K,
+   padding) can flip the argmax without any bug: ``near_tie``; otherwise ``hard``.
+2. **Golden** (transformers in float32 on the same weights, :mod:`pleharness.golden`): teacher-force
+   the common prefix (prompt + output[:p]) and read the golden logprobs of the reference's token and
+   of the observed token at p. ``near_tie`` only when both tokens are in the golden top-k, each side's
+   token is in the other side's top-k where the engine returned them, and the golden gap
+   |lp(ref) - lp(obs)| is below the threshold. A token the golden model finds implausible is
+   corruption (``hard``) whatever the engine's own margin said (a corrupted engine can also corrupt
+   its logprobs).
 
+Threshold (``--near-tie-nats`` overrides): derived from the serving dtype, because two correct
+kernels can only disagree by the rounding of the logits they compute. With unit roundoff u (2^-8
+for bfloat16's 8 significant bits, 2^-11 for float16, 2^-24 for float32; IEEE 754 / the bfloat16
+format) and top logits of magnitude |z| <= 32 (typical of LLM heads), the logit gap between the top
+two candidates can move by about 2u|z| from the final rounding alone, and by a few times that once
+the rounding of the hidden states of every layer is added. The default allows four such steps:
+
+- bfloat16: 0.5 nats (one bfloat16 step is 0.125 for logits in [16, 32); seen on an H200 with a
+  random-weight bf16 model: batch-dependent flips at margins of 0.125 and 0.25 nats,
+  docs/gpu-runs/README.md);
+- float16: 0.0625 nats;
+- float32: 0.01 nats (the rounding bound is ~1e-5; the floor leaves room for different reduction
+  orders over long dot products, and for TF32 matmuls, whose 10-bit mantissa gives ~0.06 at most).
+- unknown dtype: as bfloat16 (the most lenient common serving dtype), and the report says so.
+
+Use ``--strict`` on batch-invariant engines (VLLM_BATCH_INVARIANT=1), where any divergence is a bug.
 A near tie is still a failure when a reference-free check failed on that output (a near tie
 followed by garbage is corruption that happened to start at a close call).
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-DEFAULT_NEAR_TIE_NATS = 0.1
 WINDOW = 4  # tokens shown on each side of the divergence
+NEAR_TIE_BY_DTYPE = {"bfloat16": 0.5, "float16": 0.0625, "float32": 0.01}
+DEFAULT_NEAR_TIE_NATS = NEAR_TIE_BY_DTYPE["bfloat16"]
+_DTYPE_ALIASES = {"bf16": "bfloat16", "half": "float16", "fp16": "float16", "float": "float32",
+                  "fp32": "float32", "torch.bfloat16": "bfloat16", "torch.float16": "float16",
+                  "torch.float32": "float32"}
+
+
+def normalize_dtype(dtype: Any) -> str | None:
+    """'bfloat16' | 'float16' | 'float32' for the usual spellings (torch.bfloat16, bf16, half ...),
+    None for anything else (including vLLM's ``auto``)."""
+    if dtype is None:
+        return None
+    d = str(dtype).strip().lower()
+    d = _DTYPE_ALIASES.get(d, d)
+    return d if d in NEAR_TIE_BY_DTYPE else None
+
+
+def near_tie_threshold(dtype: Any, override: float | None = None) -> tuple[float, str]:
+    """(threshold in nats, why) for a serving ``dtype``; ``override`` (``--near-tie-nats``) wins."""
+    if override is not None:
+        return float(override), "--near-tie-nats"
+    d = normalize_dtype(dtype)
+    if d is None:
+        return DEFAULT_NEAR_TIE_NATS, (f"serving dtype {dtype!r} unknown: bfloat16 default"
+                                       if dtype is not None else
+                                       "serving dtype unknown: bfloat16 default")
+    return NEAR_TIE_BY_DTYPE[d], f"serving dtype {d}"
 
 
 def margins(top_logprobs: Sequence[dict] | None) -> list[float | None] | None:
@@ -45,35 +89,80 @@ def reconverges(reference: Sequence[int], observed: Sequence[int], pos: int, tai
     return list(reference[-n:]) == list(observed[-n:])
 
 
+def top_ids(top: Mapping | Sequence | None) -> set[int] | None:
+    """Token IDs of one position's top-k: from a {id: logprob} dict, an [(id, logprob)] list or
+    a plain list of IDs."""
+    if top is None:
+        return None
+    if isinstance(top, Mapping):
+        return {int(k) for k in top}
+    return {int(t[0]) if isinstance(t, (list, tuple)) else int(t) for t in top}
+
+
 def analyse(reference: Sequence[int], observed: Sequence[int], pos: int,
             ref_margins: Sequence[float | None] | None, threshold: float,
-            checks_failed: Sequence[str] = ()) -> dict[str, Any]:
+            checks_failed: Sequence[str] = (), *, golden: Mapping[str, Any] | None = None,
+            reference_top: Mapping | Sequence | None = None,
+            observed_top: Mapping | Sequence | None = None) -> dict[str, Any]:
     """Evidence and class of one divergence.
 
+    Args:
+        reference / observed: the two output ID lists; ``pos`` their first divergent position.
+        ref_margins: the reference's per-position top-1 minus top-2 margins (nats) or None.
+        threshold: near-tie threshold, nats (:func:`near_tie_threshold`).
+        checks_failed: names of reference-free checks that failed on the observed output.
+        golden: teacher-forced golden evidence at ``pos``: ``{"logprobs": {id: lp}, "top":
+            [(id, lp), ...]}`` (:meth:`pleharness.golden.GoldenModel.score`), or None.
+        reference_top / observed_top: each side's engine top-k at ``pos`` (IDs), when returned.
+
     Returns a dict: position, reference/observed windows (token IDs around ``pos``), the
-    reference's margin at ``pos`` (nats or None), ``class`` (near_tie | hard | unknown: no
-    reference logprobs), reconverged, checks_failed, and ``fails`` (whether it fails the run under
-    the default policy: hard, unknown, or any failed check).
+    reference's margin at ``pos`` (nats or None), ``class`` (near_tie | hard | unknown: neither
+    golden evidence nor reference logprobs), ``classified_by`` (golden | engine margin),
+    the golden evidence (gap in nats, top-k, membership), reconverged, checks_failed, and ``fails``
+    (whether it fails the run under the default policy: hard, unknown, or any failed check).
     """
     lo = max(0, pos - WINDOW)
+    ref_tok = reference[pos] if pos < len(reference) else None
+    obs_tok = observed[pos] if pos < len(observed) else None
     margin = None
     if ref_margins is not None and pos < len(ref_margins):
         margin = ref_margins[pos]
-    if margin is None:
-        cls = "unknown"
-    else:
-        cls = "near_tie" if margin < threshold else "hard"
-    return {
+    out: dict[str, Any] = {
         "position": pos,
         "reference_window": list(reference[lo: pos + WINDOW + 1]),
         "observed_window": list(observed[lo: pos + WINDOW + 1]),
         "window_start": lo,
-        "reference_token": reference[pos] if pos < len(reference) else None,
-        "observed_token": observed[pos] if pos < len(observed) else None,
+        "reference_token": ref_tok,
+        "observed_token": obs_tok,
         "margin_nats": margin,
         "threshold_nats": threshold,
-        "class": cls,
-        "reconverged": reconverges(reference, observed, pos),
-        "checks_failed": list(checks_failed),
-        "fails": cls != "near_tie" or bool(checks_failed),
     }
+    ref_set, obs_set = top_ids(reference_top), top_ids(observed_top)
+    cross = []  # each side's token within the other side's engine top-k, where returned
+    if ref_set is not None and obs_tok is not None:
+        out["observed_in_reference_top"] = obs_tok in ref_set
+        cross.append(out["observed_in_reference_top"])
+    if obs_set is not None and ref_tok is not None:
+        out["reference_in_observed_top"] = ref_tok in obs_set
+        cross.append(out["reference_in_observed_top"])
+    if golden is not None and ref_tok is not None and obs_tok is not None:
+        lps = {int(k): float(v) for k, v in golden["logprobs"].items()}
+        gtop = top_ids(golden["top"]) or set()
+        gap = abs(lps[ref_tok] - lps[obs_tok]) if ref_tok in lps and obs_tok in lps else None
+        out.update({"classified_by": "golden",
+                    "golden_gap_nats": None if gap is None else round(gap, 6),
+                    "golden_top": [[int(a), round(float(b), 6)] for a, b in golden["top"]],
+                    "reference_in_golden_top": ref_tok in gtop,
+                    "observed_in_golden_top": obs_tok in gtop})
+        plausible = (gap is not None and gap < threshold and ref_tok in gtop and obs_tok in gtop
+                     and all(cross))
+        cls = "near_tie" if plausible else "hard"
+    elif margin is None:
+        cls, out["classified_by"] = "unknown", "none (no reference logprobs, no golden model)"
+    else:
+        out["classified_by"] = "engine margin"
+        cls = "near_tie" if margin < threshold and all(cross) else "hard"
+    out.update({"class": cls, "reconverged": reconverges(reference, observed, pos),
+                "checks_failed": list(checks_failed),
+                "fails": cls != "near_tie" or bool(checks_failed)})
+    return out

@@ -20,7 +20,7 @@ SCHEMA_VERSION = 1
 
 RunStatus = Literal["running", "complete", "incomplete", "failed", "engine_died", "interrupted"]
 Verdict = Literal["pass", "fail", "error"]
-CheckStatus = Literal["pass", "fail", "warn", "skip"]
+CheckStatus = Literal["pass", "fail", "warn", "note", "skip"]  # note: model behaviour, not a fault
 
 
 def now_iso() -> str:
@@ -103,7 +103,8 @@ class ReferenceRecord(BaseModel):
     output_hash: str
     output_ids: list[int]
     margins: list[float | None] | None = None  # top-1 minus top-2 logprob per position, nats
-    source: str = "solo"
+    top_ids: list[list[int]] | None = None  # per position, the token IDs of the returned top-k
+    source: str = "solo"  # solo | engine | golden | manifest
     cache_state: str = "cold"  # cold: the prompt's first run; warm: a later, prefix-cached run
     cold_output_hash: str | None = None  # for a warm reference: the first run's hash
 

@@ -18,6 +18,8 @@ def headline(m: Manifest) -> str:
         line += f"; {s['near_ties']} near-tie divergence(s) (warnings)"
     if s.get("hard_divergences"):
         line += f"; {s['hard_divergences']} hard divergence(s)"
+    if s.get("model_behaviour_notes"):
+        line += f"; {s['model_behaviour_notes']} model-behaviour note(s) (not failures)"
     return line
 
 

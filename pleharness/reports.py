@@ -56,6 +56,14 @@ def to_markdown(m: Manifest) -> str:
         lines.append(f"- command: `{shlex.join(e['command'])}`")
     if e.get("reference_engine", {}).get("command"):
         lines.append(f"- reference engine: `{shlex.join(e['reference_engine']['command'])}`")
+    digest = e.get("model_digest") or {}
+    if digest.get("weights_sha256"):
+        lines.append(f"- model: embedded, weights SHA256 `{digest['weights_sha256']}` (verified)")
+    o = m.run_options
+    if o.get("near_tie_nats") is not None:
+        lines.append(f"- near-tie threshold: {o['near_tie_nats']:g} nats "
+                     f"({o.get('near_tie_source', 'given')}); reference: {o.get('reference')}; "
+                     f"golden classifier: {o.get('golden_classifier', 'n/a')}")
     facts = ", ".join(f"{k}={v['value']}" for k, v in m.facts.items() if v.get("value") is not None)
     if facts:
         lines.append(f"- facts: {facts}")
@@ -88,14 +96,21 @@ def to_markdown(m: Manifest) -> str:
     div = [r for r in m.requests if r.divergence]
     if div:
         lines += ["", "### Divergences", "", "| request | phase | prompt | position | class | "
-                  "reference margin (nats) | reconverged | checks failed |",
-                  "|---|---|---|---:|---|---:|---|---|"]
+                  "classified by | reference margin (nats) | golden gap (nats) | reconverged | "
+                  "checks failed |", "|---|---|---|---:|---|---|---:|---:|---|---|"]
         for r in div:
             d = r.divergence
             mg = "-" if d["margin_nats"] is None else f"{d['margin_nats']:.4f}"
+            gg = "-" if d.get("golden_gap_nats") is None else f"{d['golden_gap_nats']:.4f}"
             lines.append(f"| {r.id} | {r.phase} | {r.prompt_key} | {d['position']} | {d['class']}"
-                         f"{'' if d['fails'] else ' (warning)'} | {mg} | {d['reconverged']} | "
+                         f"{'' if d['fails'] else ' (warning)'} | {d.get('classified_by', '-')} | "
+                         f"{mg} | {gg} | {d['reconverged']} | "
                          f"{', '.join(d['checks_failed']) or '-'} |")
+    notes = [(r, c) for r in m.requests for c in r.checks if c.status == "note"]
+    if notes:
+        lines += ["", "### Model-behaviour notes (not failures)", ""]
+        for r, c in notes[:30]:
+            lines.append(f"- {r.id} ({r.phase}, {r.prompt_key}): {c.name}: {c.detail[:240]}")
     bad = [r for r in m.requests if (r.error and not r.error_expected) or
            any(c.status == "fail" and c.name != "parity" for c in r.checks)]
     if bad:

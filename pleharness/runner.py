@@ -186,7 +186,10 @@ class RunContext:
         self.logprobs: int | None = 2  # top-k logprobs on every request (divergence margins)
         self.near_tie_nats = DEFAULT_NEAR_TIE_NATS
         self.strict = False
-        self.reference_mode = "solo"  # solo | manifest | engine
+        self.reference_mode = "solo"  # solo | manifest | engine | golden
+        self.golden = None  # pleharness.golden.GoldenModel: golden references / classification
+        self.golden_error: str | None = None  # why the golden classifier stopped being used
+        self.phase_role = "load"  # role of the phase whose requests are being recorded
         self.reference_cache_state = "warm"  # cold | warm (see take_references)
         self.reference_source = "solo"
         self.collect_only = False  # True on the reference engine: take references, skip load
@@ -226,7 +229,7 @@ class RunContext:
         reference exists already, or references come from elsewhere: ``--reference
         manifest:PATH`` / ``engine``, where a missing reference is an explicit parity failure).
         """
-        if self.reference_mode != "solo" and not self.collect_only:
+        if self.reference_mode not in ("solo", "golden") and not self.collect_only:
             return None
         state = cache_state or self.reference_cache_state
         todo, seen = [], set()
@@ -237,6 +240,8 @@ class RunContext:
                                         logprobs=s.logprobs, checks=s.checks))
         if not todo:
             return None
+        if self.reference_mode == "golden" and not self.collect_only:
+            return self._golden_references(todo, phase_name, state)
         if state == "warm":
             cold = self.run_phase(phase_name + "-cold", 1, todo, role="reference")
             self.store_references(cold, "cold")
@@ -247,6 +252,31 @@ class RunContext:
         else:
             outcomes = self.run_phase(phase_name, 1, todo, role="reference")
             self.store_references(outcomes, "cold")
+        return self.manifest.phases[-1]
+
+    def _golden_references(self, todo: Sequence[RequestSpec], phase_name: str,
+                           state: str) -> PhaseRecord:
+        """``--reference golden``: each prompt's reference is the golden model's greedy
+        continuation (:mod:`pleharness.golden`); the engine's own single-request runs (cold, then
+        warm when ``state`` is warm) are then compared with it like any other request."""
+        from .golden import GoldenError
+        if self.golden is None:
+            raise GoldenError("--reference golden: no golden model")
+        for s in todo:
+            g = self.golden.generate(list(s.prompt.ids), s.max_tokens)
+            ref = ReferenceRecord(
+                prompt_key=s.prompt.key, prompt_hash=s.prompt.hash, prompt_len=len(s.prompt),
+                max_tokens=s.max_tokens, output_hash=token_hash(g.ids), output_ids=list(g.ids),
+                margins=g.margins(), top_ids=[[t for t, _ in top] for top in g.top],
+                source="golden", cache_state="n/a")
+            self.references[s.ref_key] = ref
+            self.manifest.references.append(ref)
+        self.save()
+        solo = [RequestSpec(s.prompt, s.max_tokens, compare=True, logprobs=s.logprobs,
+                            checks=s.checks) for s in todo]
+        if state == "warm":
+            self.run_phase(phase_name + "-cold", 1, solo, role="reference")
+        self.run_phase(phase_name, 1, solo, role="reference")
         return self.manifest.phases[-1]
 
     def store_references(self, outcomes: Sequence[Outcome], cache_state: str) -> None:
@@ -262,6 +292,7 @@ class RunContext:
                 prompt_len=len(o.spec.prompt), max_tokens=o.spec.max_tokens,
                 output_hash=token_hash(c.token_ids), output_ids=list(c.token_ids),
                 margins=margins(c.logprobs), source=self.reference_source,
+                top_ids=[sorted(t) for t in c.logprobs] if c.logprobs is not None else None,
                 cache_state=cache_state,
                 cold_output_hash=old.output_hash if old is not None else None)
             if old is not None:
@@ -284,6 +315,7 @@ class RunContext:
         if self.collect_only and role != "reference":
             return []  # reference pass on the reference engine: only references are taken
         name = self.phase_prefix + name
+        self.phase_role = role
         ph = PhaseRecord(index=len(self.manifest.phases), name=name, scenario=self.scenario_name,
                          repeat=self.repeat_index,
                          concurrency=concurrency, requests=len(specs),
@@ -388,20 +420,53 @@ class RunContext:
         if rec.match is False and c.error is None and rec.first_divergence is not None:
             ref = self.references[spec.ref_key]
             failed = [ch.name for ch in rec.checks if ch.status == "fail"]
-            d = analyse(ref.output_ids, c.token_ids, rec.first_divergence, ref.margins,
-                        self.near_tie_nats, failed)
+            pos = rec.first_divergence
+            d = analyse(ref.output_ids, c.token_ids, pos, ref.margins, self.near_tie_nats, failed,
+                        golden=self._golden_evidence(spec, ref.output_ids, c.token_ids, pos),
+                        reference_top=ref.top_ids[pos] if ref.top_ids and pos < len(ref.top_ids)
+                        else None,
+                        observed_top=c.logprobs[pos] if c.logprobs and pos < len(c.logprobs)
+                        else None)
             if self.strict:
                 d["fails"] = True
             rec.divergence = d
             m = "n/a (no reference logprobs)" if d["margin_nats"] is None else \
                 f"{d['margin_nats']:.4f} nats"
+            g = "" if d.get("golden_gap_nats") is None else \
+                f", golden gap {d['golden_gap_nats']:.4f} nats"
+            if d.get("classified_by") == "golden" and not d["observed_in_golden_top"]:
+                g += " (observed token not in the golden top-k)"
             rec.checks.append(CheckResult(
                 name="parity", status="fail" if d["fails"] else "warn",
                 detail=f"{d['class']} at position {d['position']}: reference "
                        f"{d['reference_token']} vs observed {d['observed_token']}, reference "
-                       f"top-1/top-2 margin {m}" + (" (strict)" if self.strict else "")))
+                       f"top-1/top-2 margin {m}{g}; threshold {self.near_tie_nats:g} nats"
+                       + (" (strict)" if self.strict else "")))
         self.manifest.requests.append(rec)
         return rec
+
+    def _golden_evidence(self, spec: RequestSpec, reference: Sequence[int],
+                         observed: Sequence[int], pos: int) -> dict | None:
+        """Teacher-forced golden logprobs at the first divergent position ``pos`` (the common
+        prefix is prompt + observed[:pos]); None without a golden model. A golden model that
+        fails is recorded once (``golden_error``) and not asked again."""
+        if self.golden is None or self.golden_error is not None:
+            return None
+        toks = [t for t in (reference[pos] if pos < len(reference) else None,
+                            observed[pos] if pos < len(observed) else None) if t is not None]
+        if len(toks) < 2:
+            return None
+        from .golden import GoldenError
+        try:
+            lps, top = self.golden.score(list(spec.prompt.ids), list(observed[:pos]), toks)
+        except GoldenError as exc:
+            self.golden_error = str(exc)
+            self.manifest.run_options["golden_classifier_error"] = self.golden_error
+            from rich.markup import escape
+            self.console.print(f"[yellow]warning:[/yellow] golden classifier off: "
+                               f"{escape(self.golden_error)}")
+            return None
+        return {"logprobs": lps, "top": top}
 
     @staticmethod
     def _finish_phase(ph: PhaseRecord, outcomes: list[Outcome]) -> None:

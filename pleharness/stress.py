@@ -33,7 +33,11 @@ DEFAULT_SCENARIOS = ["transitions", "boundary", "pairs", "insert"]
 # Engine arguments added when the embedded model is launched: block size 32 is valid on the CPU
 # attention backend (which refuses 16) and on GPUs.
 # The chunked-prefill budget is set so that the boundary lengths n*C + q are known and short.
-EMBEDDED_ENGINE_ARGS = ["--block-size", "32", "--max-num-batched-tokens", "256"]
+# float32: the embedded model's own dtype (vLLM's --dtype auto would downcast it to bfloat16), so
+# the engine and the golden reference (transformers, float32) compute the same numbers: measured
+# 16/16 greedy outputs identical on the CPU engine, at golden margins down to 0.0036 nats.
+EMBEDDED_ENGINE_ARGS = ["--block-size", "32", "--max-num-batched-tokens", "256",
+                        "--dtype", "float32"]
 EMBEDDED_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
 
 
@@ -66,7 +70,9 @@ class StressConfig:
     reference_engine_args: list[str] = field(default_factory=list)
     repeat: int = 1
     logprobs: int = 2
-    near_tie_nats: float = 0.1
+    near_tie_nats: float | None = None  # None: derived from the serving dtype (divergence.py)
+    golden: bool = True  # classify divergences with the golden model when one can be built
+    golden_model: str | None = None  # model folder for the golden model (default: the served one)
     strict: bool = False
     reference_cache_state: str = "warm"
 
@@ -170,16 +176,28 @@ def run_stress(cfg: StressConfig, console: Console | None = None) -> int:
         raise UsageError(f"--reference-cache-state {cfg.reference_cache_state!r}: expected cold "
                          "or warm")
     mode = cfg.reference.split(":", 1)[0]
-    if mode not in ("solo", "engine", "manifest"):
-        raise UsageError(f"--reference {cfg.reference!r}: expected solo, engine or manifest:PATH")
+    if mode not in ("solo", "engine", "manifest", "golden"):
+        raise UsageError(f"--reference {cfg.reference!r}: expected solo, engine, golden or "
+                         "manifest:PATH")
+    if mode == "golden" and not cfg.golden:
+        raise UsageError("--reference golden needs the golden model (drop --no-golden)")
+    golden_dir = cfg.golden_model or (model_path if cfg.url is None else None)
+    if mode == "golden" and golden_dir is not None:
+        from .golden import golden_problem
+        problem = golden_problem(golden_dir)
+        if problem:
+            raise UsageError(f"--reference golden: {problem}")
     if mode == "engine" and cfg.url is not None:
         raise UsageError("--reference engine needs a launched engine (not --url)")
-    golden = _load_reference_manifest(cfg.reference) if mode == "manifest" else None
+    stored_refs = _load_reference_manifest(cfg.reference) if mode == "manifest" else None
     run_id, run_dir = new_run_dir(Path(cfg.results_dir), cfg.run_id)
     mpath = run_dir / "manifest.json"
     manifest = Manifest(run_id=run_id, harness=harness_info(), invocation=cfg.invocation,
                         scenarios=[s.definition() for s in scenarios])
     manifest.environment = environment_info(cfg.engine_python if cfg.url is None else None)
+    if model_path is not None:
+        from .model import model_digest
+        manifest.engine["model_digest"] = model_digest(model_path)
     if manifest.environment.get("gpus"):
         from .probe import capability_summary  # cheap: capability only, never raises
         manifest.environment["ple_probe"] = capability_summary()
@@ -188,6 +206,7 @@ def run_stress(cfg: StressConfig, console: Console | None = None) -> int:
         "phases_completed": 0, "hashes_compared": 0, "hashes_matched": 0}
     manifest.run_options = {"reference": cfg.reference, "repeat": cfg.repeat,
                             "logprobs": cfg.logprobs, "near_tie_nats": cfg.near_tie_nats,
+                            "golden": cfg.golden,
                             "strict": cfg.strict, "on_timeout": cfg.on_timeout,
                             "reference_cache_state": cfg.reference_cache_state}
     write_manifest(mpath, manifest)
@@ -216,8 +235,9 @@ def run_stress(cfg: StressConfig, console: Console | None = None) -> int:
     code = EXIT_FAIL
     gpus_before = manifest.environment.get("gpus")
     server: EngineServer | None = None
+    golden_model = None
     try:
-        references = dict(golden or {})
+        references = dict(stored_refs or {})
         if mode == "engine":
             references = _reference_pass(cfg, manifest, mpath, scenarios, model_path, served_name,
                                          base_args, engine_args, engine_env, run_dir, console,
@@ -253,9 +273,14 @@ def run_stress(cfg: StressConfig, console: Console | None = None) -> int:
         manifest.facts = facts.to_dict()
         for sc in scenarios:
             sc.validate_against(facts.values)
+        if "model_digest" not in manifest.engine and local_model:
+            from .model import model_digest
+            manifest.engine["model_digest"] = model_digest(local_model)
+        golden_model = _golden_model(cfg, golden_dir or local_model, mode, manifest, run_dir)
         write_manifest(mpath, manifest)
         with _progress(console) as progress:
             ctx = _context(cfg, client, manifest, mpath, facts, console, server, progress)
+            ctx.golden = golden_model
             if mode != "solo":
                 ctx.reference_mode = mode
                 ctx.references.update(references)
@@ -298,6 +323,8 @@ def run_stress(cfg: StressConfig, console: Console | None = None) -> int:
         code = EXIT_FAIL
     finally:
         try:
+            if golden_model is not None:
+                golden_model.close()
             for srv in servers:
                 with console.status("stopping the engine ..."):
                     srv.stop(grace_s=0 if len(signalled) > 1 else None)
@@ -330,12 +357,38 @@ def _progress(console: Console) -> Progress:
                     TimeElapsedColumn(), console=console, transient=True)
 
 
+def _golden_model(cfg: StressConfig, model_dir: str | None, mode: str, manifest: Manifest,
+                  run_dir: Path):
+    """The golden model (:mod:`pleharness.golden`, started lazily) for ``--reference golden`` and
+    for classifying divergences, or None (``--no-golden``, or no local model that fits: the
+    reason is recorded in ``run_options.golden_classifier``). Raises UsageError when
+    ``--reference golden`` cannot have one."""
+    from .golden import GoldenModel, golden_problem
+    if not cfg.golden:
+        manifest.run_options["golden_classifier"] = "off (--no-golden)"
+        return None
+    problem = golden_problem(model_dir)
+    if problem:
+        if mode == "golden":
+            raise UsageError(f"--reference golden: {problem}")
+        manifest.run_options["golden_classifier"] = f"unavailable: {problem}"
+        return None
+    manifest.run_options["golden_classifier"] = (
+        f"transformers float32 on {model_dir} (python {cfg.engine_python}); started on the first "
+        "divergence" + (" and for every reference" if mode == "golden" else ""))
+    manifest.run_options["golden_log"] = "golden.log"
+    return GoldenModel(model_dir, cfg.engine_python, log_path=run_dir / "golden.log")
+
+
 def _context(cfg, client, manifest, mpath, facts, console, server, progress) -> RunContext:
+    from .divergence import near_tie_threshold
     ctx = RunContext(client, manifest, mpath, facts, console, server, progress,
                      check_registry=_checks())
     ctx.on_timeout = cfg.on_timeout
     ctx.logprobs = cfg.logprobs or None
-    ctx.near_tie_nats = cfg.near_tie_nats
+    ctx.near_tie_nats, why = near_tie_threshold(facts.get("dtype"), cfg.near_tie_nats)
+    manifest.run_options["near_tie_nats"] = ctx.near_tie_nats
+    manifest.run_options["near_tie_source"] = why
     ctx.strict = cfg.strict
     ctx.reference_cache_state = cfg.reference_cache_state
     return ctx
@@ -440,6 +493,8 @@ def _summarize(m: Manifest) -> None:
         "request_errors": sum(1 for r in m.requests if r.error and not r.error_expected),
         "checks_failed": sum(1 for r in m.requests for c in r.checks
                              if c.status == "fail" and c.name != "parity"),
+        "model_behaviour_notes": sum(1 for r in m.requests for c in r.checks
+                                     if c.status == "note"),
     })
     from .reports import throughput_by_concurrency
     m.summary["throughput_by_concurrency"] = throughput_by_concurrency(m)

