@@ -124,6 +124,16 @@ def stress(
              "first and stopped), 'golden' (transformers in float32 on the same weights: an "
              "implementation independent of vLLM; the engine's own solo runs are compared with "
              "it too), or 'manifest:PATH' (a previous run's references).")] = "solo",
+    control_engine_arg: Annotated[Optional[list[str]], typer.Option(
+        help="Control run: after the engine under test, launch a control engine with its "
+             "arguments plus this one (repeatable, = form), run the same suite, and classify "
+             "each divergence as also_in_control (engine numerics, a warning) or only_under_test, "
+             "e.g. --control-engine-arg=--enforce-eager. See docs/attribution.md.")] = None,
+    control_drop_arg: Annotated[Optional[list[str]], typer.Option(
+        help="Control run: remove this flag (and its value) from the engine's arguments, e.g. "
+             "--control-drop-arg=--speculative-config (repeatable).")] = None,
+    control_profile: Annotated[Optional[Path], typer.Option(
+        help="Control run: the control engine's own profile (engine_args and env).")] = None,
     golden: Annotated[bool, typer.Option(
         help="Classify each divergence with the golden model (transformers float32, started on "
              "the first divergence) when the model is a local folder that fits in memory: "
@@ -199,7 +209,9 @@ def stress(
         reference_engine_args=list(reference_engine_arg or []),
         repeat=repeat if repeat != 1 or not suite_def else suite_def.repeat,
         logprobs=logprobs, near_tie_nats=near_tie_nats, strict=strict, golden=golden,
-        golden_model=golden_model,
+        golden_model=golden_model, control_engine_args=list(control_engine_arg or []),
+        control_drop_args=list(control_drop_arg or []),
+        control_profile=str(control_profile) if control_profile else None,
         reference_cache_state=reference_cache_state,
         timeouts=Timeouts(connect_timeout, first_token_timeout, between_tokens_timeout,
                           request_timeout),
@@ -327,6 +339,38 @@ def probe(
         json_path.write_text(json.dumps(result, indent=2) + "\n")
     render(result, console)
     raise typer.Exit(1 if result.get("status") == "failed" else 0)
+
+
+@app.command()
+def explain(
+    run: Annotated[Path, typer.Argument(help="Run folder (or manifest.json) of a launched run.")],
+    suspect: Annotated[Optional[list[str]], typer.Option(
+        help="A further suspect: an engine argument (= form) whose control engine is tried too, "
+             "repeatable, e.g. --suspect=--enforce-eager.")] = None,
+    suspect_drop: Annotated[Optional[list[str]], typer.Option(
+        help="A further suspect: an engine flag removed (with its value) from the launch, "
+             "repeatable, e.g. --suspect-drop=--speculative-config.")] = None,
+    auto_suspects: Annotated[bool, typer.Option(
+        help="Also try the suspects derived from the run's facts (speculative decoding, prefix "
+             "caching, chunked prefill, and on GPUs CUDA graphs and FULL graphs).")] = True,
+    tries: Annotated[int, typer.Option(min=1, max=100, help="Attempts per replay (batching is "
+                                       "not perfectly repeatable).")] = 3,
+    budget_s: Annotated[float, typer.Option(min=1.0, help="Time cap, seconds: configurations "
+                                            "not started by then are skipped.")] = 3600.0,
+    engine_python: Annotated[Optional[str], typer.Option(
+        help="Python with vLLM (default: the run's).")] = None,
+    start_timeout: Annotated[float, typer.Option(min=1.0, help="Seconds to wait for each "
+                                                 "engine.")] = 900.0,
+):
+    """Which engine feature causes each failing divergence of a finished run: replays the smallest
+    failing case on engines that each switch one suspect off (speculative decoding, prefix
+    caching, chunked prefill, CUDA graphs, ...); writes RUN/explain/ (table, JUnit, reproducers).
+    Exit 0 when done (the table is the result), 2 usage error, 3 engine failure."""
+    from .explain import explain as run_explain
+    run_explain(run, suspects_extra=list(suspect or []), suspects_drop=list(suspect_drop or []),
+                auto_suspects=auto_suspects, tries=tries, budget_s=budget_s,
+                engine_python=engine_python, start_timeout_s=start_timeout,
+                console=Console(stderr=True))
 
 
 @app.command("build-model")

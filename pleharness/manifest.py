@@ -131,6 +131,9 @@ class Manifest(BaseModel):
     phases: list[PhaseRecord] = Field(default_factory=list)
     requests: list[RequestRecord] = Field(default_factory=list)
     tables: dict[str, list[dict[str, Any]]] = Field(default_factory=dict)
+    # token IDs of the prompts of every phase where an output diverged (prompt hash -> IDs), so
+    # that `ple-harness explain` can replay the case
+    prompts: dict[str, list[int]] = Field(default_factory=dict)
     summary: dict[str, Any] = Field(default_factory=dict)
 
 

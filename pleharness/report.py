@@ -18,6 +18,9 @@ def headline(m: Manifest) -> str:
         line += f"; {s['near_ties']} near-tie divergence(s) (warnings)"
     if s.get("hard_divergences"):
         line += f"; {s['hard_divergences']} hard divergence(s)"
+    if s.get("also_in_control") or s.get("only_under_test"):
+        line += (f"; control run: {s.get('also_in_control', 0)} divergence(s) also in the control "
+                 f"(engine numerics, warnings), {s.get('only_under_test', 0)} only under test")
     if s.get("model_behaviour_notes"):
         line += f"; {s['model_behaviour_notes']} model-behaviour note(s) (not failures)"
     return line

@@ -54,6 +54,8 @@ def to_markdown(m: Manifest) -> str:
                  f"{e.get('max_model_len')}, {e.get('mode')}")
     if e.get("command"):
         lines.append(f"- command: `{shlex.join(e['command'])}`")
+    if e.get("control_engine", {}).get("command"):
+        lines.append(f"- control engine: `{shlex.join(e['control_engine']['command'])}`")
     if e.get("reference_engine", {}).get("command"):
         lines.append(f"- reference engine: `{shlex.join(e['reference_engine']['command'])}`")
     digest = e.get("model_digest") or {}
@@ -97,7 +99,7 @@ def to_markdown(m: Manifest) -> str:
     if div:
         lines += ["", "### Divergences", "", "| request | phase | prompt | position | class | "
                   "classified by | reference margin (nats) | golden gap (nats) | reconverged | "
-                  "checks failed |", "|---|---|---|---:|---|---|---:|---:|---|---|"]
+                  "checks failed | control run |", "|---|---|---|---:|---|---|---:|---:|---|---|---|"]
         for r in div:
             d = r.divergence
             mg = "-" if d["margin_nats"] is None else f"{d['margin_nats']:.4f}"
@@ -105,7 +107,7 @@ def to_markdown(m: Manifest) -> str:
             lines.append(f"| {r.id} | {r.phase} | {r.prompt_key} | {d['position']} | {d['class']}"
                          f"{'' if d['fails'] else ' (warning)'} | {d.get('classified_by', '-')} | "
                          f"{mg} | {gg} | {d['reconverged']} | "
-                         f"{', '.join(d['checks_failed']) or '-'} |")
+                         f"{', '.join(d['checks_failed']) or '-'} | {d.get('attribution', '-')} |")
     notes = [(r, c) for r in m.requests for c in r.checks if c.status == "note"]
     if notes:
         lines += ["", "### Model-behaviour notes (not failures)", ""]

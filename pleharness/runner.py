@@ -358,6 +358,9 @@ class RunContext:
         if task is not None:
             self.progress.remove_task(task)
         outcomes = [Outcome(s, c, self._record(ph, s, c)) for s, c in zip(specs, completions)]
+        if any(o.record.match is False for o in outcomes):  # kept for `ple-harness explain`
+            for o in outcomes:
+                self.manifest.prompts.setdefault(o.spec.prompt.hash, list(o.spec.prompt.ids))
         for name in DEFAULT_PHASE_CHECKS:
             ph.checks.append(PHASE_REGISTRY[name](self, ph))
         healthy = all(c.status != "fail" for c in ph.checks if c.name == "health_after_phase")
@@ -498,8 +501,14 @@ class RunContext:
             ph.reason = ", ".join(why)
         else:
             ph.status = "pass"
-            if ph.near_ties:
-                ph.reason = f"{ph.near_ties} near-tie divergence(s) (warning)"
+            aic = sum(1 for r in recs if r.divergence and not r.divergence["fails"]
+                      and r.divergence.get("attribution") == "also_in_control")
+            why = []
+            if ph.near_ties - aic:
+                why.append(f"{ph.near_ties - aic} near-tie divergence(s) (warning)")
+            if aic:
+                why.append(f"{aic} divergence(s) also in the control run (warning)")
+            ph.reason = "; ".join(why)
 
 
 def environment_info(engine_python: str | None) -> dict[str, Any]:

@@ -168,7 +168,8 @@ def set_top(choice: dict, i: int, top: dict[int, float], chosen: int) -> None:
 class FaultProxy:
     """Forwarding HTTP server on 127.0.0.1 (a free port) with a fault hook; a context manager."""
 
-    def __init__(self, upstream: str, fault: Fault | None = None):
+    def __init__(self, upstream: str, fault: Fault | None = None, host: str = "127.0.0.1",
+                 port: int = 0):
         self.upstream = upstream.rstrip("/")
         self.fault = fault or Fault()
         self.lock = threading.Lock()
@@ -218,7 +219,7 @@ class FaultProxy:
             def handle_error(self, request, client_address):  # clients hang up: not news
                 pass
 
-        self.server = Server(("127.0.0.1", 0), Handler)
+        self.server = Server((host, port), Handler)
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -392,7 +393,7 @@ class FakeEngine:
             def handle_error(self, request, client_address):
                 pass
 
-        self.server = Server(("127.0.0.1", 0), Handler)
+        self.server = Server((host, port), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 

@@ -2,7 +2,7 @@
 from .base import REGISTRY, Scenario, ScenarioError, load_scenario_file, register, scenario_dirs
 
 # Import kinds so that they register themselves.
-from . import boundary, determinism, insert, pairs, transitions  # noqa: E402,F401
+from . import boundary, determinism, insert, pairs, replay, transitions  # noqa: E402,F401
 
 __all__ = ["REGISTRY", "Scenario", "ScenarioError", "load_scenario_file", "register",
            "scenario_dirs"]

@@ -1,0 +1,104 @@
+"""Attribution: which engine configuration a divergence belongs to (control runs).
+
+A control run is the same suite (same prompts, phases, order and concurrency, the same engine
+facts) on a second engine with one feature switched off or changed, e.g. PIECEWISE instead of FULL
+CUDA graphs, ``--enforce-eager``, or no ``--speculative-config`` (how vLLM's maintainers triage:
+FULL vs PIECEWISE comparisons). Each divergence of the engine under test from its reference is
+then classified by its twins: the control run's requests with the same (prompt, max_tokens,
+phase concurrency):
+
+- ``also_in_control``: some twin diverged from the control run's own reference too, or produced
+  the very same (divergent) output: batch-dependent numerics the engine has in both
+  configurations. A warning, counted separately (still a failure when a reference-free check
+  failed on the output).
+- ``only_under_test``: every twin matched its reference: the divergence belongs to the
+  configuration under test. It keeps its class (a failure unless a near tie).
+- ``no_twin``: the control run has no request with that key (it stopped early): unattributed.
+
+Batching is not perfectly repeatable: all the twins seen across the suite and its repeats
+(``--repeat N``) count, on each side, rather than one request. One twin that diverged is enough
+to call a divergence the engine's own numerics; "only under test" needs every twin to match.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from types import SimpleNamespace
+
+from .manifest import Manifest, RequestRecord
+
+
+def twin_key(r: RequestRecord) -> tuple[str, int, int]:
+    """(prompt hash, max_tokens, phase concurrency): what makes two requests twins."""
+    return (r.prompt_hash, r.max_tokens, r.concurrency)
+
+
+def control_args(engine_args: Sequence[str], drop: Sequence[str] = (),
+                 add: Sequence[str] = ()) -> list[str]:
+    """The control engine's arguments: ``engine_args`` without the flags in ``drop`` (each with
+    its value, in the ``--flag value`` or ``--flag=value`` form), then ``add`` appended (later
+    flags win in vLLM's argparse)."""
+    out, i, args = [], 0, list(engine_args)
+    drop = set(drop)
+    while i < len(args):
+        a = args[i]
+        flag = a.split("=", 1)[0]
+        if flag in drop:
+            i += 1 if "=" in a or i + 1 >= len(args) or args[i + 1].startswith("--") else 2
+            continue
+        out.append(a)
+        i += 1
+    return out + list(add)
+
+
+def attribute(main: Manifest, control: Manifest) -> dict[str, int]:
+    """Classify every divergence in ``main`` against its twins in ``control`` (see the module
+    docstring); updates each record's ``divergence`` (``attribution``, ``control_evidence``,
+    ``fails``) and parity check, then the phases' aggregates and statuses.
+
+    Returns counts: {"also_in_control", "only_under_test", "no_twin"}.
+    """
+    from .runner import RunContext
+
+    twins: dict[tuple, list[RequestRecord]] = defaultdict(list)
+    for t in control.requests:
+        if t.error is None:
+            twins[twin_key(t)].append(t)
+    counts = {"also_in_control": 0, "only_under_test": 0, "no_twin": 0}
+    touched: set[str] = set()
+    for r in main.requests:
+        d = r.divergence
+        if not d:
+            continue
+        ts = twins.get(twin_key(r), [])
+        diverged = [t for t in ts if t.match is False]
+        same = [t for t in ts if t.output_hash == r.output_hash]
+        if not ts:
+            cls = "no_twin"
+        elif diverged or same:
+            cls = "also_in_control"
+        else:
+            cls = "only_under_test"
+        counts[cls] += 1
+        d["attribution"] = cls
+        d["control_evidence"] = {
+            "twins": len(ts), "twins_diverged": len(diverged), "same_output": bool(same),
+            "twin_first_divergences": sorted({t.first_divergence for t in diverged
+                                              if t.first_divergence is not None})}
+        if cls == "also_in_control" and not d["checks_failed"]:
+            d["fails"] = False
+        for c in r.checks:
+            if c.name == "parity":
+                c.status = "fail" if d["fails"] else "warn"
+                c.detail += {"also_in_control": "; also in the control run (the engine's own "
+                                                "numerics)",
+                             "only_under_test": "; only under test (every control twin matched)",
+                             "no_twin": "; no control twin (unattributed)"}[cls]
+        touched.add(r.phase)
+    by_phase: dict[str, list] = defaultdict(list)
+    for r in main.requests:
+        by_phase[r.phase].append(SimpleNamespace(record=r))
+    for ph in main.phases:
+        if ph.name in touched:
+            RunContext._finish_phase(ph, by_phase[ph.name])
+    return counts

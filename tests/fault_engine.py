@@ -1,0 +1,64 @@
+"""An engine double the harness can *launch*: it stands in for ``python -m
+vllm.entrypoints.openai.api_server ARGS`` and forwards to a real, already running CPU engine,
+planting a fault only when a chosen flag is among its launch arguments (control runs and
+``ple-harness explain`` switch flags off, so the fault must follow the flags).
+
+Used through ``tests/fakepy/python`` as ``--engine-python``. Environment:
+
+- ``PLE_FAULT_UPSTREAM``: base URL of the real engine (the tests' session engine);
+- ``PLE_FAULT_WHEN``: the flag that turns the fault on (e.g. ``--speculative-config``), or
+  ``always``;
+- ``PLE_REAL_PYTHON``: the real interpreter, for every other use of this "python" (``-c`` probes,
+  the golden worker).
+
+The fault: while at least ``PLE_FAULT_MIN_IN_FLIGHT`` (default 2) completion requests are in
+flight, output position 5 becomes (token + 1) mod the vocabulary size: a concurrency-dependent
+corruption, invisible to single-request references.
+"""
+import os
+import signal
+import sys
+import threading
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def main(argv):
+    real = os.environ["PLE_REAL_PYTHON"]
+    if len(argv) < 3 or argv[1] != "-m" or not argv[2].startswith("vllm.entrypoints"):
+        os.execv(real, [real] + argv[1:])
+    from doubles import Fault, FaultProxy
+
+    args = argv[3:]
+    host, port = "127.0.0.1", None
+    for i, a in enumerate(args):
+        if a == "--port":
+            port = int(args[i + 1])
+        elif a == "--host":
+            host = args[i + 1]
+    when = os.environ.get("PLE_FAULT_WHEN", "always")
+    active = when == "always" or any(a.split("=", 1)[0] == when for a in args)
+    need = int(os.environ.get("PLE_FAULT_MIN_IN_FLIGHT", "2"))
+    vocab = int(os.environ.get("PLE_FAULT_VOCAB", "793"))
+
+    class Busy(Fault):
+        def chunk(self, ctx, chunk):
+            for ch in chunk.get("choices") or []:
+                ids = ch.get("token_ids") or []
+                for i in range(len(ids)):
+                    if ctx.tokens_so_far + i == 5 and proxy.in_flight >= need:
+                        ids[i] = (ids[i] + 1) % vocab
+            return chunk
+
+    proxy = FaultProxy(os.environ["PLE_FAULT_UPSTREAM"], Busy() if active else Fault(), host, port)
+    print(f"fault engine on {host}:{port}, fault {'ON' if active else 'off'} "
+          f"(when {when}), args {args}", flush=True)
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    with proxy:
+        done.wait()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
