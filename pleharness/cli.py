@@ -353,6 +353,9 @@ def explain(
     auto_suspects: Annotated[bool, typer.Option(
         help="Also try the suspects derived from the run's facts (speculative decoding, prefix "
              "caching, chunked prefill, and on GPUs CUDA graphs and FULL graphs).")] = True,
+    include_warnings: Annotated[bool, typer.Option(
+        help="Explain every divergence, near ties and also_in_control ones too (default: only "
+             "those that fail the run).")] = False,
     tries: Annotated[int, typer.Option(min=1, max=100, help="Attempts per replay (batching is "
                                        "not perfectly repeatable).")] = 3,
     budget_s: Annotated[float, typer.Option(min=1.0, help="Time cap, seconds: configurations "
@@ -368,7 +371,8 @@ def explain(
     Exit 0 when done (the table is the result), 2 usage error, 3 engine failure."""
     from .explain import explain as run_explain
     run_explain(run, suspects_extra=list(suspect or []), suspects_drop=list(suspect_drop or []),
-                auto_suspects=auto_suspects, tries=tries, budget_s=budget_s,
+                auto_suspects=auto_suspects, include_warnings=include_warnings, tries=tries,
+                budget_s=budget_s,
                 engine_python=engine_python, start_timeout_s=start_timeout,
                 console=Console(stderr=True))
 

@@ -121,13 +121,14 @@ def suspects_for(m: Manifest, extra: Sequence[str] = (), drops: Sequence[str] = 
     return out
 
 
-def failing_cases(m: Manifest) -> list[Case]:
-    """One case per distinct (prompt, phase concurrency) whose divergence fails the run.
+def failing_cases(m: Manifest, include_warnings: bool = False) -> list[Case]:
+    """One case per distinct (prompt, phase concurrency) whose divergence fails the run (with
+    ``include_warnings``: every divergence, near ties and also_in_control ones too).
 
     Raises UsageError when the run kept no prompt IDs for them (runs before prompt keeping)."""
     groups: dict[tuple[str, int], list] = {}
     for r in m.requests:
-        if r.divergence and r.divergence.get("fails"):
+        if r.divergence and (include_warnings or r.divergence.get("fails")):
             groups.setdefault((r.prompt_hash, r.concurrency), []).append(r)
     cases = []
     for i, ((ph, conc), recs) in enumerate(sorted(groups.items(), key=lambda kv: kv[1][0].id), 1):
@@ -212,7 +213,7 @@ def write_repro(case: Case, path: Path, run_id: str) -> None:
 
 
 def explain(run: Path, *, suspects_extra: Sequence[str] = (), suspects_drop: Sequence[str] = (),
-            auto_suspects: bool = True, tries: int = 3,
+            auto_suspects: bool = True, include_warnings: bool = False, tries: int = 3,
             budget_s: float = 3600.0, engine_python: str | None = None,
             start_timeout_s: float = 900.0, console: Console | None = None) -> dict[str, Any]:
     """Explain the failing divergences of the run at ``run`` (folder or manifest); see the module
@@ -230,7 +231,7 @@ def explain(run: Path, *, suspects_extra: Sequence[str] = (), suspects_drop: Seq
     if m.engine.get("mode") != "launched" or not m.engine.get("launch"):
         raise UsageError(f"{run}: explain relaunches the engine, so the run must have been "
                          "launched by the harness (not attached with --url)")
-    cases = failing_cases(m)
+    cases = failing_cases(m, include_warnings)
     out_dir = run_dir / "explain"
     out_dir.mkdir(exist_ok=True)
     report: dict[str, Any] = {"run_id": m.run_id, "tries": tries, "budget_s": budget_s,
