@@ -73,7 +73,7 @@ class PhaseRecord(BaseModel):
     name: str
     scenario: str
     concurrency: int
-    status: Literal["pass", "fail", "skip", "not_run", "running"] = "running"
+    status: Literal["pass", "fail", "skip", "not_run", "interrupted", "running"] = "running"
     reason: str = ""
     requests: int = 0
     matched: int = 0

@@ -34,7 +34,7 @@ def render(m: Manifest, console: Console, max_failures: int = 20) -> None:
         t.add_column(col, justify=just)
     for ph in m.phases:
         compared = ph.matched + ph.mismatched
-        style = {"fail": "red", "pass": "", "not_run": "yellow"}.get(ph.status, "")
+        style = {"fail": "red", "pass": "", "not_run": "yellow", "interrupted": "yellow"}.get(ph.status, "")
         t.add_row(ph.name, ph.scenario, str(ph.concurrency), str(ph.requests),
                   f"{ph.matched}/{compared}" if ph.role == "load" or compared else "-",
                   str(ph.errors),

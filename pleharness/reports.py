@@ -19,7 +19,7 @@ def throughput_by_concurrency(m: Manifest) -> dict[str, dict[str, Any]]:
     min and max over the repeats (tok/s)."""
     per: dict[int, dict[int, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0.0, 0.0]))
     for p in m.phases:
-        if p.counts_for_throughput and p.role == "load" and p.wall_s and p.status != "not_run":
+        if p.counts_for_throughput and p.role == "load" and p.wall_s and p.status not in ("not_run", "interrupted"):
             acc = per[p.concurrency][p.repeat]
             acc[0] += p.completion_tokens
             acc[1] += p.wall_s
@@ -152,7 +152,7 @@ def to_junit(m: Manifest) -> str:
                 ev += [f"{c.name}: {c.detail}" for c in p.checks if c.status == "fail"]
                 f = ET.SubElement(tc, "failure", message=p.reason or "phase failed")
                 f.text = "\n".join(ev[:100])
-            elif p.status == "not_run":
+            elif p.status in ("not_run", "interrupted"):
                 skips += 1
                 ET.SubElement(tc, "skipped", message=p.reason or "not run")
         suite.set("tests", str(n))

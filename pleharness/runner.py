@@ -337,15 +337,26 @@ class RunContext:
         t0 = time.monotonic()
         pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="ple-req")
         watchdog = _Watchdog(self)
+        futures = []
         try:
-            futures = [pool.submit(one, s) for s in specs]
+            for s in specs:
+                futures.append(pool.submit(one, s))
             completions = [f.result() for f in futures]
         except BaseException:
-            # interrupted: abandon the requests in flight, record the phase as not run
+            # interrupted: keep (record and compare) the requests that had finished, abandon the
+            # ones in flight; the phase is "interrupted" (or "not_run" when none had finished)
+            finished = [(s, f.result()) for s, f in zip(specs, futures)
+                        if f.done() and not f.cancelled() and f.exception() is None]
             self.client.abort_all("harness interrupted")
             pool.shutdown(wait=False, cancel_futures=True)
-            ph.status, ph.reason, ph.ended_at = "not_run", "interrupted", now_iso()
             ph.wall_s = time.monotonic() - t0
+            if finished:
+                outs = [Outcome(s, c, self._record(ph, s, c)) for s, c in finished]
+                self._finish_phase(ph, outs)
+            ph.status = "interrupted" if finished else "not_run"
+            ph.reason = (f"interrupted after {len(finished)} of {len(specs)} requests finished"
+                         + (f" ({ph.reason})" if finished and ph.reason else ""))
+            ph.ended_at = now_iso()
             if task is not None:
                 self.progress.remove_task(task)
             self.save()

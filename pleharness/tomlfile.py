@@ -44,10 +44,12 @@ def _model_at(model: type[BaseModel], loc: tuple) -> type[BaseModel]:
 
 def validate(model: type[M], data: Any, where: str, prefix: str = "",
              error: type[Exception] = UsageError) -> M:
-    """``model.model_validate(data)``; on failure raises ``error`` with one clause per problem:
-    ``<where>: <prefix><dotted.key>: <message>``, unknown keys listing the allowed ones."""
+    """``model.model_validate(data, strict=True)``; on failure raises ``error`` with one clause
+    per problem: ``<where>: <prefix><dotted.key>: <message>``, unknown keys listing the allowed
+    ones. Strict: values are never coerced (``repeats = "2"`` is an error naming the key and the
+    expected type; an integer is still accepted where a float is expected)."""
     try:
-        return model.model_validate(data)
+        return model.model_validate(data, strict=True)
     except ValidationError as exc:
         raise error(f"{where}: " + "; ".join(_messages(model, exc, prefix))) from None
 

@@ -2,6 +2,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import run_cli
+
 from pleharness.engine.errors import UsageError
 from pleharness.prompts import pad_chat_prompt, seeded_prompts
 from pleharness.scenarios import ScenarioError, load_scenario_file
@@ -146,3 +148,20 @@ def test_max_tokens_beyond_max_model_len_is_refused_before_requests():
     det = load_scenario_file("determinism", {"prompt_len": 5000})
     with pytest.raises(ScenarioError, match="exceeds max_model_len 4096"):
         det.validate_against({"max_model_len": 4096})
+
+
+@pytest.mark.parametrize("what,body,key", [
+    ("scenario", 'kind = "transitions"\n[params]\nrepeats = "2"\n', "params.repeats"),
+    ("suite", 'repeat = "3"\n[[scenario]]\nname = "transitions"\n', "repeat"),
+    ("profile", 'tp = "2"\n', "tp"),
+])
+def test_values_are_not_coerced(tmp_path, what, body, key):
+    """Strict input: a string where a number belongs is an error naming the file and the key."""
+    f = tmp_path / f"bad-{what}.toml"
+    f.write_text(body)
+    flag = {"scenario": "--scenario", "suite": "--suite", "profile": "--engine-profile"}[what]
+    r = run_cli("stress", flag, str(f), "--url", "http://127.0.0.1:9", "--results-dir",
+                str(tmp_path), timeout=60)
+    out = "".join((r.stdout + r.stderr).split())  # the console may wrap long lines
+    assert r.returncode == 2, out
+    assert str(f) in out and f"{key}:Inputshouldbeavalidinteger" in out
