@@ -31,7 +31,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                        "single-request reference, and writes a results manifest with a verdict. "
                        "Exit codes: 0 pass, 1 parity/check/gate failure, 2 usage error, 3 engine "
                        "failed or died, 4 internal error, 130/143 interrupted.")
-console = Console(width=None if sys.stdout.isatty() else 160)
+console = Console(width=None if sys.stdout.isatty() else 160, soft_wrap=True)
 err_console = Console(stderr=True, soft_wrap=True)
 
 # help panels of `stress --help`
