@@ -118,7 +118,11 @@ def _engine_arg_problems(args: list[str], where: str) -> list[str]:
 
 
 def _check_url(url: str) -> str | None:
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        parts.hostname
+    except ValueError as exc:
+        return f"--url {url!r}: not a valid URL ({exc})"
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return (f"--url {url!r}: expected an http:// or https:// URL with a host, e.g. "
                 "http://127.0.0.1:8000")
@@ -199,6 +203,8 @@ def _stress_option_problems(ctx: typer.Context, p: dict) -> list[str]:
     ref = p["reference"]
     if ref not in ("solo", "engine") and not (ref.startswith("manifest:") and ref[9:].strip()):
         out.append(f"--reference {ref!r}: expected solo, engine or manifest:PATH")
+    if p["results_dir"].strip() == "":
+        out.append("--results-dir '': expected a folder path (e.g. results)")
     if p["suite"] is not None and p["scenario"]:
         out.append("--suite and --scenario cannot be combined (a suite names its scenarios)")
     if p["repeat_old"] is not None and _given(ctx, "suite_repeats"):
@@ -335,8 +341,8 @@ def stress(
     on_timeout: Annotated[OnTimeout, typer.Option(rich_help_panel=P_TIME,
         help="After a phase with timed-out requests (recorded as 'timeout', the phase fails): "
              "continue with the next phase, or abort the run (status incomplete).")] = OnTimeout.cont,
-    results_dir: Annotated[Path, typer.Option(rich_help_panel=P_OUT,
-        help="Where run folders are created.")] = Path("results"),
+    results_dir: Annotated[str, typer.Option(rich_help_panel=P_OUT,
+        help="Where run folders are created.")] = "results",
     run_id: Annotated[Optional[str], typer.Option(rich_help_panel=P_OUT,
         help="Name of the run folder (must not exist). Default: timestamp + random suffix.")] = None,
 ):
@@ -347,6 +353,7 @@ def stress(
     """
     _raise_all(_stress_option_problems(ctx, dict(
         url=url, reference=reference, suite=suite, scenario=scenario, repeat_old=repeat_old,
+        results_dir=results_dir,
         engine_arg=engine_arg, reference_engine_arg=reference_engine_arg,
         control_engine_arg=control_engine_arg)))
     overrides = {}
@@ -393,7 +400,7 @@ def stress(
         engine_env={**prof.env, **_parse_env(engine_env or [])},
         scenarios=(suite_def.scenario_refs() if suite_def else list(scenario or DEFAULT_SCENARIOS)),
         overrides=overrides,
-        results_dir=results_dir, run_id=run_id, host=host or prof.host or "127.0.0.1", port=port,
+        results_dir=Path(results_dir), run_id=run_id, host=host or prof.host or "127.0.0.1", port=port,
         start_timeout_s=start_timeout,
         served_model_name=served_model_name or prof.served_model_name,
         explicit_facts=facts, profile=str(profile_path) if profile_path else None,
@@ -487,7 +494,7 @@ def compare_cmd(
     from .compare import check_thresholds, compare, load
 
     check_thresholds(threshold)
-    if suite:
+    if suite is not None:
         from .suites import load_suite
         g = load_suite(suite).gates
         min_throughput_ratio = min_throughput_ratio if min_throughput_ratio is not None \

@@ -272,6 +272,15 @@ def test_url_is_validated(url):
     assert r.stderr.startswith(f"error: --url {url!r}: expected an http:// or https:// URL")
 
 
+def test_more_malformed_options_are_usage_errors_not_crashes(tmp_path):
+    r = stress_cli("--url", "http://[::1")
+    assert r.returncode == 2 and "--url 'http://[::1': not a valid URL" in r.stderr
+    r = stress_cli("--results-dir", "")
+    assert r.returncode == 2 and "--results-dir '': expected a folder path" in r.stderr
+    r = run_cli("compare", str(tmp_path), str(tmp_path), "--suite", "")
+    assert r.returncode == 2 and "suite file not found" in r.stderr
+
+
 def test_engine_profile_by_shipped_name(tmp_path):
     # found by name: the run gets past the profile and stops at the (later) scenario check
     r = stress_cli("--engine-profile", "cpu-ngram", "--scenario", "nope")
