@@ -282,9 +282,9 @@ def stress(
              "repeats and compare gates, e.g. nightly or premerge.")] = None,
     ladder: Annotated[Optional[str], typer.Option(rich_help_panel=P_SCEN,
         help="Override the transitions concurrency ladder, e.g. 4,3,2,1,2,3,4,1.")] = None,
-    repeats: Annotated[Optional[int], typer.Option(min=1, rich_help_panel=P_SCEN,
+    repeats: Annotated[Optional[int], typer.Option(min=1, max=10_000, rich_help_panel=P_SCEN,
         help="Override how often the transitions ladder repeats within one suite pass.")] = None,
-    max_tokens: Annotated[Optional[int], typer.Option(min=1, rich_help_panel=P_SCEN,
+    max_tokens: Annotated[Optional[int], typer.Option(min=1, max=1_000_000, rich_help_panel=P_SCEN,
         help="Override max_tokens per request.")] = None,
     suite_repeats: Annotated[int, typer.Option(min=1, rich_help_panel=P_SCEN,
         help="Run the whole suite N times on one engine (references taken once); throughput "

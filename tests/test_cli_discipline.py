@@ -248,8 +248,9 @@ def test_ladder_errors_blame_the_flag():
     assert r.stderr.startswith("error: --ladder '0,-2': concurrency levels must be between 1 "
                                "and 1024 (got 0, -2)")
     assert "transitions.toml" not in r.stderr
-    r = stress_cli("--repeats", "0")
-    assert r.returncode == 2 and "--repeats" in r.stderr and "transitions.toml" not in r.stderr
+    for flag, value in (("--repeats", "0"), ("--max-tokens", "99999999999999999999")):
+        r = stress_cli("--url", DEAD_URL, flag, value)
+        assert r.returncode == 2 and f"'{flag}'" in r.stderr and "transitions.toml" not in r.stderr
 
 
 def test_engine_arg_with_a_space_or_a_separate_value():
