@@ -200,9 +200,6 @@ def _stress_option_problems(ctx: typer.Context, p: dict) -> list[str]:
                            f"{how}")
         if _given(ctx, "reference_engine_arg") and p["reference"] != "engine":
             out.append("--reference-engine-arg is ignored without --reference engine")
-    ref = p["reference"]
-    if ref not in ("solo", "engine") and not (ref.startswith("manifest:") and ref[9:].strip()):
-        out.append(f"--reference {ref!r}: expected solo, engine or manifest:PATH")
     if p["results_dir"].strip() == "":
         out.append("--results-dir '': expected a folder path (e.g. results)")
     if p["suite"] is not None and p["scenario"]:

@@ -174,7 +174,6 @@ def run_stress(cfg: StressConfig, console: Console | None = None,
     console = console or Console(stderr=False)
     err = err_console or Console(stderr=True)
     scenarios = load_scenarios(cfg.scenarios, cfg.overrides)  # bad input: before anything starts
-    model_path, served_name, engine_args, engine_env, base_args = _resolve_launch(cfg, console)
     if cfg.on_timeout not in ("continue", "abort"):
         raise UsageError(f"--on-timeout {cfg.on_timeout!r}: expected continue or abort")
     if cfg.repeat < 1:
@@ -188,12 +187,6 @@ def run_stress(cfg: StressConfig, console: Console | None = None,
                          "manifest:PATH")
     if mode == "golden" and not cfg.golden:
         raise UsageError("--reference golden needs the golden model (drop --no-golden)")
-    golden_dir = cfg.golden_model or (model_path if cfg.url is None else None)
-    if mode == "golden" and golden_dir is not None:
-        from .golden import golden_problem
-        problem = golden_problem(golden_dir)
-        if problem:
-            raise UsageError(f"--reference golden: {problem}")
     if mode == "engine" and cfg.url is not None:
         raise UsageError("--reference engine needs a launched engine (not --url)")
     control = bool(cfg.control_engine_args or cfg.control_drop_args or cfg.control_profile)
@@ -201,6 +194,13 @@ def run_stress(cfg: StressConfig, console: Console | None = None,
         raise UsageError("--control-engine-arg / --control-drop-arg / --control-profile need a "
                          "launched engine (not --url): the harness launches the control")
     stored_refs = _load_reference_manifest(cfg.reference) if mode == "manifest" else None
+    model_path, served_name, engine_args, engine_env, base_args = _resolve_launch(cfg, console)
+    golden_dir = cfg.golden_model or (model_path if cfg.url is None else None)
+    if mode == "golden" and golden_dir is not None:
+        from .golden import golden_problem
+        problem = golden_problem(golden_dir)
+        if problem:
+            raise UsageError(f"--reference golden: {problem}")
     run_id, run_dir = new_run_dir(Path(cfg.results_dir), cfg.run_id)
     mpath = run_dir / "manifest.json"
     manifest = Manifest(run_id=run_id, harness=harness_info(), invocation=cfg.invocation,
