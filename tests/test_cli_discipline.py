@@ -10,7 +10,6 @@
 
 Runs come from the FakeEngine double (tests/doubles.py) or are built with the manifest models.
 """
-import json
 import re
 import shlex
 import subprocess
