@@ -430,10 +430,10 @@ def report(
     format: Annotated[ReportFormat, typer.Option("--format", "-f",
         help="console (verdict, causes, next steps, tables), markdown (summary.md) or junit "
              "(JUnit XML), on stdout.")] = ReportFormat.console,
-    plot: Annotated[Optional[str], typer.Option(
+    plot: Annotated[Optional[str], typer.Option(metavar="PNG",
         help="Also write a PNG: decode tok/s and TTFT per phase, mismatches marked "
              "(needs matplotlib).")] = None,
-    exit_zero: Annotated[bool, typer.Option(
+    exit_zero: Annotated[bool, typer.Option("--exit-zero",
         help="Exit 0 whenever the report was written, whatever the run's verdict.")] = False,
 ):
     """Re-render a finished or interrupted run (console summary, Markdown for a PR, JUnit XML).
