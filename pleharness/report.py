@@ -107,25 +107,26 @@ def causes(m: Manifest, limit: int = 8) -> list[str]:
     return out
 
 
-def next_steps(m: Manifest, run_dir: str | None = None) -> list[str]:
-    """Where to look next: the engine log, how to see the tokens, the reproduce command."""
+def next_steps(m: Manifest, run_dir: str | None = None) -> list[tuple[str, str | None]]:
+    """Where to look next, as (text, shell command or None): the engine log, how to see the
+    tokens, the reproduce command."""
     from .reports import reproduce_command
     d = (run_dir or f"{_results_dir(m)}/{m.run_id}").rstrip("/")
-    steps = []
+    steps: list[tuple[str, str | None]] = []
     if m.engine.get("engine_log"):
-        steps.append(f"engine log: {d}/{m.engine['engine_log']}"
-                     + (f" (launcher: {d}/{m.engine['launcher_log']})"
-                        if m.engine.get("launcher_log") else ""))
+        steps.append((f"engine log: {d}/{m.engine['engine_log']}"
+                      + (f" (launcher: {d}/{m.engine['launcher_log']})"
+                         if m.engine.get("launcher_log") else ""), None))
     elif m.engine.get("mode") == "attached":
-        steps.append(f"engine log: the attached engine's own log ({m.engine.get('url')})")
-    bad = [r for r in m.requests if r.match is False or r.divergence]
-    if bad:
-        steps.append(f"tokens: {d}/manifest.json keeps output_ids of every mismatch and of the "
-                     "references; e.g. jq '.requests[] | select(.match == false) | {id, "
-                     "first_divergence, divergence, output_ids}' " + f"{d}/manifest.json")
-    steps.append(f"reproduce: {reproduce_command(m)}")
-    if m.engine.get("mode") == "attached":
-        steps.append(f"(attached run: the engine at {m.engine.get('url')} must be running)")
+        steps.append((f"engine log: the attached engine's own log ({m.engine.get('url')})", None))
+    if any(r.match is False or r.divergence for r in m.requests):
+        steps.append((f"tokens: {d}/manifest.json keeps the output_ids of every mismatch and of "
+                      "the references:",
+                      "jq '.requests[] | select(.match == false) | {id, first_divergence, "
+                      f"divergence, output_ids}}' {d}/manifest.json"))
+    note = (f" (attached run: the engine at {m.engine.get('url')} must be running)"
+            if m.engine.get("mode") == "attached" else "")
+    steps.append((f"reproduce{note}:", reproduce_command(m)))
     return steps
 
 
@@ -159,8 +160,8 @@ def render(m: Manifest, console: Console, max_failures: int = 20,
             console.print(f"  - {escape(line)}")
     if m.verdict != "pass":
         console.print("[bold]next steps:[/bold]")
-        for line in next_steps(m, run_dir):
-            console.print(f"  - {escape(line)}")
+        for text, cmd in next_steps(m, run_dir):
+            console.print(f"  - {escape(text)}" + (f" {escape(cmd)}" if cmd else ""))
     t = Table(title=escape(f"run {m.run_id}"), show_lines=False)
     for col, just in (("phase", "left"), ("scenario", "left"), ("C", "right"),
                       ("requests", "right"), ("matched", "right"), ("errors", "right"),

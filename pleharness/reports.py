@@ -13,11 +13,6 @@ from .manifest import Manifest
 from .report import headline
 
 
-def _md(text: str) -> str:
-    """Markdown-safe one-liner: table pipes escaped (evidence may contain them)."""
-    return text.replace("|", "\\|")
-
-
 def throughput_by_concurrency(m: Manifest) -> dict[str, dict[str, Any]]:
     """Decode throughput per concurrency level: for each repeat, completion tokens / wall time
     summed over that repeat's load phases at C (phases that count for throughput); then median,
@@ -65,14 +60,12 @@ def to_markdown(m: Manifest) -> str:
                  f"{m.exit_code}). {headline(m)}.")
     why = causes(m)
     if why:
-        lines += ["", "### Why", ""] + [f"- {_md(x)}" for x in why]
+        lines += ["", "### Why", ""] + [f"- {x}" for x in why]
     lines += ["", "### Next steps", ""]
-    for step in next_steps(m):
-        if step.startswith("reproduce: "):
-            lines += ["- reproduce:", "", "  ```bash", "  " + step[len("reproduce: "):],
-                      "  ```"]
-        else:
-            lines.append(f"- {_md(step)}")
+    for text, cmd in next_steps(m):
+        lines.append(f"- {text}")
+        if cmd:
+            lines += ["", "  ```bash", f"  {cmd}", "  ```"]
     lines.append("")
     e = m.engine
     lines.append("### Engine")

@@ -354,7 +354,7 @@ def test_summary_md_puts_causes_first(runs):
                      "at token position 3 (hard: reference top-1/top-2 margin 4.000 nats; "
                      "expected token 17, got 99)")
     assert "select(.match == false)" in md  # how to see the tokens
-    assert md.index("reproduce:") < md.index("### Phases")
+    assert md.index("- reproduce") < md.index("### Phases")
 
 
 def test_reproduce_command_works_as_printed(tmp_path):
