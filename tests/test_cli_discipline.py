@@ -226,7 +226,7 @@ def test_url_with_reference_engine_names_the_conflict():
     assert "no engine answers" not in r.stderr
     r = stress_cli("--url", DEAD_URL, "--reference", "engine", "--engine-arg=--enforce-eager")
     assert r.stderr.startswith("error: 2 problems with the options:")
-    for ref, msg in (("bogus", "--reference 'bogus': expected solo, engine or manifest:PATH"),
+    for ref, msg in (("bogus", "--reference 'bogus': expected solo, engine, golden or manifest:PATH"),
                      ("manifest:/nope.json", "/nope.json")):
         r = stress_cli("--url", DEAD_URL, "--reference", ref)
         assert r.returncode == 2 and msg in r.stderr and "no engine answers" not in r.stderr
