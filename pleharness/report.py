@@ -56,6 +56,14 @@ def _failing_divergence(r: RequestRecord) -> str | None:
             return None
         mg = d.get("margin_nats")
         margin = "no logprobs" if mg is None else f"reference top-1/top-2 margin {mg:.3f} nats"
+        if d.get("classified_by") == "golden":
+            gap = d.get("golden_gap_nats")
+            if gap is None or not d.get("observed_in_golden_top", True):
+                g = "observed token not in its top candidates"
+            else:
+                g = f"gap {gap:.3f} nats" + (f" (threshold {d['threshold_nats']:g})"
+                                             if d.get("threshold_nats") is not None else "")
+            margin = f"golden model: {g}; {margin}"
         return (f"parity: {_where(r)} differs from its reference at token position "
                 f"{d.get('position')} ({d.get('class')}: {margin}; expected token "
                 f"{d.get('reference_token')}, got {d.get('observed_token')})")
