@@ -412,3 +412,20 @@ def test_readme_commands_run_as_written():
         for a in args[1:]:
             if a.startswith("--"):
                 assert a.split("=")[0] in helps[sub], (ln, a)
+
+
+def test_causes_name_who_classified_a_divergence():
+    from pleharness.manifest import RequestRecord
+    from pleharness.report import _failing_divergence
+    base = dict(id="r7", scenario="transitions", phase="r1-s2-C3", concurrency=3,
+                prompt_key="p0-len5", prompt_len=5, prompt_hash="h", max_tokens=32, match=False)
+    d = {"position": 5, "class": "hard", "fails": True, "margin_nats": 1.737,
+         "reference_token": 294, "observed_token": 295, "classified_by": "golden",
+         "golden_gap_nats": 2.5, "observed_in_golden_top": True, "threshold_nats": 0.5}
+    line = _failing_divergence(RequestRecord(**base, divergence=d))
+    assert "(hard: golden model: gap 2.500 nats (threshold 0.5); reference top-1/top-2 margin " \
+           "1.737 nats; expected token 294, got 295)" in line
+    line = _failing_divergence(RequestRecord(**base, divergence={**d, "observed_in_golden_top":
+                                                                  False}))
+    assert "golden model: observed token not in its top candidates" in line
+    assert _failing_divergence(RequestRecord(**base, divergence={**d, "fails": False})) is None
