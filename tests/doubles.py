@@ -393,7 +393,7 @@ class FakeEngine:
             def handle_error(self, request, client_address):
                 pass
 
-        self.server = Server((host, port), Handler)
+        self.server = Server(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
