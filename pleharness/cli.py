@@ -620,8 +620,9 @@ def explain(
     start_timeout: Annotated[float, typer.Option(min=1.0, help="Seconds to wait for each "
                                                  "engine.")] = 900.0,
 ):
-    """Which engine feature causes each failing divergence of a finished run: replays the smallest
-    failing case on engines that each switch one suspect off (speculative decoding, prefix
+    """Which engine feature causes each failing divergence of a finished (launched) run.
+
+    Replays the smallest failing case on engines that each switch one suspect off (speculative decoding, prefix
     caching, chunked prefill, CUDA graphs, ...); writes RUN/explain/ (table, JUnit, reproducers).
     Exit 0 when done (the table is the result), 2 usage error, 3 engine failure."""
     from .explain import explain as run_explain
