@@ -645,8 +645,10 @@ def build_model(
                          "identical, 1 when they differ (expected on another CPU family; the "
                          "shipped weights stay authoritative).")] = False,
 ):
-    """Verify the embedded model's pinned SHA256 digests and print its path (stdout; notes on
-    stderr; and, with --verify, whether its recipe reproduces it here)."""
+    """Verify the embedded model's pinned SHA256 digests and print its path.
+
+    The path goes to stdout, notes to stderr; with --verify, also whether its recipe reproduces
+    the pinned weights on this machine."""
     from .model import WEIGHTS_SHA256, ensure_embedded_model, rebuild
     path = ensure_embedded_model()
     print(path)
