@@ -622,9 +622,10 @@ def explain(
 ):
     """Which engine feature causes each failing divergence of a finished (launched) run.
 
-    Replays the smallest failing case on engines that each switch one suspect off (speculative decoding, prefix
-    caching, chunked prefill, CUDA graphs, ...); writes RUN/explain/ (table, JUnit, reproducers).
-    Exit 0 when done (the table is the result), 2 usage error, 3 engine failure."""
+    Replays the smallest failing case on engines that each switch one suspect off (speculative
+    decoding, prefix caching, chunked prefill, CUDA graphs, ...); writes RUN/explain/ (table,
+    JUnit, reproducers). Exit 0 when done (the table is the result), 2 usage error, 3 engine
+    failure."""
     from .explain import explain as run_explain
     _raise_all(_engine_arg_problems(list(suspect or []), "--suspect"))
     run_explain(run, suspects_extra=list(suspect or []), suspects_drop=list(suspect_drop or []),
