@@ -1,15 +1,20 @@
-"""Command-line interface (typer). Thin: parses options and calls the job modules.
+"""Command-line interface (typer). Thin: parses and checks options, calls the job modules.
 
-Exit codes: 0 pass; 1 parity/check failure; 2 usage error; 3 engine failed to start or died;
-130 / 143 interrupted (SIGINT / SIGTERM).
+Exit codes: 0 pass; 1 parity/check failure (or a failed gate); 2 usage error (nothing started);
+3 engine failed to start or died; 4 internal harness error (a bug: one line on stderr, the
+traceback in a log file); 130 / 143 interrupted (SIGINT / SIGTERM).
+
+Streams: machine-readable output (``report --format markdown/junit``, ``build-model``'s path) and
+the human reports (tables, verdicts) go to stdout; errors, warnings and notes go to stderr.
 """
 from __future__ import annotations
 
-
-import sys
 import os
+import sys
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
+from urllib.parse import urlsplit
 
 import typer
 from rich.console import Console
@@ -17,13 +22,42 @@ from rich.markup import escape
 
 from . import __version__
 from .engine.client import Timeouts
-from .engine.errors import HarnessError, UsageError
+from .engine.errors import EXIT_INTERNAL, HarnessError, UsageError, write_crash_log
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  context_settings={"help_option_names": ["-h", "--help"]},
                   help="Validation and stress-test harness for patched vLLM engines: launches the "
                        "engine, runs scenarios, compares every output's token IDs (SHA256) with a "
-                       "single-request reference, and writes a results manifest with a verdict.")
-console = Console(width=None if sys.stdout.isatty() else 160)
+                       "single-request reference, and writes a results manifest with a verdict. "
+                       "Exit codes: 0 pass, 1 parity/check/gate failure, 2 usage error, 3 engine "
+                       "failed or died, 4 internal error, 130/143 interrupted.")
+console = Console(width=None if sys.stdout.isatty() else 160, soft_wrap=True)
+err_console = Console(stderr=True, soft_wrap=True)
+
+# help panels of `stress --help`
+P_ENGINE = "Engine (launched by the harness)"
+P_ATTACH = "Attach to a running engine (--url) and its facts"
+P_SCEN = "Scenarios"
+P_REF = "References and verdict"
+P_CTRL = "Control run (attribution: docs/attribution.md)"
+P_TIME = "Timeouts"
+P_OUT = "Output"
+
+
+class ReportFormat(str, Enum):
+    console = "console"
+    markdown = "markdown"
+    junit = "junit"
+
+
+class OnTimeout(str, Enum):
+    cont = "continue"
+    abort = "abort"
+
+
+class CacheState(str, Enum):
+    warm = "warm"
+    cold = "cold"
 
 
 def _version(value: bool):
@@ -38,144 +72,305 @@ def main(version: Annotated[bool, typer.Option("--version", callback=_version, i
     pass
 
 
+def warn(text: str) -> None:
+    """A warning line on stderr."""
+    err_console.print(f"[yellow]warning:[/yellow] {escape(text)}")
+
+
 def _parse_ladder(text: str) -> list[int]:
+    """'4,3,2,1' (also 'C4>C3') -> [4, 3, 2, 1]; each level 1..1024, else a usage error naming
+    the flag."""
     try:
-        return [int(x) for x in text.replace(">", ",").replace("C", "").split(",") if x.strip()]
+        levels = [int(x) for x in text.replace(">", ",").replace("C", "").split(",") if x.strip()]
     except ValueError:
         raise UsageError(f"--ladder {text!r}: expected comma-separated concurrency levels, "
                          "e.g. 4,3,2,1") from None
+    if not levels:
+        raise UsageError(f"--ladder {text!r}: expected at least one concurrency level, e.g. 4,3,2,1")
+    bad = [x for x in levels if not 1 <= x <= 1024]
+    if bad:
+        raise UsageError(f"--ladder {text!r}: concurrency levels must be between 1 and 1024 "
+                         f"(got {', '.join(map(str, bad))})")
+    return levels
 
 
 def _parse_env(items: list[str]) -> dict[str, str]:
     out = {}
     for it in items:
-        if "=" not in it:
+        if "=" not in it or not it.split("=", 1)[0]:
             raise UsageError(f"--engine-env {it!r}: expected NAME=VALUE")
         k, v = it.split("=", 1)
         out[k] = v
     return out
 
 
-FACT_HELP = "Engine fact for boundary lengths when attaching with --url (launches know it)."
+def _engine_arg_problems(args: list[str], where: str) -> list[str]:
+    """Engine arguments are separate argv items: '--max-num-seqs 8' as one item never reaches
+    vLLM as intended. A flag item whose name part (before '=') holds whitespace is refused."""
+    out = []
+    for a in args:
+        name = a.split("=", 1)[0]
+        if a.startswith("-") and any(ch.isspace() for ch in name):
+            flag, _, value = a.strip().partition(" ")
+            out.append(f"{where} {a!r}: one argument holding a space; use the = form: "
+                       f"{where} {flag}={value.strip()}")
+    return out
+
+
+def _check_url(url: str) -> str | None:
+    try:
+        parts = urlsplit(url)
+        parts.hostname
+    except ValueError as exc:
+        return f"--url {url!r}: not a valid URL ({exc})"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return (f"--url {url!r}: expected an http:// or https:// URL with a host, e.g. "
+                "http://127.0.0.1:8000")
+    try:
+        parts.port
+    except ValueError:
+        return f"--url {url!r}: the port is not a number between 0 and 65535"
+    return None
+
+
+def _find_profile(name_or_path: Path) -> Path:
+    """A profile path, or a shipped profile's name (``cpu-ngram`` -> profiles/cpu-ngram.toml), as
+    --suite finds suites by name."""
+    from .tomlfile import find_named
+    here = Path(__file__).resolve().parent
+    dirs = [d for d in (here / "profiles_data", here.parent / "profiles") if d.is_dir()]
+    return find_named(str(name_or_path), dirs, "engine profile")
+
+
+def _program() -> list[str]:
+    """How this harness was started, so that a recorded invocation runs as printed: the console
+    script as it was called (e.g. .venv/bin/ple-harness), else ``PYTHON -m pleharness``."""
+    argv0 = sys.argv[0] if sys.argv else ""
+    if os.path.basename(argv0) == "ple-harness":
+        return [argv0]
+    return [sys.executable, "-m", "pleharness"]
+
+
+# launch-only options (python name, flag) and attach-only fact options (python name, flag, how a
+# launched engine gets that value)
+LAUNCH_ONLY = [("model", "--model"), ("engine_profile", "--engine-profile"), ("tp", "--tp"),
+               ("engine_python", "--engine-python"), ("engine_arg", "--engine-arg"),
+               ("engine_env", "--engine-env"), ("host", "--host"), ("port", "--port"),
+               ("start_timeout", "--start-timeout"),
+               ("reference_engine_arg", "--reference-engine-arg"),
+               ("control_engine_arg", "--control-engine-arg"),
+               ("control_drop_arg", "--control-drop-arg"), ("control_profile", "--control-profile")]
+ATTACH_FACTS = [("block_size", "--block-size", "--engine-arg --block-size=N"),
+                ("chunk_size", "--chunk-size", "--engine-arg --max-num-batched-tokens=N"),
+                ("num_speculative_tokens", "--num-speculative-tokens",
+                 "--engine-arg '--speculative-config={...\"num_speculative_tokens\": N}'"),
+                ("max_num_seqs", "--max-num-seqs", "--engine-arg --max-num-seqs=N"),
+                ("max_model_len", "--max-model-len", "--engine-arg --max-model-len=N"),
+                ("vocab_size", "--vocab-size", "the model's config.json"),
+                ("dtype", "--dtype", "--engine-arg --dtype=D, else the model's config.json")]
+
+
+def _given(ctx: typer.Context, name: str) -> bool:
+    """Was option ``name`` given on the command line (or through the environment)?"""
+    src = ctx.get_parameter_source(name)  # typer may bundle its own click: compare by name
+    return getattr(src, "name", None) in ("COMMANDLINE", "ENVIRONMENT")
+
+
+def _stress_option_problems(ctx: typer.Context, p: dict) -> list[str]:
+    """Every conflicting, ignored or malformed option of ``stress``, found before anything is
+    read or started (one usage error lists them all)."""
+    out: list[str] = []
+    url = p["url"]
+    if url is not None:
+        problem = _check_url(url)
+        if problem:
+            out.append(problem)
+        given = [flag for name, flag in LAUNCH_ONLY if _given(ctx, name)]
+        if given:
+            out.append(f"{', '.join(given)}: launch option(s), but --url attaches to a running "
+                       "engine that the harness does not start (drop them, or drop --url)")
+        if p["reference"] == "engine":
+            out.append("--reference engine needs a launched engine (not --url): the reference "
+                       "engine is a second launch")
+    else:
+        for name, flag, how in ATTACH_FACTS:
+            if _given(ctx, name):
+                out.append(f"{flag} is for attaching with --url only: it would override the "
+                           f"launched engine's real value; a launched engine takes it from "
+                           f"{how}")
+        if _given(ctx, "reference_engine_arg") and p["reference"] != "engine":
+            out.append("--reference-engine-arg is ignored without --reference engine")
+    if p["results_dir"].strip() == "":
+        out.append("--results-dir '': expected a folder path (e.g. results)")
+    if p["suite"] is not None and p["scenario"]:
+        out.append("--suite and --scenario cannot be combined (a suite names its scenarios)")
+    if p["repeat_old"] is not None and _given(ctx, "suite_repeats"):
+        out.append("--repeat (deprecated) and --suite-repeats given together: use --suite-repeats")
+    out += _engine_arg_problems(list(p["engine_arg"] or []), "--engine-arg")
+    out += _engine_arg_problems(list(p["reference_engine_arg"] or []), "--reference-engine-arg")
+    out += _engine_arg_problems(list(p["control_engine_arg"] or []), "--control-engine-arg")
+    return out
+
+
+def _raise_all(problems: list[str]) -> None:
+    if len(problems) == 1:
+        raise UsageError(problems[0])
+    if problems:
+        raise UsageError(f"{len(problems)} problems with the options:\n"
+                         + "\n".join(f"  - {x}" for x in problems))
+
+
+FACT_HELP = "Attach only."
 
 
 @app.command()
 def stress(
-    model: Annotated[Optional[str], typer.Option(help="Local model path to serve. Default: the "
-                                                 "embedded tiny model (built and cached on first use).")] = None,
-    url: Annotated[Optional[str], typer.Option(help="Attach to a running server at this base URL "
-                                               "instead of launching one (e.g. http://127.0.0.1:8000).")] = None,
-    engine_profile: Annotated[Optional[Path], typer.Option(
-        help="TOML engine profile (model, python, tp, engine_args, [env]); flags override it.")] = None,
-    tp: Annotated[Optional[int], typer.Option("--tp", min=1, help="Tensor-parallel size "
-                                              "(--tensor-parallel-size of the launched engine).")] = None,
-    engine_python: Annotated[Optional[str], typer.Option(help="Python that has vLLM installed. "
-                                                         "Default: this Python.")] = None,
-    engine_arg: Annotated[Optional[list[str]], typer.Option(
+    ctx: typer.Context,
+    model: Annotated[Optional[str], typer.Option(rich_help_panel=P_ENGINE, help="Local model path "
+        "to serve. Default: the embedded tiny model (built and cached on first use).")] = None,
+    engine_profile: Annotated[Optional[Path], typer.Option(rich_help_panel=P_ENGINE,
+        help="TOML engine profile, a path or a shipped name (cpu-ngram): model, python, tp, "
+             "engine_args, \\[env]; flags override it.")] = None,
+    tp: Annotated[Optional[int], typer.Option("--tp", min=1, rich_help_panel=P_ENGINE,
+        help="Tensor-parallel size (--tensor-parallel-size of the launched engine).")] = None,
+    engine_python: Annotated[Optional[str], typer.Option(rich_help_panel=P_ENGINE,
+        help="Python that has vLLM installed. Default: this Python.")] = None,
+    engine_arg: Annotated[Optional[list[str]], typer.Option(rich_help_panel=P_ENGINE,
         help="Extra argument for the engine server, repeatable; use the = form for values: "
              "--engine-arg --max-num-seqs=8. Appended last, so it overrides defaults.")] = None,
-    engine_env: Annotated[Optional[list[str]], typer.Option(
+    engine_env: Annotated[Optional[list[str]], typer.Option(rich_help_panel=P_ENGINE,
         help="NAME=VALUE environment variable for the engine, repeatable.")] = None,
-    scenario: Annotated[Optional[list[str]], typer.Option(
-        help="Scenario name (shipped, see `ple-harness scenarios`) or TOML path; repeatable. "
-             "Default: transitions, boundary, pairs, insert.")] = None,
-    ladder: Annotated[Optional[str], typer.Option(help="Override the concurrency ladder, "
-                                                  "e.g. 4,3,2,1,2,3,4,1.")] = None,
-    repeats: Annotated[Optional[int], typer.Option(help="Override how often the ladder repeats.")] = None,
-    max_tokens: Annotated[Optional[int], typer.Option(help="Override max_tokens per request.")] = None,
-    results_dir: Annotated[Path, typer.Option(help="Where run folders are created.")] = Path("results"),
-    run_id: Annotated[Optional[str], typer.Option(help="Name of the run folder (must not exist). "
-                                                  "Default: timestamp + random suffix.")] = None,
-    host: Annotated[Optional[str], typer.Option(help="Listen address of a launched engine "
-                                                "(default 127.0.0.1).")] = None,
-    port: Annotated[Optional[int], typer.Option(min=1, max=65535, help="Listen port of a launched engine "
-                                                "(default: a free port).")] = None,
-    start_timeout: Annotated[float, typer.Option(min=1.0, help="Seconds to wait for the engine to become "
-                                                 "ready.")] = 900.0,
-    served_model_name: Annotated[Optional[str], typer.Option(help="Model name to request "
-                                                             "(default: as the server lists it).")] = None,
-    block_size: Annotated[Optional[int], typer.Option(min=1, help="KV block size B. " + FACT_HELP)] = None,
-    chunk_size: Annotated[Optional[int], typer.Option(min=1,
+    host: Annotated[Optional[str], typer.Option(rich_help_panel=P_ENGINE,
+        help="Listen address of a launched engine (default 127.0.0.1).")] = None,
+    port: Annotated[Optional[int], typer.Option(min=1, max=65535, rich_help_panel=P_ENGINE,
+        help="Listen port of a launched engine (default: a free port).")] = None,
+    start_timeout: Annotated[float, typer.Option(min=1.0, rich_help_panel=P_ENGINE,
+        help="Seconds to wait for a launched engine to become ready.")] = 900.0,
+    url: Annotated[Optional[str], typer.Option(rich_help_panel=P_ATTACH,
+        help="Attach to a running server at this base URL instead of launching one "
+             "(e.g. http://127.0.0.1:8000). The engine facts below set the boundary lengths of "
+             "an attached engine; with a launch they are an error (the engine's own arguments "
+             "set them: --engine-arg --block-size=32).")] = None,
+    block_size: Annotated[Optional[int], typer.Option(min=1, rich_help_panel=P_ATTACH,
+        help="KV block size B. " + FACT_HELP)] = None,
+    chunk_size: Annotated[Optional[int], typer.Option(min=1, rich_help_panel=P_ATTACH,
         help="Chunked-prefill budget C (max_num_batched_tokens). " + FACT_HELP)] = None,
-    num_speculative_tokens: Annotated[Optional[int], typer.Option(min=0,
+    num_speculative_tokens: Annotated[Optional[int], typer.Option(min=0, rich_help_panel=P_ATTACH,
         help="Speculative tokens k (q = 1 + k). " + FACT_HELP)] = None,
-    max_num_seqs: Annotated[Optional[int], typer.Option(min=1, help="max_num_seqs. " + FACT_HELP)] = None,
-    max_model_len: Annotated[Optional[int], typer.Option(min=1, help="max_model_len M. " + FACT_HELP)] = None,
-    vocab_size: Annotated[Optional[int], typer.Option(min=1, help="Vocabulary size V. " + FACT_HELP)] = None,
-    dtype: Annotated[Optional[str], typer.Option(
+    max_num_seqs: Annotated[Optional[int], typer.Option(min=1, rich_help_panel=P_ATTACH,
+        help="max_num_seqs. " + FACT_HELP)] = None,
+    max_model_len: Annotated[Optional[int], typer.Option(min=1, rich_help_panel=P_ATTACH,
+        help="max_model_len M. " + FACT_HELP)] = None,
+    vocab_size: Annotated[Optional[int], typer.Option(min=1, rich_help_panel=P_ATTACH,
+        help="Vocabulary size V. " + FACT_HELP)] = None,
+    dtype: Annotated[Optional[str], typer.Option(rich_help_panel=P_ATTACH,
         help="Serving dtype (bfloat16, float16, float32): sets the default near-tie threshold. "
              + FACT_HELP)] = None,
-    api_key_env: Annotated[Optional[str], typer.Option(
+    served_model_name: Annotated[Optional[str], typer.Option(rich_help_panel=P_ATTACH,
+        help="Model name to request (default: as the server lists it).")] = None,
+    api_key_env: Annotated[Optional[str], typer.Option(rich_help_panel=P_ATTACH,
         help="Name of an environment variable holding an API key: sent as a Bearer token and "
              "given to a launched engine (VLLM_API_KEY); never written anywhere.")] = None,
-    connect_timeout: Annotated[float, typer.Option(min=0.1, max=86400, help="Seconds to connect.")] = 10.0,
-    first_token_timeout: Annotated[float, typer.Option(
-        min=0.1, max=86400, help="Seconds from sending a request to its first token.")] = 300.0,
-    between_tokens_timeout: Annotated[float, typer.Option(
-        min=0.1, max=86400, help="Longest gap between two streamed tokens, seconds.")] = 120.0,
-    request_timeout: Annotated[float, typer.Option(min=0.1, max=604800,
-                                                   help="Longest whole request, seconds.")] = 1800.0,
-    on_timeout: Annotated[str, typer.Option(
-        help="After a phase with timed-out requests (recorded as 'timeout', the phase fails): "
-             "'continue' with the next phase, or 'abort' the run (status incomplete).")] = "continue",
-    reference: Annotated[str, typer.Option(
+    scenario: Annotated[Optional[list[str]], typer.Option(rich_help_panel=P_SCEN,
+        help="Scenario name (shipped, see `ple-harness scenarios`) or TOML path; repeatable. "
+             "Default: transitions, boundary, pairs, insert.")] = None,
+    suite: Annotated[Optional[str], typer.Option(rich_help_panel=P_SCEN,
+        help="A suite file (name in scenarios/suites/ or path): scenarios with parameters, "
+             "repeats and compare gates, e.g. nightly or premerge.")] = None,
+    ladder: Annotated[Optional[str], typer.Option(rich_help_panel=P_SCEN,
+        help="Override the transitions concurrency ladder, e.g. 4,3,2,1,2,3,4,1.")] = None,
+    repeats: Annotated[Optional[int], typer.Option(min=1, max=10_000, rich_help_panel=P_SCEN,
+        help="Override how often the transitions ladder repeats within one suite pass.")] = None,
+    max_tokens: Annotated[Optional[int], typer.Option(min=1, max=1_000_000, rich_help_panel=P_SCEN,
+        help="Override max_tokens per request.")] = None,
+    suite_repeats: Annotated[int, typer.Option(min=1, rich_help_panel=P_SCEN,
+        help="Run the whole suite N times on one engine (references taken once); throughput "
+             "is reported as median/min/max over the repeats. Default: the suite's repeat, "
+             "else 1.")] = 1,
+    repeat_old: Annotated[Optional[int], typer.Option("--repeat", min=1, hidden=True,
+        help="Deprecated spelling of --suite-repeats.")] = None,
+    reference: Annotated[str, typer.Option(rich_help_panel=P_REF,
         help="Where single-request references come from: 'solo' (this engine, one request at a "
              "time, before the load), 'engine' (a second launch with --reference-engine-arg, run "
              "first and stopped), 'golden' (transformers in float32 on the same weights: an "
              "implementation independent of vLLM; the engine's own solo runs are compared with "
              "it too), or 'manifest:PATH' (a previous run's references).")] = "solo",
-    control_engine_arg: Annotated[Optional[list[str]], typer.Option(
+    control_engine_arg: Annotated[Optional[list[str]], typer.Option(rich_help_panel=P_CTRL,
         help="Control run: after the engine under test, launch a control engine with its "
              "arguments plus this one (repeatable, = form), run the same suite, and classify "
              "each divergence as also_in_control (engine numerics, a warning) or only_under_test, "
-             "e.g. --control-engine-arg=--enforce-eager. See docs/attribution.md.")] = None,
-    control_drop_arg: Annotated[Optional[list[str]], typer.Option(
+             "e.g. --control-engine-arg=--enforce-eager.")] = None,
+    control_drop_arg: Annotated[Optional[list[str]], typer.Option(rich_help_panel=P_CTRL,
         help="Control run: remove this flag (and its value) from the engine's arguments, e.g. "
              "--control-drop-arg=--speculative-config (repeatable).")] = None,
-    control_profile: Annotated[Optional[Path], typer.Option(
-        help="Control run: the control engine's own profile (engine_args and env).")] = None,
-    golden: Annotated[bool, typer.Option(
+    control_profile: Annotated[Optional[Path], typer.Option(rich_help_panel=P_CTRL,
+        help="Control run: the control engine's own profile (engine_args and env), a path or a "
+             "shipped name.")] = None,
+    golden: Annotated[bool, typer.Option(rich_help_panel=P_REF,
         help="Classify each divergence with the golden model (transformers float32, started on "
              "the first divergence) when the model is a local folder that fits in memory: "
              "teacher-forced logprobs decide near tie vs hard.")] = True,
-    golden_model: Annotated[Optional[str], typer.Option(
+    golden_model: Annotated[Optional[str], typer.Option(rich_help_panel=P_REF,
         help="Model folder for the golden model when attaching with --url (default: the served "
              "model's root, when it is a local folder).")] = None,
-    reference_engine_arg: Annotated[Optional[list[str]], typer.Option(
+    reference_engine_arg: Annotated[Optional[list[str]], typer.Option(rich_help_panel=P_REF,
         help="Argument of the reference engine (--reference engine), repeatable, e.g. "
              "--reference-engine-arg=--enforce-eager.")] = None,
-    reference_cache_state: Annotated[str, typer.Option(
-        help="'warm' (default): run each reference prompt alone twice, judge the second "
-             "(prefix-cached) run against the first, keep the second; 'cold': keep the first "
-             "run.")] = "warm",
-    repeat: Annotated[int, typer.Option(min=1, help="Run the whole suite N times on one engine; "
-                                        "throughput is reported as median/min/max over repeats.")] = 1,
-    logprobs: Annotated[int, typer.Option(min=0, max=20, help="Top-k logprobs per output token (needed "
-                                          "for near-tie analysis; 0 = off).")] = 2,
-    near_tie_nats: Annotated[Optional[float], typer.Option(min=0.0,
+    reference_cache_state: Annotated[CacheState, typer.Option(rich_help_panel=P_REF,
+        help="warm: run each reference prompt alone twice, judge the second (prefix-cached) "
+             "run against the first, keep the second; cold: keep the first run.")] = CacheState.warm,
+    logprobs: Annotated[int, typer.Option(min=0, max=20, rich_help_panel=P_REF,
+        help="Top-k logprobs per output token (needed for near-tie analysis; 0 = off).")] = 2,
+    near_tie_nats: Annotated[Optional[float], typer.Option(min=0.0, rich_help_panel=P_REF,
         help="A divergence whose top-1/top-2 gap is below this (nats) is a near tie (warning), "
              "else hard (failure). Default: from the serving dtype: bfloat16 0.5, float16 "
              "0.0625, float32 0.01 (see pleharness/divergence.py).")] = None,
-    strict: Annotated[bool, typer.Option(help="Any divergence fails, near ties too (for "
-                                         "batch-invariant engines).")] = False,
-    suite: Annotated[Optional[str], typer.Option(
-        help="A suite file (name in scenarios/suites/ or path): scenarios with parameters, "
-             "repeats and compare gates, e.g. nightly or premerge.")] = None,
+    strict: Annotated[bool, typer.Option(rich_help_panel=P_REF,
+        help="Any divergence fails, near ties too (for batch-invariant engines).")] = False,
+    connect_timeout: Annotated[float, typer.Option(min=0.1, max=86400, rich_help_panel=P_TIME,
+        help="Seconds to connect.")] = 10.0,
+    first_token_timeout: Annotated[float, typer.Option(min=0.1, max=86400, rich_help_panel=P_TIME,
+        help="Seconds from sending a request to its first token.")] = 300.0,
+    between_tokens_timeout: Annotated[float, typer.Option(min=0.1, max=86400,
+        rich_help_panel=P_TIME, help="Longest gap between two streamed tokens, seconds.")] = 120.0,
+    request_timeout: Annotated[float, typer.Option(min=0.1, max=604800, rich_help_panel=P_TIME,
+        help="Longest whole request, seconds.")] = 1800.0,
+    on_timeout: Annotated[OnTimeout, typer.Option(rich_help_panel=P_TIME,
+        help="After a phase with timed-out requests (recorded as 'timeout', the phase fails): "
+             "continue with the next phase, or abort the run (status incomplete).")] = OnTimeout.cont,
+    results_dir: Annotated[str, typer.Option(rich_help_panel=P_OUT,
+        help="Where run folders are created.")] = "results",
+    run_id: Annotated[Optional[str], typer.Option(rich_help_panel=P_OUT,
+        help="Name of the run folder (must not exist). Default: timestamp + random suffix.")] = None,
 ):
-    """Launch (or attach to) a vLLM server and run the stress scenarios against it."""
+    """Launch (or attach to) a vLLM server and run the stress scenarios against it.
+
+    Exit 0 pass, 1 parity/check failure, 2 usage error (nothing started), 3 engine failed to
+    start or died, 4 internal error, 130/143 interrupted.
+    """
+    _raise_all(_stress_option_problems(ctx, dict(
+        url=url, reference=reference, suite=suite, scenario=scenario, repeat_old=repeat_old,
+        results_dir=results_dir,
+        engine_arg=engine_arg, reference_engine_arg=reference_engine_arg,
+        control_engine_arg=control_engine_arg)))
+    overrides = {}
+    if ladder is not None:
+        overrides["ladder"] = _parse_ladder(ladder)
+    if repeat_old is not None:
+        warn("--repeat is deprecated: use --suite-repeats (--repeats is the transitions "
+             "ladder's repeats)")
+        suite_repeats = repeat_old
+
     from .profile import EngineProfile, load_profile
     from .stress import DEFAULT_SCENARIOS, StressConfig, run_stress
 
-    prof = load_profile(engine_profile) if engine_profile else EngineProfile()
+    profile_path = _find_profile(engine_profile) if engine_profile else None
+    prof = load_profile(profile_path) if profile_path else EngineProfile()
+    _raise_all(_engine_arg_problems(prof.engine_args, f"{profile_path}: engine_args item"))
     suite_def = None
     if suite is not None:
         from .suites import load_suite
         suite_def = load_suite(suite)
-        if scenario:
-            raise UsageError("--suite and --scenario cannot be combined")
-    overrides = {}
-    if ladder is not None:
-        overrides["ladder"] = _parse_ladder(ladder)
     if repeats is not None:
         overrides["repeats"] = repeats
     if max_tokens is not None:
@@ -194,6 +389,7 @@ def stress(
         api_key = os.environ.get(api_key_env)
         if not api_key:
             raise UsageError(f"--api-key-env {api_key_env}: that environment variable is not set")
+    explicit_repeats = _given(ctx, "suite_repeats") or repeat_old is not None
     cfg = StressConfig(
         model=model or prof.model, url=url, tp=tp or prof.tp or 1,
         engine_python=engine_python or prof.python or sys.executable,
@@ -201,50 +397,74 @@ def stress(
         engine_env={**prof.env, **_parse_env(engine_env or [])},
         scenarios=(suite_def.scenario_refs() if suite_def else list(scenario or DEFAULT_SCENARIOS)),
         overrides=overrides,
-        results_dir=results_dir, run_id=run_id, host=host or prof.host or "127.0.0.1", port=port,
+        results_dir=Path(results_dir), run_id=run_id, host=host or prof.host or "127.0.0.1", port=port,
         start_timeout_s=start_timeout,
         served_model_name=served_model_name or prof.served_model_name,
-        explicit_facts=facts, profile=str(engine_profile) if engine_profile else None,
-        api_key=api_key, on_timeout=on_timeout, reference=reference,
+        explicit_facts=facts, profile=str(profile_path) if profile_path else None,
+        api_key=api_key, on_timeout=on_timeout.value, reference=reference,
         reference_engine_args=list(reference_engine_arg or []),
-        repeat=repeat if repeat != 1 or not suite_def else suite_def.repeat,
+        repeat=suite_repeats if explicit_repeats or not suite_def else suite_def.repeat,
         logprobs=logprobs, near_tie_nats=near_tie_nats, strict=strict, golden=golden,
         golden_model=golden_model, control_engine_args=list(control_engine_arg or []),
         control_drop_args=list(control_drop_arg or []),
-        control_profile=str(control_profile) if control_profile else None,
-        reference_cache_state=reference_cache_state,
+        control_profile=str(_find_profile(control_profile)) if control_profile else None,
+        reference_cache_state=reference_cache_state.value,
         timeouts=Timeouts(connect_timeout, first_token_timeout, between_tokens_timeout,
                           request_timeout),
-        invocation=["ple-harness"] + sys.argv[1:])
-    raise typer.Exit(run_stress(cfg, console))
+        invocation=_program() + sys.argv[1:])
+    raise typer.Exit(run_stress(cfg, console, err_console))
+
+
+def _check_plot_path(plot: str) -> Path:
+    p = Path(plot)
+    if not plot.strip() or p.name in ("", ".", "..") or p.is_dir():
+        raise UsageError(f"--plot {plot!r}: expected a PNG file path, e.g. --plot run.png")
+    if not p.parent.is_dir():
+        raise UsageError(f"--plot {plot!r}: folder {p.parent} does not exist")
+    return p
 
 
 @app.command()
 def report(
     run: Annotated[Path, typer.Argument(help="Run folder or manifest.json.")],
-    format: Annotated[str, typer.Option(help="console, markdown or junit.")] = "console",
-    plot: Annotated[Optional[Path], typer.Option(
+    format: Annotated[ReportFormat, typer.Option("--format", "-f",
+        help="console (verdict, causes, next steps, tables), markdown (summary.md) or junit "
+             "(JUnit XML), on stdout.")] = ReportFormat.console,
+    plot: Annotated[Optional[str], typer.Option(metavar="PNG",
         help="Also write a PNG: decode tok/s and TTFT per phase, mismatches marked "
              "(needs matplotlib).")] = None,
+    exit_zero: Annotated[bool, typer.Option("--exit-zero",
+        help="Exit 0 whenever the report was written, whatever the run's verdict.")] = False,
 ):
-    """Re-render a finished or interrupted run (console summary, Markdown for a PR, JUnit XML)."""
+    """Re-render a finished or interrupted run (console summary, Markdown for a PR, JUnit XML).
+
+    The report goes to stdout, notes to stderr. Exit code: the run's own recorded exit code
+    (0 pass, 1 fail, 3 engine failed or died, 4 internal error, 130/143 interrupted; 1 for a run
+    that recorded none, e.g. killed), so a CI step that renders the report also gates like the run
+    did; with --exit-zero, 0. Exit 2: the run cannot be read, or bad options.
+    """
     from .compare import load
     from .report import render as render_console
     from .reports import to_junit, to_markdown
 
+    plot_path = _check_plot_path(plot) if plot is not None else None
     m = load(run)
-    if plot is not None:
+    if plot_path is not None:
         from .plot import plot_run
-        console.print(f"plot written to {escape(str(plot_run(m, plot)))}")
-    if format == "console":
-        render_console(m, console)
-        console.print(f"status {m.status}, verdict {m.verdict}, exit {m.exit_code}")
-    elif format == "markdown":
-        print(to_markdown(m), end="")
-    elif format == "junit":
-        print(to_junit(m), end="")
+        err_console.print(f"plot written to {escape(str(plot_run(m, plot_path)))}")
+    if format is ReportFormat.console:
+        render_console(m, console, run_dir=str(run.parent if run.suffix == ".json" else run))
+    elif format is ReportFormat.markdown:
+        sys.stdout.write(to_markdown(m))
     else:
-        raise UsageError(f"--format {format!r}: expected console, markdown or junit")
+        sys.stdout.write(to_junit(m))
+    sys.stdout.flush()
+    code = m.exit_code
+    if code is None:
+        code = 1
+        err_console.print(f"note: run {escape(m.run_id)} recorded no exit code (status "
+                          f"{m.status}: it was stopped before it could write one); exit 1")
+    raise typer.Exit(0 if exit_zero else code)
 
 
 @app.command("compare")
@@ -258,14 +478,20 @@ def compare_cmd(
     threshold: Annotated[Optional[list[str]], typer.Option(
         help="Gate on HEAD's median decode tok/s, e.g. 'C4>=62.985'; repeatable.")] = None,
     suite: Annotated[Optional[str], typer.Option(
-        help="Take the gates from this suite's [gates] (flags given here win).")] = None,
+        help="Take the gates from this suite's \\[gates] (flags given here win).")] = None,
 ):
-    """Compare two runs: per-request token parity, throughput ratios, gates. Exit 0 pass, 1 fail."""
+    """Compare two runs: HEAD's own verdict, per-request token parity, throughput ratios, gates.
+
+    Fails when HEAD failed on its own (and says whether BASE failed too: "broken before" vs
+    "broken by this change"), when either run did not complete, on any token difference, and on a
+    missed throughput gate. Exit 0 pass, 1 fail, 2 usage error (a run cannot be read, bad gate).
+    """
     from rich.table import Table
 
-    from .compare import compare, load
+    from .compare import check_thresholds, compare, load
 
-    if suite:
+    check_thresholds(threshold)
+    if suite is not None:
         from .suites import load_suite
         g = load_suite(suite).gates
         min_throughput_ratio = min_throughput_ratio if min_throughput_ratio is not None \
@@ -273,7 +499,8 @@ def compare_cmd(
         min_phase_ratio = min_phase_ratio if min_phase_ratio is not None else g.min_phase_ratio
         threshold = threshold or g.thresholds
 
-    res = compare(load(base), load(head), min_throughput_ratio, min_phase_ratio, threshold)
+    b, h = load(base), load(head)
+    res = compare(b, h, min_throughput_ratio, min_phase_ratio, threshold)
     t = Table(title="decode throughput per concurrency (median over repeats, tok/s)")
     for col in ("C", "BASE", "HEAD", "HEAD/BASE"):
         t.add_column(col, justify="right")
@@ -283,17 +510,23 @@ def compare_cmd(
     console.print(t)
     if res.phase_ratios:
         worst = sorted(res.phase_ratios.items(), key=lambda kv: kv[1])[:5]
-        console.print("lowest per-phase ratios: " + ", ".join(f"{n} {r:.3f}" for n, r in worst))
+        console.print("lowest per-phase ratios: " + ", ".join(f"{escape(n)} {r:.3f}"
+                                                              for n, r in worst))
     for mm in res.parity_mismatches[:20]:
-        console.print(f"[red]parity:[/red] {mm['prompt']} (max_tokens {mm['max_tokens']}): "
-                      f"BASE {mm['base']} vs HEAD {mm['head']}")
+        console.print(f"[red]parity:[/red] {escape(str(mm['prompt']))} (max_tokens "
+                      f"{mm['max_tokens']}): BASE {mm['base']} vs HEAD {mm['head']}")
     if res.only_in_one:
         console.print(f"{res.only_in_one} prompt(s) issued by only one of the runs (not compared)")
+    for label, verdict, why in (("HEAD", res.head_verdict, res.head_causes),
+                                ("BASE", res.base_verdict, res.base_causes)):
+        console.print(f"{label} run verdict: {verdict}")
+        for line in why[:5]:
+            console.print(f"  - {escape(line)}")
     for g in res.gates_passed:
-        console.print(f"[green]PASS[/green] {g}")
+        console.print(f"[green]PASS[/green] {escape(g)}")
     for g in res.gate_failures:
-        console.print(f"[red]FAIL[/red] {g}")
-    console.print(f"verdict: {'pass' if res.passed else 'fail'}")
+        console.print(f"[red]FAIL[/red] {escape(g)}")
+    console.print(f"verdict: {'pass' if res.passed else 'fail'} ({escape(res.diagnosis)})")
     raise typer.Exit(0 if res.passed else 1)
 
 
@@ -311,10 +544,33 @@ def scenarios():
             seen.add(f.stem)
             try:
                 sc = load_scenario_file(str(f))
-                console.print(f"[bold]{f.stem}[/bold] ({sc.kind}): {sc.description}")
+                console.print(f"[bold]{f.stem}[/bold] ({sc.kind}): {escape(sc.description)}")
             except ValueError as exc:
-                console.print(f"[red]{f.stem}[/red]: {exc}")
+                console.print(f"[red]{f.stem}[/red]: {escape(str(exc))}")
     console.print(f"scenario kinds: {', '.join(sorted(REGISTRY))}")
+
+
+def check_json_path(path: Path, flag: str = "--json") -> None:
+    """A file path that can be written: not a folder, its folder not a file. Checked before the
+    probe runs (usage error, exit 2)."""
+    if str(path) in ("", ".") or path.is_dir():
+        raise UsageError(f"{flag} {str(path)!r}: is a folder; expected a file path, e.g. "
+                         f"{flag} probe.json")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise UsageError(f"{flag} {str(path)!r}: {parent} is not a folder")
+            break
+
+
+def write_json_result(path: Path, result: dict, flag: str = "--json") -> None:
+    """Write the probe result; an OS error is a usage error naming the flag (exit 2)."""
+    import json
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=2) + "\n")
+    except OSError as exc:
+        raise UsageError(f"{flag} {str(path)!r}: cannot write: {exc.strerror or exc}") from None
 
 
 @app.command()
@@ -328,16 +584,15 @@ def probe(
     """GPU pre-flight probe for deferred PLE row loading (stream memops inside CUDA graphs).
 
     Exit 0 when the probe answered (ok, fallback: synchronous, or unavailable: no GPU / no CUDA),
-    1 when the self-test failed.
+    1 when the self-test failed, 2 for a --json path that cannot be written.
     """
-    import json
-
     from .probe import render, run_probe
+    if json_path is not None:
+        check_json_path(json_path)
     result = run_probe(selftest=True, timings=not quick, replays=100 if quick else replays)
-    if json_path:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(result, indent=2) + "\n")
     render(result, console)
+    if json_path:
+        write_json_result(json_path, result)
     raise typer.Exit(1 if result.get("status") == "failed" else 0)
 
 
@@ -365,16 +620,19 @@ def explain(
     start_timeout: Annotated[float, typer.Option(min=1.0, help="Seconds to wait for each "
                                                  "engine.")] = 900.0,
 ):
-    """Which engine feature causes each failing divergence of a finished run: replays the smallest
-    failing case on engines that each switch one suspect off (speculative decoding, prefix
-    caching, chunked prefill, CUDA graphs, ...); writes RUN/explain/ (table, JUnit, reproducers).
-    Exit 0 when done (the table is the result), 2 usage error, 3 engine failure."""
+    """Which engine feature causes each failing divergence of a finished (launched) run.
+
+    Replays the smallest failing case on engines that each switch one suspect off (speculative
+    decoding, prefix caching, chunked prefill, CUDA graphs, ...); writes RUN/explain/ (table,
+    JUnit, reproducers). Exit 0 when done (the table is the result), 2 usage error, 3 engine
+    failure."""
     from .explain import explain as run_explain
+    _raise_all(_engine_arg_problems(list(suspect or []), "--suspect"))
     run_explain(run, suspects_extra=list(suspect or []), suspects_drop=list(suspect_drop or []),
                 auto_suspects=auto_suspects, include_warnings=include_warnings, tries=tries,
                 budget_s=budget_s,
                 engine_python=engine_python, start_timeout_s=start_timeout,
-                console=Console(stderr=True))
+                console=err_console)
 
 
 @app.command("build-model")
@@ -388,12 +646,14 @@ def build_model(
                          "identical, 1 when they differ (expected on another CPU family; the "
                          "shipped weights stay authoritative).")] = False,
 ):
-    """Verify the embedded model's pinned SHA256 digests and print its path (and, with --verify,
-    whether its recipe reproduces it here)."""
+    """Verify the embedded model's pinned SHA256 digests and print its path.
+
+    The path goes to stdout, notes to stderr; with --verify, also whether its recipe reproduces
+    the pinned weights on this machine."""
     from .model import WEIGHTS_SHA256, ensure_embedded_model, rebuild
     path = ensure_embedded_model()
     print(path)
-    err = Console(stderr=True)
+    err = err_console
     err.print(f"embedded model verified: weights SHA256 {WEIGHTS_SHA256}", highlight=False)
     if verify:
         res = rebuild(engine_python or sys.executable, log=err.print)
@@ -415,14 +675,29 @@ def _exit_now_if_requests_hang(code: int) -> None:
         os._exit(code)
 
 
+ENGINE_ARG_FLAGS = ("--engine-arg", "--reference-engine-arg", "--control-engine-arg", "--suspect")
+
+
+def _usage_hint(exc: Exception, argv: list[str]) -> str | None:
+    """A hint for click's "unexpected extra argument" after ``--engine-arg --flag VALUE``."""
+    if "unexpected extra argument" not in str(getattr(exc, "message", exc)).lower():
+        return None
+    for i, a in enumerate(argv[:-2]):
+        if a in ENGINE_ARG_FLAGS and argv[i + 1].startswith("-") and "=" not in argv[i + 1]:
+            return (f"hint: engine arguments take the = form: {a} {argv[i + 1]}={argv[i + 2]} "
+                    f"(or {a} {argv[i + 1]} {a} {argv[i + 2]})")
+    return None
+
+
 def run() -> None:
-    """Console entry point: maps harness errors to their exit codes with one clear line."""
+    """Console entry point: maps harness errors to their exit codes with one clear line on stderr;
+    an unexpected exception is an internal error (exit 4) with its traceback in a log file."""
     try:
         rc = app(standalone_mode=False)
         _exit_now_if_requests_hang(rc if isinstance(rc, int) else 0)
         sys.exit(rc if isinstance(rc, int) else 0)
     except HarnessError as exc:
-        console.print(f"[red]error:[/red] {escape(str(exc))}")
+        err_console.print(f"[red]error:[/red] {escape(str(exc))}")
         sys.exit(exc.exit_code)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
@@ -431,9 +706,15 @@ def run() -> None:
     except Exception as exc:  # click's usage errors (typer may bundle its own copy of click)
         if hasattr(exc, "show") and isinstance(getattr(exc, "exit_code", None), int):
             exc.show()
+            hint = _usage_hint(exc, sys.argv[1:])
+            if hint:
+                err_console.print(escape(hint))
             sys.exit(2 if exc.exit_code in (1, 2) else exc.exit_code)
         if type(exc).__name__ == "Abort":
             sys.exit(130)
-        raise
-
-
+        import traceback
+        path = write_crash_log(traceback.format_exc())
+        err_console.print(f"[red]internal error:[/red] {escape(type(exc).__name__)}: "
+                          f"{escape(str(exc))[:300]} (a ple-harness bug; traceback in "
+                          f"{escape(path)})")
+        sys.exit(EXIT_INTERNAL)

@@ -6,6 +6,11 @@ phase (by name) and per concurrency (median over repeats, see
 :func:`pleharness.reports.throughput_by_concurrency`), as HEAD / BASE ratios.
 
 Gates (each failure says which gate and by how much):
+- HEAD's own verdict: always. A HEAD run that failed (its own parity, checks, request errors) or did
+  not complete fails the comparison, whatever BASE did; BASE's verdict is reported beside it, so a
+  pre-merge job can tell "broken before" (BASE failed too) from "broken by this change" (BASE
+  passed). BASE's verdict alone does not fail the gate (a fix may land on a broken BASE), but a BASE
+  that did not complete does (nothing trustworthy to compare with);
 - token parity: always;
 - ``--min-throughput-ratio R``: every per-concurrency median ratio >= R;
 - ``--min-phase-ratio R``: every per-phase ratio >= R (phases are short: noisy on small machines);
@@ -25,7 +30,7 @@ from .manifest import Manifest, load_manifest
 from .reports import throughput_by_concurrency
 
 OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}
-THRESHOLD = re.compile(r"^\s*C(\d+)\s*(>=|<=|>|<)\s*([0-9.]+)\s*$")
+THRESHOLD = re.compile(r"^\s*C(\d+)\s*(>=|<=|>|<)\s*(\d+(?:\.\d*)?|\.\d+)\s*$")
 
 
 @dataclass
@@ -39,10 +44,30 @@ class Comparison:
     base_throughput: dict[str, dict] = field(default_factory=dict)
     gate_failures: list[str] = field(default_factory=list)
     gates_passed: list[str] = field(default_factory=list)
+    base_verdict: str | None = None
+    head_verdict: str | None = None
+    base_causes: list[str] = field(default_factory=list)
+    head_causes: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
         return not self.gate_failures
+
+    @property
+    def diagnosis(self) -> str:
+        """One line for a pre-merge job: whose fault a failure is.
+
+        "HEAD passed", "broken by this change" (HEAD failed, BASE passed), "broken before this
+        change" (both failed) or "fixed by this change" (BASE failed, HEAD passed)."""
+        head_ok = self.head_verdict == "pass"
+        base_ok = self.base_verdict == "pass"
+        if head_ok:
+            return ("HEAD passed; BASE failed: fixed by this change" if not base_ok
+                    else "HEAD and BASE passed their own runs")
+        if base_ok:
+            return "HEAD failed its own run, BASE passed: broken by this change"
+        return (f"HEAD failed its own run and BASE failed too ({self.base_verdict}): broken "
+                "before this change")
 
 
 def parse_threshold(text: str) -> tuple[str, str, float]:
@@ -70,11 +95,21 @@ def _outputs(m: Manifest) -> dict[tuple[str, int], dict]:
 
 def compare(base: Manifest, head: Manifest, min_throughput_ratio: float | None = None,
             min_phase_ratio: float | None = None, thresholds: list[str] | None = None) -> Comparison:
+    """Compare HEAD with BASE: both runs' own verdicts, token parity, throughput gates."""
+    from .report import causes
     res = Comparison()
     for label, m in (("BASE", base), ("HEAD", head)):
         if m.status != "complete":
             res.gate_failures.append(f"run status: {label} ({m.run_id}) is {m.status!r}, not "
                                      "complete: it cannot pass a comparison")
+    res.base_verdict, res.head_verdict = base.verdict or "none", head.verdict or "none"
+    res.base_causes, res.head_causes = causes(base), causes(head)
+    if res.head_verdict != "pass":
+        why = "; ".join(res.head_causes[:3]) or "no cause recorded"
+        res.gate_failures.insert(0, f"HEAD verdict: HEAD ({head.run_id}) is "
+                                    f"{res.head_verdict!r} on its own: {why}")
+    else:
+        res.gates_passed.insert(0, f"HEAD verdict: HEAD ({head.run_id}) passed on its own")
     bo, ho = _outputs(base), _outputs(head)
     for key in sorted(set(bo) | set(ho)):
         if key not in bo or key not in ho:
@@ -137,7 +172,14 @@ def _ratio_gate(res: Comparison, flag: str, floor: float | None, ratios: dict[st
         res.gates_passed.append(f"{flag} {floor:g}: all {len(ratios)} {units}")
 
 
+def check_thresholds(thresholds: list[str] | None) -> None:
+    """Parse every ``--threshold`` now (usage error, exit 2) so nothing is loaded with a bad one."""
+    for t in thresholds or []:
+        parse_threshold(t)
+
+
 def load(path: str | Path) -> Manifest:
+    """Load a run (folder or manifest.json); a missing or invalid file is a usage error."""
     try:
         return load_manifest(Path(path))
     except ValueError as exc:

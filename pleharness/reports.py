@@ -33,20 +33,40 @@ def throughput_by_concurrency(m: Manifest) -> dict[str, dict[str, Any]]:
 
 
 def reproduce_command(m: Manifest) -> str:
-    return shlex.join(m.invocation) if m.invocation else "(not recorded)"
+    """The recorded invocation as a shell command that starts a new run: ``--run-id`` is dropped
+    (the old folder exists, and a new run may not reuse it). For an attached run (``--url``) the
+    engine at that URL must be running again; :func:`pleharness.report.next_steps` says so."""
+    if not m.invocation:
+        return "(not recorded)"
+    out: list[str] = []
+    skip = False
+    for a in m.invocation:
+        if skip:
+            skip = False
+        elif a == "--run-id":
+            skip = True
+        elif not a.startswith("--run-id="):
+            out.append(a)
+    return shlex.join(out)
 
 
 def to_markdown(m: Manifest) -> str:
-    """The "Test plan and result" section a maintainer pastes into a PR."""
+    """The "Test plan and result" section a maintainer pastes into a PR: the verdict and its
+    causes first, then next steps (logs, tokens, the reproduce command), then the tables."""
+    from .report import causes, next_steps
     s = m.summary
     lines = ["## Test plan and result", ""]
     lines.append(f"**Verdict: {(m.verdict or 'none').upper()}** (status {m.status}, exit "
                  f"{m.exit_code}). {headline(m)}.")
-    if m.reason:
-        lines.append(f"Reason: {m.reason}")
-    if m.root_cause:
-        lines.append(f"Root cause: `{m.root_cause}`")
-    lines += ["", "Reproduce:", "", "```bash", reproduce_command(m), "```", ""]
+    why = causes(m)
+    if why:
+        lines += ["", "### Why", ""] + [f"- {x}" for x in why]
+    lines += ["", "### Next steps", ""]
+    for text, cmd in next_steps(m):
+        lines.append(f"- {text}")
+        if cmd:
+            lines += ["", "  ```bash", f"  {cmd}", "  ```"]
+    lines.append("")
     e = m.engine
     lines.append("### Engine")
     lines.append("")

@@ -20,7 +20,7 @@ def esc(x) -> str:
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .engine.client import EngineClient, Timeouts
-from .engine.errors import EngineError, HarnessError, UsageError
+from .engine.errors import EXIT_INTERNAL, EngineError, HarnessError, UsageError, write_crash_log
 from .engine.facts import gather_facts
 from .engine.launch import EngineServer, LaunchSpec, engine_python_check, redact_env
 from .manifest import Manifest, now_iso, write_manifest
@@ -166,15 +166,18 @@ def _launch(spec: LaunchSpec, log_dir: Path, log_name: str, cfg: StressConfig, c
     return server
 
 
-def run_stress(cfg: StressConfig, console: Console | None = None) -> int:
-    """Run the job; returns the exit code (see :mod:`pleharness.runner`). Never leaves an engine."""
+def run_stress(cfg: StressConfig, console: Console | None = None,
+               err_console: Console | None = None) -> int:
+    """Run the job; returns the exit code (see :mod:`pleharness.runner`; 4 for an internal
+    error, its traceback in ``<run>/harness-error.log``). Never leaves an engine. Reports go to
+    ``console`` (stdout), errors and warnings to ``err_console`` (stderr)."""
     console = console or Console(stderr=False)
+    err = err_console or Console(stderr=True)
     scenarios = load_scenarios(cfg.scenarios, cfg.overrides)  # bad input: before anything starts
-    model_path, served_name, engine_args, engine_env, base_args = _resolve_launch(cfg, console)
     if cfg.on_timeout not in ("continue", "abort"):
         raise UsageError(f"--on-timeout {cfg.on_timeout!r}: expected continue or abort")
     if cfg.repeat < 1:
-        raise UsageError("--repeat must be >= 1")
+        raise UsageError("--suite-repeats must be >= 1")
     if cfg.reference_cache_state not in ("cold", "warm"):
         raise UsageError(f"--reference-cache-state {cfg.reference_cache_state!r}: expected cold "
                          "or warm")
@@ -184,12 +187,6 @@ def run_stress(cfg: StressConfig, console: Console | None = None) -> int:
                          "manifest:PATH")
     if mode == "golden" and not cfg.golden:
         raise UsageError("--reference golden needs the golden model (drop --no-golden)")
-    golden_dir = cfg.golden_model or (model_path if cfg.url is None else None)
-    if mode == "golden" and golden_dir is not None:
-        from .golden import golden_problem
-        problem = golden_problem(golden_dir)
-        if problem:
-            raise UsageError(f"--reference golden: {problem}")
     if mode == "engine" and cfg.url is not None:
         raise UsageError("--reference engine needs a launched engine (not --url)")
     control = bool(cfg.control_engine_args or cfg.control_drop_args or cfg.control_profile)
@@ -197,6 +194,13 @@ def run_stress(cfg: StressConfig, console: Console | None = None) -> int:
         raise UsageError("--control-engine-arg / --control-drop-arg / --control-profile need a "
                          "launched engine (not --url): the harness launches the control")
     stored_refs = _load_reference_manifest(cfg.reference) if mode == "manifest" else None
+    model_path, served_name, engine_args, engine_env, base_args = _resolve_launch(cfg, console)
+    golden_dir = cfg.golden_model or (model_path if cfg.url is None else None)
+    if mode == "golden" and golden_dir is not None:
+        from .golden import golden_problem
+        problem = golden_problem(golden_dir)
+        if problem:
+            raise UsageError(f"--reference golden: {problem}")
     run_id, run_dir = new_run_dir(Path(cfg.results_dir), cfg.run_id)
     mpath = run_dir / "manifest.json"
     manifest = Manifest(run_id=run_id, harness=harness_info(), invocation=cfg.invocation,
@@ -308,7 +312,7 @@ def run_stress(cfg: StressConfig, console: Console | None = None) -> int:
     except RequestTimeoutAbort as exc:
         manifest.status, manifest.verdict, manifest.reason = "incomplete", "fail", str(exc)
         code = EXIT_FAIL
-        console.print(f"[red]aborted:[/red] {esc(exc)}")
+        err.print(f"[red]aborted:[/red] {esc(exc)}")
     except KeyboardInterrupt:
         manifest.status, manifest.verdict, manifest.reason = "interrupted", "error", "SIGINT"
         code = 130
@@ -320,20 +324,23 @@ def run_stress(cfg: StressConfig, console: Console | None = None) -> int:
         manifest.root_cause = exc.root_cause or (srv.root_cause() if srv else None)
         manifest.log_tail = srv.log_tail(20) if srv else []
         code = EXIT_ENGINE
-        console.print(f"[red]engine error:[/red] {esc(manifest.reason)}")
+        err.print(f"[red]engine error:[/red] {esc(manifest.reason)}")
         if manifest.root_cause:
-            console.print(f"root cause: {esc(manifest.root_cause)}")
+            err.print(f"root cause: {esc(manifest.root_cause)}")
         if srv:
-            console.print(f"engine log: {esc(srv.log_path)}")
+            err.print(f"engine log: {esc(srv.log_path)}")
     except HarnessError as exc:
         manifest.status, manifest.verdict, manifest.reason = "failed", "error", str(exc)
         code = exc.exit_code
-        console.print(f"[red]error:[/red] {esc(exc)}")
+        err.print(f"[red]error:[/red] {esc(exc)}")
     except Exception as exc:  # noqa: BLE001 - a harness bug still leaves an honest manifest
+        log = write_crash_log(traceback.format_exc(), run_dir)
         manifest.status, manifest.verdict = "failed", "error"
-        manifest.reason = f"harness error: {exc.__class__.__name__}: {exc}"
-        console.print(traceback.format_exc())
-        code = EXIT_FAIL
+        manifest.reason = (f"internal harness error: {exc.__class__.__name__}: {exc} "
+                           f"(traceback in {Path(log).name})")
+        err.print(f"[red]internal error:[/red] {esc(exc.__class__.__name__)}: {esc(exc)} (a "
+                  f"ple-harness bug; traceback in {esc(log)})")
+        code = EXIT_INTERNAL
     finally:
         try:
             if golden_model is not None:
@@ -353,7 +360,7 @@ def run_stress(cfg: StressConfig, console: Console | None = None) -> int:
                 manifest.status = "incomplete"
             write_manifest(mpath, manifest)
             _write_reports(manifest, run_dir)
-    render(manifest, console)
+    render(manifest, console, run_dir=str(run_dir))
     console.print(f"status {manifest.status}, verdict {manifest.verdict}, exit {code}; "
                   f"manifest: {esc(mpath)}")
     return code

@@ -115,7 +115,7 @@ def test_bad_command_lines_fail_before_anything_starts(tmp_path):
         (["--ladder", "4,x"], "--ladder '4,x': expected comma-separated concurrency levels"),
         (["--run-id", "../escape"], "--run-id '../escape': a plain folder name is needed"),
     ]
-    for args in (["--bogus"], ["--repeat", "0"], ["--logprobs", "-1"], ["--first-token-timeout",
+    for args in (["--bogus"], ["--suite-repeats", "0"], ["--logprobs", "-1"], ["--first-token-timeout",
                                                                          "-5"], ["--tp", "0"]):
         r = run_cli("stress", *args, timeout=60)
         assert r.returncode == 2 and "Traceback" not in r.stdout + r.stderr, (args, r.stderr)
@@ -123,7 +123,8 @@ def test_bad_command_lines_fail_before_anything_starts(tmp_path):
     for args, message in cases:
         r = run_cli("stress", *args, timeout=120)
         assert r.returncode == 2, (args, r.stdout + r.stderr)
-        assert r.stdout.startswith("error: ") and message in r.stdout, (args, r.stdout)
+        assert r.stderr.startswith("error: ") and message in r.stderr, (args, r.stderr)
+        assert r.stdout == "", "errors go to stderr"
         assert "Traceback" not in r.stdout + r.stderr
     with socket.socket() as s:  # a fixed port that is taken: a clear engine error, exit 3
         s.bind(("127.0.0.1", 0))
@@ -131,7 +132,7 @@ def test_bad_command_lines_fail_before_anything_starts(tmp_path):
         port = s.getsockname()[1]
         r = run_cli("stress", "--port", str(port), "--results-dir", str(tmp_path), timeout=300)
         assert r.returncode == 2 and f"--port {port}: port {port} on 127.0.0.1 is already in use" \
-            in r.stdout
+            in r.stderr
 
 
 def test_sigterm_during_a_hung_request(tmp_path):

@@ -154,12 +154,12 @@ def test_reference_golden_needs_a_local_model_and_the_golden_model(tmp_path):
     with FakeEngine() as eng:
         r = run_cli("stress", "--url", eng.url, "--reference", "golden", *small, timeout=120)
         assert r.returncode == 2, r.stdout + r.stderr
-        assert "--reference golden: no local model folder" in r.stdout and "--golden-model" in r.stdout
+        assert "--reference golden: no local model folder" in r.stderr and "--golden-model" in r.stderr
         r = run_cli("stress", "--url", eng.url, "--reference", "golden", "--no-golden", *small,
                     timeout=120)
-        assert r.returncode == 2 and "drop --no-golden" in r.stdout
+        assert r.returncode == 2 and "drop --no-golden" in r.stderr
         r = run_cli("stress", "--url", eng.url, "--dtype", "fp8", *small, timeout=120)
-        assert r.returncode == 2 and "--dtype 'fp8'" in r.stdout
+        assert r.returncode == 2 and "--dtype 'fp8'" in r.stderr
         # a run without a local model records why divergences are judged by the engine margin
         r = run_cli("stress", "--url", eng.url, "--dtype", "float16", "--run-id", "nogold", *small,
                     timeout=120)

@@ -103,15 +103,15 @@ def test_reference_option_errors(tmp_path):
     with FakeEngine() as eng:
         r = run_cli("stress", "--url", eng.url, "--results-dir", str(tmp_path), *SMALL,
                     "--reference", "manifest:/nope.json")
-        assert r.returncode == 2 and "/nope.json" in r.stdout
+        assert r.returncode == 2 and "/nope.json" in r.stderr
         r = run_cli("stress", "--url", eng.url, "--results-dir", str(tmp_path), *SMALL,
                     "--reference", "engine")
-        assert r.returncode == 2 and "needs a launched engine" in r.stdout
+        assert r.returncode == 2 and "needs a launched engine" in r.stderr
 
 
 # -- repeats, reports ----------------------------------------------------------------------------
 def test_repeat_reports_medians_and_reports_render(tmp_path):
-    r, out, m = run_fake(None, tmp_path, "rep", "--repeat", "3")
+    r, out, m = run_fake(None, tmp_path, "rep", "--suite-repeats", "3")
     assert r.returncode == 0, out[-2000:]
     load = [p for p in m["phases"] if p["role"] == "load"]
     assert [p["repeat"] for p in load] == [1, 1, 2, 2, 3, 3]
@@ -122,7 +122,8 @@ def test_repeat_reports_medians_and_reports_render(tmp_path):
     assert tbc["C2"]["min_tok_per_s"] <= tbc["C2"]["median_tok_per_s"] <= tbc["C2"]["max_tok_per_s"]
     run_dir = tmp_path / "rep"
     md = (run_dir / "summary.md").read_text()
-    assert "## Test plan and result" in md and "ple-harness stress --url" in md
+    assert "## Test plan and result" in md and "-m pleharness stress --url" in md
+    assert "--run-id" not in md, "a reproduce command must not reuse the finished run's folder"
     assert "| C2 |" in md
     root = ET.parse(run_dir / "junit.xml").getroot()
     cases = root.findall(".//testcase")
@@ -207,7 +208,8 @@ def test_plot_png(tmp_path):
     r, out, m = run_fake(lambda k, body: "http500" if k == 21 else None, tmp_path, "plot")
     png = tmp_path / "p.png"
     r = run_cli("report", str(tmp_path / "plot"), "--plot", str(png))
-    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.returncode == 1 == m["exit_code"], r.stdout + r.stderr  # report mirrors the run's
+    assert "plot written to" in r.stderr and "plot written" not in r.stdout
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
 
 
@@ -250,7 +252,7 @@ def test_compare_refuses_incomplete_or_empty_runs(tmp_path):
     assert "FAIL --min-throughput-ratio 0.9: no concurrency level has throughput" in r.stdout
     (tmp_path / "other.json").write_text(json.dumps({"run_id": "x", "schema_version": 99}))
     r = run_cli("compare", str(tmp_path / "good"), str(tmp_path / "other.json"))
-    assert r.returncode == 2 and "manifest schema version 99" in r.stdout
+    assert r.returncode == 2 and "manifest schema version 99" in r.stderr
 
 
 def test_suite_gates_and_item_keys_are_checked(tmp_path):

@@ -2,6 +2,31 @@
 from __future__ import annotations
 
 
+EXIT_INTERNAL = 4  # an unexpected harness error (a bug): short message, traceback in a log file
+
+
+def write_crash_log(text: str, directory=None) -> str:
+    """Write a traceback to ``<directory>/harness-error.log`` (a run folder) or, without one, to a
+    new ``ple-harness-error-*.log`` in the temporary directory; returns the path. Never raises."""
+    import os
+    import tempfile
+    from pathlib import Path
+    try:
+        if directory is not None:
+            path = Path(directory) / "harness-error.log"
+            path.write_text(text)
+            return str(path)
+    except OSError:
+        pass
+    try:
+        fd, name = tempfile.mkstemp(prefix="ple-harness-error-", suffix=".log")
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        return name
+    except OSError:
+        return "(could not be written)"
+
+
 class HarnessError(Exception):
     """Base class for errors the harness reports as one clear line."""
 
