@@ -136,6 +136,13 @@ def _norm(name: str, value: Any) -> Any:
         value = value.replace("torch.", "")
         value = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "float": "float32",
                  "fp32": "float32"}.get(value, value)
+    if name == "cudagraph_mode" and isinstance(value, (int, list, tuple)) and \
+            not isinstance(value, bool):
+        # /server_info dumps the CUDAGraphMode enum by value: NONE=0, PIECEWISE=1, FULL=2,
+        # FULL_DECODE_ONLY=(FULL, NONE), FULL_AND_PIECEWISE=(FULL, PIECEWISE)
+        key = tuple(value) if isinstance(value, (list, tuple)) else value
+        value = {0: "NONE", 1: "PIECEWISE", 2: "FULL", (2, 0): "FULL_DECODE_ONLY",
+                 (2, 1): "FULL_AND_PIECEWISE"}.get(key, str(value))
     if name == "cudagraph_mode" and isinstance(value, str):
         m = re.search(r"CUDAGraphMode\.(\w+)", value)
         value = m.group(1) if m else value.upper()

@@ -52,9 +52,11 @@ class Boundary(ChatScenario):
         from ..runner import RequestSpec
 
         p = self.params
+        dropped: list = []
         lengths, notes = boundary_lengths(ctx.facts.values, p.depth, p.controls,
                                           max_prompt_len(ctx, p.max_tokens), p.extra_lengths,
-                                          max_tokens=p.max_tokens)
+                                          max_tokens=p.max_tokens, dropped=dropped)
+        self._dropped = dropped
         specs = [boundary_spec(ctx, p, bl.length, bl.why) for bl in lengths]
         ctx.manifest.tables.setdefault("boundary_notes", []).extend({"note": n} for n in notes)
         cold = ctx.take_references(specs, phase_name="boundary-cold", cache_state="cold")
@@ -125,7 +127,16 @@ class Boundary(ChatScenario):
                          "cold": res(cold), "warm": warm_res,
                          "prefix_cache_hit_tokens": hits.get(spec.prompt.key),
                          "checks_failed": failed, "facts": _fact_sources(ctx, bl.facts)})
-        # a family no fact gives is a row of its own, not only a note
+        # a derived length longer than M - max_tokens, and a family no fact gives, are rows of
+        # their own, not only notes
+        limit = max_prompt_len(ctx, self.params.max_tokens)
+        for bl in getattr(self, "_dropped", []):
+            rows.append({"length": bl.length, "formula": bl.why, "control": False,
+                         "mod_C": None if not c else bl.length % c,
+                         "mod_B": None if not b else bl.length % b,
+                         "cold": f"skipped: longer than M - max_tokens = {limit}",
+                         "warm": "skipped", "prefix_cache_hit_tokens": None,
+                         "checks_failed": [], "facts": _fact_sources(ctx, bl.facts)})
         for fam in skipped_families(ctx.facts.values):
             rows.append({"length": None, "formula": fam["formula"], "control": False,
                          "mod_C": None, "mod_B": None, "cold": f"skipped: {fam['reason']}",

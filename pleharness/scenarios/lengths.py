@@ -69,7 +69,8 @@ def skipped_families(facts: dict) -> list[dict]:
 
 
 def boundary_lengths(facts: dict, depth: int, controls: bool = True, max_len: int | None = None,
-                     extra: list[int] | None = None, max_tokens: int | None = None
+                     extra: list[int] | None = None, max_tokens: int | None = None,
+                     dropped: list[BoundaryLength] | None = None
                      ) -> tuple[list[BoundaryLength], list[str]]:
     """Sorted, de-duplicated boundary lengths and a list of notes on what was left out.
 
@@ -82,6 +83,8 @@ def boundary_lengths(facts: dict, depth: int, controls: bool = True, max_len: in
         max_len: the longest prompt allowed (typically M - max_tokens).
         extra: user-given lengths, added as they are.
         max_tokens: the requests' max_tokens (for the lengths whose generation crosses W or K).
+        dropped: when given, the lengths left out for being longer than ``max_len`` are appended
+            to it (the boundary scenario shows them as rows).
     """
     k = int(facts.get("num_speculative_tokens") or 0)
     q = 1 + k
@@ -96,6 +99,8 @@ def boundary_lengths(facts: dict, depth: int, controls: bool = True, max_len: in
             return
         if max_len is not None and length > max_len:
             notes.append(f"L={length} ({why}) dropped: longer than {max_len}")
+            if dropped is not None and not control:
+                dropped.append(BoundaryLength(length, [why], control, list(used)))
             return
         bl = found.setdefault(length, BoundaryLength(length, control=True))
         bl.reasons.append(why)
