@@ -234,7 +234,9 @@ def test_engine_facts_win_over_flags_and_conflicts_are_recorded(tmp_path):
     assert d["block_size"]["conflict"] is True
     assert {o["value"] for o in d["dtype"]["observed"]} == {"bfloat16", "float32"}
     assert "conflict" not in d["dtype"]
-    assert d["sliding_window"] == {"value": None, "source": "unknown"}
+    # the engine says it has no sliding window: None, but not "unknown"
+    assert d["sliding_window"] == {"value": None, "source": "/metrics vllm:cache_config_info: none"}
+    assert d["attention_chunk_size"] == {"value": None, "source": "unknown"}
 
 
 def test_reference_engine_ranks_launch_args_first():
@@ -266,6 +268,13 @@ def test_window_and_alignment_lengths():
     assert got[98].facts == ["cache_hit_alignment_tokens", "num_speculative_tokens"]
     assert got[196].facts == ["sliding_window"] and "crosses W" in got[196].why
     assert any("n*C + q lengths skipped" in n for n in notes)
+    # lengths longer than max_len are dropped, said in the notes and handed back for table rows
+    dropped = []
+    kept, notes = boundary_lengths(facts, depth=2, controls=True, max_len=150, max_tokens=8,
+                                   dropped=dropped)
+    assert max(b.length for b in kept) <= 150
+    assert [d.length for d in dropped] == [194, 199, 200, 201, 196]  # controls are not rows
+    assert dropped[0].facts == ["cache_hit_alignment_tokens", "num_speculative_tokens"]
     # A equal to B adds nothing
     same, _ = boundary_lengths({"block_size": 64, "cache_hit_alignment_tokens": 64}, depth=1,
                                controls=False)

@@ -82,6 +82,11 @@ FACT_DOCS: dict[str, str] = {
 }
 
 
+# facts for which an engine's explicit None means "the engine has none" (not "unknown")
+NONE_MEANS_ABSENT = {"sliding_window", "mamba_block_size", "cache_hit_alignment_tokens",
+                     "speculative_method", "attention_chunk_size"}
+
+
 @dataclass
 class Observation:
     value: Any
@@ -158,8 +163,9 @@ def _norm(name: str, value: Any) -> Any:
 
 @dataclass
 class EngineFacts:
-    """Facts with all their observations. ``values[name]`` is the value used (None: unknown);
-    ``sources[name]`` names where it came from; ``conflicts`` lists disagreements (dicts with
+    """Facts with all their observations. ``values[name]`` is the value used (None: unknown, or
+    for :data:`NONE_MEANS_ABSENT` facts possibly "the engine has none": ``said_none[name]`` names
+    that source); ``sources[name]`` names where it came from; ``conflicts`` lists disagreements (dicts with
     ``fact``, ``used``, ``used_source``, ``other``, ``other_source``); ``warnings`` one line each."""
 
     values: dict[str, Any] = field(default_factory=dict)
@@ -168,11 +174,14 @@ class EngineFacts:
     conflicts: list[dict[str, Any]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    said_none: dict[str, str] = field(default_factory=dict)
 
     def observe(self, name: str, value: Any, source: str, rank: int) -> None:
         """Record one source's value (None: that source does not say) and re-resolve ``name``."""
         value = _norm(name, value)
         if value is None:
+            if name in NONE_MEANS_ABSENT and rank < HINT_RANK:
+                self.said_none.setdefault(name, source)  # "no sliding window", not "unknown"
             return
         obs = self.observations.setdefault(name, [])
         obs.append(Observation(value, source, rank))
@@ -212,8 +221,10 @@ class EngineFacts:
         out: dict[str, Any] = {}
         conflicted = {c["fact"] for c in self.conflicts}
         for n in list(FACT_DOCS) + sorted(set(self.values) - set(FACT_DOCS)):
-            d: dict[str, Any] = {"value": self.values.get(n),
-                                 "source": self.sources.get(n, "unknown")}
+            src = self.sources.get(n)
+            if src is None:
+                src = f"{self.said_none[n]}: none" if n in self.said_none else "unknown"
+            d: dict[str, Any] = {"value": self.values.get(n), "source": src}
             obs = self.observations.get(n, [])
             if len(obs) > 1:
                 d["observed"] = [{"value": o.value, "source": o.source} for o in obs]
@@ -469,8 +480,6 @@ def gather_facts(*, explicit: dict[str, Any] | None = None, engine_args: Sequenc
         info, note = fetch_server_info(client)
         f.notes.append(note)
         for n, v in server_info_observations(info).items():
-            if n == "speculative_method" and v is None:
-                continue
             f.observe(n, v, SRC_SERVER_INFO, RANK_SERVER_INFO + eng)
     if engine_log is not None:
         try:
