@@ -76,7 +76,12 @@ def test_attached_facts_and_kv_pressure(small_kv_engine, tmp_path):
     assert "block_size" in r.stdout and "/metrics" in r.stdout
 
     before = engine_says(url)["preemptions"]
-    r = run_cli("stress", "--url", url, "--scenario", "boundary", "--scenario", "kv_pressure",
+    # 4 x the capacity in flight (6 requests): on a loaded 2-core host the API server has been
+    # seen to serialize 2 requests (no overlap, no preemption)
+    kvp = tmp_path / "kvp.toml"
+    kvp.write_text('kind = "kv_pressure"\n[params]\novercommit = 4.0\n'
+                   'require_preemption = true\n')
+    r = run_cli("stress", "--url", url, "--scenario", "boundary", "--scenario", str(kvp),
                 "--scenario", "capture_edges", "--results-dir", str(tmp_path), "--run-id", "att")
     out = r.stdout + r.stderr
     m = load_json(tmp_path / "att" / "manifest.json")

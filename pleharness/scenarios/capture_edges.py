@@ -63,7 +63,7 @@ def graphs_off_reason(facts: dict) -> str | None:
     return None
 
 
-def concurrency_levels(facts: dict, max_concurrency: int = 256, max_levels: int = 16
+def concurrency_levels(facts: dict, max_concurrency: int = 1025, max_levels: int = 16
                        ) -> tuple[list[Level], list[str], list[dict]]:
     """(levels ascending, notes, skipped families). See the module docstring for the formulas.
 
@@ -138,7 +138,9 @@ def concurrency_levels(facts: dict, max_concurrency: int = 256, max_levels: int 
 class CaptureEdgesParams(Params):
     max_tokens: int = Field(16, ge=1, le=1_000_000)
     requests_per_slot: int = Field(1, ge=1, le=1000)
-    max_concurrency: int = Field(256, ge=1, le=MAX_CONCURRENCY)
+    # one more than the transitions cap: vLLM's GPU default max_num_seqs is 1024 and its edge
+    # (1024 + 1) is a level of its own
+    max_concurrency: int = Field(MAX_CONCURRENCY + 1, ge=1, le=4 * MAX_CONCURRENCY)
     max_levels: int = Field(16, ge=1, le=256)
     prompts: PromptSet = Field(default_factory=lambda: PromptSet(count=8, min_len=8, max_len=64,
                                                                  seed=20261130))
