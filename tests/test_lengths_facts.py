@@ -337,3 +337,20 @@ def test_loopback_launch_turns_on_dev_mode_only_locally():
     assert "VLLM_SERVER_DEV_MODE" not in LaunchSpec(model="/m", python="/py", host="0.0.0.0").env
     assert LaunchSpec(model="/m", python="/py",
                       env={"VLLM_SERVER_DEV_MODE": "0"}).env["VLLM_SERVER_DEV_MODE"] == "0"
+
+
+def test_cudagraph_mode_and_dtype_forms_compare_equal():
+    from pleharness.engine.facts import EngineFacts
+    f = EngineFacts()
+    f.observe("cudagraph_mode", [2, 1], "/server_info?config_format=json", 1)  # JSON enum value
+    f.observe("cudagraph_mode", "<CUDAGraphMode.FULL_AND_PIECEWISE", "engine log", 2)
+    f.observe("dtype", "torch.bfloat16", "/server_info?config_format=json", 1)
+    f.observe("dtype", "bf16", "launch argument --dtype", 11)
+    f.observe("cudagraph_capture_sizes", [16, 1, 8, 2, 4], "engine log", 2)
+    f.resolve_conflicts()
+    assert f.get("cudagraph_mode") == "FULL_AND_PIECEWISE" and f.get("dtype") == "bfloat16"
+    assert f.get("cudagraph_capture_sizes") == [1, 2, 4, 8, 16]
+    assert f.conflicts == []
+    f.observe("cudagraph_mode", 0, "launch argument", 11)
+    f.resolve_conflicts()
+    assert f.conflicts[0]["other"] == "NONE" and f.get("cudagraph_mode") == "FULL_AND_PIECEWISE"
