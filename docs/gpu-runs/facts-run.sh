@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 14 on the lent GPU machine (repo root there), after the vLLM 0.26.0 wheels were copied to
-# /tmp/wh (shared/gpu/README.md) and the embedded model to .gpucache/models/ (docs/gpu-runs/README.md).
+# /tmp/wh and device-install-vllm.sh to .gpucache/ (shared/gpu/README.md, docs/gpu-runs/README.md).
 # The model is given by path with NO size flags (no --block-size, --max-num-batched-tokens,
 # --max-num-seqs, --dtype): every fact must come from the engine itself.
 #   1. ple-harness facts --model PATH   (launches the engine, prints the facts and their sources, stops it)
@@ -10,7 +10,7 @@
 #   bash docs/gpu-runs/facts-run.sh NAME [MODEL_PATH] [extra ple-harness stress args...]
 set -u
 name=${1:-gpu-facts}
-model=${2:-$(ls -d "$PWD"/.gpucache/models/tiny-llama-*/ 2>/dev/null | grep -v partial | head -1)}
+model=${2:-$PWD/pleharness/model/tiny_llama}   # the embedded model (package data, travels with the tree)
 shift $(( $# < 2 ? $# : 2 ))
 export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 \
   PLE_HARNESS_CACHE=$PWD/.gpucache NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
