@@ -56,7 +56,6 @@ class Boundary(ChatScenario):
         lengths, notes = boundary_lengths(ctx.facts.values, p.depth, p.controls,
                                           max_prompt_len(ctx, p.max_tokens), p.extra_lengths,
                                           max_tokens=p.max_tokens, dropped=dropped)
-        self._dropped = dropped
         specs = [boundary_spec(ctx, p, bl.length, bl.why) for bl in lengths]
         ctx.manifest.tables.setdefault("boundary_notes", []).extend({"note": n} for n in notes)
         cold = ctx.take_references(specs, phase_name="boundary-cold", cache_state="cold")
@@ -89,11 +88,11 @@ class Boundary(ChatScenario):
                 # later scenarios compare warm runs: give them warm references
                 ctx.store_references([o for o in warm if o.record.match], "warm")
             ctx.save()
-        self._table(ctx, lengths, specs, hits)
+        self._table(ctx, lengths, specs, hits, dropped)
         if p.edges:
             self._edges(ctx)
 
-    def _table(self, ctx, lengths, specs, hits) -> None:
+    def _table(self, ctx, lengths, specs, hits, dropped) -> None:
         b = ctx.facts.get("block_size")
         c = ctx.facts.get("max_num_batched_tokens")
         by_key: dict[str, dict] = {}
@@ -130,7 +129,7 @@ class Boundary(ChatScenario):
         # a derived length longer than M - max_tokens, and a family no fact gives, are rows of
         # their own, not only notes
         limit = max_prompt_len(ctx, self.params.max_tokens)
-        for bl in getattr(self, "_dropped", []):
+        for bl in dropped:
             rows.append({"length": bl.length, "formula": bl.why, "control": False,
                          "mod_C": None if not c else bl.length % c,
                          "mod_B": None if not b else bl.length % b,
