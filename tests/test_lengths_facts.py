@@ -354,3 +354,18 @@ def test_cudagraph_mode_and_dtype_forms_compare_equal():
     f.observe("cudagraph_mode", 0, "launch argument", 11)
     f.resolve_conflicts()
     assert f.conflicts[0]["other"] == "NONE" and f.get("cudagraph_mode") == "FULL_AND_PIECEWISE"
+
+
+def test_chunk_budget_from_compile_ranges_and_text_server_info():
+    from pleharness.engine.facts import log_observations, server_info_observations
+    line = ("(EngineCore pid=1) INFO [core.py:116] Initializing a V1 LLM engine (v0.26.0) with "
+            "config: model='/m', speculative_config=None, dtype=torch.bfloat16, "
+            "compilation_config={'compile_sizes': [], 'compile_ranges_endpoints': [128, 256], "
+            "'cudagraph_mode': <CUDAGraphMode.FULL_AND_PIECEWISE: (2, 1)>}\n")
+    assert log_observations(line)["max_num_batched_tokens"] == 256
+    # an explicit max_num_batched_tokens line wins over the compile ranges
+    assert log_observations(line + "max_num_batched_tokens=512\n")["max_num_batched_tokens"] \
+        == "512"
+    # /server_info in text format (older servers) is read like the log line
+    txt = server_info_observations({"vllm_config": line.split(" with config: ")[1]})
+    assert txt["max_num_batched_tokens"] == 256 and txt["dtype"] == "torch.bfloat16"

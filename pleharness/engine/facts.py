@@ -302,8 +302,8 @@ def server_info_observations(info: dict | None) -> dict[str, Any]:
     if not isinstance(info, dict):
         return {}
     cfg = info.get("vllm_config", info)
-    if isinstance(cfg, str):  # text format: not parsed
-        return {}
+    if isinstance(cfg, str):  # text format (str(VllmConfig)): the same fields as the log line
+        return log_observations(" with config: " + cfg)
     spec = _dig(cfg, "speculative_config")
     out = {
         "block_size": _dig(cfg, "cache_config.block_size"),
@@ -346,7 +346,9 @@ def log_observations(text: str | None) -> dict[str, Any]:
       ``tensor_parallel_size=N``, ``enable_prefix_caching=True``, ``kv_cache_dtype=auto``,
       ``enforce_eager=False``, and in ``compilation_config={...}``: ``'cudagraph_mode':
       <CUDAGraphMode.FULL_AND_PIECEWISE: (2, 1)>``, ``'cudagraph_capture_sizes': [1, 2, 4]``;
-    - ``max_num_batched_tokens=N`` anywhere (the chunked-prefill line), last one wins;
+    - ``max_num_batched_tokens=N`` anywhere (the chunked-prefill line), last one wins; else the
+      largest of the config line's ``'compile_ranges_endpoints': [...]`` (vLLM sets its upper
+      bound to max_num_batched_tokens; 0.26 and 0.32 print no other line with C by default);
     - ``KV cache size: N tokens`` (``GPU KV cache size: 262,144 tokens``).
     """
     if not text:
@@ -380,11 +382,13 @@ def log_observations(text: str | None) -> dict[str, Any]:
         sizes = grab(r"['\"]cudagraph_capture_sizes['\"]:\s*\[([\d,\s]*)\]")
         if sizes is not None:
             out["cudagraph_capture_sizes"] = [int(x) for x in re.findall(r"\d+", sizes)]
-        mnbt = grab(r"(?<![\w.])max_num_batched_tokens=(\d+)")
-        if mnbt:
-            out["max_num_batched_tokens"] = mnbt
+        ends = grab(r"['\"]compile_ranges_endpoints['\"]:\s*\[([\d,\s]+)\]")
+        if ends:
+            # vLLM's VllmConfig._set_compile_ranges: "The upper bound of the compile ranges is
+            # the max_num_batched_tokens" (other endpoints are only added below it)
+            out["max_num_batched_tokens"] = max(int(x) for x in re.findall(r"\d+", ends))
     budgets = re.findall(r"max_num_batched_tokens[=:]\s*(\d+)", text)
-    if budgets and "max_num_batched_tokens" not in out:
+    if budgets:  # a line that states it wins over the compile ranges
         out["max_num_batched_tokens"] = budgets[-1]
     kv = re.findall(r"KV cache size:\s*" + _INT + r"\s*tokens", text)
     if kv:
