@@ -58,6 +58,9 @@ def run_facts(cfg: FactsConfig, console: Console) -> int:
     server = None
     model_path, served, args, env = cfg.model, cfg.served_model_name, list(cfg.engine_args), \
         dict(cfg.engine_env)
+    if cfg.url is not None and not EngineClient(cfg.url, api_key=cfg.api_key).health(timeout=10):
+        raise UsageError(f"no engine answers GET {cfg.url.rstrip('/')}/health with 200 "
+                         "(is the server running and the URL right?)")
     if cfg.url is None:
         problem = engine_python_check(cfg.engine_python)
         if problem:

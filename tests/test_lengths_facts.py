@@ -369,3 +369,11 @@ def test_chunk_budget_from_compile_ranges_and_text_server_info():
     # /server_info in text format (older servers) is read like the log line
     txt = server_info_observations({"vllm_config": line.split(" with config: ")[1]})
     assert txt["max_num_batched_tokens"] == 256 and txt["dtype"] == "torch.bfloat16"
+
+
+def test_facts_command_usage_errors():
+    from conftest import run_cli
+    r = run_cli("facts", "--url", "http://127.0.0.1:1", timeout=120)
+    assert r.returncode == 2 and "no engine answers" in r.stdout + r.stderr
+    r = run_cli("facts", "--url", "http://127.0.0.1:1", "--model", "/x", timeout=120)
+    assert r.returncode == 2 and "cannot be combined" in r.stdout + r.stderr
