@@ -205,7 +205,7 @@ class _FakeClient:
 def test_engine_facts_win_over_flags_and_conflicts_are_recorded(tmp_path):
     log = tmp_path / "engine.log"
     log.write_text(LOG_026)
-    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 500, "torch_dtype": "float32",
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 500, "torch_dtype": "float16",
                                                       "max_position_embeddings": 2048}))
     info = {"vllm_config": {"scheduler_config": {"max_num_batched_tokens": 8192,
                                                  "max_num_seqs": 256},
@@ -223,7 +223,7 @@ def test_engine_facts_win_over_flags_and_conflicts_are_recorded(tmp_path):
     assert f.get("cudagraph_mode") == "FULL_AND_PIECEWISE"
     assert f.get("num_speculative_tokens") == 3 and f.q == 4
     assert f.get("speculative_method") == "ngram"
-    # the engine serves bfloat16 although config.json declares float32: a hint, not a conflict
+    # the engine serves bfloat16 although config.json declares float16: a hint, not a conflict
     assert f.get("dtype") == "bfloat16" and f.sources["dtype"].startswith("engine log")
     assert f.get("max_model_len") == 1024 and f.get("vocab_size") == 500
     # the flag disagrees with the engine: both recorded, the engine's used, a warning
@@ -232,7 +232,7 @@ def test_engine_facts_win_over_flags_and_conflicts_are_recorded(tmp_path):
     assert any("block_size" in w and "16" in w for w in f.warnings)
     d = f.to_dict()
     assert d["block_size"]["conflict"] is True
-    assert {o["value"] for o in d["dtype"]["observed"]} == {"bfloat16", "float32"}
+    assert {o["value"] for o in d["dtype"]["observed"]} == {"bfloat16", "float16"}
     assert "conflict" not in d["dtype"]
     # the engine says it has no sliding window: None, but not "unknown"
     assert d["sliding_window"] == {"value": None, "source": "/metrics vllm:cache_config_info: none"}
@@ -377,3 +377,12 @@ def test_facts_command_usage_errors():
     assert r.returncode == 2 and "no engine answers" in r.stdout + r.stderr
     r = run_cli("facts", "--url", "http://127.0.0.1:1", "--model", "/x", timeout=120)
     assert r.returncode == 2 and "cannot be combined" in r.stdout + r.stderr
+
+
+def test_dtype_hint_from_config_is_what_auto_serves(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"torch_dtype": "float32"}))
+    f = gather_facts(model_path=str(tmp_path))
+    assert f.get("dtype") == "bfloat16" and "downcast" in f.sources["dtype"]
+    # the engine's own value (here: --dtype float32 on its command line) wins over the hint
+    g = gather_facts(model_path=str(tmp_path), engine_args=["--dtype", "float32"], launched=True)
+    assert g.get("dtype") == "float32" and g.conflicts == []
