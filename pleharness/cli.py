@@ -425,6 +425,47 @@ def _check_plot_path(plot: str) -> Path:
 
 
 @app.command()
+def facts(
+    url: Annotated[Optional[str], typer.Option(help="Read a running server at this base URL.")] = None,
+    model: Annotated[Optional[str], typer.Option(help="Launch this local model (default: the "
+                                                 "embedded tiny model) and read its facts.")] = None,
+    engine_profile: Annotated[Optional[Path], typer.Option(help="TOML engine profile to launch.")] = None,
+    tp: Annotated[Optional[int], typer.Option("--tp", min=1, help="Tensor-parallel size.")] = None,
+    engine_python: Annotated[Optional[str], typer.Option(help="Python that has vLLM installed.")] = None,
+    engine_arg: Annotated[Optional[list[str]], typer.Option(help="Extra engine argument, "
+                                                            "repeatable (= form).")] = None,
+    engine_env: Annotated[Optional[list[str]], typer.Option(help="NAME=VALUE for the engine, "
+                                                            "repeatable.")] = None,
+    served_model_name: Annotated[Optional[str], typer.Option(help="Model name to read.")] = None,
+    results_dir: Annotated[Path, typer.Option(help="Where the launched engine's log folder "
+                                              "(facts-<time>) is created.")] = Path("results"),
+    json_path: Annotated[Optional[Path], typer.Option("--json", help="Also write the facts as "
+                                                      "JSON to this path.")] = None,
+    start_timeout: Annotated[float, typer.Option(min=1.0, help="Seconds to wait for a launched "
+                                                 "engine.")] = 900.0,
+):
+    """Print the engine facts (block size, chunk budget, speculative tokens, capture sizes, KV
+    capacity, dtype, ...) with their sources; launches and stops the engine unless --url."""
+    from datetime import datetime
+
+    from .factsjob import FactsConfig, run_facts
+    from .profile import EngineProfile, load_profile
+
+    prof = load_profile(engine_profile) if engine_profile else EngineProfile()
+    if url and (model or engine_profile):
+        raise UsageError("--url cannot be combined with --model or --engine-profile")
+    cfg = FactsConfig(url=url, model=model or prof.model, tp=tp or prof.tp or 1,
+                      engine_python=engine_python or prof.python or sys.executable,
+                      engine_args=prof.engine_args + list(engine_arg or []),
+                      engine_env={**prof.env, **_parse_env(engine_env or [])},
+                      served_model_name=served_model_name or prof.served_model_name,
+                      host=prof.host or "127.0.0.1", start_timeout_s=start_timeout,
+                      log_dir=results_dir / f"facts-{datetime.now():%Y%m%d-%H%M%S}",
+                      json_path=json_path)
+    raise typer.Exit(run_facts(cfg, console))
+
+
+@app.command()
 def report(
     run: Annotated[Path, typer.Argument(help="Run folder or manifest.json.")],
     format: Annotated[ReportFormat, typer.Option("--format", "-f",

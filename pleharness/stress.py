@@ -280,8 +280,9 @@ def run_stress(cfg: StressConfig, console: Console | None = None,
         facts = gather_facts(explicit=cfg.explicit_facts,
                              engine_args=(server.command if server else None),
                              launched=server is not None, tp=cfg.tp, model_card=card,
-                             model_path=local_model)
-        manifest.facts = facts.to_dict()
+                             model_path=local_model, client=client,
+                             engine_log=server.log_path if server else None)
+        facts.record(manifest, console)
         for sc in scenarios:
             sc.validate_against(facts.values)
         if "model_digest" not in manifest.engine and local_model:
@@ -446,8 +447,11 @@ def _reference_pass(cfg, manifest, mpath, scenarios, model_path, served_name, ba
         manifest.engine["reference_engine"].update({"command": srv.command,
                                                     "version": client.version(),
                                                     "ready_s": round(srv.ready_s or 0, 3)})
+        # the engine under test's launch arguments first (its lengths need references); the
+        # reference engine's own resolved values fill what they leave open
         facts = gather_facts(explicit=cfg.explicit_facts, engine_args=engine_args, launched=True,
-                             tp=cfg.tp, model_card=card, model_path=model_path)
+                             tp=cfg.tp, model_card=card, model_path=model_path, client=client,
+                             engine_log=srv.log_path, engine_first=False)
         with _progress(console) as progress:
             ctx = _context(cfg, client, manifest, mpath, facts, console, srv, progress)
             ctx.collect_only = True

@@ -86,8 +86,9 @@ def test_stress_default_suite_launch(tmp_path):
                                            "weights_sha256": WEIGHTS_SHA256}
     assert m["facts"]["dtype"]["value"] == "float32"  # the embedded model is served unrounded
     assert m["run_options"]["near_tie_nats"] == 0.01
-    assert m["facts"]["num_speculative_tokens"] == {"value": 3, "source":
-                                                    "launch argument --speculative-config"}
+    k = m["facts"]["num_speculative_tokens"]
+    assert k["value"] == 3 and k["source"] == "/server_info?config_format=json"  # the engine's
+    assert {"value": 3, "source": "launch argument --speculative-config"} in k["observed"]
     assert m["engine"]["launch"]["profile"] == "profiles/cpu-ngram.toml"
     assert (run_dir / "engine.log").stat().st_size > 0
     assert "command:" in (run_dir / "launcher.log").read_text()

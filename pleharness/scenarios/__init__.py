@@ -2,7 +2,8 @@
 from .base import REGISTRY, Scenario, ScenarioError, load_scenario_file, register, scenario_dirs
 
 # Import kinds so that they register themselves.
-from . import boundary, determinism, insert, pairs, replay, transitions  # noqa: E402,F401
+from . import (boundary, capture_edges, determinism, insert, kv_pressure, pairs,  # noqa: E402,F401
+               replay, transitions)
 
 __all__ = ["REGISTRY", "Scenario", "ScenarioError", "load_scenario_file", "register",
            "scenario_dirs"]

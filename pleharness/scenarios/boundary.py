@@ -14,8 +14,11 @@ then warm, plus max_model_len edges.
 4. Edges: prompt + max_tokens = M - 1, M, M + 1, and a prompt of exactly M tokens. The engine must
    answer 200 (finish_reason "length") or a clean 4xx, and /health must stay 200.
 
-A table (``tables.boundary`` in the manifest): length, formula, L mod C, L mod B, cold result, warm
-result, cache-hit tokens, failed checks.
+A table (``tables.boundary`` in the manifest): length, formula, the facts it used with their
+sources, L mod C, L mod B, cold result, warm result, cache-hit tokens, failed checks. A length family
+whose fact is unknown (n*B + q without B, n*C + q without C) is a row with length None and
+"skipped: <reason>". Sliding-window (W - 1, W, W + 1, a generation crossing W) and hybrid
+alignment (n*A + q) lengths are added when the facts give W or A (see :mod:`.lengths`).
 """
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ from ..engine import metrics
 from ..manifest import CheckResult
 from .base import register
 from .common import ChatParams, ChatScenario, boundary_spec, max_prompt_len
-from .lengths import boundary_lengths
+from .lengths import boundary_lengths, skipped_families
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..runner import RunContext
@@ -49,8 +52,10 @@ class Boundary(ChatScenario):
         from ..runner import RequestSpec
 
         p = self.params
+        dropped: list = []
         lengths, notes = boundary_lengths(ctx.facts.values, p.depth, p.controls,
-                                          max_prompt_len(ctx, p.max_tokens), p.extra_lengths)
+                                          max_prompt_len(ctx, p.max_tokens), p.extra_lengths,
+                                          max_tokens=p.max_tokens, dropped=dropped)
         specs = [boundary_spec(ctx, p, bl.length, bl.why) for bl in lengths]
         ctx.manifest.tables.setdefault("boundary_notes", []).extend({"note": n} for n in notes)
         cold = ctx.take_references(specs, phase_name="boundary-cold", cache_state="cold")
@@ -83,11 +88,11 @@ class Boundary(ChatScenario):
                 # later scenarios compare warm runs: give them warm references
                 ctx.store_references([o for o in warm if o.record.match], "warm")
             ctx.save()
-        self._table(ctx, lengths, specs, hits)
+        self._table(ctx, lengths, specs, hits, dropped)
         if p.edges:
             self._edges(ctx)
 
-    def _table(self, ctx, lengths, specs, hits) -> None:
+    def _table(self, ctx, lengths, specs, hits, dropped) -> None:
         b = ctx.facts.get("block_size")
         c = ctx.facts.get("max_num_batched_tokens")
         by_key: dict[str, dict] = {}
@@ -120,13 +125,29 @@ class Boundary(ChatScenario):
                          "mod_B": None if not b else bl.length % b,
                          "cold": res(cold), "warm": warm_res,
                          "prefix_cache_hit_tokens": hits.get(spec.prompt.key),
-                         "checks_failed": failed})
+                         "checks_failed": failed, "facts": _fact_sources(ctx, bl.facts)})
+        # a derived length longer than M - max_tokens, and a family no fact gives, are rows of
+        # their own, not only notes
+        limit = max_prompt_len(ctx, self.params.max_tokens)
+        for bl in dropped:
+            rows.append({"length": bl.length, "formula": bl.why, "control": False,
+                         "mod_C": None if not c else bl.length % c,
+                         "mod_B": None if not b else bl.length % b,
+                         "cold": f"skipped: longer than M - max_tokens = {limit}",
+                         "warm": "skipped", "prefix_cache_hit_tokens": None,
+                         "checks_failed": [], "facts": _fact_sources(ctx, bl.facts)})
+        for fam in skipped_families(ctx.facts.values):
+            rows.append({"length": None, "formula": fam["formula"], "control": False,
+                         "mod_C": None, "mod_B": None, "cold": f"skipped: {fam['reason']}",
+                         "warm": "skipped", "prefix_cache_hit_tokens": None,
+                         "checks_failed": [], "facts": _fact_sources(ctx, fam["needs"])})
         if ctx.collect_only:
             return
         ctx.manifest.tables["boundary"] = rows
         ctx.save()
 
     def _edges(self, ctx) -> None:
+        """prompt + max_tokens at M - 1, M, M + 1 and a prompt of exactly M (M: max_model_len)."""
 
         p = self.params
         m = ctx.facts.get("max_model_len")
@@ -156,3 +177,8 @@ class Boundary(ChatScenario):
              "check": o.record.checks[0].status if o.record.checks else None}
             for s, o in zip(specs, outs)]
         ctx.save()
+
+
+def _fact_sources(ctx, names: list[str]) -> dict[str, str]:
+    """{fact: "value (source)"} for the facts a length's formula used (manifest provenance)."""
+    return {n: f"{ctx.facts.get(n)} ({ctx.facts.sources.get(n, 'unknown')})" for n in names}
