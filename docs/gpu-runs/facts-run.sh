@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Issue 14 on the lent GPU machine (repo root there), after the vLLM 0.26.0 wheels were copied to
-# /tmp/wh and device-install-vllm.sh to .gpucache/ (shared/gpu/README.md, docs/gpu-runs/README.md).
+# /tmp/wh (shared/gpu/README.md; docs/gpu-runs/device-install-vllm.sh is its copy of the installer).
 # The model is given by path with NO size flags (no --block-size, --max-num-batched-tokens,
 # --max-num-seqs, --dtype): every fact must come from the engine itself.
 #   1. ple-harness facts --model PATH   (launches the engine, prints the facts and their sources, stops it)
 #   2. ple-harness stress --model PATH  (the default suite plus capture_edges and kv_pressure)
 # Writes to $OUT/NAME/: facts.json, facts.console.txt, the run's manifest.json, summary.md,
-# junit.xml, launcher.log, and the engine log lines about config, CUDA graphs and KV cache.
+# junit.xml, and the engine log lines about config, CUDA graphs and KV cache.
 #   bash docs/gpu-runs/facts-run.sh NAME [MODEL_PATH] [extra ple-harness stress args...]
 # PART=facts or PART=stress runs only that half (two device calls when one would pass 600 s).
 set -u
@@ -18,7 +18,7 @@ export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STA
   PLE_HARNESS_CACHE=$PWD/.gpucache NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
   NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 if ! python3 -c "import vllm" 2>/dev/null; then
-  bash .gpucache/device-install-vllm.sh /tmp/wh > /tmp/install.log 2>&1 || { tail -20 /tmp/install.log; exit 1; }
+  bash docs/gpu-runs/device-install-vllm.sh /tmp/wh > /tmp/install.log 2>&1 || { tail -20 /tmp/install.log; exit 1; }
 fi
 [ -d "$model" ] || { echo "model folder not found: '$model'"; exit 2; }
 mkdir -p "$OUT/$name"
@@ -44,9 +44,8 @@ python3 -m pleharness stress --model "$model" --results-dir /tmp/runs --run-id "
   --scenario capture_edges --scenario kv_pressure "$@" 2>&1 | tee "$OUT/$name/stress.console.txt"
 rc=${PIPESTATUS[0]}
 d=/tmp/runs/$name
-cp "$d/manifest.json" "$d/summary.md" "$d/junit.xml" "$d/launcher.log" "$OUT/$name/" 2>/dev/null
+cp "$d/manifest.json" "$d/summary.md" "$d/junit.xml" "$OUT/$name/" 2>/dev/null  # at most 8 files come back
 [ -f "$d/engine.log" ] && highlights "$d/engine.log" > "$OUT/$name/engine-highlights.log"
-[ -f "$d/engine.log" ] && tail -50 "$d/engine.log" > "$OUT/$name/engine-tail.log"
 nvidia-smi --query-gpu=index,memory.used --format=csv,noheader
 echo "facts exit $frc, stress exit $rc"
 exit $(( frc != 0 ? frc : rc ))
