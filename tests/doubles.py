@@ -57,20 +57,10 @@ class FlipToken(Fault):
         return chunk
 
 
-class Corrupt(Fault):
-    """Corrupt the output of the requests that ``select(ctx)`` picks, at positions >= ``start``.
+class Counted(Fault):
+    """Base of the faults that pick requests by their prompt's occurrence (thread-safe)."""
 
-    ``mutate(token_id, pos) -> (new_id, new_text)`` gives the replacement for each corrupted
-    position (the text changes too, as it would on a corrupting engine). ``hits`` lists the
-    corrupted requests' (number, prompt length, max_tokens).
-    """
-
-    def __init__(self, select, mutate, start: int = 0, stop: int | None = None):
-        self.select = select
-        self.mutate = mutate
-        self.start = start
-        self.stop = stop
-        self.hits: list[tuple[int, int, int]] = []
+    def __init__(self):
         self.seen: dict[tuple, int] = {}
         self.lock = threading.Lock()
 
@@ -82,6 +72,23 @@ class Corrupt(Fault):
                 self.seen[key] = self.seen.get(key, 0) + 1
                 ctx.state["occurrence"] = self.seen[key]
         return ctx.state["occurrence"]
+
+
+class Corrupt(Counted):
+    """Corrupt the output of the requests that ``select(ctx)`` picks, at positions >= ``start``.
+
+    ``mutate(token_id, pos) -> (new_id, new_text)`` gives the replacement for each corrupted
+    position (the text changes too, as it would on a corrupting engine). ``hits`` lists the
+    corrupted requests' (number, prompt length, max_tokens).
+    """
+
+    def __init__(self, select, mutate, start: int = 0, stop: int | None = None):
+        super().__init__()
+        self.select = select
+        self.mutate = mutate
+        self.start = start
+        self.stop = stop
+        self.hits: list[tuple[int, int, int]] = []
 
     def chunk(self, ctx, chunk):
         self.occurrence(ctx)
@@ -105,7 +112,7 @@ class Corrupt(Fault):
         return chunk
 
 
-class EditTokens(Fault):
+class EditTokens(Counted):
     """Edit chosen positions of the requests that ``select(ctx)`` picks (decided once per request).
 
     ``edit(ctx, choice, i, pos)`` is called for every output token of a picked request (``i`` the
@@ -115,20 +122,10 @@ class EditTokens(Fault):
     """
 
     def __init__(self, select, edit):
+        super().__init__()
         self.select = select
         self.edit = edit
         self.hits: list[int] = []
-        self.seen: dict[tuple, int] = {}
-        self.lock = threading.Lock()
-
-    def occurrence(self, ctx) -> int:
-        """1 for the first request with this (prompt, max_tokens), 2 for the second, ..."""
-        if "occurrence" not in ctx.state:
-            key = (tuple(ctx.body.get("prompt") or []), ctx.body.get("max_tokens"))
-            with self.lock:
-                self.seen[key] = self.seen.get(key, 0) + 1
-                ctx.state["occurrence"] = self.seen[key]
-        return ctx.state["occurrence"]
 
     def chunk(self, ctx, chunk):
         self.occurrence(ctx)
