@@ -13,7 +13,7 @@ import subprocess
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -42,6 +42,10 @@ class RequestSpec:
 
     ``compare``: compare the output hash with the prompt's single-request reference.
     ``checks``: reference-free checks to run on the output, as {check name: params}.
+    ``temperature`` / ``seed``: sampling (greedy by default); a seeded sampled request must
+    reproduce its seed's sample, so the sampling is part of the reference key.
+    ``stream``: streamed (SSE) or one JSON response; not part of the reference key (both
+    deliveries must give the same IDs).
     """
 
     prompt: Prompt
@@ -52,10 +56,15 @@ class RequestSpec:
         name: {} for name in DEFAULT_CHECKS})
     note: str | None = None
     accept_4xx: bool = False  # a clean HTTP 4xx rejection is an acceptable answer (edge probes)
+    temperature: float = 0.0
+    seed: int | None = None
+    stream: bool = True
 
     @property
-    def ref_key(self) -> tuple[str, int]:
-        return (self.prompt.hash, self.max_tokens)
+    def ref_key(self) -> tuple:
+        if self.temperature == 0.0:
+            return (self.prompt.hash, self.max_tokens)
+        return (self.prompt.hash, self.max_tokens, self.temperature, self.seed)
 
 
 @dataclass
@@ -236,8 +245,8 @@ class RunContext:
         for s in specs:
             if s.ref_key not in self.references and s.ref_key not in seen:
                 seen.add(s.ref_key)
-                todo.append(RequestSpec(s.prompt, s.max_tokens, compare=False,
-                                        logprobs=s.logprobs, checks=s.checks))
+                # a copy keeps the sampling (temperature, seed); references always stream
+                todo.append(replace(s, compare=False, stream=True))
         if not todo:
             return None
         if self.reference_mode == "golden" and not self.collect_only:
@@ -245,8 +254,7 @@ class RunContext:
         if state == "warm":
             cold = self.run_phase(phase_name + "-cold", 1, todo, role="reference")
             self.store_references(cold, "cold")
-            again = [RequestSpec(s.prompt, s.max_tokens, compare=True, logprobs=s.logprobs,
-                                 checks=s.checks) for s in todo]
+            again = [replace(s, compare=True) for s in todo]
             outcomes = self.run_phase(phase_name, 1, again, role="reference")
             self.store_references(outcomes, "warm")
         else:
@@ -394,7 +402,9 @@ class RunContext:
 
     def _issue(self, spec: RequestSpec) -> Completion:
         lp = spec.logprobs if spec.logprobs is not None else self.logprobs
-        return self.client.complete(list(spec.prompt.ids), spec.max_tokens, logprobs=lp)
+        return self.client.complete(list(spec.prompt.ids), spec.max_tokens, logprobs=lp,
+                                    temperature=spec.temperature, seed=spec.seed,
+                                    stream=spec.stream)
 
     def _record(self, ph: PhaseRecord, spec: RequestSpec, c: Completion) -> RequestRecord:
         self._req_counter += 1

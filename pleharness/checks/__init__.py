@@ -14,7 +14,7 @@ REGISTRY: dict[str, Callable] = {}
 # Phase checks: ``check(ctx, phase_record) -> CheckResult``, run after every phase.
 PHASE_REGISTRY: dict[str, Callable] = {}
 # Checks applied to every request unless a scenario says otherwise.
-DEFAULT_CHECKS = ("vocab_range", "usage", "logprobs_finite", "degeneration")
+DEFAULT_CHECKS = ("vocab_range", "usage", "logprob_sanity", "degeneration")
 DEFAULT_PHASE_CHECKS = ("health_after_phase",)
 
 
@@ -34,7 +34,7 @@ register_phase = _registrar(PHASE_REGISTRY)  # phase checks
 
 def _load() -> None:
     from . import (counting, degeneration, expected_text, health_after_phase,  # noqa: F401
-                   logprobs_finite, max_model_len_edge, usage, vocab_range)
+                   logprob_sanity, max_model_len_edge, usage, vocab_range)
 
 
 _load()

@@ -1,9 +1,20 @@
 """Check ``usage``: the engine's accounting agrees with what was sent and received.
 
-Asserts: usage.prompt_tokens == the intended prompt length; usage.completion_tokens == the number
-of returned token IDs; finish_reason is "length" when exactly max_tokens IDs came back with
-ignore_eos, and "stop" or "length" otherwise. A missing usage block is a failure (the harness
-always asks for it with ``stream_options.include_usage``).
+Asserts, for streamed and non-streamed responses alike:
+
+- usage.prompt_tokens == the intended prompt length (a different count means the engine saw a
+  different prompt: truncated, re-tokenized, or another request's);
+- usage.completion_tokens == the number of returned token IDs;
+- never more IDs than max_tokens;
+- finish_reason is "length" exactly when max_tokens IDs came back (or the output reached
+  max_model_len M); with ``ignore_eos`` (the harness always sends it, and no stop strings) vLLM stops
+  only there, so fewer IDs is a failure whatever finish_reason says (the bug pattern: an engine that
+  stops emitting at a speculative-block boundary); without ``ignore_eos`` (param
+  ``ignore_eos = false``) fewer IDs need finish_reason "stop".
+
+A missing usage block is a failure (the harness asks for it: ``stream_options.include_usage`` when
+streaming; non-streamed responses always carry it). Params: ``prompt_tokens`` (intended length,
+default the prompt's), ``ignore_eos`` (default true).
 """
 from ..manifest import CheckResult
 from . import register
@@ -23,11 +34,21 @@ def check(ctx, spec, c, params) -> CheckResult:
         if c.completion_tokens != len(c.token_ids):
             problems.append(f"usage.completion_tokens {c.completion_tokens} != "
                             f"{len(c.token_ids)} returned IDs")
-    n = len(c.token_ids)
-    if n == spec.max_tokens and c.finish_reason != "length":
-        problems.append(f"finish_reason {c.finish_reason!r} with max_tokens={n} IDs returned")
-    if n < spec.max_tokens and c.finish_reason not in ("stop",):
-        problems.append(f"finish_reason {c.finish_reason!r} with only {n} of {spec.max_tokens} IDs")
+    n, mt = len(c.token_ids), spec.max_tokens
+    m = ctx.facts.get("max_model_len") if ctx is not None else None
+    at_m = m is not None and len(spec.prompt) + n >= int(m)
+    mode = "" if getattr(c, "streamed", True) else " (non-streamed)"
+    if n > mt:
+        problems.append(f"{n} IDs returned, more than max_tokens={mt}")
+    elif n == mt or at_m:
+        if c.finish_reason != "length":
+            problems.append(f"finish_reason {c.finish_reason!r} with {n} IDs = "
+                            + (f"max_tokens" if n == mt else "the room left by max_model_len"))
+    elif params.get("ignore_eos", True):
+        problems.append(f"only {n} of max_tokens={mt} IDs (finish_reason {c.finish_reason!r}) "
+                        "although ignore_eos was set and no stop was requested")
+    elif c.finish_reason != "stop":
+        problems.append(f"finish_reason {c.finish_reason!r} with only {n} of {mt} IDs")
     if problems:
-        return CheckResult(name="usage", status="fail", detail="; ".join(problems))
+        return CheckResult(name="usage", status="fail", detail="; ".join(problems) + mode)
     return CheckResult(name="usage", status="pass")

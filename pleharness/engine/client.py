@@ -1,7 +1,9 @@
 """HTTP client for the engine's OpenAI-compatible API (requests; one session per thread).
 
 Completions are requested as token-ID prompts with ``return_token_ids`` so that outputs are compared
-as token IDs, never as re-tokenized text. Streaming (SSE) is used so that TTFT can be measured.
+as token IDs, never as re-tokenized text. Streaming (SSE) is the default, so that TTFT can be
+measured; ``stream=False`` asks for one JSON response (the same fields, all at once), so the two
+delivery paths of the server can be compared with each other.
 """
 from __future__ import annotations
 
@@ -43,7 +45,11 @@ class Completion:
         ttft_s: seconds from sending to the first chunk carrying output tokens.
         latency_s: seconds from sending to the end of the response.
         itl_s: gaps between successive token-carrying chunks, seconds.
-        logprobs: per output position, a dict {token_id: logprob} of the top candidates, when asked.
+        logprobs: per output position, a dict {token_id: logprob} of the top candidates, when asked
+            (in the engine's order).
+        token_logprobs: per output position, the logprob of the emitted token (``token_logprobs``
+            of the OpenAI completions API), when logprobs were asked.
+        streamed: whether the response was streamed (SSE) or one JSON body.
         error: None on success, else one of ``http``, ``timeout``, ``connection``, ``protocol``.
         error_detail: short text (HTTP status and a body excerpt, or the exception).
         http_status: HTTP status code, when a response arrived.
@@ -59,6 +65,8 @@ class Completion:
     latency_s: float | None = None
     itl_s: list[float] = field(default_factory=list)
     logprobs: list[dict[int, float]] | None = None
+    token_logprobs: list[float | None] | None = None
+    streamed: bool = True
     top_logprobs_raw: list[Any] | None = None
     error: str | None = None
     error_detail: str | None = None
@@ -245,14 +253,17 @@ class EngineClient:
 
     # -- completions -----------------------------------------------------------------------------
     def complete(self, prompt_ids: list[int], max_tokens: int, *, temperature: float = 0.0,
-                 ignore_eos: bool = True, logprobs: int | None = None,
-                 on_token=None, extra: dict | None = None) -> Completion:
-        """Stream one completion for a token-ID prompt; never raises for request failures.
+                 ignore_eos: bool = True, logprobs: int | None = None, seed: int | None = None,
+                 stream: bool = True, on_token=None, extra: dict | None = None) -> Completion:
+        """One completion for a token-ID prompt; never raises for request failures.
 
         Args:
             prompt_ids: prompt as token IDs.
             max_tokens: maximum number of output tokens.
             temperature: 0 for greedy.
+            seed: per-request sampling seed (vLLM: the same seed gives the same sample), or None.
+            stream: stream the answer (SSE); False: one JSON response (no TTFT, ``on_token`` is
+                called once at the end).
             ignore_eos: keep decoding past EOS (vLLM extension), so lengths are fixed.
             logprobs: number of top logprobs per position (OpenAI ``logprobs``), or None.
             on_token: callback ``f(n_tokens_so_far)`` after each token-carrying chunk.
@@ -262,19 +273,24 @@ class EngineClient:
         """
         body: dict[str, Any] = {
             "model": self.model, "prompt": list(prompt_ids), "max_tokens": max_tokens,
-            "temperature": temperature, "ignore_eos": ignore_eos, "stream": True,
-            "stream_options": {"include_usage": True}, "return_token_ids": True,
+            "temperature": temperature, "ignore_eos": ignore_eos, "stream": stream,
+            "return_token_ids": True,
         }
+        if stream:
+            body["stream_options"] = {"include_usage": True}
+        if seed is not None:
+            body["seed"] = seed
         if logprobs is not None:
             body["logprobs"] = logprobs
             body["return_tokens_as_token_ids"] = True  # top_logprobs keyed "token_id:N"
         if extra:
             body.update(extra)
-        out = Completion(logprobs=[] if logprobs is not None else None)
+        out = Completion(logprobs=[] if logprobs is not None else None,
+                         token_logprobs=[] if logprobs is not None else None, streamed=stream)
         a = _Active()
         self._watch(a)
         try:
-            self._stream(body, out, a, on_token)
+            (self._stream if stream else self._plain)(body, out, a, on_token)
         finally:
             self._unwatch(a)
         if a.reason is not None:  # cut off by the monitor (timeout) or by abort_all
@@ -351,10 +367,7 @@ class EngineClient:
                         if on_token is not None:
                             on_token(len(out.token_ids))
                     out.text += text
-                    lp = choice.get("logprobs")
-                    if lp and out.logprobs is not None:
-                        for top in lp.get("top_logprobs") or []:
-                            out.logprobs.append(_parse_top(top))
+                    _take_logprobs(choice, out)
                     if choice.get("finish_reason") is not None:
                         out.finish_reason = choice["finish_reason"]
             if a.reason is None and not done:
@@ -369,6 +382,76 @@ class EngineClient:
                          f"{len(out.token_ids)} tokens: {str(exc)[:200]}")
         finally:
             resp.close()
+
+
+    def _plain(self, body: dict, out: Completion, a: _Active, on_token) -> None:
+        """A non-streamed completion: one JSON body with choices[0] and usage."""
+        t = self.timeouts
+        out.started_at = time.time()
+        try:
+            # the monitor's first-token timeout covers the whole answer here (no token arrives
+            # before the end); the socket timeout is only a safety net behind it
+            resp = self.session.post(self.base_url + "/v1/completions", json=body, stream=True,
+                                     timeout=(t.connect_s, max(t.first_token_s, t.total_s) + 1))
+        except requests.Timeout as exc:
+            return _fail(out, "timeout", f"no response: {str(exc)[:200]}")
+        except requests.RequestException as exc:
+            return _fail(out, "connection", str(exc)[:300])
+        a.resp = resp
+        out.http_status = resp.status_code
+        try:
+            raw = resp.content
+            if a.reason is not None:
+                return
+            if resp.status_code != 200:
+                return _fail(out, "http", f"HTTP {resp.status_code}: "
+                             f"{raw[:300].decode('utf-8', errors='replace')}")
+            try:
+                data = json.loads(raw)
+            except ValueError:
+                return _fail(out, "protocol", f"malformed JSON response: {raw[:200]!r}")
+            choices = data.get("choices") if isinstance(data, dict) else None
+            if not choices or not isinstance(choices[0], dict):
+                return _fail(out, "protocol", f"response without choices: {raw[:200]!r}")
+            choice = choices[0]
+            usage = data.get("usage") or {}
+            out.prompt_tokens = usage.get("prompt_tokens")
+            out.completion_tokens = usage.get("completion_tokens")
+            if choice.get("prompt_token_ids") is not None:
+                out.prompt_token_ids = list(choice["prompt_token_ids"])
+            ids = choice.get("token_ids")
+            if ids is None:
+                return _fail(out, "protocol", "response without token_ids (return_token_ids "
+                             f"unsupported?): {raw[:200]!r}")
+            out.token_ids = [int(i) for i in ids]
+            a.tokens = len(out.token_ids)
+            out.text = choice.get("text") or ""
+            _take_logprobs(choice, out)
+            out.finish_reason = choice.get("finish_reason")
+            if on_token is not None and out.token_ids:
+                on_token(len(out.token_ids))
+        except requests.exceptions.ConnectionError as exc:
+            kind = "timeout" if "timed out" in str(exc).lower() else "connection"
+            return _fail(out, kind, f"{exc.__class__.__name__}: {str(exc)[:200]}")
+        except requests.RequestException as exc:
+            return _fail(out, "connection", f"{exc.__class__.__name__}: {str(exc)[:200]}")
+        finally:
+            resp.close()
+
+
+def _take_logprobs(choice: dict, out: Completion) -> None:
+    """Append a choice's ``logprobs`` (top candidates and the emitted tokens' logprobs)."""
+    lp = choice.get("logprobs")
+    if not lp or out.logprobs is None:
+        return
+    tops = lp.get("top_logprobs") or []
+    for top in tops:
+        out.logprobs.append(_parse_top(top))
+    chosen = lp.get("token_logprobs")
+    if out.token_logprobs is not None:
+        if chosen is None:  # keep positions aligned with the top candidates
+            chosen = [None] * len(tops)
+        out.token_logprobs.extend(chosen)
 
 
 def _parse_top(top: dict | None) -> dict[int, float]:

@@ -7,9 +7,27 @@ requests and keeps exactly C in flight; prompts are assigned round-robin across 
 every prompt meets several concurrencies. Every output's token hash must equal its reference's.
 Catches: batch-size dependent dispatch (CUDA-graph capture sizes, padding) and state leaking across
 concurrency transitions (shared/DESIGN.md, "Schedules worth running").
+
+Schedules the ladder also sends, at no extra requests (each varies per prompt or per request):
+
+- ``max_tokens_residues``: prompt i asks for max_tokens + (i mod q) tokens, q = 1 + the number of
+  speculative tokens, so every residue of max_tokens mod q is run and an engine that stops
+  emitting at a speculative-block boundary returns too few tokens (check ``usage``);
+- ``sampled_every`` N: every N-th prompt is a seeded sampled request (``temperature``, seed
+  ``sampled_seed`` + i) in its reference and in every phase: vLLM promises that a request's
+  ``seed`` fixes its sample whatever else is in flight, so it must equal its solo reference. Its
+  reference keeps no top-1/top-2 margins: a sampled token need not be top-1, so a divergence there
+  is never excused as a near tie;
+- ``alternate_stream``: every other request (alternating per round over the prompts, so each
+  prompt meets both) is non-streamed; both deliveries must give the reference's IDs, and the usage
+  and finish_reason checks run on both;
+- ``identical_copies``: in every phase with C >= 2, the second request is an exact copy of the
+  first, so two identical prompts are in flight together (issue 16: an engine that corrupted the
+  second of two identical in-flight requests passed a suite that never sent them).
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from pydantic import Field, field_validator, model_validator
@@ -48,6 +66,12 @@ class TransitionsParams(Params):
     max_tokens: int = Field(32, ge=1, le=1_000_000)
     warmup_requests: int = Field(4, ge=0, le=MAX_CONCURRENCY)
     prompts: PromptSet = Field(default_factory=PromptSet)
+    max_tokens_residues: bool = True
+    sampled_every: int = Field(4, ge=0, le=100_000, description="0: no sampled requests")
+    temperature: float = Field(1.0, gt=0.0, le=10.0, description="of the seeded sampled requests")
+    sampled_seed: int = Field(1000, ge=0, lt=2**31)
+    alternate_stream: bool = True
+    identical_copies: bool = True
 
     @field_validator("ladder")
     @classmethod
@@ -80,10 +104,13 @@ class Transitions(Scenario):
     def validate_against(self, facts) -> None:
         p = self.params
         m = facts.get("max_model_len")
-        if m is not None and p.prompts.max_len + p.max_tokens > m:
+        extra = self._q(facts) - 1 if p.max_tokens_residues else 0
+        if m is not None and p.prompts.max_len + p.max_tokens + extra > m:
             raise ScenarioError(
                 f"{self.source}: params.prompts.max_len + params.max_tokens = "
-                f"{p.prompts.max_len + p.max_tokens} exceeds max_model_len {m}")
+                f"{p.prompts.max_len + p.max_tokens}" + (f" (+ {extra} for the max_tokens "
+                                                         "residues mod q)" if extra else "")
+                + f" exceeds max_model_len {m}")
         hi = self._id_high(facts)
         v = facts.get("vocab_size")
         if v is not None and hi > v:
@@ -91,6 +118,29 @@ class Transitions(Scenario):
                                 f"vocabulary size {v}")
         if p.prompts.id_low >= hi:
             raise ScenarioError(f"{self.source}: params.prompts.id_low must be < id_high ({hi})")
+
+    @staticmethod
+    def _q(facts) -> int:
+        """q = 1 + speculative tokens (1 when unknown or without speculative decoding)."""
+        k = facts.get("num_speculative_tokens")
+        return 1 + int(k) if k else 1
+
+    def request_for(self, i: int, prompt, q: int) -> "RequestSpec":
+        """The request of prompt number ``i`` (its reference and its ladder runs share it)."""
+        from ..runner import RequestSpec
+
+        p = self.params
+        notes = []
+        mt = p.max_tokens
+        if p.max_tokens_residues and q > 1:
+            mt += i % q
+            notes.append(f"max_tokens {mt} = {mt % q} mod q={q}")
+        spec = RequestSpec(prompt, mt)
+        if p.sampled_every and i % p.sampled_every == p.sampled_every - 1:
+            spec.temperature, spec.seed = p.temperature, p.sampled_seed + i
+            notes.append(f"seeded sample (temperature {p.temperature:g}, seed {spec.seed})")
+        spec.note = "; ".join(notes) or None
+        return spec
 
     def planned_phases(self) -> int:
         return len(self.params.ladder) * self.params.repeats
@@ -108,12 +158,32 @@ class Transitions(Scenario):
             ctx.run_phase("warmup", max(p.ladder),
                           [RequestSpec(w, p.max_tokens, compare=False) for w in warm],
                           role="warmup")
-        ctx.take_references([RequestSpec(pr, p.max_tokens) for pr in prompts])
+        q = self._q(ctx.facts)
+        base = [self.request_for(i, pr, q) for i, pr in enumerate(prompts)]
+        ctx.take_references(base)
+        for s in base:
+            ref = ctx.references.get(s.ref_key)
+            if s.temperature > 0 and ref is not None:
+                ref.margins = None  # a sampled token need not be top-1: no near-tie excuse
         nxt = 0
         for rep in range(1, p.repeats + 1):
             for step, c in enumerate(p.ladder, 1):
                 specs = []
-                for _ in range(c * p.requests_per_slot):
-                    specs.append(RequestSpec(prompts[nxt % len(prompts)], p.max_tokens))
+                for j in range(c * p.requests_per_slot):
+                    if p.identical_copies and c >= 2 and j == 1:
+                        # an exact copy of the first request, in flight together with it
+                        specs.append(replace(specs[0], note=_join(specs[0].note,
+                                                                  "identical copy in flight")))
+                        continue
+                    i = nxt % len(prompts)
+                    spec = replace(base[i])
+                    if p.alternate_stream and (nxt + nxt // len(prompts)) % 2 == 1:
+                        spec.stream = False
+                        spec.note = _join(spec.note, "non-streamed")
+                    specs.append(spec)
                     nxt += 1
                 ctx.run_phase(f"r{rep}-s{step}-C{c}", c, specs)
+
+
+def _join(note: str | None, more: str) -> str:
+    return f"{note}; {more}" if note else more

@@ -1,0 +1,104 @@
+"""Check ``logprob_sanity`` (also registered as ``logprobs_finite``): the returned logprobs are
+ones a softmax over real logits can give.
+
+When logprobs were requested, at every output position:
+
+1. no sentinel inside the top candidates: every logprob is finite, <= 0 (within ``tol``) and above
+   ``SENTINEL_LOGPROB`` (-9999.0: how vLLM's OpenAI server renders -inf, ``serving_completion``
+   clamps with ``max(logprob, -9999.0)``); a NaN/inf/-9999 entry means a NaN/-inf logit row or
+   top-k taken from a corrupted or masked row (the bug pattern: one real entry, then -9999.0 on
+   token ids 0, 1, 2, ...: the top-k of a row that is -inf everywhere else);
+2. the top candidates are sorted by logprob, best first (vLLM lists the emitted token first, then
+   the top-k in rank order; the emitted token is skipped when it is not one of the top-k);
+3. the emitted token is among the candidates and its ``token_logprobs`` value equals its
+   candidate entry (within ``tol``);
+4. under greedy sampling (temperature 0) the emitted token is top-1: its logprob is at least the
+   best candidate's minus ``greedy_tol_nats`` (ties allowed).
+
+Params: ``tol`` (default 1e-4 nats), ``greedy_tol_nats`` (default 1e-3). Skipped when the request
+asked for no logprobs. A near-tie margin must never be taken from sentinel entries:
+:func:`real_logprob` is the predicate ``pleharness.divergence.margins`` uses.
+"""
+from __future__ import annotations
+
+import math
+
+from ..manifest import CheckResult
+from . import register
+
+SENTINEL_LOGPROB = -9999.0  # vLLM's rendering of -inf in OpenAI responses
+
+
+def real_logprob(v) -> bool:
+    """True when ``v`` is a usable logprob: a finite number above the -9999.0 sentinel."""
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return False
+    return math.isfinite(f) and f > SENTINEL_LOGPROB
+
+
+def sane_top_logprobs(top: dict | None) -> dict:
+    """``top`` without sentinel / non-finite entries (for margins and other arithmetic)."""
+    return {k: float(v) for k, v in (top or {}).items() if real_logprob(v)}
+
+
+def problems_at(pos: int, top: dict, emitted: int | None, chosen_lp, greedy: bool, tol: float,
+                greedy_tol: float) -> list[str]:
+    """The rule violations at one output position (empty when sane)."""
+    out = []
+    bad = [(t, v) for t, v in top.items() if not real_logprob(v) or float(v) > tol]
+    if bad:
+        shown = ", ".join(f"{t}: {v}" for t, v in bad[:4])
+        out.append(f"sentinel/non-finite logprob in top candidates at position {pos} ({shown})")
+        return out
+    items = [(t, float(v)) for t, v in top.items()]
+    ranked = items
+    if emitted is not None and items and items[0][0] == emitted and len(items) >= 2 \
+            and items[0][1] < items[1][1] - tol:
+        ranked = items[1:]  # the emitted token listed first although it is not in the top-k
+    for (t1, v1), (t2, v2) in zip(ranked, ranked[1:]):
+        if v2 > v1 + tol:
+            out.append(f"top candidates not sorted at position {pos}: token {t2} ({v2:.4f}) "
+                       f"after token {t1} ({v1:.4f})")
+            break
+    if emitted is not None:
+        if emitted not in top:
+            out.append(f"emitted token {emitted} missing from its top candidates at position {pos}")
+        else:
+            if chosen_lp is not None and (not real_logprob(chosen_lp)
+                                          or abs(float(chosen_lp) - float(top[emitted])) > tol):
+                out.append(f"emitted token {emitted} logprob {chosen_lp} != its candidate entry "
+                           f"{top[emitted]} at position {pos}")
+            best = max(v for _, v in items)
+            if greedy and float(top[emitted]) < best - greedy_tol:
+                out.append(f"greedy but emitted token {emitted} ({float(top[emitted]):.4f}) is "
+                           f"not top-1 ({best:.4f}) at position {pos}")
+    return out
+
+
+@register("logprobs_finite")  # the former name: scenario files that name it keep working
+@register("logprob_sanity")
+def check(ctx, spec, c, params) -> CheckResult:
+    name = "logprob_sanity"
+    if c.logprobs is None:
+        return CheckResult(name=name, status="skip", detail="no logprobs requested")
+    if c.error is not None:
+        return CheckResult(name=name, status="skip", detail="request failed")
+    tol = float(params.get("tol", 1e-4))
+    greedy_tol = float(params.get("greedy_tol_nats", 1e-3))
+    greedy = float(getattr(spec, "temperature", 0.0) or 0.0) == 0.0
+    chosen = c.token_logprobs or []
+    found: list[str] = []
+    if c.logprobs and len(c.logprobs) != len(c.token_ids):
+        found.append(f"{len(c.logprobs)} logprob positions for {len(c.token_ids)} output tokens")
+    for pos, top in enumerate(c.logprobs):
+        emitted = c.token_ids[pos] if pos < len(c.token_ids) else None
+        found += problems_at(pos, top, emitted, chosen[pos] if pos < len(chosen) else None,
+                             greedy, tol, greedy_tol)
+        if len(found) >= 3:
+            break
+    if found:
+        return CheckResult(name=name, status="fail", detail="; ".join(found[:3]))
+    return CheckResult(name=name, status="pass",
+                       detail=f"{len(c.logprobs)} positions" + (", greedy top-1" if greedy else ""))
