@@ -70,12 +70,18 @@ def near_tie_threshold(dtype: Any, override: float | None = None) -> tuple[float
 
 
 def margins(top_logprobs: Sequence[dict] | None) -> list[float | None] | None:
-    """Per position, top-1 minus top-2 logprob (nats); None where fewer than two candidates."""
+    """Per position, top-1 minus top-2 logprob (nats); None where fewer than two real candidates.
+
+    Sentinel entries (-9999.0, vLLM's rendering of -inf) and non-finite ones are no candidates: a
+    margin taken from them would be huge and call any divergence "hard" (or, between two
+    sentinels, 0 and call it a near tie)."""
+    from .checks.logprob_sanity import sane_top_logprobs
+
     if top_logprobs is None:
         return None
     out: list[float | None] = []
     for top in top_logprobs:
-        vals = sorted((float(v) for v in (top or {}).values() if v is not None), reverse=True)
+        vals = sorted(sane_top_logprobs(top).values(), reverse=True)
         out.append(round(vals[0] - vals[1], 6) if len(vals) >= 2 else None)
     return out
 
