@@ -107,6 +107,8 @@ class ReferenceRecord(BaseModel):
     source: str = "solo"  # solo | engine | golden | manifest
     cache_state: str = "cold"  # cold: the prompt's first run; warm: a later, prefix-cached run
     cold_output_hash: str | None = None  # for a warm reference: the first run's hash
+    temperature: float = 0.0  # sampling of the reference request (0: greedy)
+    seed: int | None = None  # per-request seed of a sampled reference
 
 
 class Manifest(BaseModel):

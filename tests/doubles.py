@@ -4,7 +4,10 @@ themselves) and inject faults a healthy engine never produces.
 ``FaultProxy(upstream, fault)`` forwards every request to ``upstream``; for streamed
 ``/v1/completions`` it passes each SSE chunk through ``fault.chunk(ctx, chunk)``, which may modify
 it. ``ctx`` tells the fault which completion request this is (1-based arrival order), the prompt,
-and how many tokens were already streamed.
+how many tokens were already streamed, and how many identical prompts were in flight when it
+arrived. A non-streamed answer goes through ``fault.chunk`` once, as one chunk that holds every
+token (``tokens_so_far`` = 0) and the usage block. ``fault.request(ctx, body)`` may change the
+request before it is forwarded (the engine then answers the changed request).
 """
 from __future__ import annotations
 
@@ -25,12 +28,140 @@ class RequestCtx:
     in_flight: int  # completion requests in flight when this one arrived (itself included)
     tokens_so_far: int = 0
     state: dict = field(default_factory=dict)
+    twins_in_flight: int = 0  # other requests with the same prompt in flight when it arrived
+
+    @property
+    def streamed(self) -> bool:
+        return self.body.get("stream", True) is not False
 
 
 class Fault:
     """Base fault: changes nothing."""
 
+    def request(self, ctx: RequestCtx, body: dict) -> dict:
+        return body
+
     def chunk(self, ctx: RequestCtx, chunk: dict) -> dict | None:
+        return chunk
+
+
+def merge_chunks(chunks: list[dict]) -> dict:
+    """One non-streamed completion body from streamed chunks (what vLLM answers with stream=false)."""
+    choice: dict = {"index": 0, "text": "", "token_ids": [], "finish_reason": None}
+    usage = None
+    for ch in chunks:
+        usage = ch.get("usage") or usage
+        for c in ch.get("choices") or []:
+            choice["text"] += c.get("text") or ""
+            choice["token_ids"] += c.get("token_ids") or []
+            if c.get("finish_reason") is not None:
+                choice["finish_reason"] = c["finish_reason"]
+            lp = c.get("logprobs")
+            if lp:
+                acc = choice.setdefault("logprobs", {})
+                for k, v in lp.items():
+                    if isinstance(v, list):
+                        acc.setdefault(k, []).extend(v)
+    return {"object": "text_completion", "choices": [choice], "usage": usage}
+
+
+class SentinelLogprobs(Fault):
+    """For the requests ``select(ctx)`` picks, keep the first top_logprobs entry of every position
+    and replace the others with -9999.0 (vLLM's -inf) on token ids 0, 1, 2, ... (issue 16 item 2)."""
+
+    def __init__(self, select):
+        self.select = select
+        self.hits: list[int] = []
+
+    def chunk(self, ctx, chunk):
+        if "selected" not in ctx.state:
+            ctx.state["selected"] = bool(self.select(ctx))
+            if ctx.state["selected"]:
+                self.hits.append(ctx.number)
+        if not ctx.state["selected"]:
+            return chunk
+        for ch in chunk.get("choices") or []:
+            tops = (ch.get("logprobs") or {}).get("top_logprobs") or []
+            for j, top in enumerate(tops):
+                if top:
+                    first = next(iter(top.items()))
+                    new = dict([first])
+                    for t in range(len(top) - 1):
+                        new[f"token_id:{t}"] = -9999.0
+                    tops[j] = new
+        return chunk
+
+
+class TruncatePrompt(Fault):
+    """Forward only the last ``keep`` prompt tokens of the requests ``select(ctx)`` picks: the engine
+    answers 200 for the front-cut prompt (issue 16 item 3)."""
+
+    def __init__(self, select, keep):
+        self.select = select
+        self.keep = keep
+        self.hits: list[int] = []
+
+    def request(self, ctx, body):
+        if self.select(ctx):
+            self.hits.append(ctx.number)
+            body = {**body, "prompt": list(body["prompt"])[-self.keep(len(body["prompt"])):]}
+        return body
+
+
+class Reseed(Fault):
+    """Change the ``seed`` of the seeded requests that ``select(ctx)`` picks (a different sample
+    than the same request alone gets; issue 16 item 5)."""
+
+    def __init__(self, select):
+        self.select = select
+        self.hits: list[int] = []
+
+    def request(self, ctx, body):
+        if body.get("seed") is not None and self.select(ctx):
+            self.hits.append(ctx.number)
+            body = {**body, "seed": body["seed"] + 1}
+        return body
+
+
+class StopAtBlock(Fault):
+    """Stop emitting at the last multiple of ``q`` below max_tokens (output, logprobs and usage
+    consistent, finish_reason ``finish``): an engine that ends a request at a speculative-block
+    boundary (issue 16 item 7). Invisible when max_tokens is a multiple of q."""
+
+    def __init__(self, q: int, finish: str = "length"):
+        self.q = q
+        self.finish = finish
+        self.hits: list[tuple[int, int, int]] = []
+
+    def chunk(self, ctx, chunk):
+        mt = int(ctx.body.get("max_tokens"))
+        cut = mt - mt % self.q
+        if cut == mt:
+            return chunk
+        if "hit" not in ctx.state:
+            ctx.state["hit"] = True
+            self.hits.append((ctx.number, mt, cut))
+        if chunk.get("usage"):
+            chunk["usage"]["completion_tokens"] = min(cut, chunk["usage"]["completion_tokens"])
+            chunk["usage"]["total_tokens"] = (chunk["usage"].get("prompt_tokens") or 0) + \
+                chunk["usage"]["completion_tokens"]
+        kept = []
+        for ch in chunk.get("choices") or []:
+            ids = ch.get("token_ids") or []
+            n = max(0, min(len(ids), cut - ctx.tokens_so_far))
+            if n == 0 and (ids or ctx.tokens_so_far >= cut):
+                continue  # wholly after the cut (tokens, or the engine's own finish)
+            if n < len(ids):
+                ch["token_ids"], ch["text"] = ids[:n], ""
+                for k, v in (ch.get("logprobs") or {}).items():
+                    if isinstance(v, list):
+                        ch["logprobs"][k] = v[:n]
+            if ctx.tokens_so_far + n == cut:
+                ch["finish_reason"] = self.finish
+            kept.append(ch)
+        if not kept and not chunk.get("usage"):
+            return None
+        chunk["choices"] = kept
         return chunk
 
 
@@ -173,6 +304,7 @@ class FaultProxy:
         self.count = 0
         self.in_flight = 0
         self.log: list[RequestCtx] = []
+        self.active: list[RequestCtx] = []
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -198,12 +330,19 @@ class FaultProxy:
                     proxy.count += 1
                     proxy.in_flight += 1
                     ctx = RequestCtx(proxy.count, body, proxy.in_flight)
+                    ctx.twins_in_flight = sum(1 for o in proxy.active
+                                              if o.body.get("prompt") == body.get("prompt"))
+                    proxy.active.append(ctx)
                     proxy.log.append(ctx)
                 try:
+                    new = proxy.fault.request(ctx, body)
+                    if new is not body:
+                        raw = json.dumps(new).encode()
                     proxy.handle_completion(self, ctx, raw)
                 finally:
                     with proxy.lock:
                         proxy.in_flight -= 1
+                        proxy.active.remove(ctx)
 
             def _send(self, code, content, ctype):
                 self.send_response(code)
@@ -226,6 +365,10 @@ class FaultProxy:
                           headers={"content-type": "application/json"})
         if r.status_code != 200:
             h._send(r.status_code, r.content, r.headers.get("content-type", ""))
+            return
+        if not ctx.streamed:
+            data = self.fault.chunk(ctx, r.json())
+            h._send(200, json.dumps(data).encode(), "application/json")
             return
         h.send_response(200)
         h.send_header("content-type", "text/event-stream")
@@ -340,12 +483,27 @@ class FakeEngine:
                 if how == "never":
                     eng.release.wait(120)
                     return self._cut()
-                self.send_response(200)
-                self.send_header("content-type", "text/event-stream")
-                self.send_header("transfer-encoding", "chunked")
-                self.end_headers()
+                streaming = body.get("stream", True) is not False
+                collected: list[dict] = []  # non-streamed: the chunks, merged into one answer
+                if streaming:
+                    self.send_response(200)
+                    self.send_header("content-type", "text/event-stream")
+                    self.send_header("transfer-encoding", "chunked")
+                    self.end_headers()
+                elif how == "malformed":
+                    data = b'{"choices": [{"text": "x", "token_ids": [1'
+                    self.send_response(200)
+                    self.send_header("content-type", "application/json")
+                    self.send_header("content-length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                    return
 
                 def send(obj_or_text):
+                    if not streaming:
+                        if isinstance(obj_or_text, dict):
+                            collected.append(obj_or_text)
+                        return
                     text = obj_or_text if isinstance(obj_or_text, str) else json.dumps(obj_or_text)
                     data = f"data: {text}\n\n".encode()
                     self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
@@ -381,6 +539,8 @@ class FakeEngine:
                     time.sleep(0.002)
                 send({"choices": [], "usage": {"prompt_tokens": len(prompt),
                                                "completion_tokens": mt}})
+                if not streaming:
+                    return self._json(200, merge_chunks(collected))
                 send("[DONE]")
                 self.wfile.write(b"0\r\n\r\n")
 

@@ -45,7 +45,10 @@ def test_usage():
     assert r.status == "fail" and "completion_tokens 3 != 4" in r.detail
     r = run("usage", comp([1, 2, 3, 4], finish="stop"))
     assert r.status == "fail" and "finish_reason 'stop'" in r.detail
-    assert run("usage", comp([1, 2], finish="stop")).status == "pass"
+    # fewer IDs than max_tokens: only "stop" without ignore_eos; never under ignore_eos
+    assert run("usage", comp([1, 2], finish="stop"), {"ignore_eos": False}).status == "pass"
+    r = run("usage", comp([1, 2], finish="stop"))
+    assert r.status == "fail" and "only 2 of max_tokens=4 IDs" in r.detail
     r = run("usage", comp([1, 2, 3, 4], pt=None, ct=None))
     assert r.status == "fail" and "no usage block" in r.detail
 
@@ -126,11 +129,16 @@ def test_degeneration_in_references_is_a_note_unless_golden_disagrees():
 
 
 def test_max_model_len_edge():
-    s = spec()
-    assert run("max_model_len_edge", comp([1, 2, 3, 4]), s=s).status == "pass"
+    s = spec()  # prompt 3 + max_tokens 4 = 7
+    fits, over = {"max_model_len": 7, "policy": "reject"}, {"max_model_len": 6, "policy": "reject"}
+    assert run("max_model_len_edge", comp([1, 2, 3, 4]), fits, s=s).status == "pass"
     rej = Completion(error="http", http_status=400, error_detail="HTTP 400: too long")
-    r = run("max_model_len_edge", rej, s=s)
+    r = run("max_model_len_edge", rej, over, s=s)
     assert r.status == "pass" and "clean 400" in r.detail
+    # the engine's version gives one answer: the other one fails (issue 16)
+    assert run("max_model_len_edge", rej, fits, s=s).status == "fail"
+    assert run("max_model_len_edge", comp([1, 2, 3, 4]), over, s=s).status == "fail"
+    assert run("max_model_len_edge", comp([1, 2, 3, 4]), s=s).status == "skip"  # M unknown
     bad = Completion(error="http", http_status=500, error_detail="HTTP 500: boom")
     assert run("max_model_len_edge", bad, s=s).status == "fail"
     dead = Completion(error="connection", error_detail="refused")

