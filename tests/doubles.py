@@ -46,7 +46,7 @@ class Fault:
 
 
 def merge_chunks(chunks: list[dict]) -> dict:
-    """One non-streamed completion body from streamed chunks (what vLLM answers with stream=false)."""
+    """One non-streamed completion body from streamed chunks (vLLM's answer with stream=false)."""
     choice: dict = {"index": 0, "text": "", "token_ids": [], "finish_reason": None}
     usage = None
     for ch in chunks:
@@ -67,7 +67,7 @@ def merge_chunks(chunks: list[dict]) -> dict:
 
 class SentinelLogprobs(Fault):
     """For the requests ``select(ctx)`` picks, keep the first top_logprobs entry of every position
-    and replace the others with -9999.0 (vLLM's -inf) on token ids 0, 1, 2, ... (issue 16 item 2)."""
+    and replace the others with -9999.0 (vLLM's -inf) on token ids 0, 1, 2, ... (issue 16, 2)."""
 
     def __init__(self, select):
         self.select = select
@@ -92,9 +92,42 @@ class SentinelLogprobs(Fault):
         return chunk
 
 
+class CorruptConfident(Fault):
+    """Corrupt the requests ``select(ctx)`` picks from their first position >= ``start`` where the
+    engine's own top-1/top-2 margin is at least ``margin`` nats (the answer carries logprobs), to
+    the end: the divergence is then "hard" on any machine, whatever the model's exact tokens are
+    (a near tie would only be a warning). ``hits``: (request number, first corrupted position)."""
+
+    def __init__(self, select, start: int = 2, margin: float = 1.0):
+        self.select = select
+        self.start = start
+        self.margin = margin
+        self.hits: list[tuple[int, int]] = []
+
+    def chunk(self, ctx, chunk):
+        if "selected" not in ctx.state:
+            ctx.state["selected"] = bool(self.select(ctx))
+        if not ctx.state["selected"]:
+            return chunk
+        pos = ctx.tokens_so_far
+        for ch in chunk.get("choices") or []:
+            ids = ch.get("token_ids") or []
+            tops = (ch.get("logprobs") or {}).get("top_logprobs") or []
+            for i in range(len(ids)):
+                if "from" not in ctx.state and pos + i >= self.start and i < len(tops):
+                    vals = sorted(tops[i].values(), reverse=True)
+                    if len(vals) >= 2 and vals[0] - vals[1] >= self.margin:
+                        ctx.state["from"] = pos + i
+                        self.hits.append((ctx.number, pos + i))
+                if "from" in ctx.state:
+                    ids[i] = ids[i] - 1 if ids[i] > 16 else ids[i] + 1
+            pos += len(ids)
+        return chunk
+
+
 class TruncatePrompt(Fault):
-    """Forward only the last ``keep`` prompt tokens of the requests ``select(ctx)`` picks: the engine
-    answers 200 for the front-cut prompt (issue 16 item 3)."""
+    """Forward only the last ``keep(n)`` prompt tokens of the requests ``select(ctx)`` picks: the
+    engine answers 200 for the front-cut prompt (issue 16 item 3)."""
 
     def __init__(self, select, keep):
         self.select = select

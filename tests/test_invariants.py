@@ -6,12 +6,13 @@ non-streamed path; then, marked ``engine``, planted faults through a FaultProxy 
 CPU engine (tests/doubles.py): every fault must fail the run and name the request and the rule.
 """
 import math
+import sys
 
 import pytest
 
 from conftest import load_json, run_cli
-from doubles import (Corrupt, FakeEngine, FaultProxy, Reseed, SentinelLogprobs, StopAtBlock,
-                     TruncatePrompt)
+from doubles import (CorruptConfident, FakeEngine, FaultProxy, Reseed, SentinelLogprobs,
+                     StopAtBlock, TruncatePrompt)
 from pleharness.checks import DEFAULT_CHECKS, REGISTRY
 from pleharness.checks.logprob_sanity import real_logprob, sane_top_logprobs
 from pleharness.divergence import margins
@@ -264,3 +265,181 @@ def test_malformed_non_streamed_answer_is_a_protocol_error(tmp_path):
     assert bad and all(q["error"] == "protocol" and q["error_detail"].startswith(
         "malformed JSON response") and "non-streamed" in q["note"] for q in bad)
     assert len(bad) == len([q for q in m["requests"] if "non-streamed" in (q["note"] or "")])
+
+
+# -- planted faults in front of the real CPU engine ------------------------------------------------
+# The session engine (tests/conftest.py cpu_engine): profiles/cpu-ngram.toml, ngram speculative
+# decoding k = 3 (q = 4), block size 32, max_num_batched_tokens 256, prefix caching.
+C, B, K = 256, 32, 3
+Q = 1 + K
+FACTS = ["--block-size", str(B), "--chunk-size", str(C), "--num-speculative-tokens", str(K)]
+
+
+def stress_via(url, tmp_path, run_id, *args, facts=FACTS):
+    r = run_cli("stress", "--url", url, "--results-dir", str(tmp_path), "--run-id", run_id,
+                *facts, *args)
+    return r, r.stdout + r.stderr, load_json(tmp_path / run_id / "manifest.json")
+
+
+def failed(q, rule):
+    return [c for c in q["checks"] if c["name"] == rule and c["status"] == "fail"]
+
+
+def named(out, q, rule):
+    """The console's failing-requests table names the request and the rule."""
+    return q["id"] in out and rule in out
+
+
+@pytest.mark.engine
+def test_sentinel_logprobs_fail_logprob_sanity(cpu_engine, tmp_path):
+    # item 2: answers given while 3+ requests are in flight: one real top entry, then -9999.0
+    fault = SentinelLogprobs(lambda ctx: ctx.in_flight >= 3)
+    with FaultProxy(cpu_engine.url, fault) as proxy:
+        r, out, m = stress_via(proxy.url, tmp_path, "sentinel", "--scenario", "transitions",
+                               "--ladder", "4,1", "--repeats", "1")
+    assert fault.hits, "the double planted nothing"
+    assert r.returncode == 1 and m["verdict"] == "fail", out[-3000:]
+    bad = [q for q in m["requests"] if failed(q, "logprob_sanity")]
+    assert len(bad) == len(fault.hits)
+    for q in bad:
+        assert q["concurrency"] == 4 and q["match"] is not False  # the tokens themselves are right
+        detail = failed(q, "logprob_sanity")[0]["detail"]
+        assert "sentinel/non-finite logprob in top candidates" in detail and "-9999.0" in detail
+    assert named(out, bad[0], "logprob_sanity")
+    # no other request failed: a clean answer's logprobs are sane (greedy top-1, sorted, ...)
+    assert all(not failed(q, "logprob_sanity") for q in m["requests"] if q["concurrency"] == 1)
+
+
+@pytest.mark.engine
+def test_prompt_of_m_tokens_answered_200_with_a_cut_prompt_fails(cpu_engine, tmp_path):
+    # item 3: the proxy forwards only the last M/2 + 2 tokens of a prompt of M tokens (or more)
+    M = 1024
+    fault = TruncatePrompt(lambda ctx: len(ctx.body["prompt"]) >= M, lambda n: M // 2 + 2)
+    sc = tmp_path / "edges.toml"
+    sc.write_text('kind = "boundary"\n[params]\ndepth = 1\ncontrols = false\n'
+                  'cold_warm = false\n')
+    with FaultProxy(cpu_engine.url, fault) as proxy:
+        r, out, m = stress_via(proxy.url, tmp_path, "edge", "--scenario", str(sc))
+    assert fault.hits, "the double planted nothing"
+    assert r.returncode == 1 and m["verdict"] == "fail", out[-3000:]
+    edges = m["tables"]["max_model_len_edges"]
+    assert [e["check"] for e in edges] == ["pass", "pass", "pass", "fail"]
+    assert edges[3]["prompt_len"] == M and edges[3]["http_status"] == 200
+    (q,) = [q for q in m["requests"] if failed(q, "max_model_len_edge")]
+    assert q["prompt_len"] == M and q["prompt_tokens"] == M // 2 + 2
+    assert f"the engine saw {M // 2 + 2} of {M} prompt tokens" in \
+        failed(q, "max_model_len_edge")[0]["detail"]
+    assert named(out, q, "max_model_len_edge")
+    # the engine's version (0.32.0) clamps max_tokens at M + 1: 200 with M - L tokens, passing
+    assert m["engine"]["version"] == "0.32.0"
+    assert edges[2]["http_status"] == 200 and edges[2]["output_len"] == 7
+
+
+@pytest.mark.engine
+def test_second_of_two_identical_in_flight_corrupted_fails(cpu_engine, tmp_path):
+    # item 4: corrupt a request that arrives while an identical prompt is in flight, from its first
+    # confidently decided position >= 2 (so the divergence is hard on any machine)
+    fault = CorruptConfident(lambda ctx: ctx.twins_in_flight >= 1, start=2)
+    with FaultProxy(cpu_engine.url, fault) as proxy:
+        r, out, m = stress_via(proxy.url, tmp_path, "twins", "--scenario", "transitions",
+                               "--ladder", "3,2,1", "--repeats", "1")
+    assert fault.hits, "the default ladder never had identical prompts in flight"
+    assert r.returncode == 1 and m["verdict"] == "fail", out[-3000:]
+    bad = [q for q in m["requests"] if q["match"] is False]
+    assert len(bad) == len(fault.hits)
+    hit_pos = sorted(p for _, p in fault.hits)
+    assert sorted(q["first_divergence"] for q in bad) == hit_pos
+    for q in bad:  # one of two identical requests of its phase (whichever arrived second)
+        twins = [x for x in m["requests"] if x["phase"] == q["phase"]
+                 and x["prompt_hash"] == q["prompt_hash"]]
+        assert len(twins) == 2 and any("identical copy in flight" in x["note"] for x in twins)
+        assert q["concurrency"] >= 2
+        assert failed(q, "parity") and q["divergence"]["class"] == "hard"
+    assert named(out, bad[0], "parity")
+
+
+@pytest.mark.engine
+def test_non_streamed_answer_differing_from_streamed_fails(cpu_engine, tmp_path):
+    # item 6: non-streamed answers given while others are in flight are corrupted
+    fault = CorruptConfident(lambda ctx: not ctx.streamed and ctx.in_flight >= 2, start=3)
+    with FaultProxy(cpu_engine.url, fault) as proxy:
+        r, out, m = stress_via(proxy.url, tmp_path, "plain", "--scenario", "transitions",
+                               "--ladder", "4,1", "--repeats", "1")
+    assert fault.hits, "the default ladder sent no non-streamed request"
+    assert r.returncode == 1 and m["verdict"] == "fail", out[-3000:]
+    bad = [q for q in m["requests"] if q["match"] is False]
+    assert len(bad) == len(fault.hits) and all("non-streamed" in q["note"] for q in bad)
+    assert all(failed(q, "parity") and q["divergence"]["class"] == "hard" for q in bad)
+    assert named(out, bad[0], "parity")
+    # the clean non-streamed answers (at C1) equal their streamed references; usage holds on both
+    plain_ok = [q for q in m["requests"] if "non-streamed" in (q["note"] or "")
+                and q["concurrency"] == 1]
+    assert plain_ok and all(q["match"] is True for q in plain_ok)
+    assert all(not failed(q, "usage") for q in m["requests"])
+
+
+@pytest.mark.engine
+def test_stop_at_a_speculative_block_boundary_fails_usage(cpu_engine, tmp_path):
+    # item 7: the engine stops at the last multiple of q below max_tokens (usage consistent,
+    # finish_reason "length"); only max_tokens not divisible by q shows it
+    fault = StopAtBlock(Q)
+    with FaultProxy(cpu_engine.url, fault) as proxy:
+        r, out, m = stress_via(proxy.url, tmp_path, "block", "--scenario", "transitions",
+                               "--ladder", "2,1", "--repeats", "1")
+    assert r.returncode == 1 and m["verdict"] == "fail", out[-3000:]
+    ladder = [q for q in m["requests"] if q["phase"].startswith("r1-")]
+    assert {q["max_tokens"] % Q for q in ladder} == set(range(Q))  # every residue was sent
+    bad = [q for q in m["requests"] if failed(q, "usage")]
+    assert bad and {q["max_tokens"] % Q for q in bad} == set(range(1, Q))
+    assert all(q["max_tokens"] % Q == 0 for q in m["requests"] if q["scenario"] == "transitions"
+               and q["phase"] != "warmup" and not failed(q, "usage"))
+    for q in bad:
+        cut = q["max_tokens"] - q["max_tokens"] % Q
+        assert q["output_len"] == cut and q["finish_reason"] == "length"
+        assert f"only {cut} of max_tokens={q['max_tokens']} IDs" in failed(q, "usage")[0]["detail"]
+    assert named(out, bad[0], "usage")
+
+
+@pytest.fixture(scope="module")
+def cpu_engine_plain(embedded_model, tmp_path_factory):
+    """The CPU engine without speculative decoding (per-request seeds are reproducible there)."""
+    from pleharness.engine.launch import EngineServer, LaunchSpec
+    from pleharness.model import SERVED_NAME
+
+    spec = LaunchSpec(model=str(embedded_model), python=sys.executable,
+                      engine_args=["--block-size", "32", "--max-num-batched-tokens", "256",
+                                   "--max-num-seqs", "8"],
+                      env={"VLLM_CPU_KVCACHE_SPACE": "1"}, served_model_name=SERVED_NAME)
+    srv = EngineServer(spec, tmp_path_factory.mktemp("cpu-engine-plain"), start_timeout_s=600)
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.mark.engine
+def test_seeded_samples_reproduce_and_a_reseeded_one_fails(cpu_engine_plain, tmp_path):
+    # item 5, on the engine without speculative decoding: clean, every seeded request equals its
+    # solo reference at every concurrency; then a seeded request answered while others are in
+    # flight gets another sample (the proxy changes its seed) and the run fails, naming it
+    facts = ["--block-size", str(B), "--chunk-size", str(C), "--num-speculative-tokens", "0"]
+    args = ["--scenario", "transitions", "--ladder", "4,3,2,1", "--repeats", "1"]
+    r, out, m = stress_via(cpu_engine_plain.url, tmp_path, "seeds-clean", *args, facts=facts)
+    assert r.returncode == 0, out[-3000:]
+    seeded = [q for q in m["requests"] if "seeded sample" in (q["note"] or "")
+              and q["phase"].startswith("r1-")]
+    cs = {q["concurrency"] for q in seeded}
+    assert 1 in cs and len(cs) >= 3
+    assert all(q["match"] is True for q in seeded)
+    assert {"non-streamed" in q["note"] for q in seeded} == {True, False}
+    fault = Reseed(lambda ctx: ctx.in_flight >= 2)
+    with FaultProxy(cpu_engine_plain.url, fault) as proxy:
+        r, out, m = stress_via(proxy.url, tmp_path, "seeds", *args, facts=facts)
+    assert fault.hits, "no seeded request was in flight with others"
+    assert r.returncode == 1 and m["verdict"] == "fail", out[-3000:]
+    bad = [q for q in m["requests"] if q["match"] is False]
+    assert bad and all("seeded sample" in q["note"] and q["concurrency"] >= 2 for q in bad)
+    # a sampled divergence is never excused as a near tie
+    assert all(failed(q, "parity") and q["divergence"]["fails"] for q in bad)
+    assert named(out, bad[0], "parity")

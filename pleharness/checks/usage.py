@@ -7,8 +7,8 @@ Asserts, for streamed and non-streamed responses alike:
 - usage.completion_tokens == the number of returned token IDs;
 - never more IDs than max_tokens;
 - finish_reason is "length" exactly when max_tokens IDs came back (or the output reached
-  max_model_len M); with ``ignore_eos`` (the harness always sends it, and no stop strings) vLLM stops
-  only there, so fewer IDs is a failure whatever finish_reason says (the bug pattern: an engine that
+  max_model_len M); with ``ignore_eos`` (the harness always sends it, and no stop strings) vLLM
+  stops only there, so fewer IDs is a failure whatever finish_reason says (the bug pattern: an engine that
   stops emitting at a speculative-block boundary); without ``ignore_eos`` (param
   ``ignore_eos = false``) fewer IDs need finish_reason "stop".
 
