@@ -1,7 +1,7 @@
 """A fast self-answering engine double for client benchmarks (asyncio, one process).
 
 It answers the OpenAI-compatible endpoints the harness uses (/health, /v1/models, /version,
-/metrics, streamed /v1/completions; /metrics reports the connections accepted and completion
+/metrics, streamed and non-streamed /v1/completions; /metrics reports the connections accepted and completion
 requests served) as fast as it can: each completion is a pre-made, cached SSE
 stream (vLLM's chunk layout: one HTTP chunk per SSE event, ``tokens_per_chunk`` token IDs per event,
 a usage event, ``[DONE]``) written with one socket write, so the client is the bottleneck. Output
@@ -47,6 +47,20 @@ def make_stream(prompt: list[int], max_tokens: int, vocab: int, per_chunk: int) 
     return b"".join(out)
 
 
+def make_plain(prompt: list[int], max_tokens: int, vocab: int) -> bytes:
+    """The non-streamed answer (``stream: false``): the same tokens in one JSON body."""
+    base = sum(prompt) * 31
+    toks = [(base + i * 7) % (vocab - 10) + 10 for i in range(max_tokens)]
+    body = {"id": "cmpl-0123456789abcdef0123456789abcdef", "object": "text_completion",
+            "created": 1764430000, "model": MODEL,
+            "choices": [{"index": 0, "text": "".join(f" t{t}" for t in toks), "logprobs": None,
+                         "finish_reason": "length", "stop_reason": None, "token_ids": toks,
+                         "prompt_token_ids": list(prompt)}],
+            "usage": {"prompt_tokens": len(prompt), "total_tokens": len(prompt) + max_tokens,
+                      "completion_tokens": max_tokens}}
+    return plain(200, json.dumps(body).encode())
+
+
 def plain(code: int, body: bytes, ctype: str = "application/json") -> bytes:
     reason = {200: "OK", 404: "Not Found", 400: "Bad Request"}.get(code, "OK")
     return (f"HTTP/1.1 {code} {reason}\r\ncontent-type: {ctype}\r\n"
@@ -88,10 +102,12 @@ async def main(port: int, vocab: int, per_chunk: int) -> None:
                     stats["completions"] += 1
                     req = json.loads(body)
                     prompt = req.get("prompt") or []
-                    key = (tuple(prompt), int(req.get("max_tokens") or 16))
+                    stream = req.get("stream", True) is not False
+                    key = (tuple(prompt), int(req.get("max_tokens") or 16), stream)
                     data = cache.get(key)
                     if data is None:
-                        data = cache[key] = make_stream(prompt, key[1], vocab, per_chunk)
+                        data = cache[key] = make_stream(prompt, key[1], vocab, per_chunk) \
+                            if stream else make_plain(prompt, key[1], vocab)
                     writer.write(data)
                 else:
                     writer.write(plain(404, b'{"error": "not found"}'))
