@@ -397,6 +397,9 @@ def test_stop_at_a_speculative_block_boundary_fails_usage(cpu_engine, tmp_path):
     assert {q["max_tokens"] % Q for q in ladder} == set(range(Q))  # every residue was sent
     bad = [q for q in m["requests"] if failed(q, "usage")]
     assert bad and {q["max_tokens"] % Q for q in bad} == set(range(1, Q))
+    # caught in both delivery modes
+    assert {"non-streamed" in (q["note"] or "") for q in bad} == {True, False}
+    assert any("(non-streamed)" in failed(q, "usage")[0]["detail"] for q in bad)
     assert all(q["max_tokens"] % Q == 0 for q in m["requests"] if q["scenario"] == "transitions"
                and q["phase"] != "warmup" and not failed(q, "usage"))
     for q in bad:
