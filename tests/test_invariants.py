@@ -209,7 +209,8 @@ class _Manifest:
 class _Ctx:
     """Records the phases a scenario issues (no engine)."""
 
-    def __init__(self, facts):
+    def __init__(self, facts, reference_mode="solo"):
+        self.reference_mode = reference_mode
         self.facts = EngineFacts(facts, {})
         self.references = {}
         self.phases = []
@@ -257,6 +258,15 @@ def test_transitions_ladder_sends_the_new_schedules(k):
         assert "number of speculative tokens is unknown" in notes[0]["note"]
     else:
         assert {c for _, c in seeded} == {1, 2, 3, 4} and not notes  # at every concurrency
+
+
+def test_no_seeded_samples_against_a_greedy_golden_reference():
+    from pleharness.scenarios.base import load_scenario_file
+    sc = load_scenario_file("transitions")
+    ctx = _Ctx({"vocab_size": 500, "num_speculative_tokens": 0, "max_model_len": 1024}, "golden")
+    sc.run(ctx)
+    assert not any(s.temperature for _, _, specs in ctx.phases for s in specs)
+    assert "golden decodes greedily" in ctx.manifest.tables["transitions_notes"][0]["note"]
 
 
 def test_malformed_non_streamed_answer_is_a_protocol_error(tmp_path):

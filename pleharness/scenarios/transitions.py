@@ -144,8 +144,10 @@ class Transitions(Scenario):
         p = self.params
         return bool(p.sampled_every) and (q == 1 or p.sampled_with_spec_decode)
 
-    def request_for(self, i: int, prompt, q: int | None) -> "RequestSpec":
-        """The request of prompt number ``i`` (its reference and its ladder runs share it)."""
+    def request_for(self, i: int, prompt, q: int | None,
+                    sampled: bool | None = None) -> "RequestSpec":
+        """The request of prompt number ``i`` (its reference and its ladder runs share it);
+        ``sampled``: whether seeded sampled requests are sent (default :meth:`sampled`)."""
         from ..runner import RequestSpec
 
         p = self.params
@@ -155,7 +157,9 @@ class Transitions(Scenario):
             mt += i % q
             notes.append(f"max_tokens {mt} = {mt % q} mod q={q}")
         spec = RequestSpec(prompt, mt)
-        if self.sampled(q) and i % p.sampled_every == p.sampled_every - 1:
+        if sampled is None:
+            sampled = self.sampled(q)
+        if sampled and i % p.sampled_every == p.sampled_every - 1:
             n = p.sampled_prompt_len
             if n and n < len(prompt):
                 spec.prompt = Prompt(key=f"{prompt.key}-first{n}", ids=prompt.ids[:n])
@@ -181,7 +185,12 @@ class Transitions(Scenario):
                           [RequestSpec(w, p.max_tokens, compare=False) for w in warm],
                           role="warmup")
         q = self._q(ctx.facts)
-        if p.sampled_every and not self.sampled(q) and not ctx.collect_only:
+        sampled = self.sampled(q)
+        if sampled and getattr(ctx, "reference_mode", "solo") == "golden":
+            sampled = False  # the golden model decodes greedily: it has no seeded sample
+            ctx.manifest.tables.setdefault("transitions_notes", []).append({"note": (
+                "seeded sampled requests left out: --reference golden decodes greedily")})
+        elif p.sampled_every and not self.sampled(q) and not ctx.collect_only:
             why = ("the number of speculative tokens is unknown (attached without "
                    "--num-speculative-tokens)" if q is None else f"speculative decoding (q = {q})")
             note = (f"seeded sampled requests left out: {why}; with speculative decoding "
@@ -190,7 +199,7 @@ class Transitions(Scenario):
             ctx.manifest.tables.setdefault("transitions_notes", []).append({"note": note})
             if getattr(ctx, "console", None) is not None:
                 ctx.console.print(f"[yellow]note[/yellow] {self.name}: {note}")
-        base = [self.request_for(i, pr, q) for i, pr in enumerate(prompts)]
+        base = [self.request_for(i, pr, q, sampled) for i, pr in enumerate(prompts)]
         for s in base:  # golden references (--reference manifest:PATH) are keyed without sampling
             g = ctx.references.get((s.prompt.hash, s.max_tokens))
             if s.temperature > 0 and s.ref_key not in ctx.references and g is not None \
