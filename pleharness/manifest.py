@@ -64,6 +64,9 @@ class RequestRecord(BaseModel):
     divergence: dict[str, Any] | None = None  # see pleharness.divergence.analyse
     checks: list[CheckResult] = Field(default_factory=list)
     note: str | None = None
+    temperature: float = 0.0  # sampling sent (0: greedy)
+    seed: int | None = None  # per-request seed sent, if any
+    stream: bool = True  # streamed (SSE) or one JSON response
 
 
 class PhaseRecord(BaseModel):

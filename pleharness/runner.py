@@ -416,7 +416,8 @@ class RunContext:
             output_len=len(c.token_ids), finish_reason=c.finish_reason,
             prompt_tokens=c.prompt_tokens, completion_tokens=c.completion_tokens,
             ttft_s=c.ttft_s, latency_s=c.latency_s, error=c.error, error_detail=c.error_detail,
-            http_status=c.http_status, note=spec.note,
+            http_status=c.http_status, note=spec.note, temperature=spec.temperature,
+            seed=spec.seed, stream=spec.stream,
             error_expected=bool(spec.accept_4xx and c.error == "http" and c.http_status is not None
                                 and 400 <= c.http_status < 500))
         if spec.compare:
@@ -451,7 +452,7 @@ class RunContext:
                         else None,
                         observed_top=c.logprobs[pos] if c.logprobs and pos < len(c.logprobs)
                         else None)
-            if self.strict:
+            if self.strict or spec.temperature > 0:  # a seeded sample has no near-tie excuse
                 d["fails"] = True
             rec.divergence = d
             m = "n/a (no reference logprobs)" if d["margin_nats"] is None else \
@@ -465,7 +466,8 @@ class RunContext:
                 detail=f"{d['class']} at position {d['position']}: reference "
                        f"{d['reference_token']} vs observed {d['observed_token']}, reference "
                        f"top-1/top-2 margin {m}{g}; threshold {self.near_tie_nats:g} nats"
-                       + (" (strict)" if self.strict else "")))
+                       + (" (strict)" if self.strict else "")
+                       + (" (seeded sample: never a near tie)" if spec.temperature > 0 else "")))
         self.manifest.requests.append(rec)
         return rec
 
