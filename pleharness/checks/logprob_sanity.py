@@ -77,8 +77,8 @@ def problems_at(pos: int, top: dict, emitted: int | None, chosen_lp, greedy: boo
     return out
 
 
-@register("logprobs_finite")  # the former name: scenario files that name it keep working
 @register("logprob_sanity")
+@register("logprobs_finite")  # the former name: scenario files that name it keep working
 def check(ctx, spec, c, params) -> CheckResult:
     name = "logprob_sanity"
     if c.logprobs is None:
