@@ -246,12 +246,14 @@ class Corrupt(Counted):
     corrupted requests' (number, prompt length, max_tokens).
     """
 
-    def __init__(self, select, mutate, start: int = 0, stop: int | None = None):
+    def __init__(self, select, mutate, start: int = 0, stop: int | None = None,
+                 consistent: bool = False):
         super().__init__()
         self.select = select
         self.mutate = mutate
         self.start = start
         self.stop = stop
+        self.consistent = consistent  # also make each new token its position's top-1 logprob
         self.hits: list[tuple[int, int, int]] = []
 
     def chunk(self, ctx, chunk):
@@ -271,6 +273,8 @@ class Corrupt(Counted):
                 if pos >= self.start and (self.stop is None or pos < self.stop):
                     ids[i], t = self.mutate(ids[i], pos)
                     texts.append(t)
+                    if self.consistent and top_of(ch, i):
+                        set_top(ch, i, top_first(top_of(ch, i), ids[i]), ids[i])
             if texts:
                 ch["text"] = "".join(texts)
         return chunk
@@ -312,6 +316,17 @@ def top_of(choice: dict, i: int) -> dict[int, float]:
     if i >= len(tops) or not tops[i]:
         return {}
     return {int(k.split(":", 1)[1]): v for k, v in tops[i].items()}
+
+
+def top_first(top: dict[int, float], chosen: int) -> dict[int, float]:
+    """``top`` as an engine that emitted ``chosen`` greedily would list it: ``chosen`` takes the
+    best logprob, the other entries keep theirs, best first (the same number of entries)."""
+    best = max(top.values())
+    rest = sorted(((t, v) for t, v in top.items() if t != chosen), key=lambda kv: -kv[1])
+    if chosen in top:  # swap: the emitted token and the former top-1 trade places
+        rest = [(t, top[chosen] if v == best else v) for t, v in rest]
+        rest.sort(key=lambda kv: -kv[1])
+    return dict([(chosen, best)] + rest[:len(top) - 1])
 
 
 def set_top(choice: dict, i: int, top: dict[int, float], chosen: int) -> None:

@@ -11,7 +11,7 @@ import sys
 import requests
 
 from conftest import load_json, run_cli
-from doubles import Corrupt, EditTokens, FaultProxy, set_top, top_of
+from doubles import Corrupt, EditTokens, FaultProxy, set_top, top_first, top_of
 from pleharness.golden import GoldenModel
 from pleharness.model import SERVED_NAME, SHIPPED_DIR
 from pleharness.prompts import seeded_prompts
@@ -39,8 +39,10 @@ def failing(m, check=None):
 
 def first_with(occurrence_no):
     """A select() that picks the first request to be the n-th run of its prompt (warm-up prompts
-    are run once; each transitions prompt runs cold, warm, then once per ladder visit, so with the
-    default ladder occurrence 3 is in the C4 phase and the first occurrence 4 in the C3 phase)."""
+    are run once; each transitions prompt runs cold, warm, then once per ladder visit, and the
+    first prompt of a phase at C >= 2 twice (an identical copy in flight): with the default ladder
+    occurrences 3 and 4 of the first prompt are in the C4 phase, the first occurrence 5 in the C3
+    phase)."""
     picked = []
 
     def select(ctx):
@@ -68,7 +70,7 @@ def test_flipped_token_is_reported(cpu_engine, tmp_path):
             old = ch["token_ids"][i]
             ch["token_ids"][i] = (old + 1) % VOCAB
             flipped.update(old=old, new=ch["token_ids"][i], in_flight=ctx.in_flight)
-    fault = edit_fault(first_with(4), flip)
+    fault = edit_fault(first_with(5), flip)
     with FaultProxy(cpu_engine.url, fault) as proxy:
         r, out, m = stress_via(proxy, tmp_path, "flip", "--scenario", "transitions", "--repeats", "1")
     assert flipped, "the double never flipped a token"
@@ -164,7 +166,7 @@ def test_model_repetition_in_references_is_a_note_not_a_failure(cpu_engine, tmp_
 
     def select(ctx):
         return ctx.body["prompt"] == list(target.ids)
-    fault = Corrupt(select, lambda t, pos: (300, " x"), start=4)
+    fault = Corrupt(select, lambda t, pos: (300, " x"), start=4, consistent=True)
     with FaultProxy(cpu_engine.url, fault) as proxy:
         r, out, m = stress_via(proxy, tmp_path, "repeat", "--scenario", "transitions",
                                "--ladder", "4,3", "--repeats", "1")
@@ -222,7 +224,8 @@ def _at_close_call(cc, occurrences, chosen, top=None):
     def edit(ctx, ch, i, pos):
         if pos == cc["pos"]:
             want = chosen if fault_of[select].occurrence(ctx) == max(occurrences) else cc["top1"]
-            set_top(ch, i, top or top_of(ch, i), want)
+            # the response's own logprobs rank the emitted token first (greedy: logprob_sanity)
+            set_top(ch, i, top_first(top or top_of(ch, i), want), want)
     return edit_fault(select, edit)
 
 
