@@ -400,6 +400,8 @@ class FaultProxy:
                 self.wfile.write(content)
 
         class Server(ThreadingHTTPServer):
+            request_queue_size = 128  # listen backlog: 16+ requests arrive at once (determinism)
+
             def handle_error(self, request, client_address):  # clients hang up: not news
                 pass
 

@@ -27,7 +27,7 @@ def main(argv):
     real = os.environ["PLE_REAL_PYTHON"]
     if len(argv) < 3 or argv[1] != "-m" or not argv[2].startswith("vllm.entrypoints"):
         os.execv(real, [real] + argv[1:])
-    from doubles import Fault, FaultProxy
+    from doubles import Fault, FaultProxy, set_top, top_first, top_of
 
     args = argv[3:]
     host, port = "127.0.0.1", None
@@ -47,7 +47,14 @@ def main(argv):
                 ids = ch.get("token_ids") or []
                 for i in range(len(ids)):
                     if ctx.tokens_so_far + i == 5 and proxy.in_flight >= need:
-                        ids[i] = (ids[i] + 1) % vocab
+                        new = (ids[i] + 1) % vocab
+                        # the engine's own logprobs rank its (wrong) token first, as numerics
+                        # that changed the argmax would (logprob_sanity checks that)
+                        top = top_of(ch, i)
+                        if top:
+                            set_top(ch, i, top_first(top, new), new)
+                        else:
+                            ids[i] = new
             return chunk
 
     proxy = FaultProxy(os.environ["PLE_FAULT_UPSTREAM"], Busy() if active else Fault(), host, port)
