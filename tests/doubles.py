@@ -596,6 +596,7 @@ class FakeEngine:
 
         class Server(ThreadingHTTPServer):
             daemon_threads = True
+            request_queue_size = 128  # listen backlog: 32 identical requests arrive at once
 
             def handle_error(self, request, client_address):
                 pass
