@@ -166,3 +166,23 @@ def test_sigterm_during_a_hung_request(tmp_path):
     assert ph["reason"].startswith(f"interrupted after {len(kept)} of 4 requests finished")
     assert all(q["error"] is None and q["match"] is True for q in kept)
     assert ph["matched"] == len(kept)
+
+
+def test_non_streamed_request_never_answered_times_out(tmp_path):
+    """A non-streamed request gets no response headers until its whole answer is ready; one that
+    never gets them must still end at the first-token timeout (the socket's read timeout is the
+    only limit before headers), not after --request-timeout."""
+    fired = []
+
+    def never_plain(k, body):
+        if not body.get("stream", True) and not fired:
+            fired.append(k)
+            return "never"
+        return None
+    import time
+    t0 = time.monotonic()
+    r, out, m = run_against(never_plain, tmp_path)
+    assert fired and time.monotonic() - t0 < 90
+    assert r.returncode == 1, out[-2000:]
+    (q,) = errored(m)
+    assert q["error"] == "timeout" and q["error_detail"] == "no token within 2 s"

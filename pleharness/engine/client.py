@@ -391,9 +391,12 @@ class EngineClient:
         out.started_at = time.time()
         try:
             # the monitor's first-token timeout covers the whole answer here (no token arrives
-            # before the end); the socket timeout is only a safety net behind it
+            # before the end); the socket timeout is the safety net behind it, and the only
+            # limit while no response headers have arrived (the monitor cannot cut a request
+            # that has no response yet): the same bound as for streamed requests
             resp = self.session.post(self.base_url + "/v1/completions", json=body, stream=True,
-                                     timeout=(t.connect_s, max(t.first_token_s, t.total_s) + 1))
+                                     timeout=(t.connect_s,
+                                              max(t.first_token_s, t.between_tokens_s) * 1.5 + 1))
         except requests.Timeout as exc:
             return _fail(out, "timeout", f"no response: {str(exc)[:200]}")
         except requests.RequestException as exc:
