@@ -11,9 +11,11 @@ Used through ``tests/fakepy/python`` as ``--engine-python``. Environment:
 - ``PLE_REAL_PYTHON``: the real interpreter, for every other use of this "python" (``-c`` probes,
   the golden worker).
 
-The fault: while at least ``PLE_FAULT_MIN_IN_FLIGHT`` (default 2) completion requests are in
-flight, output position 5 becomes (token + 1) mod the vocabulary size: a concurrency-dependent
-corruption, invisible to single-request references.
+The fault: output position 5 becomes (token + 1) mod the vocabulary size, with
+``PLE_FAULT_MODE=crowded`` (default) while at least ``PLE_FAULT_MIN_IN_FLIGHT`` (default 2)
+completion requests are in flight (a concurrency-dependent corruption, invisible to
+single-request references), with ``PLE_FAULT_MODE=load`` on every run of a prompt after its
+first two (deterministic: two configurations corrupt exactly the same requests).
 """
 import os
 import signal
@@ -41,12 +43,29 @@ def main(argv):
     need = int(os.environ.get("PLE_FAULT_MIN_IN_FLIGHT", "2"))
     vocab = int(os.environ.get("PLE_FAULT_VOCAB", "793"))
 
+    mode = os.environ.get("PLE_FAULT_MODE", "crowded")
+    seen: dict = {}
+    lock = threading.Lock()
+
+    def hit(ctx) -> bool:
+        """crowded: >= ``need`` requests in flight now (timing-dependent, like a batch-size bug);
+        load: every run of a prompt after its first two (its cold and warm single-request runs),
+        deterministic, so both configurations corrupt exactly the same requests."""
+        if mode == "load":
+            if "occurrence" not in ctx.state:
+                key = (tuple(ctx.body.get("prompt") or []), ctx.body.get("max_tokens"))
+                with lock:
+                    seen[key] = seen.get(key, 0) + 1
+                    ctx.state["occurrence"] = seen[key]
+            return ctx.state["occurrence"] >= 3
+        return proxy.in_flight >= need
+
     class Busy(Fault):
         def chunk(self, ctx, chunk):
             for ch in chunk.get("choices") or []:
                 ids = ch.get("token_ids") or []
                 for i in range(len(ids)):
-                    if ctx.tokens_so_far + i == 5 and proxy.in_flight >= need:
+                    if ctx.tokens_so_far + i == 5 and hit(ctx):
                         new = (ids[i] + 1) % vocab
                         # the engine's own logprobs rank its (wrong) token first, as numerics
                         # that changed the argmax would (logprob_sanity checks that)
