@@ -437,6 +437,9 @@ def fuzz(
              "--shrink-budget more). Default: no limit.")] = None,
     shrink_budget: Annotated[float, typer.Option(min=1.0, rich_help_panel=P_FUZZ,
         help="Seconds of shrinking after the first failure.")] = 600.0,
+    shrink: Annotated[bool, typer.Option(rich_help_panel=P_FUZZ,
+        help="Shrink a failure to the smallest failing schedule (--no-shrink: stop at the first "
+             "failing example and write it as the reproducer).")] = True,
     seed: Annotated[int, typer.Option(min=0, rich_help_panel=P_FUZZ,
         help="Hypothesis seed: the same seed and engine facts draw the same schedules.")] = 0,
     db: Annotated[Optional[str], typer.Option(rich_help_panel=P_FUZZ,
@@ -533,7 +536,7 @@ def fuzz(
         if not api_key:
             raise UsageError(f"--api-key-env {api_key_env}: that environment variable is not set")
     params = {"max_examples": max_examples, "time_budget_s": time_budget,
-              "shrink_budget_s": shrink_budget, "seed": seed,
+              "shrink_budget_s": shrink_budget, "shrink": shrink, "seed": seed,
               "db": str(Path(db).resolve()) if db else None, "max_concurrency": max_concurrency,
               "max_phases": max_phases, "max_tokens": max_tokens, "depth": depth}
     cfg = StressConfig(

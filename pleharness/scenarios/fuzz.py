@@ -71,6 +71,8 @@ class FuzzParams(Params):
     uniform_weight: float = Field(0.2, ge=0, le=1, description="share of uniform lengths")
     chat: bool = Field(True, description="draw chat-shaped prompts where the length allows")
     confirm: bool = Field(True, description="replay the minimal failing schedule once more")
+    shrink: bool = Field(True, description="shrink a failure (off: stop at the first failing "
+                                           "example, e.g. to measure examples to failure)")
 
 
 # -- schedules --------------------------------------------------------------------------------
@@ -361,7 +363,8 @@ class Fuzz(Scenario):
         test = seed(p.seed)(test)
         test = settings(max_examples=p.max_examples, deadline=None, derandomize=False,
                         database=DirectoryBasedExampleDatabase(str(db_path)),
-                        phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink],
+                        phases=[Phase.explicit, Phase.reuse, Phase.generate]
+                        + ([Phase.shrink] if p.shrink else []),
                         suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
                         print_blob=False)(test)
         minimal: Schedule | None = None
