@@ -173,44 +173,74 @@ def schedules(space: Space):
     from hypothesis import strategies as st
 
     @st.composite
-    def draw_schedule(draw):
-        phases = []
-        earlier: list[FuzzRequest] = []
-        for _ in range(draw(st.integers(1, space.max_phases))):
-            # selector 0 (the shrink target): uniform; otherwise an edge
-            if draw(st.integers(0, 3)) == 0:
-                c = draw(st.integers(1, space.max_concurrency))
-            else:
-                c = draw(st.sampled_from(space.concurrency_edges))
-            reqs: list[FuzzRequest] = []
-            for _ in range(c):
-                kind = draw(st.integers(0, 5))  # 0-3 new, 4 warm, 5 copy
-                mt = draw(st.integers(1, space.max_tokens))
-                stream = draw(st.sampled_from([True, False]))
-                if kind == 4 and earlier:
-                    r = draw(st.sampled_from(earlier))
-                    reqs.append(FuzzRequest("warm", r.length, r.shape, r.seed, mt, stream, r.why))
-                    continue
-                if kind == 5 and reqs:
-                    r = draw(st.sampled_from(reqs))
-                    reqs.append(FuzzRequest("copy", r.length, r.shape, r.seed, r.max_tokens,
-                                            r.stream, r.why))
-                    continue
-                uniform = draw(st.integers(0, 99)) >= round(100 * (1 - space.uniform_weight))
-                if uniform:
-                    length = draw(st.integers(1, space.max_len))
-                    why = "uniform"
-                else:
-                    length, why = draw(st.sampled_from(space.lengths))
-                shape = draw(st.sampled_from(["random", "chat"])) \
-                    if space.chat_min is not None and length >= space.chat_min else "random"
-                seed = draw(st.integers(0, PROMPT_SEEDS - 1))
-                reqs.append(FuzzRequest("new", length, shape, seed, mt, stream, why))
-            phases.append(FuzzPhase(c, tuple(reqs)))
-            earlier.extend(r for r in reqs if r.source == "new")
+    def request(draw) -> tuple[str, int, FuzzRequest]:
+        """(kind, index, new request): kind new | warm | copy; a warm or copy request takes the
+        index-th earlier prompt (resolved in :func:`resolve`), and is this new request when
+        there is none."""
+        kind = ("new",) * 4 + ("warm", "copy")
+        k = kind[draw(st.integers(0, 5))]
+        mt = draw(st.integers(1, space.max_tokens))
+        stream = draw(st.sampled_from([True, False]))
+        idx = draw(st.integers(0, 15)) if k != "new" else 0
+        if draw(st.integers(0, 99)) >= round(100 * (1 - space.uniform_weight)):
+            length, why = draw(st.integers(1, space.max_len)), "uniform"
+        else:
+            length, why = draw(st.sampled_from(space.lengths))
+        shape = draw(st.sampled_from(["random", "chat"])) \
+            if space.chat_min is not None and length >= space.chat_min else "random"
+        seed = draw(st.integers(0, PROMPT_SEEDS - 1))
+        return k, idx, FuzzRequest("new", length, shape, seed, mt, stream, why)
+
+    @st.composite
+    def phase(draw):
+        # selector 0 (the shrink target): uniform; otherwise an edge
+        if draw(st.integers(0, 3)) == 0:
+            c = draw(st.integers(1, space.max_concurrency))
+        else:
+            c = draw(st.sampled_from(space.concurrency_edges))
+        return c, tuple(draw(request()) for _ in range(c))
+
+    def resolve(raw) -> Schedule:
+        phases, earlier = [], []
+        for c, reqs in raw:
+            out: list[FuzzRequest] = []
+            for k, idx, r in reqs:
+                src = earlier if k == "warm" else out if k == "copy" else []
+                if src:
+                    e = src[idx % len(src)]
+                    if k == "warm":
+                        r = FuzzRequest("warm", e.length, e.shape, e.seed, r.max_tokens,
+                                        r.stream, e.why)
+                    else:
+                        r = FuzzRequest("copy", e.length, e.shape, e.seed, e.max_tokens,
+                                        e.stream, e.why)
+                out.append(r)
+            phases.append(FuzzPhase(c, tuple(out)))
+            earlier.extend(r for r in out if r.source == "new")
         return Schedule(tuple(phases))
 
-    return draw_schedule()
+    # phases as a list (the shrinker deletes any of them); warm repeats and copies refer to
+    # earlier prompts by index, resolved after drawing
+    # (min_size 0 and a filter: with min_size 1 the first element cannot be deleted)
+    return st.lists(phase(), min_size=0, max_size=space.max_phases).filter(bool).map(resolve)
+
+
+def relabel(sched: Schedule) -> Schedule:
+    """``warm`` / ``copy`` labels made true again after deletions: a request whose prompt no
+    earlier phase (warm) or earlier request of its phase (copy) has becomes ``new``."""
+    phases, earlier = [], set()
+    for ph in sched.phases:
+        out, here = [], set()
+        for r in ph.requests:
+            ident = (r.length, r.shape, r.seed)
+            if (r.source == "warm" and ident not in earlier) or \
+                    (r.source == "copy" and ident not in here):
+                r = FuzzRequest("new", r.length, r.shape, r.seed, r.max_tokens, r.stream, r.why)
+            out.append(r)
+            here.add(ident)
+        phases.append(FuzzPhase(ph.concurrency, tuple(out)))
+        earlier |= here
+    return Schedule(tuple(phases))
 
 
 # -- running ----------------------------------------------------------------------------------
@@ -290,6 +320,51 @@ class Fuzz(Scenario):
                 "failing_requests": [f"{r.id} ({r.phase}, C{r.concurrency}, len "
                                      f"{r.prompt_len}, max_tokens {r.max_tokens})" for r in bad],
                 "wall_s": round(time.monotonic() - t0, 3)}
+
+    def _delete_pass(self, ctx, sched: Schedule, memo: dict, state: dict, examples: list,
+                     steps: list, live, t_start: float) -> Schedule:
+        """After hypothesis: delete whole phases, then single requests (the phase's concurrency
+        one lower), greedily, keeping each deletion that still fails (stage ``delete``; within
+        ``shrink_budget_s`` of the first failure). Hypothesis' shrinker can leave a harmless
+        leading phase that it cannot delete without reshaping later draws."""
+        def fails(cand: Schedule) -> bool:
+            k = cand.key()
+            if k not in memo:
+                if time.monotonic() - state["first_fail_t"] > self.params.shrink_budget_s:
+                    return False
+                state["n"] += 1
+                row = self.run_example(ctx, cand, f"ex{state['n']}")
+                row.update(stage="delete", elapsed_s=round(time.monotonic() - t_start, 3))
+                memo[k] = row
+                examples.append(row)
+                if row["status"] == "fail":
+                    state["failures"] += 1
+                    steps.append({"step": len(steps), "example": row["example"],
+                                  "phases": row["phases"], "requests": row["requests"],
+                                  "schedule": row["schedule"]})
+                live()
+                ctx.save()
+            return memo[k]["status"] == "fail"
+
+        i = 0
+        while i < len(sched.phases) and len(sched.phases) > 1:
+            cand = relabel(Schedule(sched.phases[:i] + sched.phases[i + 1:]))
+            if fails(cand):
+                sched = cand
+            else:
+                i += 1
+        for i in range(len(sched.phases)):
+            j = 0
+            while j < len(sched.phases[i].requests) and len(sched.phases[i].requests) > 1:
+                ph = sched.phases[i]
+                reqs = ph.requests[:j] + ph.requests[j + 1:]
+                cand = relabel(Schedule(sched.phases[:i] + (FuzzPhase(len(reqs), reqs),)
+                                        + sched.phases[i + 1:]))
+                if fails(cand):
+                    sched = cand
+                else:
+                    j += 1
+        return sched
 
     def run(self, ctx: "RunContext") -> None:
         from hypothesis import HealthCheck, Phase, given, seed, settings
@@ -373,15 +448,24 @@ class Fuzz(Scenario):
         try:
             test()
         except _Abort as a:
+            if task is not None:
+                ctx.progress.remove_task(task)
             raise a.exc from None
         except _PropertyFailed:
             minimal = state.get("last_fail") or state["minimal"]
         except HypothesisException as exc:  # e.g. Flaky: keep the smallest failure seen
             ctx.console.print(f"fuzz: hypothesis: {exc.__class__.__name__}: {exc}")
             minimal = state["minimal"]
-        finally:
-            if task is not None:
-                ctx.progress.remove_task(task)
+        if minimal is not None and p.shrink:
+            try:
+                minimal = self._delete_pass(ctx, minimal, memo, state, examples, steps, live,
+                                            t_start)
+            except _Abort as a:
+                if task is not None:
+                    ctx.progress.remove_task(task)
+                raise a.exc from None
+        if task is not None:
+            ctx.progress.remove_task(task)
         elapsed = time.monotonic() - t_start
         run_walls = [r["wall_s"] for r in examples]
         summary = {"examples_run": state["n"], "failing_examples": state["failures"],
