@@ -31,10 +31,12 @@ examples first. ``seed`` makes the search reproducible.
 
 On failure hypothesis shrinks; the smallest failing schedule is written as ``<run>/repro.toml`` (a
 ``replay`` scenario: ``ple-harness stress --scenario repro.toml`` replays it) and replayed once
-more (``confirm``). Manifest tables: ``fuzz_examples`` (every example run: stage search / shrink /
-confirm, schedule summary, verdict, seconds), ``fuzz_shrink_steps`` (each failing example, in the
-order seen: the first found, then every smaller one), ``fuzz_failing`` (the minimal schedule,
-request by request) and ``fuzz_summary`` (one row: counts, seconds per example, repro path).
+more (``confirm``). After hypothesis' shrinker a greedy pass deletes phases, then requests, while
+the schedule still fails (stage ``delete``). Manifest tables: ``fuzz_examples`` (every example
+run: stage search / shrink / delete / confirm, schedule summary, verdict, seconds),
+``fuzz_shrink_steps`` (each failing example, in the order seen: the first found, then every
+smaller one), ``fuzz_failing`` (the minimal schedule, request by request) and ``fuzz_summary`` (one
+row: counts, seconds per example, repro path).
 """
 from __future__ import annotations
 
