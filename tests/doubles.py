@@ -632,7 +632,7 @@ class CorruptWhenCrowded(Fault):
         self.lock = threading.Lock()
 
     def chunk(self, ctx, chunk):
-        if len(ctx.body.get("prompt") or []) != self.length:
+        if len(ctx.body.get("prompt") or []) != self.length or not ctx.streamed:
             return chunk
         if not ctx.state.get("selected"):
             with self.proxy.lock:

@@ -99,9 +99,11 @@ def test_repro_round_trips_as_a_replay_scenario(tmp_path):
     write_repro(specs, sched, path, "run1")
     sc = load_scenario_file(str(path))
     assert sc.kind == "replay"
-    got = [(ph.concurrency, [(r.prompt, r.max_tokens) for r in ph.requests])
+    got = [(ph.concurrency, [(r.prompt, r.max_tokens, r.stream) for r in ph.requests])
            for ph in sc.params.phases]
-    assert got == [(3, [([20, 21, 22, 23, 24], 2)] * 3), (1, [([20, 21, 22, 23, 24], 7)])]
+    assert got == [(3, [([20, 21, 22, 23, 24], 2, True)] * 3),
+                   (1, [([20, 21, 22, 23, 24], 7, False)])]
+    assert sched.summary() == "C3[5+2,5+2,5+2] | C1[5wn+7]"
 
 
 def test_usage_errors(tmp_path):

@@ -14,10 +14,10 @@ requests issued together. Each request is
 - ``warm``: a repeat of a prompt of an earlier phase (prefix-cached);
 - ``copy``: an identical copy of an earlier request of the same phase, in flight with it;
 
-with a ``max_tokens`` in 1..``max_tokens`` (every residue mod q when ``max_tokens`` >= q) and a
-``stream`` draw. TODO(non-streamed requests): the ``stream`` draw is recorded, but every request
-is issued streamed until RequestSpec/the client can issue non-streamed ones; inserts into a running
-streamed decode are not drawn yet.
+with a ``max_tokens`` in 1..``max_tokens`` (every residue mod q when ``max_tokens`` >= q),
+streamed or not (one JSON response; references are always streamed, and a non-streamed output
+must equal its streamed reference). Not drawn yet: seeded sampling, inserts into a running
+streamed decode at a drawn token position.
 
 Property: every request of the example (its single-request references, warm by default, and its
 phases) passes under the same verdict policy as ``stress``: a hard divergence from the reference,
@@ -108,10 +108,11 @@ class Schedule:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
 
     def summary(self) -> str:
-        """One line: ``C3[260s+4,4,4w] | C1[...]`` (length, ``+N`` max_tokens, ``w`` warm,
-        ``c`` copy, ``h`` chat-shaped)."""
+        """One line: ``C3[260+4,4n+1,4w+2] | C1[...]`` (length, ``+N`` max_tokens, ``w`` warm,
+        ``c`` copy, ``h`` chat-shaped, ``n`` non-streamed)."""
         def req(r: FuzzRequest) -> str:
             tag = {"warm": "w", "copy": "c"}.get(r.source, "") + ("h" if r.shape == "chat" else "")
+            tag += "" if r.stream else "n"
             return f"{r.length}{tag}+{r.max_tokens}"
         return " | ".join(f"C{p.concurrency}[{','.join(req(r) for r in p.requests)}]"
                           for p in self.phases)
@@ -292,10 +293,9 @@ class Fuzz(Scenario):
         from ..runner import RequestSpec
         out = []
         for ph in sched.phases:
-            out.append([RequestSpec(self._prompt(ctx, r), r.max_tokens,
+            out.append([RequestSpec(self._prompt(ctx, r), r.max_tokens, stream=r.stream,
                                     note=f"fuzz {r.source} {r.why}"
-                                         + ("" if r.stream else " (drawn non-streamed; issued "
-                                            "streamed: TODO)"))
+                                         + ("" if r.stream else " (non-streamed)"))
                         for r in ph.requests])
         return out
 
@@ -487,7 +487,6 @@ class Fuzz(Scenario):
                    "database": str(db_path), "elapsed_s": round(elapsed, 3),
                    "s_per_example": round(sum(run_walls) / len(run_walls), 3) if run_walls
                    else None, "repro": None, "minimal_schedule": None, "confirmed": None,
-                   "stream_note": "stream drawn and recorded; all requests issued streamed (TODO)",
                    "space": {"q": space.q, "lengths": [x for x, _ in space.lengths],
                              "uniform_max_len": space.max_len,
                              "concurrency_edges": space.concurrency_edges,
@@ -500,7 +499,7 @@ class Fuzz(Scenario):
             tables["fuzz_failing"] = [
                 {"phase": i, "concurrency": ph.concurrency, "source": r.source,
                  "prompt_len": r.length, "why": r.why, "shape": r.shape, "seed": r.seed,
-                 "max_tokens": r.max_tokens, "stream_drawn": r.stream}
+                 "max_tokens": r.max_tokens, "stream": r.stream}
                 for i, ph in enumerate(minimal.phases, 1) for r in ph.requests]
             ctx.console.print(f"fuzz: minimal failing schedule {minimal.summary()} "
                               f"(after {len(steps)} failing example(s)); reproducer: {repro}")
@@ -530,9 +529,10 @@ def write_repro(phases: list[list["RequestSpec"]], sched: Schedule, path: Path,
         lines += ["", "[[params.phases]]", f'name = "fuzz-p{i}-C{ph.concurrency}"',
                   f"concurrency = {ph.concurrency}"]
         for r, s in zip(ph.requests, specs):
-            note = (f"{r.source} len {r.length} ({r.why}); max_tokens {r.max_tokens}; "
-                    f"stream drawn {str(r.stream).lower()}").replace('"', "'")
+            note = (f"{r.source} len {r.length} ({r.why}); max_tokens "
+                    f"{r.max_tokens}").replace('"', "'")
             lines += ["", "[[params.phases.requests]]",
                       f"prompt = {json.dumps(list(s.prompt.ids))}",
-                      f"max_tokens = {s.max_tokens}", f'note = "{note}"']
+                      f"max_tokens = {s.max_tokens}", f"stream = {str(r.stream).lower()}",
+                      f'note = "{note}"']
     write_atomic(path, "\n".join(lines) + "\n")
