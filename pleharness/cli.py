@@ -424,6 +424,136 @@ def _check_plot_path(plot: str) -> Path:
     return p
 
 
+P_FUZZ = "Search budget and reproducibility"
+
+
+@app.command()
+def fuzz(
+    ctx: typer.Context,
+    max_examples: Annotated[int, typer.Option(min=1, max=1_000_000, rich_help_panel=P_FUZZ,
+        help="Most hypothesis examples (schedules) to run.")] = 100,
+    time_budget: Annotated[Optional[float], typer.Option(min=1.0, rich_help_panel=P_FUZZ,
+        help="Seconds after which no new example starts (shrinking a failure gets "
+             "--shrink-budget more). Default: no limit.")] = None,
+    shrink_budget: Annotated[float, typer.Option(min=1.0, rich_help_panel=P_FUZZ,
+        help="Seconds of shrinking after the first failure.")] = 600.0,
+    shrink: Annotated[bool, typer.Option(rich_help_panel=P_FUZZ,
+        help="Shrink a failure to the smallest failing schedule (--no-shrink: stop at the first "
+             "failing example and write it as the reproducer).")] = True,
+    seed: Annotated[int, typer.Option(min=0, rich_help_panel=P_FUZZ,
+        help="Hypothesis seed: the same seed and engine facts draw the same schedules.")] = 0,
+    db: Annotated[Optional[str], typer.Option(rich_help_panel=P_FUZZ,
+        help="Hypothesis example database folder, shared across runs (e.g. nightly CI): "
+             "stored failing examples replay first. Default: <run>/hypothesis-db.")] = None,
+    max_concurrency: Annotated[int, typer.Option(min=1, max=1024, rich_help_panel=P_FUZZ,
+        help="Cap on the drawn concurrency (also capped at max_num_seqs).")] = 8,
+    max_phases: Annotated[int, typer.Option(min=1, max=8, rich_help_panel=P_FUZZ,
+        help="Most phases per schedule.")] = 8,
+    max_tokens: Annotated[int, typer.Option(min=1, max=4096, rich_help_panel=P_FUZZ,
+        help="Largest drawn max_tokens (1..N; N >= q covers every residue mod q).")] = 12,
+    depth: Annotated[int, typer.Option(min=1, max=16, rich_help_panel=P_FUZZ,
+        help="N in the boundary lengths n*B + q and n*C + q, n = 1..N.")] = 2,
+    model: Annotated[Optional[str], typer.Option(rich_help_panel=P_ENGINE, help="Local model path "
+        "to serve. Default: the embedded tiny model.")] = None,
+    engine_profile: Annotated[Optional[Path], typer.Option(rich_help_panel=P_ENGINE,
+        help="TOML engine profile, a path or a shipped name (cpu-ngram).")] = None,
+    tp: Annotated[Optional[int], typer.Option("--tp", min=1, rich_help_panel=P_ENGINE,
+        help="Tensor-parallel size.")] = None,
+    engine_python: Annotated[Optional[str], typer.Option(rich_help_panel=P_ENGINE,
+        help="Python that has vLLM installed. Default: this Python.")] = None,
+    engine_arg: Annotated[Optional[list[str]], typer.Option(rich_help_panel=P_ENGINE,
+        help="Extra argument for the engine server, repeatable, = form: "
+             "--engine-arg --max-num-seqs=8.")] = None,
+    engine_env: Annotated[Optional[list[str]], typer.Option(rich_help_panel=P_ENGINE,
+        help="NAME=VALUE environment variable for the engine, repeatable.")] = None,
+    start_timeout: Annotated[float, typer.Option(min=1.0, rich_help_panel=P_ENGINE,
+        help="Seconds to wait for a launched engine to become ready.")] = 900.0,
+    url: Annotated[Optional[str], typer.Option(rich_help_panel=P_ATTACH,
+        help="Attach to a running server at this base URL instead of launching one.")] = None,
+    block_size: Annotated[Optional[int], typer.Option(min=1, rich_help_panel=P_ATTACH,
+        help="KV block size B. " + FACT_HELP)] = None,
+    chunk_size: Annotated[Optional[int], typer.Option(min=1, rich_help_panel=P_ATTACH,
+        help="Chunked-prefill budget C (max_num_batched_tokens). " + FACT_HELP)] = None,
+    num_speculative_tokens: Annotated[Optional[int], typer.Option(min=0, rich_help_panel=P_ATTACH,
+        help="Speculative tokens k (q = 1 + k). " + FACT_HELP)] = None,
+    max_num_seqs: Annotated[Optional[int], typer.Option(min=1, rich_help_panel=P_ATTACH,
+        help="Most requests scheduled at once. " + FACT_HELP)] = None,
+    max_model_len: Annotated[Optional[int], typer.Option(min=1, rich_help_panel=P_ATTACH,
+        help="Max model length M. " + FACT_HELP)] = None,
+    vocab_size: Annotated[Optional[int], typer.Option(min=1, rich_help_panel=P_ATTACH,
+        help="Vocabulary size V. " + FACT_HELP)] = None,
+    dtype: Annotated[Optional[str], typer.Option(rich_help_panel=P_ATTACH,
+        help="Serving dtype (bfloat16, float16, float32): sets the near-tie threshold. "
+             + FACT_HELP)] = None,
+    api_key_env: Annotated[Optional[str], typer.Option(rich_help_panel=P_ATTACH,
+        help="Name of an environment variable holding the API key (never written).")] = None,
+    near_tie_nats: Annotated[Optional[float], typer.Option(min=0.0, rich_help_panel=P_REF,
+        help="Top-1/top-2 margin under which a divergence is a near tie (a warning). "
+             "Default: from the serving dtype.")] = None,
+    strict: Annotated[bool, typer.Option(rich_help_panel=P_REF,
+        help="Every divergence fails, near ties included.")] = False,
+    golden: Annotated[bool, typer.Option(rich_help_panel=P_REF,
+        help="Classify divergences with the golden model when one can be built.")] = True,
+    request_timeout: Annotated[float, typer.Option(min=0.1, max=604800, rich_help_panel=P_TIME,
+        help="Longest a whole request may take, seconds.")] = 600.0,
+    results_dir: Annotated[str, typer.Option(rich_help_panel=P_OUT,
+        help="Folder for run folders.")] = "results",
+    run_id: Annotated[Optional[str], typer.Option(rich_help_panel=P_OUT,
+        help="Run folder name (default: timestamp + random suffix); never overwritten.")] = None,
+):
+    """Search schedules with hypothesis (docs/fuzz.md): phases of drawn concurrency, prompts at
+    boundary lengths, warm repeats, identical copies, max_tokens; every output must equal its
+    single-request reference and pass the checks. A failure is shrunk to the smallest failing
+    schedule, written as results/RUN/repro.toml (replay it: ple-harness stress --scenario FILE).
+
+    Exit 0 no failing example, 1 a failing schedule found, 2 usage error, 3 engine failed
+    to start or died, 4 internal error, 130/143 interrupted.
+    """
+    _raise_all(_stress_option_problems(ctx, dict(
+        url=url, reference="solo", suite=None, scenario=None, repeat_old=None,
+        results_dir=results_dir, engine_arg=engine_arg, reference_engine_arg=None,
+        control_engine_arg=None)))
+    if db is not None and (not db.strip() or (Path(db).exists() and not Path(db).is_dir())):
+        raise UsageError(f"--db {db!r}: expected a folder path (created when missing)")
+    from .profile import EngineProfile, load_profile
+    from .stress import StressConfig, run_stress
+
+    profile_path = _find_profile(engine_profile) if engine_profile else None
+    prof = load_profile(profile_path) if profile_path else EngineProfile()
+    _raise_all(_engine_arg_problems(prof.engine_args, f"{profile_path}: engine_args item"))
+    facts = {k: v for k, v in {"block_size": block_size, "max_num_batched_tokens": chunk_size,
+                               "num_speculative_tokens": num_speculative_tokens,
+                               "max_num_seqs": max_num_seqs, "max_model_len": max_model_len,
+                               "vocab_size": vocab_size, "dtype": dtype}.items()
+             if v is not None}
+    if dtype is not None:
+        from .divergence import normalize_dtype
+        if normalize_dtype(dtype) is None:
+            raise UsageError(f"--dtype {dtype!r}: expected bfloat16, float16 or float32")
+    api_key = None
+    if api_key_env:
+        api_key = os.environ.get(api_key_env)
+        if not api_key:
+            raise UsageError(f"--api-key-env {api_key_env}: that environment variable is not set")
+    params = {"max_examples": max_examples, "time_budget_s": time_budget,
+              "shrink_budget_s": shrink_budget, "shrink": shrink, "seed": seed,
+              "db": str(Path(db).resolve()) if db else None, "max_concurrency": max_concurrency,
+              "max_phases": max_phases, "max_tokens": max_tokens, "depth": depth}
+    cfg = StressConfig(
+        model=model or prof.model, url=url, tp=tp or prof.tp or 1,
+        engine_python=engine_python or prof.python or sys.executable,
+        engine_args=prof.engine_args + list(engine_arg or []),
+        engine_env={**prof.env, **_parse_env(engine_env or [])},
+        scenarios=[("fuzz", params)], results_dir=Path(results_dir), run_id=run_id,
+        host=prof.host or "127.0.0.1", start_timeout_s=start_timeout,
+        served_model_name=prof.served_model_name, explicit_facts=facts,
+        profile=str(profile_path) if profile_path else None, api_key=api_key,
+        near_tie_nats=near_tie_nats, strict=strict, golden=golden,
+        timeouts=Timeouts(total_s=request_timeout),
+        invocation=_program() + sys.argv[1:])
+    raise typer.Exit(run_stress(cfg, console, err_console))
+
+
 @app.command()
 def facts(
     url: Annotated[Optional[str], typer.Option(help="Read a running server at this base URL.")] = None,

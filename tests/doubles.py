@@ -613,3 +613,40 @@ class FakeEngine:
         self.release.set()
         self.server.shutdown()
         self.server.server_close()
+
+
+class CorruptWhenCrowded(Fault):
+    """Corrupt (every token from position 0: ``(id + 1) % vocab``) the streamed completions whose
+    prompt is exactly ``length`` tokens long while at least ``min_in_flight`` completion requests
+    were in flight during the request's life so far: the ones in flight when it arrived (itself
+    included) plus the ones that arrived after it. The fuzz target of tests/test_fuzz.py and
+    benchmarks/fuzz_find_rate.py (one combination: L = n*C + q with >= 3 in flight). Set
+    ``proxy`` to the FaultProxy after creating it. ``hits``: (request number, peak in flight)."""
+
+    def __init__(self, length: int, min_in_flight: int, vocab: int):
+        self.length = length
+        self.min_in_flight = min_in_flight
+        self.vocab = vocab
+        self.proxy: "FaultProxy | None" = None
+        self.hits: list[tuple[int, int]] = []
+        self.lock = threading.Lock()
+
+    def chunk(self, ctx, chunk):
+        if len(ctx.body.get("prompt") or []) != self.length or not ctx.streamed:
+            return chunk
+        if not ctx.state.get("selected"):
+            with self.proxy.lock:
+                later = sum(1 for c in self.proxy.log if c.number > ctx.number)
+            peak = ctx.in_flight + later
+            if peak >= self.min_in_flight:
+                ctx.state["selected"] = True
+                with self.lock:
+                    self.hits.append((ctx.number, peak))
+        if ctx.state.get("selected"):
+            for ch in chunk.get("choices") or []:
+                ids = ch.get("token_ids") or []
+                for i in range(len(ids)):
+                    ids[i] = (ids[i] + 1) % self.vocab
+                if ids:
+                    ch["text"] = "".join(f" t{t}" for t in ids)
+        return chunk

@@ -2,8 +2,8 @@
 from .base import REGISTRY, Scenario, ScenarioError, load_scenario_file, register, scenario_dirs
 
 # Import kinds so that they register themselves.
-from . import (boundary, capture_edges, determinism, insert, kv_pressure, pairs,  # noqa: E402,F401
-               replay, transitions)
+from . import (boundary, capture_edges, determinism, fuzz, insert, kv_pressure,  # noqa: E402,F401
+               pairs, replay, transitions)
 
 __all__ = ["REGISTRY", "Scenario", "ScenarioError", "load_scenario_file", "register",
            "scenario_dirs"]

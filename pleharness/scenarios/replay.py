@@ -13,7 +13,8 @@ requests. Every output is compared with its reference. File shape::
     prompt = [16, 402, ...]      # token IDs
     max_tokens = 32
 
-Params: ``phases`` (list of {name, concurrency, requests: [{prompt, max_tokens, note}]}).
+Params: ``phases`` (list of {name, concurrency, requests: [{prompt, max_tokens, note, stream}]};
+``stream`` defaults to true).
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ class ReplayRequest(Params):
     prompt: list[int] = Field(min_length=1)
     max_tokens: int = Field(ge=1, le=1_000_000)
     note: str = ""
+    stream: bool = True  # False: one JSON response (fuzz reproducers draw both)
 
 
 class ReplayPhase(Params):
@@ -80,7 +82,8 @@ class Replay(Scenario):
     def run(self, ctx: "RunContext") -> None:
         from ..runner import RequestSpec
 
-        phases = [[RequestSpec(prompt_of(r.prompt), r.max_tokens, note=r.note or None)
+        phases = [[RequestSpec(prompt_of(r.prompt), r.max_tokens, note=r.note or None,
+                               stream=r.stream)
                    for r in ph.requests] for ph in self.params.phases]
         ctx.take_references([s for specs in phases for s in specs],
                             phase_name="replay-references")
