@@ -26,6 +26,20 @@ def run_against(behave, tmp_path, run_id="run", *extra):
     return r, r.stdout + r.stderr, load_json(tmp_path / run_id / "manifest.json")
 
 
+def streamed_from(n, how):
+    """``how`` for the first streamed request at or after arrival ``n`` (the ladder sends every
+    other request non-streamed, and which of two requests sent together arrives first is a race:
+    a fault about stream chunks must be keyed to a streamed request, not to an arrival number)."""
+    fired = []
+
+    def behave(k, body):
+        if k >= n and body.get("stream", True) and not fired:
+            fired.append(k)
+            return how
+        return None
+    return behave
+
+
 def only(n, how):
     return lambda k, body: how if k == n else None
 
@@ -52,7 +66,7 @@ def test_http_500_is_recorded_not_matched(tmp_path):
 
 
 def test_malformed_chunk(tmp_path):
-    r, out, m = run_against(only(24, "malformed"), tmp_path)  # 23 is non-streamed
+    r, out, m = run_against(streamed_from(21, "malformed"), tmp_path)
     assert r.returncode == 1, out[-2000:]
     (q,) = errored(m)
     assert q["error"] == "protocol" and q["error_detail"].startswith(
@@ -61,14 +75,14 @@ def test_malformed_chunk(tmp_path):
 
 
 def test_missing_token_ids(tmp_path):
-    r, out, m = run_against(only(21, "no_token_ids"), tmp_path)
+    r, out, m = run_against(streamed_from(21, "no_token_ids"), tmp_path)
     assert r.returncode == 1, out[-2000:]
     (q,) = errored(m)
     assert q["error"] == "protocol" and "without token_ids" in q["error_detail"]
 
 
 def test_stalled_stream_times_out_and_run_continues(tmp_path):
-    r, out, m = run_against(only(22, "stall"), tmp_path)
+    r, out, m = run_against(streamed_from(21, "stall"), tmp_path)
     assert r.returncode == 1, out[-2000:]
     (q,) = errored(m)
     assert q["error"] == "timeout" and q["output_len"] == 3
@@ -78,7 +92,7 @@ def test_stalled_stream_times_out_and_run_continues(tmp_path):
 
 
 def test_stall_with_abort_policy(tmp_path):
-    r, out, m = run_against(only(22, "stall"), tmp_path, "run", "--on-timeout", "abort")
+    r, out, m = run_against(streamed_from(21, "stall"), tmp_path, "run", "--on-timeout", "abort")
     assert r.returncode == 1, out[-2000:]
     assert m["status"] == "incomplete" and "--on-timeout abort" in m["reason"]
     assert [p["status"] for p in m["phases"] if p["role"] == "load"] == ["fail"]
