@@ -227,7 +227,7 @@ FACT_HELP = "Attach only."
 def stress(
     ctx: typer.Context,
     model: Annotated[Optional[str], typer.Option(rich_help_panel=P_ENGINE, help="Local model path "
-        "to serve. Default: the embedded tiny model (built and cached on first use).")] = None,
+        "to serve. Default: the embedded tiny model (shipped with the package, SHA256-verified).")] = None,
     engine_profile: Annotated[Optional[Path], typer.Option(rich_help_panel=P_ENGINE,
         help="TOML engine profile, a path or a shipped name (cpu-ngram): model, python, tp, "
              "engine_args, \\[env]; flags override it.")] = None,
