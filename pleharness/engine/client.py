@@ -304,18 +304,9 @@ class EngineClient:
         t0 = a.t0
         out.started_at = time.time()
         last = t0
-        try:
-            resp = self.session.post(self.base_url + "/v1/completions", json=body, stream=True,
-                                     # the monitor thread enforces the token timeouts; the socket
-                                     # read timeout is only a safety net behind it
-                                     timeout=(t.connect_s,
-                                              max(t.first_token_s, t.between_tokens_s) * 1.5 + 1))
-        except requests.Timeout as exc:
-            return _fail(out, "timeout", f"no response: {str(exc)[:200]}")
-        except requests.RequestException as exc:
-            return _fail(out, "connection", str(exc)[:300])
-        a.resp = resp
-        out.http_status = resp.status_code
+        resp = self._post(body, out, a)
+        if resp is None:
+            return
         try:
             if resp.status_code != 200:
                 return _fail(out, "http", f"HTTP {resp.status_code}: {resp.text[:300]}")
@@ -385,24 +376,36 @@ class EngineClient:
             resp.close()
 
 
-    def _plain(self, body: dict, out: Completion, a: _Active, on_token) -> None:
-        """A non-streamed completion: one JSON body with choices[0] and usage."""
+    def _post(self, body: dict, out: Completion, a: _Active) -> requests.Response | None:
+        """POST /v1/completions (streamed or not); the response, or None with ``out`` failed.
+
+        The monitor thread enforces the token timeouts; the socket read timeout is the safety
+        net behind it, and the only limit while no response headers have arrived (the monitor
+        cannot cut a request that has no response yet), for both delivery modes.
+        """
         t = self.timeouts
-        out.started_at = time.time()
         try:
-            # the monitor's first-token timeout covers the whole answer here (no token arrives
-            # before the end); the socket timeout is the safety net behind it, and the only
-            # limit while no response headers have arrived (the monitor cannot cut a request
-            # that has no response yet): the same bound as for streamed requests
             resp = self.session.post(self.base_url + "/v1/completions", json=body, stream=True,
                                      timeout=(t.connect_s,
                                               max(t.first_token_s, t.between_tokens_s) * 1.5 + 1))
         except requests.Timeout as exc:
-            return _fail(out, "timeout", f"no response: {str(exc)[:200]}")
+            _fail(out, "timeout", f"no response: {str(exc)[:200]}")
+            return None
         except requests.RequestException as exc:
-            return _fail(out, "connection", str(exc)[:300])
+            _fail(out, "connection", str(exc)[:300])
+            return None
         a.resp = resp
         out.http_status = resp.status_code
+        return resp
+
+    def _plain(self, body: dict, out: Completion, a: _Active, on_token) -> None:
+        """A non-streamed completion: one JSON body with choices[0] and usage."""
+        out.started_at = time.time()
+        # the monitor's first-token timeout covers the whole answer here (no token arrives
+        # before the end)
+        resp = self._post(body, out, a)
+        if resp is None:
+            return
         try:
             raw = resp.content
             if a.reason is not None:
