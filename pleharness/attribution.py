@@ -101,4 +101,6 @@ def attribute(main: Manifest, control: Manifest) -> dict[str, int]:
     for ph in main.phases:
         if ph.name in touched:
             RunContext._finish_phase(ph, by_phase[ph.name])
+    if touched:
+        main.records_changed()  # the records file is rewritten once with the attributions
     return counts

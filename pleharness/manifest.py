@@ -1,9 +1,15 @@
-"""Results manifest: schema (pydantic), atomic writer.
+"""Results manifest: schema (pydantic), atomic writer, append-only request records.
 
-``results/<run-id>/manifest.json`` is rewritten atomically (temporary file in the same folder, fsync,
-``os.replace``) after every phase, so a run that stops part-way leaves a valid file whose ``status``
-says how it ended. Every number carries its unit in its name (``_s`` seconds, ``_tok_per_s`` tokens
-per second). Token hashes use the canonical encoding of :mod:`pleharness.parity`.
+``results/<run-id>/manifest.json`` holds the summary, phases, references and provenance; it is
+rewritten atomically (temporary file in the same folder, fsync, ``os.replace``) after every phase,
+so a run that stops part-way leaves a valid file whose ``status`` says how it ended. The
+per-request records go to an append-only JSON Lines file beside it (``requests.jsonl``, one
+:class:`RequestRecord` per line, named by ``Manifest.requests_file``): each write appends only the
+records added since the previous one, flushes and fsyncs them, and only then replaces the
+manifest, so the cost of a write no longer grows with the run and a killed run leaves the records
+of every phase its manifest lists. Schema version 1 manifests (records inline under ``requests``)
+still load. Every number carries its unit in its name (``_s`` seconds, ``_tok_per_s`` tokens per
+second). Token hashes use the canonical encoding of :mod:`pleharness.parity`.
 """
 from __future__ import annotations
 
@@ -14,9 +20,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, PrivateAttr
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: request records in a JSON Lines file (requests_file); 1: inline
+READABLE_SCHEMA_VERSIONS = (1, 2)
 
 RunStatus = Literal["running", "complete", "incomplete", "failed", "engine_died", "interrupted"]
 Verdict = Literal["pass", "fail", "error"]
@@ -115,6 +122,16 @@ class ReferenceRecord(BaseModel):
 
 
 class Manifest(BaseModel):
+    """One run: provenance, engine facts, references, phases, summary and verdict.
+
+    ``requests`` (the per-request records) is kept in memory but never serialized with the
+    manifest: :func:`write_manifest` appends new records to ``requests_file`` (a JSON Lines file
+    named relative to the manifest's folder) and :func:`load_manifest` reads them back;
+    ``requests_count`` is how many lines of that file belong to the manifest. A record changed
+    after it was written (control-run attribution) must be announced with
+    :meth:`records_changed`, which makes the next write rewrite the file once.
+    """
+
     schema_version: int = SCHEMA_VERSION
     run_id: str
     started_at: str = Field(default_factory=now_iso)
@@ -134,12 +151,21 @@ class Manifest(BaseModel):
     scenarios: list[dict[str, Any]] = Field(default_factory=list)
     references: list[ReferenceRecord] = Field(default_factory=list)
     phases: list[PhaseRecord] = Field(default_factory=list)
-    requests: list[RequestRecord] = Field(default_factory=list)
+    requests: list[RequestRecord] = Field(default_factory=list, exclude=True)
+    requests_file: str | None = None  # JSON Lines file of the records, relative to the manifest
+    requests_count: int = 0  # records in requests_file that this manifest covers
     tables: dict[str, list[dict[str, Any]]] = Field(default_factory=dict)
     # token IDs of the prompts of every phase where an output diverged (prompt hash -> IDs), so
     # that `ple-harness explain` can replay the case
     prompts: dict[str, list[int]] = Field(default_factory=dict)
     summary: dict[str, Any] = Field(default_factory=dict)
+    # (records file, records already in it) of the last write; not serialized
+    _records_written: tuple[Path, int] | None = PrivateAttr(default=None)
+
+    def records_changed(self) -> None:
+        """Say that records already written were changed in place: the next
+        :func:`write_manifest` rewrites the records file (atomically) instead of appending."""
+        self._records_written = None
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -160,13 +186,79 @@ def write_atomic(path: Path, text: str) -> None:
         raise
 
 
+def requests_file_name(manifest_path: Path) -> str:
+    """The records file beside a manifest: ``manifest.json`` -> ``requests.jsonl``,
+    ``control-manifest.json`` -> ``control-requests.jsonl``."""
+    stem = Path(manifest_path).name
+    stem = stem[:-len(".json")] if stem.endswith(".json") else stem
+    return (stem[:-len("manifest")] if stem.endswith("manifest") else stem + "-") + "requests.jsonl"
+
+
+def _record_lines(records: list[RequestRecord]) -> str:
+    return "".join(r.model_dump_json() + "\n" for r in records)
+
+
 def write_manifest(path: Path, manifest: Manifest) -> None:
-    """Rewrite the whole manifest atomically (compact JSON: about 1.2 kB per request)."""
+    """Write the run's records and manifest, in this order:
+
+    1. the records added since the previous write to the same file are appended to
+       ``requests_file`` (``requests.jsonl`` beside ``path``), flushed and fsynced (nothing is
+       written when there are none); the file is rewritten atomically instead when it is new to
+       this manifest, when records were removed, or after :meth:`Manifest.records_changed`;
+    2. the manifest (compact JSON, without the records) replaces ``path`` atomically.
+
+    A kill between the two leaves the previous manifest, whose ``requests_count`` still names
+    only the lines it covers. Raises OSError when either write fails.
+    """
+    path = Path(path)
+    if manifest.requests_file is None:
+        manifest.requests_file = requests_file_name(path)
+    rpath = path.parent / manifest.requests_file
+    recs = manifest.requests
+    done = manifest._records_written
+    if done is not None and done[0] == rpath and done[1] <= len(recs) and rpath.exists():
+        if done[1] < len(recs):
+            with open(rpath, "a") as f:
+                f.write(_record_lines(recs[done[1]:]))
+                f.flush()
+                os.fsync(f.fileno())
+    else:
+        write_atomic(rpath, _record_lines(recs))
+    manifest._records_written = (rpath, len(recs))
+    manifest.requests_count = len(recs)
+    manifest.schema_version = SCHEMA_VERSION  # the format just written (a loaded v1 moves on)
     write_atomic(path, manifest.model_dump_json())
 
 
+def _read_records(mpath: Path, name: str, count: int) -> list[dict]:
+    """The first ``count`` records of the JSON Lines file ``name`` beside ``mpath`` (later lines
+    belong to a phase whose manifest write never happened). Raises ValueError naming the file."""
+    if Path(name).name != name or name in (".", ".."):
+        raise ValueError(f"{mpath}: requests_file {name!r} must be a file name in the run folder")
+    rpath = mpath.parent / name
+    try:
+        lines = rpath.read_text().split("\n")[:-1]  # complete lines only (a kill mid-append)
+    except OSError as exc:
+        raise ValueError(f"{mpath}: its request records {rpath} cannot be read: {exc}") from None
+    out = []
+    for i, line in enumerate(lines[:count], 1):
+        try:
+            out.append(json.loads(line))
+        except ValueError as exc:
+            raise ValueError(f"{rpath}, line {i}: not a JSON request record: {exc}") from None
+    if len(out) < count:
+        raise ValueError(f"{rpath}: {len(out)} request records, but {mpath.name} names "
+                         f"{count} (requests_count)")
+    return out
+
+
 def load_manifest(path: Path) -> Manifest:
-    """Load a manifest from a file or a run folder. Raises ValueError with the path on bad input."""
+    """Load a manifest (and its request records) from a file or a run folder.
+
+    Reads schema versions 1 (records inline under ``requests``) and 2 (records in the JSON Lines
+    file ``requests_file`` beside the manifest; a file that carries ``requests`` inline anyway
+    uses those). Raises ValueError naming the file on bad input.
+    """
     path = Path(path)
     if path.is_dir():
         path = path / "manifest.json"
@@ -176,9 +268,15 @@ def load_manifest(path: Path) -> Manifest:
         raise ValueError(f"{path}: not a readable ple-harness manifest: {exc}") from None
     if not isinstance(data, dict) or "run_id" not in data or "schema_version" not in data:
         raise ValueError(f"{path}: not a ple-harness manifest (no run_id / schema_version)")
-    if data["schema_version"] != SCHEMA_VERSION:
+    if data["schema_version"] not in READABLE_SCHEMA_VERSIONS:
         raise ValueError(f"{path}: manifest schema version {data['schema_version']!r}; this "
-                         f"ple-harness reads version {SCHEMA_VERSION}")
+                         f"ple-harness reads versions "
+                         f"{', '.join(map(str, READABLE_SCHEMA_VERSIONS))}")
+    if "requests" not in data and data.get("requests_file"):
+        count = data.get("requests_count")
+        if not isinstance(count, int) or count < 0:
+            raise ValueError(f"{path}: requests_count: expected a count >= 0, got {count!r}")
+        data["requests"] = _read_records(path, data["requests_file"], count)
     try:
         return Manifest.model_validate(data)
     except ValueError as exc:

@@ -128,10 +128,11 @@ def next_steps(m: Manifest, run_dir: str | None = None) -> list[tuple[str, str |
     elif m.engine.get("mode") == "attached":
         steps.append((f"engine log: the attached engine's own log ({m.engine.get('url')})", None))
     if any(r.match is False or r.divergence for r in m.requests):
-        steps.append((f"tokens: {d}/manifest.json keeps the output_ids of every mismatch and of "
-                      "the references:",
-                      "jq '.requests[] | select(.match == false) | {id, first_divergence, "
-                      f"divergence, output_ids}}' {d}/manifest.json"))
+        records = m.requests_file or "requests.jsonl"
+        steps.append((f"tokens: {d}/{records} keeps the output_ids of every mismatch (the "
+                      "references' are in manifest.json):",
+                      "jq -c 'select(.match == false) | {id, first_divergence, "
+                      f"divergence, output_ids}}' {d}/{records}"))
     note = (f" (attached run: the engine at {m.engine.get('url')} must be running)"
             if m.engine.get("mode") == "attached" else "")
     steps.append((f"reproduce{note}:", reproduce_command(m)))

@@ -21,7 +21,7 @@ import pytest
 
 from conftest import ROOT, load_json, run_cli
 from doubles import FakeEngine
-from pleharness.manifest import CheckResult, Manifest, load_manifest
+from pleharness.manifest import CheckResult, Manifest, load_manifest, write_manifest
 from pleharness.stress import _summarize
 
 SMALL = ["--scenario", "transitions", "--ladder", "2,1", "--repeats", "1", "--max-tokens", "8",
@@ -47,7 +47,7 @@ def runs(tmp_path_factory):
 
 def write(run_dir: Path, m: Manifest) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "manifest.json").write_text(m.model_dump_json())
+    write_manifest(run_dir / "manifest.json", m)
     return run_dir
 
 

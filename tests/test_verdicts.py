@@ -169,7 +169,7 @@ def test_compare_gates_on_doctored_head(tmp_path):
     assert r.returncode == 0, r.stdout
     assert "PASS token parity" in r.stdout
     # HEAD = BASE with one changed output hash and one phase 20% slower
-    head = json.loads((tmp_path / "base" / "manifest.json").read_text())
+    head = load_json(tmp_path / "base" / "manifest.json")  # records inline: a self-contained file
     req = [q for q in head["requests"] if q["match"]][0]
     req["output_hash"] = "f" * 64
     ph = [p for p in head["phases"] if p["role"] == "load"][0]
