@@ -34,6 +34,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import ROOT, FastDouble, machine, print_machine  # noqa: E402
 
+sys.path.insert(0, str(ROOT))  # this tree's pleharness (as the child runs it), not an installed one
+
 CHILD = r"""
 import json, os, sys, time
 import pleharness.manifest as M, pleharness.runner as R, pleharness.stress as S

@@ -55,7 +55,10 @@ def test_scale_tiny(tmp_path):
     assert big["writes"] > small["writes"]
     for r in data["rows"]:
         assert r["peak_rss_mib"] > 10 and r["last_phase_write_s"] > 0
-        assert 200 < r["manifest_bytes_per_request"] < 20000
+        # the records (JSON Lines, one per request) carry the per-request bytes now
+        assert 200 < r["records_bytes_per_request"] < 20000
+        assert r["manifest_bytes_per_request"] < r["records_bytes_per_request"]
+    assert big["records_bytes"] > small["records_bytes"]
     assert data["growth_exponents"]["manifest_bytes"] > 0
 
 
