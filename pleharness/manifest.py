@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, PrivateAttr
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_serializer
 
 SCHEMA_VERSION = 2  # 2: request records in a JSON Lines file (requests_file); 1: inline
 READABLE_SCHEMA_VERSIONS = (1, 2)
@@ -42,8 +42,74 @@ class CheckResult(BaseModel):
     detail: str = ""
 
 
+DivergenceClass = Literal["near_tie", "hard", "unknown"]
+Attribution = Literal["also_in_control", "only_under_test", "no_twin"]
+
+
+class _SetFieldsOnly(BaseModel):
+    """A record whose JSON holds only the fields that were set (built, loaded or assigned), under
+    their aliases: optional evidence that was never gathered is absent, not ``null``, so the file
+    says what was known (and reads the same as before these records were typed)."""
+
+    model_config = ConfigDict(populate_by_name=True, serialize_by_alias=True)
+
+    @model_serializer(mode="wrap")
+    def _only_set(self, handler):
+        data = handler(self)
+        keep = set()
+        for name in self.model_fields_set:
+            keep.add(name)
+            alias = type(self).model_fields[name].alias
+            if alias:
+                keep.add(alias)
+        return {k: v for k, v in data.items() if k in keep}
+
+
+class ControlEvidence(_SetFieldsOnly):
+    """What the control run said about one divergence (:mod:`pleharness.attribution`)."""
+
+    twins: int  # control-run requests with the same (prompt, max_tokens, concurrency)
+    twins_diverged: int  # of those, how many diverged from the control run's own reference
+    same_output: bool  # some twin produced the very same (divergent) output
+    twin_first_divergences: list[int] = Field(default_factory=list)  # their first positions
+
+
+class Divergence(_SetFieldsOnly):
+    """Evidence and class of one output's first divergence from its reference
+    (:func:`pleharness.divergence.analyse`; positions are 0-based output-token indices, margins
+    and gaps in nats). ``fails``: whether it fails the run (hard, unknown, a failed check on the
+    output, ``--strict``, or a seeded sample); a near tie that does not fail is a warning.
+    In the JSON the class is under ``"class"``."""
+
+    position: int
+    reference_window: list[int] = Field(default_factory=list)  # IDs around position
+    observed_window: list[int] = Field(default_factory=list)
+    window_start: int = 0  # output index of the windows' first token
+    reference_token: int | None = None  # None: that output ended before position
+    observed_token: int | None = None
+    margin_nats: float | None = None  # reference's top-1 minus top-2 logprob at position
+    threshold_nats: float | None = None  # near-tie threshold applied
+    observed_in_reference_top: bool | None = None  # set only when the engine returned top-k
+    reference_in_observed_top: bool | None = None
+    classified_by: str | None = None  # golden | engine margin | none (...)
+    golden_gap_nats: float | None = None  # |golden lp(reference) - lp(observed)|
+    golden_top: list[tuple[int, float]] | None = None  # golden (id, logprob) top-k
+    reference_in_golden_top: bool | None = None
+    observed_in_golden_top: bool | None = None
+    cls: DivergenceClass = Field(alias="class")
+    reconverged: bool = False  # the outputs' tails agree again
+    checks_failed: list[str] = Field(default_factory=list)  # reference-free checks that failed
+    fails: bool
+    attribution: Attribution | None = None  # set by a control run
+    control_evidence: ControlEvidence | None = None
+
+
 class RequestRecord(BaseModel):
-    """One request: what was sent, what came back, and how it compares with its reference."""
+    """One request: what was sent, what came back, and how it compares with its reference.
+
+    The one meaning of "this request failed" is :attr:`is_problem`; phases, the verdict, the
+    console report, summary.md and junit.xml all use it (and :attr:`failed_checks`).
+    """
 
     id: str
     scenario: str
@@ -68,12 +134,41 @@ class RequestRecord(BaseModel):
     http_status: int | None = None
     error_expected: bool = False  # e.g. a clean 4xx for a prompt beyond max_model_len
     output_ids: list[int] | None = None  # kept for mismatches and references only (compact)
-    divergence: dict[str, Any] | None = None  # see pleharness.divergence.analyse
+    divergence: Divergence | None = None  # set for a compared output that differs
     checks: list[CheckResult] = Field(default_factory=list)
     note: str | None = None
     temperature: float = 0.0  # sampling sent (0: greedy)
     seed: int | None = None  # per-request seed sent, if any
     stream: bool = True  # streamed (SSE) or one JSON response
+
+    @property
+    def failed_checks(self) -> list[CheckResult]:
+        """The checks (reference-free ones and ``parity``) that failed on this request."""
+        return [c for c in self.checks if c.status == "fail"]
+
+    @property
+    def request_error(self) -> bool:
+        """The request failed (HTTP error, timeout, malformed stream ...), and that was not an
+        acceptable answer (``error_expected``: a clean 4xx at an edge probe)."""
+        return self.error is not None and not self.error_expected
+
+    @property
+    def tolerated(self) -> bool:
+        """Its output differs from the reference, but the divergence is a warning (a near tie,
+        or also in the control run), not a failure."""
+        return self.divergence is not None and not self.divergence.fails
+
+    @property
+    def parity_failed(self) -> bool:
+        """An answer (no request error) whose tokens differ from the reference (or that had no
+        reference), and that difference is not tolerated."""
+        return self.match is False and self.error is None and not self.tolerated
+
+    @property
+    def is_problem(self) -> bool:
+        """This request fails the run: a request error, an untolerated parity difference, or
+        any failed check. Near ties and other warnings are not problems."""
+        return self.request_error or self.parity_failed or bool(self.failed_checks)
 
 
 class PhaseRecord(BaseModel):
@@ -252,12 +347,14 @@ def _read_records(mpath: Path, name: str, count: int) -> list[dict]:
     return out
 
 
-def load_manifest(path: Path) -> Manifest:
+def load_manifest(path: Path, with_requests: bool = True) -> Manifest:
     """Load a manifest (and its request records) from a file or a run folder.
 
     Reads schema versions 1 (records inline under ``requests``) and 2 (records in the JSON Lines
     file ``requests_file`` beside the manifest; a file that carries ``requests`` inline anyway
-    uses those). Raises ValueError naming the file on bad input.
+    uses those). ``with_requests=False`` skips the records file (``requests`` stays empty), for
+    readers that need only references or provenance. Raises ValueError naming the file on bad
+    input.
     """
     path = Path(path)
     if path.is_dir():
@@ -272,7 +369,7 @@ def load_manifest(path: Path) -> Manifest:
         raise ValueError(f"{path}: manifest schema version {data['schema_version']!r}; this "
                          f"ple-harness reads versions "
                          f"{', '.join(map(str, READABLE_SCHEMA_VERSIONS))}")
-    if "requests" not in data and data.get("requests_file"):
+    if "requests" not in data and data.get("requests_file") and with_requests:
         count = data.get("requests_count")
         if not isinstance(count, int) or count < 0:
             raise ValueError(f"{path}: requests_count: expected a count >= 0, got {count!r}")

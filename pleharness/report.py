@@ -28,8 +28,8 @@ def headline(m: Manifest) -> str:
     if s.get("hard_divergences"):
         line += f"; {s['hard_divergences']} hard divergence(s)"
     if s.get("checks_failed"):
-        names = sorted({c.name for r in m.requests for c in r.checks
-                        if c.status == "fail" and c.name != "parity"})
+        names = sorted({c.name for r in m.requests for c in r.failed_checks
+                        if c.name != "parity"})
         line += f"; {s['checks_failed']} check failure(s)" + (f" ({', '.join(names)})"
                                                              if names else "")
     if s.get("request_errors"):
@@ -52,21 +52,21 @@ def _where(r: RequestRecord) -> str:
 def _failing_divergence(r: RequestRecord) -> str | None:
     d = r.divergence
     if d:
-        if not d.get("fails"):
+        if not d.fails:
             return None
-        mg = d.get("margin_nats")
+        mg = d.margin_nats
         margin = "no logprobs" if mg is None else f"reference top-1/top-2 margin {mg:.3f} nats"
-        if d.get("classified_by") == "golden":
-            gap = d.get("golden_gap_nats")
-            if gap is None or not d.get("observed_in_golden_top", True):
+        if d.classified_by == "golden":
+            gap = d.golden_gap_nats
+            if gap is None or d.observed_in_golden_top is False:
                 g = "observed token not in its top candidates"
             else:
-                g = f"gap {gap:.3f} nats" + (f" (threshold {d['threshold_nats']:g})"
-                                             if d.get("threshold_nats") is not None else "")
+                g = f"gap {gap:.3f} nats" + (f" (threshold {d.threshold_nats:g})"
+                                             if d.threshold_nats is not None else "")
             margin = f"golden model: {g}; {margin}"
         return (f"parity: {_where(r)} differs from its reference at token position "
-                f"{d.get('position')} ({d.get('class')}: {margin}; expected token "
-                f"{d.get('reference_token')}, got {d.get('observed_token')})")
+                f"{d.position} ({d.cls}: {margin}; expected token "
+                f"{d.reference_token}, got {d.observed_token})")
     if r.match is False and not r.error:
         pos = "" if r.first_divergence is None else f" at token position {r.first_divergence}"
         return f"parity: {_where(r)} differs from its reference{pos}"
@@ -90,15 +90,15 @@ def causes(m: Manifest, limit: int = 8) -> list[str]:
     out += divs[:limit]
     if len(divs) > limit:
         out.append(f"... and {len(divs) - limit} more token mismatches")
-    errs = [r for r in m.requests if r.error and not r.error_expected]
+    errs = [r for r in m.requests if r.request_error]
     for r in errs[:limit]:
         out.append(f"request error: {_where(r)}: {r.error}: {r.error_detail or ''}".rstrip(": "))
     if len(errs) > limit:
         out.append(f"... and {len(errs) - limit} more request errors")
     by_check: dict[str, list[tuple[RequestRecord, str]]] = defaultdict(list)
     for r in m.requests:
-        for c in r.checks:
-            if c.status == "fail" and c.name != "parity":
+        for c in r.failed_checks:
+            if c.name != "parity":
                 by_check[c.name].append((r, c.detail))
     for name, items in sorted(by_check.items(), key=lambda kv: -len(kv[1])):
         r, detail = items[0]
@@ -188,9 +188,7 @@ def render(m: Manifest, console: Console, max_failures: int = 20,
                   escape(ph.status + (f" ({ph.reason})" if ph.reason else "")), style=st)
     if m.phases:
         console.print(t)
-    bad = [r for r in m.requests if r.match is False or r.divergence or
-           (r.error and not r.error_expected) or
-           any(c.status == "fail" for c in r.checks)]
+    bad = [r for r in m.requests if r.is_problem or r.divergence]  # with the warnings
     if bad:
         ft = Table(title="failing requests and divergences")
         for col in ("request", "phase", "C", "prompt", "len", "first divergent pos", "class",
@@ -207,7 +205,7 @@ def render(m: Manifest, console: Console, max_failures: int = 20,
                       if c.status == "fail" or (c.name == "parity" and c.status == "warn")]
             cls = "-"
             if r.divergence:
-                cls = r.divergence["class"] + ("" if r.divergence["fails"] else " (warn)")
+                cls = r.divergence.cls + ("" if r.divergence.fails else " (warn)")
             ft.add_row(escape(r.id), escape(r.phase), str(r.concurrency), escape(r.prompt_key),
                        str(r.prompt_len),
                        "-" if r.first_divergence is None else str(r.first_divergence), cls,

@@ -107,14 +107,10 @@ def to_markdown(m: Manifest) -> str:
         for c, v in tbc.items():
             lines.append(f"| {c} | {v['median_tok_per_s']:.1f} | {v['min_tok_per_s']:.1f} | "
                          f"{v['max_tok_per_s']:.1f} | {v['repeats']} |")
-    rows = m.tables.get("boundary")
-    if rows:
-        lines += ["", "### Boundary lengths", "", "| length | formula | L mod C | L mod B | cold | "
-                  "warm | cache-hit tokens | checks failed |", "|---:|---|---:|---:|---|---|---:|---|"]
-        for r in rows:
-            lines.append(f"| {r['length']} | {r['formula']} | {r['mod_C']} | {r['mod_B']} | "
-                         f"{r['cold']} | {r['warm']} | {r['prefix_cache_hit_tokens']} | "
-                         f"{', '.join(r['checks_failed']) or '-'} |")
+    from .scenarios import REGISTRY
+    for kind in dict.fromkeys(sc.get("kind") for sc in m.scenarios):  # each kind renders its own
+        if kind in REGISTRY:
+            lines += REGISTRY[kind].markdown(m)
     div = [r for r in m.requests if r.divergence]
     if div:
         lines += ["", "### Divergences", "", "| request | phase | prompt | position | class | "
@@ -122,24 +118,23 @@ def to_markdown(m: Manifest) -> str:
                   "checks failed | control run |", "|---|---|---|---:|---|---|---:|---:|---|---|---|"]
         for r in div:
             d = r.divergence
-            mg = "-" if d["margin_nats"] is None else f"{d['margin_nats']:.4f}"
-            gg = "-" if d.get("golden_gap_nats") is None else f"{d['golden_gap_nats']:.4f}"
-            lines.append(f"| {r.id} | {r.phase} | {r.prompt_key} | {d['position']} | {d['class']}"
-                         f"{'' if d['fails'] else ' (warning)'} | {d.get('classified_by', '-')} | "
-                         f"{mg} | {gg} | {d['reconverged']} | "
-                         f"{', '.join(d['checks_failed']) or '-'} | {d.get('attribution', '-')} |")
+            mg = "-" if d.margin_nats is None else f"{d.margin_nats:.4f}"
+            gg = "-" if d.golden_gap_nats is None else f"{d.golden_gap_nats:.4f}"
+            lines.append(f"| {r.id} | {r.phase} | {r.prompt_key} | {d.position} | {d.cls}"
+                         f"{'' if d.fails else ' (warning)'} | {d.classified_by or '-'} | "
+                         f"{mg} | {gg} | {d.reconverged} | "
+                         f"{', '.join(d.checks_failed) or '-'} | {d.attribution or '-'} |")
     notes = [(r, c) for r in m.requests for c in r.checks if c.status == "note"]
     if notes:
         lines += ["", "### Model-behaviour notes (not failures)", ""]
         for r, c in notes[:30]:
             lines.append(f"- {r.id} ({r.phase}, {r.prompt_key}): {c.name}: {c.detail[:240]}")
-    bad = [r for r in m.requests if (r.error and not r.error_expected) or
-           any(c.status == "fail" and c.name != "parity" for c in r.checks)]
+    bad = [r for r in m.requests if r.is_problem]
     if bad:
         lines += ["", "### Failed requests", ""]
         for r in bad[:50]:
             why = [f"{r.error}: {r.error_detail}"] if r.error else []
-            why += [f"{c.name}: {c.detail}" for c in r.checks if c.status == "fail"]
+            why += [f"{c.name}: {c.detail}" for c in r.failed_checks]
             lines.append(f"- {r.id} ({r.phase}, {r.prompt_key}): {'; '.join(why)[:300]}")
     return "\n".join(lines) + "\n"
 
@@ -166,9 +161,8 @@ def to_junit(m: Manifest) -> str:
                 fails += 1
                 ev = [f"{r.id} {r.prompt_key}: " + "; ".join(
                     [f"{r.error}: {r.error_detail}"] if r.error else
-                    [f"{c.name}: {c.detail}" for c in r.checks if c.status == "fail"])
-                    for r in reqs_by_phase[p.name] if r.error and not r.error_expected or
-                    any(c.status == "fail" for c in r.checks)]
+                    [f"{c.name}: {c.detail}" for c in r.failed_checks])
+                    for r in reqs_by_phase[p.name] if r.is_problem]
                 ev += [f"{c.name}: {c.detail}" for c in p.checks if c.status == "fail"]
                 f = ET.SubElement(tc, "failure", message=p.reason or "phase failed")
                 f.text = "\n".join(ev[:100])

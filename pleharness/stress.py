@@ -148,7 +148,7 @@ def _load_reference_manifest(spec: str) -> dict:
     from .manifest import load_manifest
     path = spec.split(":", 1)[1]
     try:
-        ref = load_manifest(Path(path))
+        ref = load_manifest(Path(path), with_requests=False)  # only its references
     except ValueError as exc:
         raise UsageError(f"--reference {spec}: {exc}") from None
     if not ref.references:
@@ -575,16 +575,16 @@ def _summarize(m: Manifest) -> None:
         "phases_failed": sum(1 for p in load if p.status == "fail"),
         "hashes_compared": len(compared),
         "hashes_matched": sum(1 for r in compared if r.match),
-        "near_ties": sum(1 for r in m.requests if r.divergence and not r.divergence["fails"]
-                         and r.divergence.get("attribution") != "also_in_control"),
+        "near_ties": sum(1 for r in m.requests if r.tolerated
+                         and r.divergence.attribution != "also_in_control"),
         "also_in_control": sum(1 for r in m.requests if r.divergence
-                               and r.divergence.get("attribution") == "also_in_control"),
+                               and r.divergence.attribution == "also_in_control"),
         "only_under_test": sum(1 for r in m.requests if r.divergence
-                               and r.divergence.get("attribution") == "only_under_test"),
-        "hard_divergences": sum(1 for r in m.requests if r.divergence and r.divergence["fails"]),
-        "request_errors": sum(1 for r in m.requests if r.error and not r.error_expected),
-        "checks_failed": sum(1 for r in m.requests for c in r.checks
-                             if c.status == "fail" and c.name != "parity"),
+                               and r.divergence.attribution == "only_under_test"),
+        "hard_divergences": sum(1 for r in m.requests if r.divergence and r.divergence.fails),
+        "request_errors": sum(1 for r in m.requests if r.request_error),
+        "checks_failed": sum(1 for r in m.requests for c in r.failed_checks
+                             if c.name != "parity"),
         "model_behaviour_notes": sum(1 for r in m.requests for c in r.checks
                                      if c.status == "note"),
     })
@@ -594,12 +594,11 @@ def _summarize(m: Manifest) -> None:
 
 
 def _verdict(m: Manifest) -> int:
+    """Summarize ``m`` and set its verdict: fail when a request is a problem
+    (:attr:`RequestRecord.is_problem`: an untolerated parity difference, a request error, a failed
+    check) or a phase failed (phase checks such as health_after_phase). Returns the exit code."""
     _summarize(m)
-    s = m.summary
-    tolerated = sum(1 for r in m.requests if r.match is False and r.error is None and
-                    r.divergence and not r.divergence["fails"])
-    failed = (s["hashes_matched"] + tolerated < s["hashes_compared"] or s["request_errors"]
-              or s["checks_failed"] or any(p.status == "fail" for p in m.phases))
+    failed = (any(r.is_problem for r in m.requests) or any(p.status == "fail" for p in m.phases))
     m.verdict = "fail" if failed else "pass"
     return EXIT_FAIL if failed else EXIT_OK
 

@@ -21,7 +21,7 @@ import pytest
 
 from conftest import ROOT, load_json, run_cli
 from doubles import FakeEngine
-from pleharness.manifest import CheckResult, Manifest, load_manifest, write_manifest
+from pleharness.manifest import CheckResult, Divergence, Manifest, load_manifest, write_manifest
 from pleharness.stress import _summarize
 
 SMALL = ["--scenario", "transitions", "--ladder", "2,1", "--repeats", "1", "--max-tokens", "8",
@@ -340,9 +340,9 @@ def test_summary_md_puts_causes_first(runs):
     bad = [q for q in m.requests if q.phase == "r1-s1-C2"][1]
     bad.match, bad.first_divergence = False, 3
     bad.note = "n*C + q = 1*256 + 4"
-    bad.divergence = {"position": 3, "class": "hard", "fails": True, "margin_nats": 4.0,
-                      "reference_token": 17, "observed_token": 99, "reconverged": False,
-                      "checks_failed": []}
+    bad.divergence = Divergence.model_validate(
+        {"position": 3, "class": "hard", "fails": True, "margin_nats": 4.0,
+         "reference_token": 17, "observed_token": 99, "reconverged": False, "checks_failed": []})
     _summarize(m)
     m.verdict, m.exit_code = "fail", 1
     md = to_markdown(m)
