@@ -256,11 +256,16 @@ class Manifest(BaseModel):
     summary: dict[str, Any] = Field(default_factory=dict)
     # (records file, records already in it) of the last write; not serialized
     _records_written: tuple[Path, int] | None = PrivateAttr(default=None)
+    # (phase, its JSON) per phase at the last write: older phases are not serialized again
+    _phase_json: list[tuple[PhaseRecord, str]] = PrivateAttr(default_factory=list)
 
     def records_changed(self) -> None:
-        """Say that records already written were changed in place: the next
-        :func:`write_manifest` rewrites the records file (atomically) instead of appending."""
+        """Say that records or phases already written were changed in place (other than the last
+        :data:`PHASES_REFRESHED` phases, which every write serializes again): the next
+        :func:`write_manifest` rewrites the records file (atomically) instead of appending, and
+        serializes every phase again."""
         self._records_written = None
+        self._phase_json = []
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -279,6 +284,32 @@ def write_atomic(path: Path, text: str) -> None:
         except OSError:
             pass
         raise
+
+
+PHASES_REFRESHED = 8  # the last phases, serialized at every write (scenarios amend the last one)
+
+
+def _manifest_json(manifest: Manifest) -> str:
+    """The manifest's JSON (as ``model_dump_json()``, ``phases`` last): each phase older than the
+    last :data:`PHASES_REFRESHED` is serialized once and its JSON reused while it is the same
+    object, so a write costs about the same at phase 10 and at phase 2000. Code that changes an
+    older phase in place calls :meth:`Manifest.records_changed`."""
+    cache = manifest._phase_json
+    stable = len(manifest.phases) - PHASES_REFRESHED
+    parts = []
+    for i, ph in enumerate(manifest.phases):
+        if i < len(cache) and cache[i][0] is ph and i < stable:
+            parts.append(cache[i][1])
+            continue
+        text = ph.model_dump_json()
+        if i < len(cache):
+            cache[i] = (ph, text)
+        else:
+            cache.append((ph, text))
+        parts.append(text)
+    del cache[len(manifest.phases):]
+    head = manifest.model_dump_json(exclude={"phases"})
+    return head[:-1] + ',"phases":[' + ",".join(parts) + "]}"
 
 
 def requests_file_name(manifest_path: Path) -> str:
@@ -300,7 +331,8 @@ def write_manifest(path: Path, manifest: Manifest) -> None:
        ``requests_file`` (``requests.jsonl`` beside ``path``), flushed and fsynced (nothing is
        written when there are none); the file is rewritten atomically instead when it is new to
        this manifest, when records were removed, or after :meth:`Manifest.records_changed`;
-    2. the manifest (compact JSON, without the records) replaces ``path`` atomically.
+    2. the manifest (compact JSON, without the records; earlier phases' JSON reused, see
+       :func:`_manifest_json`) replaces ``path`` atomically.
 
     A kill between the two leaves the previous manifest, whose ``requests_count`` still names
     only the lines it covers. Raises OSError when either write fails.
@@ -322,7 +354,7 @@ def write_manifest(path: Path, manifest: Manifest) -> None:
     manifest._records_written = (rpath, len(recs))
     manifest.requests_count = len(recs)
     manifest.schema_version = SCHEMA_VERSION  # the format just written (a loaded v1 moves on)
-    write_atomic(path, manifest.model_dump_json())
+    write_atomic(path, _manifest_json(manifest))
 
 
 def _read_records(mpath: Path, name: str, count: int) -> list[dict]:

@@ -224,3 +224,34 @@ def test_stored_schema_1_run_loads_with_its_records():
     compared = [r for r in m.requests if r.match is not None]
     assert len(compared) == m.summary["hashes_compared"] > 0
     assert sum(1 for r in compared if r.match) == m.summary["hashes_matched"]
+
+
+def test_manifest_json_reuses_old_phases_but_sees_changes(tmp_path):
+    """The manifest on disk equals a full serialization after every kind of change: new phases,
+    the last phases amended in place, an older phase amended and announced."""
+    from pleharness.manifest import PHASES_REFRESHED
+    path = tmp_path / "manifest.json"
+    m = Manifest(run_id="x")
+
+    def on_disk():
+        return json.loads(path.read_text())
+
+    def full():
+        return json.loads(m.model_dump_json())
+    for i in range(PHASES_REFRESHED + 5):
+        m.phases.append(PhaseRecord(index=i, name=f"p{i}", scenario="t", concurrency=1))
+        write_manifest(path, m)
+        assert on_disk() == full()
+    m.phases[-PHASES_REFRESHED].status = "fail"  # a scenario amends a recent phase
+    write_manifest(path, m)
+    assert on_disk() == full() and on_disk()["phases"][-PHASES_REFRESHED]["status"] == "fail"
+    m.phases[0].reason = "attributed"  # an old phase, announced
+    m.records_changed()
+    write_manifest(path, m)
+    assert on_disk()["phases"][0]["reason"] == "attributed" and on_disk() == full()
+    m.phases[1] = PhaseRecord(index=1, name="new", scenario="t", concurrency=2)  # replaced
+    write_manifest(path, m)
+    assert on_disk() == full()
+    del m.phases[3:]
+    write_manifest(path, m)
+    assert on_disk() == full() and len(load_manifest(tmp_path).phases) == 3
