@@ -615,8 +615,7 @@ def report(
     did; with --exit-zero, 0. Exit 2: the run cannot be read, or bad options.
     """
     from .compare import load
-    from .report import render as render_console
-    from .reports import to_junit, to_markdown
+    from .render import render as render_console, to_junit, to_markdown
 
     plot_path = _check_plot_path(plot) if plot is not None else None
     m = load(run)

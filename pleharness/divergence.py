@@ -88,6 +88,19 @@ def margins(top_logprobs: Sequence[dict] | None) -> list[float | None] | None:
     return out
 
 
+def first_divergence(reference: Sequence[int], observed: Sequence[int]) -> int | None:
+    """Index of the first position where the two ID lists differ, or None when equal.
+
+    When one list is a strict prefix of the other, the index is the shorter length.
+    """
+    for i, (a, b) in enumerate(zip(reference, observed)):
+        if a != b:
+            return i
+    if len(reference) != len(observed):
+        return min(len(reference), len(observed))
+    return None
+
+
 def reconverges(reference: Sequence[int], observed: Sequence[int], pos: int, tail: int = 8) -> bool:
     """True when, after diverging at ``pos``, the last ``tail`` tokens of both outputs agree again
     (the same length and the same final tokens)."""

@@ -44,7 +44,8 @@ from .engine.client import EngineClient
 from .engine.errors import EngineError, UsageError
 from .engine.launch import EngineServer, LaunchSpec
 from .manifest import Manifest, load_manifest, write_atomic
-from .parity import first_divergence, token_hash
+from .divergence import first_divergence
+from .parity import token_hash
 
 PIECEWISE = '{"cudagraph_mode": "PIECEWISE"}'
 

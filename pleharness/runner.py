@@ -28,8 +28,8 @@ from .engine.facts import EngineFacts
 from .engine.launch import EngineServer
 from .manifest import (CheckResult, Manifest, PhaseRecord, ReferenceRecord, RequestRecord,
                        now_iso, write_manifest)
-from .divergence import DEFAULT_NEAR_TIE_NATS, analyse, margins
-from .parity import first_divergence, token_hash
+from .divergence import DEFAULT_NEAR_TIE_NATS, analyse, first_divergence, margins
+from .parity import token_hash
 from .prompts import Prompt
 from .checks import DEFAULT_CHECKS, DEFAULT_PHASE_CHECKS, PHASE_REGISTRY
 

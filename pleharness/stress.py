@@ -24,7 +24,7 @@ from .engine.errors import EXIT_INTERNAL, EngineError, HarnessError, UsageError,
 from .engine.facts import gather_facts
 from .engine.launch import EngineServer, LaunchSpec, engine_python_check, redact_env
 from .manifest import Manifest, now_iso, write_manifest
-from .report import headline, render
+from .render import headline, render
 from .runner import (EXIT_ENGINE, EXIT_FAIL, EXIT_OK, RequestTimeoutAbort, RunContext,
                      environment_info, gpu_inventory, harness_info, new_run_dir)
 from .scenarios import Scenario, load_scenario_file
@@ -531,7 +531,7 @@ def _control_pass(cfg, manifest, mpath, scenarios, facts, model_path, served_nam
 
 def _write_reports(m: Manifest, run_dir: Path) -> None:
     from .manifest import write_atomic
-    from .reports import to_junit, to_markdown
+    from .render import to_junit, to_markdown
     try:
         write_atomic(run_dir / "summary.md", to_markdown(m))
         write_atomic(run_dir / "junit.xml", to_junit(m))
@@ -588,7 +588,7 @@ def _summarize(m: Manifest) -> None:
         "model_behaviour_notes": sum(1 for r in m.requests for c in r.checks
                                      if c.status == "note"),
     })
-    from .reports import throughput_by_concurrency
+    from .summary import throughput_by_concurrency
     m.summary["throughput_by_concurrency"] = throughput_by_concurrency(m)
     m.summary["headline"] = headline(m)
 

@@ -135,11 +135,11 @@ def test_report_exit_code_mirrors_the_run(runs):
 
 
 def test_internal_error_exits_4_with_a_traceback_log(runs, monkeypatch, capsys):
-    from pleharness import cli, report
+    from pleharness import cli, render
 
     def boom(*a, **k):
         raise RuntimeError("renderer exploded")
-    monkeypatch.setattr(report, "render", boom)
+    monkeypatch.setattr(render, "render", boom)
     monkeypatch.setattr(sys, "argv", ["ple-harness", "report", str(runs / "base")])
     with pytest.raises(SystemExit) as e:
         cli.run()
@@ -335,7 +335,7 @@ def test_headline_counts_check_failures(runs):
 
 
 def test_summary_md_puts_causes_first(runs):
-    from pleharness.reports import to_markdown
+    from pleharness.render import to_markdown
     m = load_manifest(runs / "base")
     bad = [q for q in m.requests if q.phase == "r1-s1-C2"][1]
     bad.match, bad.first_divergence = False, 3
@@ -416,7 +416,7 @@ def test_readme_commands_run_as_written():
 
 def test_causes_name_who_classified_a_divergence():
     from pleharness.manifest import RequestRecord
-    from pleharness.report import _failing_divergence
+    from pleharness.render.text import _failing_divergence
     base = dict(id="r7", scenario="transitions", phase="r1-s2-C3", concurrency=3,
                 prompt_key="p0-len5", prompt_len=5, prompt_hash="h", max_tokens=32, match=False)
     d = {"position": 5, "class": "hard", "fails": True, "margin_nats": 1.737,
