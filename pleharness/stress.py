@@ -94,6 +94,12 @@ def load_scenarios(names: list, overrides: dict[str, Any]) -> list[Scenario]:
         if mine:
             sc = load_scenario_file(n, mine)
         out.append(sc)
+    names = [sc.name for sc in out]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise UsageError(f"scenario(s) {', '.join(twice)} selected more than once: phases and "
+                         "tables are named by the scenario, so the runs could not be told apart "
+                         "(use --suite-repeats to run the suite again)")
     unused = set(overrides) - {k for sc in out for k in type(sc.params).model_fields}
     if unused:
         raise UsageError(f"option(s) {', '.join(sorted(unused))} apply to none of the selected "
@@ -330,8 +336,10 @@ def run_stress(cfg: StressConfig, console: Console | None = None,
             err.print(f"root cause: {esc(manifest.root_cause)}")
         if srv:
             err.print(f"engine log: {esc(srv.log_path)}")
-    except HarnessError as exc:
-        manifest.status, manifest.verdict, manifest.reason = "failed", "error", str(exc)
+    except HarnessError as exc:  # a usage error that needed the engine's facts: exit 2
+        manifest.status, manifest.verdict = "failed", "error"
+        manifest.reason = (f"usage error (exit {exc.exit_code}; found once the engine's facts "
+                           f"were known): {exc}" if isinstance(exc, UsageError) else str(exc))
         code = exc.exit_code
         err.print(f"[red]error:[/red] {esc(exc)}")
     except Exception as exc:  # noqa: BLE001 - a harness bug still leaves an honest manifest
