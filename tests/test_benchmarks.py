@@ -96,3 +96,15 @@ def test_vs_vllm_bench_tiny(tmp_path):
     assert pair["harness"]["tokens"] == pair["vllm"]["tokens"] == 4 * 8
     assert s["median_ratio"] > 0 and s["harness_ttft_ms_median"] > 0
     assert s["vllm_ttft_ms_median"] > 0
+
+
+def test_write_cost_tiny(tmp_path):
+    out = tmp_path / "write_cost.json"
+    p = run_script("write_cost.py", "--phases", "4,40", "--per-phase", "10", "--repeats", "2",
+                   "--json", str(out))
+    assert "growth exponent" in p.stdout
+    data = json.loads(out.read_text())
+    assert [r["phases"] for r in data["rows"]] == [4, 40]
+    for r in data["rows"]:
+        assert all(r[f"{h}_ms"] > 0 for h in ("inline", "append", "append+cache"))
+    assert set(data["growth_exponents"]) == {"inline", "append", "append+cache"}
