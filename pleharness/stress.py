@@ -94,8 +94,8 @@ def load_scenarios(names: list, overrides: dict[str, Any]) -> list[Scenario]:
         if mine:
             sc = load_scenario_file(n, mine)
         out.append(sc)
-    names = [sc.name for sc in out]
-    twice = sorted({n for n in names if names.count(n) > 1})
+    chosen = [sc.name for sc in out]
+    twice = sorted({n for n in chosen if chosen.count(n) > 1})
     if twice:
         raise UsageError(f"scenario(s) {', '.join(twice)} selected more than once: phases and "
                          "tables are named by the scenario, so the runs could not be told apart "
