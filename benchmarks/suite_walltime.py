@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     parts = split(m, t_spawn, t_exit)
     print(f"exit code {p.returncode}, status {m['status']}, verdict {m['verdict']}; "
           f"{m['summary'].get('headline', '')}")
-    print(f"{len(m['phases'])} phases, {len(m['requests'])} requests")
+    print(f"{len(m['phases'])} phases, {m['requests_count']} requests")
     for k, v in parts.items():
         print(f"  {k:<64} {v:8.2f} s  {100 * v / total:5.1f} %")
     print(f"total_s {total:.1f}  (target <= 300 s: {'met' if total <= 300 else 'MISSED'})")
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         a.json.write_text(json.dumps({"machine": info, "command": cmd[1:], "exit_code":
                                       p.returncode, "status": m["status"], "verdict": m["verdict"],
                                       "total_s": total, "split_s": parts,
-                                      "phases": len(m["phases"]), "requests": len(m["requests"])},
+                                      "phases": len(m["phases"]), "requests": m["requests_count"]},
                                      indent=1))
     return 0
 

@@ -78,8 +78,6 @@ class HarnessDriver:
                  for i, p in enumerate(prompts)]
         outs = self.ctx.run_phase(f"bench{self.n}-C{c}", c, specs)
         ph = self.ctx.manifest.phases[-1]
-        # keep the manifest small between runs (it is rewritten after every phase)
-        self.ctx.manifest.requests.clear()
         return {"tok_s": ph.decode_tok_per_s, "ttft_s": ph.ttft_s_median, "wall_s": ph.wall_s,
                 "tokens": ph.completion_tokens,
                 "errors": sum(1 for o in outs if o.completion.error is not None)}

@@ -25,7 +25,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from types import SimpleNamespace
 
-from .manifest import Manifest, RequestRecord
+from .manifest import ControlEvidence, Manifest, RequestRecord
 
 
 def twin_key(r: RequestRecord) -> tuple[str, int, int]:
@@ -80,16 +80,16 @@ def attribute(main: Manifest, control: Manifest) -> dict[str, int]:
         else:
             cls = "only_under_test"
         counts[cls] += 1
-        d["attribution"] = cls
-        d["control_evidence"] = {
-            "twins": len(ts), "twins_diverged": len(diverged), "same_output": bool(same),
-            "twin_first_divergences": sorted({t.first_divergence for t in diverged
-                                              if t.first_divergence is not None})}
-        if cls == "also_in_control" and not d["checks_failed"]:
-            d["fails"] = False
+        d.attribution = cls
+        d.control_evidence = ControlEvidence(
+            twins=len(ts), twins_diverged=len(diverged), same_output=bool(same),
+            twin_first_divergences=sorted({t.first_divergence for t in diverged
+                                           if t.first_divergence is not None}))
+        if cls == "also_in_control" and not d.checks_failed:
+            d.fails = False
         for c in r.checks:
             if c.name == "parity":
-                c.status = "fail" if d["fails"] else "warn"
+                c.status = "fail" if d.fails else "warn"
                 c.detail += {"also_in_control": "; also in the control run (the engine's own "
                                                 "numerics)",
                              "only_under_test": "; only under test (every control twin matched)",
@@ -101,4 +101,6 @@ def attribute(main: Manifest, control: Manifest) -> dict[str, int]:
     for ph in main.phases:
         if ph.name in touched:
             RunContext._finish_phase(ph, by_phase[ph.name])
+    if touched:
+        main.records_changed()  # the records file is rewritten once with the attributions
     return counts

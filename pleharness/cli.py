@@ -304,8 +304,9 @@ def stress(
         help="Control run: remove this flag (and its value) from the engine's arguments, e.g. "
              "--control-drop-arg=--speculative-config (repeatable).")] = None,
     control_profile: Annotated[Optional[Path], typer.Option(rich_help_panel=P_CTRL,
-        help="Control run: the control engine's own profile (engine_args and env), a path or a "
-             "shipped name.")] = None,
+        help="Control run: the control engine's own profile, a path or a shipped name; only its "
+             "engine_args and env apply (model, python, tp, host: the engine under test's, with a "
+             "warning).")] = None,
     golden: Annotated[bool, typer.Option(rich_help_panel=P_REF,
         help="Classify each divergence with the golden model (transformers float32, started on "
              "the first divergence) when the model is a local folder that fits in memory: "
@@ -371,6 +372,7 @@ def stress(
     if suite is not None:
         from .suites import load_suite
         suite_def = load_suite(suite)
+    control_profile_path = _check_control_profile(control_profile) if control_profile else None
     if repeats is not None:
         overrides["repeats"] = repeats
     if max_tokens is not None:
@@ -407,12 +409,29 @@ def stress(
         logprobs=logprobs, near_tie_nats=near_tie_nats, strict=strict, golden=golden,
         golden_model=golden_model, control_engine_args=list(control_engine_arg or []),
         control_drop_args=list(control_drop_arg or []),
-        control_profile=str(_find_profile(control_profile)) if control_profile else None,
+        control_profile=str(control_profile_path) if control_profile_path else None,
         reference_cache_state=reference_cache_state.value,
         timeouts=Timeouts(connect_timeout, first_token_timeout, between_tokens_timeout,
                           request_timeout),
         invocation=_program() + sys.argv[1:])
     raise typer.Exit(run_stress(cfg, console, err_console))
+
+
+def _check_control_profile(name_or_path: Path) -> Path:
+    """Find and validate a --control-profile before anything starts (the control engine is
+    launched only after the whole run under test); warn about the keys a control run ignores.
+    Returns its path; raises UsageError naming the file and key."""
+    from .profile import load_profile
+    path = _find_profile(name_or_path)
+    prof = load_profile(path)
+    _raise_all(_engine_arg_problems(prof.engine_args, f"{path}: engine_args item"))
+    ignored = [k for k in ("model", "python", "tp", "served_model_name", "host")
+               if getattr(prof, k) is not None]
+    if ignored:
+        warn(f"--control-profile {path}: {', '.join(ignored)} ignored: the control engine "
+             "serves the engine under test's model with its python, tp and host; only the "
+             "profile's engine_args and [env] apply")
+    return path
 
 
 def _check_plot_path(plot: str) -> Path:
@@ -615,8 +634,7 @@ def report(
     did; with --exit-zero, 0. Exit 2: the run cannot be read, or bad options.
     """
     from .compare import load
-    from .report import render as render_console
-    from .reports import to_junit, to_markdown
+    from .render import render as render_console, to_junit, to_markdown
 
     plot_path = _check_plot_path(plot) if plot is not None else None
     m = load(run)

@@ -3,7 +3,7 @@
 Parity: for every (prompt hash, max_tokens) that both runs issued, the set of output token hashes
 each run produced (references and load requests) must be the same single hash. Throughput: per
 phase (by name) and per concurrency (median over repeats, see
-:func:`pleharness.reports.throughput_by_concurrency`), as HEAD / BASE ratios.
+:func:`pleharness.summary.throughput_by_concurrency`), as HEAD / BASE ratios.
 
 Gates (each failure says which gate and by how much):
 - HEAD's own verdict: always. A HEAD run that failed (its own parity, checks, request errors) or did
@@ -27,7 +27,7 @@ from pathlib import Path
 
 from .engine.errors import UsageError
 from .manifest import Manifest, load_manifest
-from .reports import throughput_by_concurrency
+from .summary import throughput_by_concurrency
 
 OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}
 THRESHOLD = re.compile(r"^\s*C(\d+)\s*(>=|<=|>|<)\s*(\d+(?:\.\d*)?|\.\d+)\s*$")
@@ -96,7 +96,7 @@ def _outputs(m: Manifest) -> dict[tuple[str, int], dict]:
 def compare(base: Manifest, head: Manifest, min_throughput_ratio: float | None = None,
             min_phase_ratio: float | None = None, thresholds: list[str] | None = None) -> Comparison:
     """Compare HEAD with BASE: both runs' own verdicts, token parity, throughput gates."""
-    from .report import causes
+    from .render import causes
     res = Comparison()
     for label, m in (("BASE", base), ("HEAD", head)):
         if m.status != "complete":

@@ -39,6 +39,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .manifest import Divergence
+
 WINDOW = 4  # tokens shown on each side of the divergence
 NEAR_TIE_BY_DTYPE = {"bfloat16": 0.5, "float16": 0.0625, "float32": 0.01}
 DEFAULT_NEAR_TIE_NATS = NEAR_TIE_BY_DTYPE["bfloat16"]
@@ -86,6 +88,19 @@ def margins(top_logprobs: Sequence[dict] | None) -> list[float | None] | None:
     return out
 
 
+def first_divergence(reference: Sequence[int], observed: Sequence[int]) -> int | None:
+    """Index of the first position where the two ID lists differ, or None when equal.
+
+    When one list is a strict prefix of the other, the index is the shorter length.
+    """
+    for i, (a, b) in enumerate(zip(reference, observed)):
+        if a != b:
+            return i
+    if len(reference) != len(observed):
+        return min(len(reference), len(observed))
+    return None
+
+
 def reconverges(reference: Sequence[int], observed: Sequence[int], pos: int, tail: int = 8) -> bool:
     """True when, after diverging at ``pos``, the last ``tail`` tokens of both outputs agree again
     (the same length and the same final tokens)."""
@@ -109,7 +124,7 @@ def analyse(reference: Sequence[int], observed: Sequence[int], pos: int,
             ref_margins: Sequence[float | None] | None, threshold: float,
             checks_failed: Sequence[str] = (), *, golden: Mapping[str, Any] | None = None,
             reference_top: Mapping | Sequence | None = None,
-            observed_top: Mapping | Sequence | None = None) -> dict[str, Any]:
+            observed_top: Mapping | Sequence | None = None) -> Divergence:
     """Evidence and class of one divergence.
 
     Args:
@@ -121,11 +136,12 @@ def analyse(reference: Sequence[int], observed: Sequence[int], pos: int,
             [(id, lp), ...]}`` (:meth:`pleharness.golden.GoldenModel.score`), or None.
         reference_top / observed_top: each side's engine top-k at ``pos`` (IDs), when returned.
 
-    Returns a dict: position, reference/observed windows (token IDs around ``pos``), the
-    reference's margin at ``pos`` (nats or None), ``class`` (near_tie | hard | unknown: neither
-    golden evidence nor reference logprobs), ``classified_by`` (golden | engine margin),
-    the golden evidence (gap in nats, top-k, membership), reconverged, checks_failed, and ``fails``
-    (whether it fails the run under the default policy: hard, unknown, or any failed check).
+    Returns a :class:`~pleharness.manifest.Divergence`: position, reference/observed windows
+    (token IDs around ``pos``), the reference's margin at ``pos`` (nats or None), ``cls``
+    (near_tie | hard | unknown: neither golden evidence nor reference logprobs), ``classified_by``
+    (golden | engine margin), the golden evidence (gap in nats, top-k, membership; set only with
+    a golden model), reconverged, checks_failed, and ``fails`` (whether it fails the run under the
+    default policy: hard, unknown, or any failed check).
     """
     lo = max(0, pos - WINDOW)
     ref_tok = reference[pos] if pos < len(reference) else None
@@ -171,4 +187,4 @@ def analyse(reference: Sequence[int], observed: Sequence[int], pos: int,
     out.update({"class": cls, "reconverged": reconverges(reference, observed, pos),
                 "checks_failed": list(checks_failed),
                 "fails": cls != "near_tie" or bool(checks_failed)})
-    return out
+    return Divergence.model_validate(out)

@@ -44,7 +44,8 @@ from .engine.client import EngineClient
 from .engine.errors import EngineError, UsageError
 from .engine.launch import EngineServer, LaunchSpec
 from .manifest import Manifest, load_manifest, write_atomic
-from .parity import first_divergence, token_hash
+from .divergence import first_divergence
+from .parity import token_hash
 
 PIECEWISE = '{"cudagraph_mode": "PIECEWISE"}'
 
@@ -128,7 +129,7 @@ def failing_cases(m: Manifest, include_warnings: bool = False) -> list[Case]:
     Raises UsageError when the run kept no prompt IDs for them (runs before prompt keeping)."""
     groups: dict[tuple[str, int], list] = {}
     for r in m.requests:
-        if r.divergence and (include_warnings or r.divergence.get("fails")):
+        if r.divergence and (include_warnings or r.divergence.fails):
             groups.setdefault((r.prompt_hash, r.concurrency), []).append(r)
     cases = []
     for i, ((ph, conc), recs) in enumerate(sorted(groups.items(), key=lambda kv: kv[1][0].id), 1):

@@ -1,9 +1,15 @@
-"""Results manifest: schema (pydantic), atomic writer.
+"""Results manifest: schema (pydantic), atomic writer, append-only request records.
 
-``results/<run-id>/manifest.json`` is rewritten atomically (temporary file in the same folder, fsync,
-``os.replace``) after every phase, so a run that stops part-way leaves a valid file whose ``status``
-says how it ended. Every number carries its unit in its name (``_s`` seconds, ``_tok_per_s`` tokens
-per second). Token hashes use the canonical encoding of :mod:`pleharness.parity`.
+``results/<run-id>/manifest.json`` holds the summary, phases, references and provenance; it is
+rewritten atomically (temporary file in the same folder, fsync, ``os.replace``) after every phase,
+so a run that stops part-way leaves a valid file whose ``status`` says how it ended. The
+per-request records go to an append-only JSON Lines file beside it (``requests.jsonl``, one
+:class:`RequestRecord` per line, named by ``Manifest.requests_file``): each write appends only the
+records added since the previous one, flushes and fsyncs them, and only then replaces the
+manifest, so the cost of a write no longer grows with the run and a killed run leaves the records
+of every phase its manifest lists. Schema version 1 manifests (records inline under ``requests``)
+still load. Every number carries its unit in its name (``_s`` seconds, ``_tok_per_s`` tokens per
+second). Token hashes use the canonical encoding of :mod:`pleharness.parity`.
 """
 from __future__ import annotations
 
@@ -14,9 +20,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_serializer
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: request records in a JSON Lines file (requests_file); 1: inline
+READABLE_SCHEMA_VERSIONS = (1, 2)
 
 RunStatus = Literal["running", "complete", "incomplete", "failed", "engine_died", "interrupted"]
 Verdict = Literal["pass", "fail", "error"]
@@ -35,8 +42,74 @@ class CheckResult(BaseModel):
     detail: str = ""
 
 
+DivergenceClass = Literal["near_tie", "hard", "unknown"]
+Attribution = Literal["also_in_control", "only_under_test", "no_twin"]
+
+
+class _SetFieldsOnly(BaseModel):
+    """A record whose JSON holds only the fields that were set (built, loaded or assigned), under
+    their aliases: optional evidence that was never gathered is absent, not ``null``, so the file
+    says what was known (and reads the same as before these records were typed)."""
+
+    model_config = ConfigDict(populate_by_name=True, serialize_by_alias=True)
+
+    @model_serializer(mode="wrap")
+    def _only_set(self, handler):
+        data = handler(self)
+        keep = set()
+        for name in self.model_fields_set:
+            keep.add(name)
+            alias = type(self).model_fields[name].alias
+            if alias:
+                keep.add(alias)
+        return {k: v for k, v in data.items() if k in keep}
+
+
+class ControlEvidence(_SetFieldsOnly):
+    """What the control run said about one divergence (:mod:`pleharness.attribution`)."""
+
+    twins: int  # control-run requests with the same (prompt, max_tokens, concurrency)
+    twins_diverged: int  # of those, how many diverged from the control run's own reference
+    same_output: bool  # some twin produced the very same (divergent) output
+    twin_first_divergences: list[int] = Field(default_factory=list)  # their first positions
+
+
+class Divergence(_SetFieldsOnly):
+    """Evidence and class of one output's first divergence from its reference
+    (:func:`pleharness.divergence.analyse`; positions are 0-based output-token indices, margins
+    and gaps in nats). ``fails``: whether it fails the run (hard, unknown, a failed check on the
+    output, ``--strict``, or a seeded sample); a near tie that does not fail is a warning.
+    In the JSON the class is under ``"class"``."""
+
+    position: int
+    reference_window: list[int] = Field(default_factory=list)  # IDs around position
+    observed_window: list[int] = Field(default_factory=list)
+    window_start: int = 0  # output index of the windows' first token
+    reference_token: int | None = None  # None: that output ended before position
+    observed_token: int | None = None
+    margin_nats: float | None = None  # reference's top-1 minus top-2 logprob at position
+    threshold_nats: float | None = None  # near-tie threshold applied
+    observed_in_reference_top: bool | None = None  # set only when the engine returned top-k
+    reference_in_observed_top: bool | None = None
+    classified_by: str | None = None  # golden | engine margin | none (...)
+    golden_gap_nats: float | None = None  # |golden lp(reference) - lp(observed)|
+    golden_top: list[tuple[int, float]] | None = None  # golden (id, logprob) top-k
+    reference_in_golden_top: bool | None = None
+    observed_in_golden_top: bool | None = None
+    cls: DivergenceClass = Field(alias="class")
+    reconverged: bool = False  # the outputs' tails agree again
+    checks_failed: list[str] = Field(default_factory=list)  # reference-free checks that failed
+    fails: bool
+    attribution: Attribution | None = None  # set by a control run
+    control_evidence: ControlEvidence | None = None
+
+
 class RequestRecord(BaseModel):
-    """One request: what was sent, what came back, and how it compares with its reference."""
+    """One request: what was sent, what came back, and how it compares with its reference.
+
+    The one meaning of "this request failed" is :attr:`is_problem`; phases, the verdict, the
+    console report, summary.md and junit.xml all use it (and :attr:`failed_checks`).
+    """
 
     id: str
     scenario: str
@@ -61,12 +134,41 @@ class RequestRecord(BaseModel):
     http_status: int | None = None
     error_expected: bool = False  # e.g. a clean 4xx for a prompt beyond max_model_len
     output_ids: list[int] | None = None  # kept for mismatches and references only (compact)
-    divergence: dict[str, Any] | None = None  # see pleharness.divergence.analyse
+    divergence: Divergence | None = None  # set for a compared output that differs
     checks: list[CheckResult] = Field(default_factory=list)
     note: str | None = None
     temperature: float = 0.0  # sampling sent (0: greedy)
     seed: int | None = None  # per-request seed sent, if any
     stream: bool = True  # streamed (SSE) or one JSON response
+
+    @property
+    def failed_checks(self) -> list[CheckResult]:
+        """The checks (reference-free ones and ``parity``) that failed on this request."""
+        return [c for c in self.checks if c.status == "fail"]
+
+    @property
+    def request_error(self) -> bool:
+        """The request failed (HTTP error, timeout, malformed stream ...), and that was not an
+        acceptable answer (``error_expected``: a clean 4xx at an edge probe)."""
+        return self.error is not None and not self.error_expected
+
+    @property
+    def tolerated(self) -> bool:
+        """Its output differs from the reference, but the divergence is a warning (a near tie,
+        or also in the control run), not a failure."""
+        return self.divergence is not None and not self.divergence.fails
+
+    @property
+    def parity_failed(self) -> bool:
+        """An answer (no request error) whose tokens differ from the reference (or that had no
+        reference), and that difference is not tolerated."""
+        return self.match is False and self.error is None and not self.tolerated
+
+    @property
+    def is_problem(self) -> bool:
+        """This request fails the run: a request error, an untolerated parity difference, or
+        any failed check. Near ties and other warnings are not problems."""
+        return self.request_error or self.parity_failed or bool(self.failed_checks)
 
 
 class PhaseRecord(BaseModel):
@@ -115,6 +217,16 @@ class ReferenceRecord(BaseModel):
 
 
 class Manifest(BaseModel):
+    """One run: provenance, engine facts, references, phases, summary and verdict.
+
+    ``requests`` (the per-request records) is kept in memory but never serialized with the
+    manifest: :func:`write_manifest` appends new records to ``requests_file`` (a JSON Lines file
+    named relative to the manifest's folder) and :func:`load_manifest` reads them back;
+    ``requests_count`` is how many lines of that file belong to the manifest. A record changed
+    after it was written (control-run attribution) must be announced with
+    :meth:`records_changed`, which makes the next write rewrite the file once.
+    """
+
     schema_version: int = SCHEMA_VERSION
     run_id: str
     started_at: str = Field(default_factory=now_iso)
@@ -134,12 +246,26 @@ class Manifest(BaseModel):
     scenarios: list[dict[str, Any]] = Field(default_factory=list)
     references: list[ReferenceRecord] = Field(default_factory=list)
     phases: list[PhaseRecord] = Field(default_factory=list)
-    requests: list[RequestRecord] = Field(default_factory=list)
+    requests: list[RequestRecord] = Field(default_factory=list, exclude=True)
+    requests_file: str | None = None  # JSON Lines file of the records, relative to the manifest
+    requests_count: int = 0  # records in requests_file that this manifest covers
     tables: dict[str, list[dict[str, Any]]] = Field(default_factory=dict)
     # token IDs of the prompts of every phase where an output diverged (prompt hash -> IDs), so
     # that `ple-harness explain` can replay the case
     prompts: dict[str, list[int]] = Field(default_factory=dict)
     summary: dict[str, Any] = Field(default_factory=dict)
+    # (records file, records already in it) of the last write; not serialized
+    _records_written: tuple[Path, int] | None = PrivateAttr(default=None)
+    # (phase, its JSON) per phase at the last write: older phases are not serialized again
+    _phase_json: list[tuple[PhaseRecord, str]] = PrivateAttr(default_factory=list)
+
+    def records_changed(self) -> None:
+        """Say that records or phases already written were changed in place (other than the last
+        :data:`PHASES_REFRESHED` phases, which every write serializes again): the next
+        :func:`write_manifest` rewrites the records file (atomically) instead of appending, and
+        serializes every phase again."""
+        self._records_written = None
+        self._phase_json = []
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -160,13 +286,108 @@ def write_atomic(path: Path, text: str) -> None:
         raise
 
 
+PHASES_REFRESHED = 8  # the last phases, serialized at every write (scenarios amend the last one)
+
+
+def _manifest_json(manifest: Manifest) -> str:
+    """The manifest's JSON (as ``model_dump_json()``, ``phases`` last): each phase older than the
+    last :data:`PHASES_REFRESHED` is serialized once and its JSON reused while it is the same
+    object, so a write costs about the same at phase 10 and at phase 2000. Code that changes an
+    older phase in place calls :meth:`Manifest.records_changed`."""
+    cache = manifest._phase_json
+    stable = len(manifest.phases) - PHASES_REFRESHED
+    parts = []
+    for i, ph in enumerate(manifest.phases):
+        if i < len(cache) and cache[i][0] is ph and i < stable:
+            parts.append(cache[i][1])
+            continue
+        text = ph.model_dump_json()
+        if i < len(cache):
+            cache[i] = (ph, text)
+        else:
+            cache.append((ph, text))
+        parts.append(text)
+    del cache[len(manifest.phases):]
+    head = manifest.model_dump_json(exclude={"phases"})
+    return head[:-1] + ',"phases":[' + ",".join(parts) + "]}"
+
+
+def requests_file_name(manifest_path: Path) -> str:
+    """The records file beside a manifest: ``manifest.json`` -> ``requests.jsonl``,
+    ``control-manifest.json`` -> ``control-requests.jsonl``."""
+    stem = Path(manifest_path).name
+    stem = stem[:-len(".json")] if stem.endswith(".json") else stem
+    return (stem[:-len("manifest")] if stem.endswith("manifest") else stem + "-") + "requests.jsonl"
+
+
+def _record_lines(records: list[RequestRecord]) -> str:
+    return "".join(r.model_dump_json() + "\n" for r in records)
+
+
 def write_manifest(path: Path, manifest: Manifest) -> None:
-    """Rewrite the whole manifest atomically (compact JSON: about 1.2 kB per request)."""
-    write_atomic(path, manifest.model_dump_json())
+    """Write the run's records and manifest, in this order:
+
+    1. the records added since the previous write to the same file are appended to
+       ``requests_file`` (``requests.jsonl`` beside ``path``), flushed and fsynced (nothing is
+       written when there are none); the file is rewritten atomically instead when it is new to
+       this manifest, when records were removed, or after :meth:`Manifest.records_changed`;
+    2. the manifest (compact JSON, without the records; earlier phases' JSON reused, see
+       :func:`_manifest_json`) replaces ``path`` atomically.
+
+    A kill between the two leaves the previous manifest, whose ``requests_count`` still names
+    only the lines it covers. Raises OSError when either write fails.
+    """
+    path = Path(path)
+    if manifest.requests_file is None:
+        manifest.requests_file = requests_file_name(path)
+    rpath = path.parent / manifest.requests_file
+    recs = manifest.requests
+    done = manifest._records_written
+    if done is not None and done[0] == rpath and done[1] <= len(recs) and rpath.exists():
+        if done[1] < len(recs):
+            with open(rpath, "a") as f:
+                f.write(_record_lines(recs[done[1]:]))
+                f.flush()
+                os.fsync(f.fileno())
+    else:
+        write_atomic(rpath, _record_lines(recs))
+    manifest._records_written = (rpath, len(recs))
+    manifest.requests_count = len(recs)
+    manifest.schema_version = SCHEMA_VERSION  # the format just written (a loaded v1 moves on)
+    write_atomic(path, _manifest_json(manifest))
 
 
-def load_manifest(path: Path) -> Manifest:
-    """Load a manifest from a file or a run folder. Raises ValueError with the path on bad input."""
+def _read_records(mpath: Path, name: str, count: int) -> list[dict]:
+    """The first ``count`` records of the JSON Lines file ``name`` beside ``mpath`` (later lines
+    belong to a phase whose manifest write never happened). Raises ValueError naming the file."""
+    if Path(name).name != name or name in (".", ".."):
+        raise ValueError(f"{mpath}: requests_file {name!r} must be a file name in the run folder")
+    rpath = mpath.parent / name
+    try:
+        lines = rpath.read_text().split("\n")[:-1]  # complete lines only (a kill mid-append)
+    except OSError as exc:
+        raise ValueError(f"{mpath}: its request records {rpath} cannot be read: {exc}") from None
+    out = []
+    for i, line in enumerate(lines[:count], 1):
+        try:
+            out.append(json.loads(line))
+        except ValueError as exc:
+            raise ValueError(f"{rpath}, line {i}: not a JSON request record: {exc}") from None
+    if len(out) < count:
+        raise ValueError(f"{rpath}: {len(out)} request records, but {mpath.name} names "
+                         f"{count} (requests_count)")
+    return out
+
+
+def load_manifest(path: Path, with_requests: bool = True) -> Manifest:
+    """Load a manifest (and its request records) from a file or a run folder.
+
+    Reads schema versions 1 (records inline under ``requests``) and 2 (records in the JSON Lines
+    file ``requests_file`` beside the manifest; a file that carries ``requests`` inline anyway
+    uses those). ``with_requests=False`` skips the records file (``requests`` stays empty), for
+    readers that need only references or provenance. Raises ValueError naming the file on bad
+    input.
+    """
     path = Path(path)
     if path.is_dir():
         path = path / "manifest.json"
@@ -176,9 +397,15 @@ def load_manifest(path: Path) -> Manifest:
         raise ValueError(f"{path}: not a readable ple-harness manifest: {exc}") from None
     if not isinstance(data, dict) or "run_id" not in data or "schema_version" not in data:
         raise ValueError(f"{path}: not a ple-harness manifest (no run_id / schema_version)")
-    if data["schema_version"] != SCHEMA_VERSION:
+    if data["schema_version"] not in READABLE_SCHEMA_VERSIONS:
         raise ValueError(f"{path}: manifest schema version {data['schema_version']!r}; this "
-                         f"ple-harness reads version {SCHEMA_VERSION}")
+                         f"ple-harness reads versions "
+                         f"{', '.join(map(str, READABLE_SCHEMA_VERSIONS))}")
+    if "requests" not in data and data.get("requests_file") and with_requests:
+        count = data.get("requests_count")
+        if not isinstance(count, int) or count < 0:
+            raise ValueError(f"{path}: requests_count: expected a count >= 0, got {count!r}")
+        data["requests"] = _read_records(path, data["requests_file"], count)
     try:
         return Manifest.model_validate(data)
     except ValueError as exc:

@@ -1,4 +1,4 @@
-"""Canonical token hashing and divergence location.
+"""Canonical token hashing (first divergent position: :func:`pleharness.divergence.first_divergence`).
 
 Canonical encoding (written down once, used everywhere): a list of token IDs is encoded as the
 concatenation of each ID as an unsigned 32-bit little-endian integer, with nothing before or after;
@@ -28,16 +28,3 @@ def encode_ids(ids: Sequence[int]) -> bytes:
 def token_hash(ids: Sequence[int]) -> str:
     """SHA256 (hex) of the canonical encoding of ``ids``."""
     return hashlib.sha256(encode_ids(ids)).hexdigest()
-
-
-def first_divergence(reference: Sequence[int], observed: Sequence[int]) -> int | None:
-    """Index of the first position where the two ID lists differ, or None when equal.
-
-    When one list is a strict prefix of the other, the index is the shorter length.
-    """
-    for i, (a, b) in enumerate(zip(reference, observed)):
-        if a != b:
-            return i
-    if len(reference) != len(observed):
-        return min(len(reference), len(observed))
-    return None

@@ -28,8 +28,8 @@ from .engine.facts import EngineFacts
 from .engine.launch import EngineServer
 from .manifest import (CheckResult, Manifest, PhaseRecord, ReferenceRecord, RequestRecord,
                        now_iso, write_manifest)
-from .divergence import DEFAULT_NEAR_TIE_NATS, analyse, margins
-from .parity import first_divergence, token_hash
+from .divergence import DEFAULT_NEAR_TIE_NATS, analyse, first_divergence, margins
+from .parity import token_hash
 from .prompts import Prompt
 from .checks import DEFAULT_CHECKS, DEFAULT_PHASE_CHECKS, PHASE_REGISTRY
 
@@ -453,18 +453,17 @@ class RunContext:
                         observed_top=c.logprobs[pos] if c.logprobs and pos < len(c.logprobs)
                         else None)
             if self.strict or spec.temperature > 0:  # a seeded sample has no near-tie excuse
-                d["fails"] = True
+                d.fails = True
             rec.divergence = d
-            m = "n/a (no reference logprobs)" if d["margin_nats"] is None else \
-                f"{d['margin_nats']:.4f} nats"
-            g = "" if d.get("golden_gap_nats") is None else \
-                f", golden gap {d['golden_gap_nats']:.4f} nats"
-            if d.get("classified_by") == "golden" and not d["observed_in_golden_top"]:
+            m = "n/a (no reference logprobs)" if d.margin_nats is None else \
+                f"{d.margin_nats:.4f} nats"
+            g = "" if d.golden_gap_nats is None else f", golden gap {d.golden_gap_nats:.4f} nats"
+            if d.classified_by == "golden" and not d.observed_in_golden_top:
                 g += " (observed token not in the golden top-k)"
             rec.checks.append(CheckResult(
-                name="parity", status="fail" if d["fails"] else "warn",
-                detail=f"{d['class']} at position {d['position']}: reference "
-                       f"{d['reference_token']} vs observed {d['observed_token']}, reference "
+                name="parity", status="fail" if d.fails else "warn",
+                detail=f"{d.cls} at position {d.position}: reference "
+                       f"{d.reference_token} vs observed {d.observed_token}, reference "
                        f"top-1/top-2 margin {m}{g}; threshold {self.near_tie_nats:g} nats"
                        + (" (strict)" if self.strict else "")
                        + (" (seeded sample: never a near tie)" if spec.temperature > 0 else "")))
@@ -498,9 +497,9 @@ class RunContext:
     def _finish_phase(ph: PhaseRecord, outcomes: list[Outcome]) -> None:
         recs = [o.record for o in outcomes]
         ph.matched = sum(1 for r in recs if r.match is True)
-        ph.near_ties = sum(1 for r in recs if r.divergence and not r.divergence["fails"])
-        ph.mismatched = sum(1 for r in recs if r.match is False and r.error is None) - ph.near_ties
-        ph.errors = sum(1 for r in recs if r.error is not None and not r.error_expected)
+        ph.near_ties = sum(1 for r in recs if r.tolerated)
+        ph.mismatched = sum(1 for r in recs if r.parity_failed)
+        ph.errors = sum(1 for r in recs if r.request_error)
         ph.completion_tokens = sum(r.output_len for r in recs if r.error is None)
         ph.requests = len(recs)
         if ph.wall_s:
@@ -509,10 +508,10 @@ class RunContext:
         lats = [r.latency_s for r in recs if r.latency_s is not None and r.error is None]
         ph.ttft_s_median = statistics.median(ttfts) if ttfts else None
         ph.latency_s_median = statistics.median(lats) if lats else None
-        failed_checks = [c for r in recs for c in r.checks if c.status == "fail"
-                         and c.name != "parity"]
+        # parity failures are counted as mismatches, not as failed checks
+        failed_checks = [c for r in recs for c in r.failed_checks if c.name != "parity"]
         failed_checks += [c for c in ph.checks if c.status == "fail"]
-        if ph.errors or ph.mismatched or failed_checks:
+        if any(r.is_problem for r in recs) or failed_checks:
             ph.status = "fail"
             why = []
             if ph.mismatched:
@@ -521,11 +520,11 @@ class RunContext:
                 why.append(f"{ph.errors} request error(s)")
             if failed_checks:
                 why.append(f"{len(failed_checks)} failed check(s)")
-            ph.reason = ", ".join(why)
+            ph.reason = ", ".join(why) or "failed request(s)"
         else:
             ph.status = "pass"
-            aic = sum(1 for r in recs if r.divergence and not r.divergence["fails"]
-                      and r.divergence.get("attribution") == "also_in_control")
+            aic = sum(1 for r in recs if r.tolerated
+                      and r.divergence.attribution == "also_in_control")
             why = []
             if ph.near_ties - aic:
                 why.append(f"{ph.near_ties - aic} near-tie divergence(s) (warning)")

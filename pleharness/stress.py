@@ -24,7 +24,7 @@ from .engine.errors import EXIT_INTERNAL, EngineError, HarnessError, UsageError,
 from .engine.facts import gather_facts
 from .engine.launch import EngineServer, LaunchSpec, engine_python_check, redact_env
 from .manifest import Manifest, now_iso, write_manifest
-from .report import headline, render
+from .render import headline, render
 from .runner import (EXIT_ENGINE, EXIT_FAIL, EXIT_OK, RequestTimeoutAbort, RunContext,
                      environment_info, gpu_inventory, harness_info, new_run_dir)
 from .scenarios import Scenario, load_scenario_file
@@ -94,6 +94,12 @@ def load_scenarios(names: list, overrides: dict[str, Any]) -> list[Scenario]:
         if mine:
             sc = load_scenario_file(n, mine)
         out.append(sc)
+    chosen = [sc.name for sc in out]
+    twice = sorted({n for n in chosen if chosen.count(n) > 1})
+    if twice:
+        raise UsageError(f"scenario(s) {', '.join(twice)} selected more than once: phases and "
+                         "tables are named by the scenario, so the runs could not be told apart "
+                         "(use --suite-repeats to run the suite again)")
     unused = set(overrides) - {k for sc in out for k in type(sc.params).model_fields}
     if unused:
         raise UsageError(f"option(s) {', '.join(sorted(unused))} apply to none of the selected "
@@ -148,7 +154,7 @@ def _load_reference_manifest(spec: str) -> dict:
     from .manifest import load_manifest
     path = spec.split(":", 1)[1]
     try:
-        ref = load_manifest(Path(path))
+        ref = load_manifest(Path(path), with_requests=False)  # only its references
     except ValueError as exc:
         raise UsageError(f"--reference {spec}: {exc}") from None
     if not ref.references:
@@ -330,8 +336,10 @@ def run_stress(cfg: StressConfig, console: Console | None = None,
             err.print(f"root cause: {esc(manifest.root_cause)}")
         if srv:
             err.print(f"engine log: {esc(srv.log_path)}")
-    except HarnessError as exc:
-        manifest.status, manifest.verdict, manifest.reason = "failed", "error", str(exc)
+    except HarnessError as exc:  # a usage error that needed the engine's facts: exit 2
+        manifest.status, manifest.verdict = "failed", "error"
+        manifest.reason = (f"usage error (exit {exc.exit_code}; found once the engine's facts "
+                           f"were known): {exc}" if isinstance(exc, UsageError) else str(exc))
         code = exc.exit_code
         err.print(f"[red]error:[/red] {esc(exc)}")
     except Exception as exc:  # noqa: BLE001 - a harness bug still leaves an honest manifest
@@ -531,7 +539,7 @@ def _control_pass(cfg, manifest, mpath, scenarios, facts, model_path, served_nam
 
 def _write_reports(m: Manifest, run_dir: Path) -> None:
     from .manifest import write_atomic
-    from .reports import to_junit, to_markdown
+    from .render import to_junit, to_markdown
     try:
         write_atomic(run_dir / "summary.md", to_markdown(m))
         write_atomic(run_dir / "junit.xml", to_junit(m))
@@ -575,31 +583,30 @@ def _summarize(m: Manifest) -> None:
         "phases_failed": sum(1 for p in load if p.status == "fail"),
         "hashes_compared": len(compared),
         "hashes_matched": sum(1 for r in compared if r.match),
-        "near_ties": sum(1 for r in m.requests if r.divergence and not r.divergence["fails"]
-                         and r.divergence.get("attribution") != "also_in_control"),
+        "near_ties": sum(1 for r in m.requests if r.tolerated
+                         and r.divergence.attribution != "also_in_control"),
         "also_in_control": sum(1 for r in m.requests if r.divergence
-                               and r.divergence.get("attribution") == "also_in_control"),
+                               and r.divergence.attribution == "also_in_control"),
         "only_under_test": sum(1 for r in m.requests if r.divergence
-                               and r.divergence.get("attribution") == "only_under_test"),
-        "hard_divergences": sum(1 for r in m.requests if r.divergence and r.divergence["fails"]),
-        "request_errors": sum(1 for r in m.requests if r.error and not r.error_expected),
-        "checks_failed": sum(1 for r in m.requests for c in r.checks
-                             if c.status == "fail" and c.name != "parity"),
+                               and r.divergence.attribution == "only_under_test"),
+        "hard_divergences": sum(1 for r in m.requests if r.divergence and r.divergence.fails),
+        "request_errors": sum(1 for r in m.requests if r.request_error),
+        "checks_failed": sum(1 for r in m.requests for c in r.failed_checks
+                             if c.name != "parity"),
         "model_behaviour_notes": sum(1 for r in m.requests for c in r.checks
                                      if c.status == "note"),
     })
-    from .reports import throughput_by_concurrency
+    from .summary import throughput_by_concurrency
     m.summary["throughput_by_concurrency"] = throughput_by_concurrency(m)
     m.summary["headline"] = headline(m)
 
 
 def _verdict(m: Manifest) -> int:
+    """Summarize ``m`` and set its verdict: fail when a request is a problem
+    (:attr:`RequestRecord.is_problem`: an untolerated parity difference, a request error, a failed
+    check) or a phase failed (phase checks such as health_after_phase). Returns the exit code."""
     _summarize(m)
-    s = m.summary
-    tolerated = sum(1 for r in m.requests if r.match is False and r.error is None and
-                    r.divergence and not r.divergence["fails"])
-    failed = (s["hashes_matched"] + tolerated < s["hashes_compared"] or s["request_errors"]
-              or s["checks_failed"] or any(p.status == "fail" for p in m.phases))
+    failed = (any(r.is_problem for r in m.requests) or any(p.status == "fail" for p in m.phases))
     m.verdict = "fail" if failed else "pass"
     return EXIT_FAIL if failed else EXIT_OK
 

@@ -11,7 +11,10 @@ gates that ``ple-harness compare`` applies (nightly and pre-merge runs).
     min_phase_ratio = 0.5
     thresholds = ["C4>=100"]
 
-Shipped suites live in ``scenarios/suites/``. Errors name the file and the key.
+Shipped suites live in ``scenarios/suites/``. Errors name the file and the key; an error in a
+scenario entry (unknown scenario, bad ``params``) names the suite file, the entry
+(``scenario[i]``) and the scenario. A scenario may appear once per suite: its phases and tables
+are named by the scenario, so a second run of it would be indistinguishable from the first.
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from .engine.errors import UsageError
 from .scenarios.base import scenario_dirs
 from .tomlfile import find_named, read_toml, validate
 
@@ -57,7 +61,25 @@ class Suite(BaseModel):
 
 
 def load_suite(name_or_path: str) -> Suite:
-    """A suite by shipped name (``scenarios/suites/NAME.toml``) or path. Raises UsageError naming
-    the file and the key."""
+    """A suite by shipped name (``scenarios/suites/NAME.toml``) or path, with every scenario entry
+    loaded once with its ``params`` (so that a bad entry is found before anything starts).
+
+    Raises UsageError naming the file and the key; for a scenario entry, the suite file, the entry
+    (``scenario[i]``, 0-based) and the scenario; for a scenario named twice, both entries.
+    """
+    from .scenarios import load_scenario_file
     path = find_named(name_or_path, [d / "suites" for d in scenario_dirs()], "suite")
-    return validate(Suite, read_toml(path, "suite"), str(path))
+    suite = validate(Suite, read_toml(path, "suite"), str(path))
+    seen: dict[str, int] = {}
+    for i, entry in enumerate(suite.scenario):
+        try:
+            sc = load_scenario_file(entry.name, entry.params or None)
+        except UsageError as exc:
+            raise UsageError(f"{path}: scenario[{i}] ({entry.name!r}): {exc}") from None
+        if sc.name in seen:
+            raise UsageError(f"{path}: scenario[{i}] ({entry.name!r}) is scenario {sc.name!r} "
+                             f"again (as scenario[{seen[sc.name]}]): its phases and tables would "
+                             "carry the same names; put both parameter sets in one entry, or "
+                             "give the second a scenario file with its own name = \"...\"")
+        seen[sc.name] = i
+    return suite

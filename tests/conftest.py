@@ -17,7 +17,15 @@ def run_cli(*args: str, timeout: float = 900, env: dict | None = None) -> subpro
 
 
 def load_json(path: Path) -> dict:
-    return json.loads(Path(path).read_text())
+    """A manifest file as a dict; from schema version 2 on, its request records are read from
+    the JSON Lines file it names (``requests_file``, first ``requests_count`` lines) into
+    ``requests``, as schema version 1 held them inline."""
+    path = Path(path)
+    data = json.loads(path.read_text())
+    if isinstance(data, dict) and "requests" not in data and data.get("requests_file"):
+        lines = (path.parent / data["requests_file"]).read_text().splitlines()
+        data["requests"] = [json.loads(x) for x in lines[:data["requests_count"]]]
+    return data
 
 
 def group_alive(pgid: int) -> bool:

@@ -9,7 +9,7 @@ import pytest
 from conftest import ROOT, load_json, run_cli
 from pleharness.attribution import attribute, control_args
 from pleharness.explain import Case, failing_cases, suspects_for, write_repro
-from pleharness.manifest import CheckResult, Manifest, PhaseRecord, RequestRecord
+from pleharness.manifest import CheckResult, Divergence, Manifest, PhaseRecord, RequestRecord
 from pleharness.scenarios import load_scenario_file
 
 FAKE_PY = str(ROOT / "tests" / "fakepy" / "python")
@@ -29,7 +29,8 @@ def rec(i, phase, conc, prompt, out, match, div=None, fails=True):
                       prompt_len=3, prompt_hash=prompt, max_tokens=8, output_hash=out, match=match)
     if div is not None:
         r.first_divergence = div
-        r.divergence = {"class": "hard", "fails": fails, "checks_failed": [], "position": div}
+        r.divergence = Divergence.model_validate({"class": "hard", "fails": fails,
+                                                  "checks_failed": [], "position": div})
         r.checks.append(CheckResult(name="parity", status="fail", detail="hard at position 5"))
     return r
 
@@ -47,16 +48,16 @@ def test_attribute_twins():
     # matched; pC: the control has it only at another concurrency
     assert counts == {"also_in_control": 1, "only_under_test": 1, "no_twin": 1}
     a, b, c = (main.requests[i].divergence for i in range(3))
-    assert a["attribution"] == "also_in_control" and not a["fails"]
-    assert a["control_evidence"] == {"twins": 2, "twins_diverged": 1, "same_output": False,
-                                     "twin_first_divergences": [7]}
-    assert b["attribution"] == "only_under_test" and b["fails"]
-    assert c["attribution"] == "no_twin" and c["fails"]
+    assert a.attribution == "also_in_control" and not a.fails
+    assert a.control_evidence.model_dump() == {"twins": 2, "twins_diverged": 1,
+                                               "same_output": False, "twin_first_divergences": [7]}
+    assert b.attribution == "only_under_test" and b.fails
+    assert c.attribution == "no_twin" and c.fails
     assert main.requests[0].checks[0].status == "warn"
     ph = main.phases[0]
     assert ph.status == "fail" and ph.mismatched == 2 and "also in the control" not in ph.reason
     # the same divergent output in the control counts as also_in_control
-    main.requests[1].divergence.pop("attribution")
+    main.requests[1].divergence.attribution = None
     ctl.requests[2].output_hash = "bad-b"
     assert attribute(main, ctl)["also_in_control"] == 2
 

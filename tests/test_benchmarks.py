@@ -55,7 +55,10 @@ def test_scale_tiny(tmp_path):
     assert big["writes"] > small["writes"]
     for r in data["rows"]:
         assert r["peak_rss_mib"] > 10 and r["last_phase_write_s"] > 0
-        assert 200 < r["manifest_bytes_per_request"] < 20000
+        # the records (JSON Lines, one per request) carry the per-request bytes now
+        assert 200 < r["records_bytes_per_request"] < 20000
+        assert r["manifest_bytes_per_request"] < r["records_bytes_per_request"]
+    assert big["records_bytes"] > small["records_bytes"]
     assert data["growth_exponents"]["manifest_bytes"] > 0
 
 
@@ -93,3 +96,15 @@ def test_vs_vllm_bench_tiny(tmp_path):
     assert pair["harness"]["tokens"] == pair["vllm"]["tokens"] == 4 * 8
     assert s["median_ratio"] > 0 and s["harness_ttft_ms_median"] > 0
     assert s["vllm_ttft_ms_median"] > 0
+
+
+def test_write_cost_tiny(tmp_path):
+    out = tmp_path / "write_cost.json"
+    p = run_script("write_cost.py", "--phases", "4,40", "--per-phase", "10", "--repeats", "2",
+                   "--json", str(out))
+    assert "growth exponent" in p.stdout
+    data = json.loads(out.read_text())
+    assert [r["phases"] for r in data["rows"]] == [4, 40]
+    for r in data["rows"]:
+        assert all(r[f"{h}_ms"] > 0 for h in ("inline", "append", "append+cache"))
+    assert set(data["growth_exponents"]) == {"inline", "append", "append+cache"}

@@ -21,7 +21,7 @@ import pytest
 
 from conftest import ROOT, load_json, run_cli
 from doubles import FakeEngine
-from pleharness.manifest import CheckResult, Manifest, load_manifest
+from pleharness.manifest import CheckResult, Divergence, Manifest, load_manifest, write_manifest
 from pleharness.stress import _summarize
 
 SMALL = ["--scenario", "transitions", "--ladder", "2,1", "--repeats", "1", "--max-tokens", "8",
@@ -47,7 +47,7 @@ def runs(tmp_path_factory):
 
 def write(run_dir: Path, m: Manifest) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "manifest.json").write_text(m.model_dump_json())
+    write_manifest(run_dir / "manifest.json", m)
     return run_dir
 
 
@@ -135,11 +135,11 @@ def test_report_exit_code_mirrors_the_run(runs):
 
 
 def test_internal_error_exits_4_with_a_traceback_log(runs, monkeypatch, capsys):
-    from pleharness import cli, report
+    from pleharness import cli, render
 
     def boom(*a, **k):
         raise RuntimeError("renderer exploded")
-    monkeypatch.setattr(report, "render", boom)
+    monkeypatch.setattr(render, "render", boom)
     monkeypatch.setattr(sys, "argv", ["ple-harness", "report", str(runs / "base")])
     with pytest.raises(SystemExit) as e:
         cli.run()
@@ -335,14 +335,14 @@ def test_headline_counts_check_failures(runs):
 
 
 def test_summary_md_puts_causes_first(runs):
-    from pleharness.reports import to_markdown
+    from pleharness.render import to_markdown
     m = load_manifest(runs / "base")
     bad = [q for q in m.requests if q.phase == "r1-s1-C2"][1]
     bad.match, bad.first_divergence = False, 3
     bad.note = "n*C + q = 1*256 + 4"
-    bad.divergence = {"position": 3, "class": "hard", "fails": True, "margin_nats": 4.0,
-                      "reference_token": 17, "observed_token": 99, "reconverged": False,
-                      "checks_failed": []}
+    bad.divergence = Divergence.model_validate(
+        {"position": 3, "class": "hard", "fails": True, "margin_nats": 4.0,
+         "reference_token": 17, "observed_token": 99, "reconverged": False, "checks_failed": []})
     _summarize(m)
     m.verdict, m.exit_code = "fail", 1
     md = to_markdown(m)
@@ -416,7 +416,7 @@ def test_readme_commands_run_as_written():
 
 def test_causes_name_who_classified_a_divergence():
     from pleharness.manifest import RequestRecord
-    from pleharness.report import _failing_divergence
+    from pleharness.render.text import _failing_divergence
     base = dict(id="r7", scenario="transitions", phase="r1-s2-C3", concurrency=3,
                 prompt_key="p0-len5", prompt_len=5, prompt_hash="h", max_tokens=32, match=False)
     d = {"position": 5, "class": "hard", "fails": True, "margin_nats": 1.737,

@@ -67,9 +67,9 @@ def test_near_tie_threshold_follows_the_dtype():
     # the H200 observation: a 0.125-nat margin in bf16 is one bf16 step, a near tie
     ref, obs = [1, 2, 3, 4], [1, 2, 9, 4]
     d = analyse(ref, obs, 2, [1.0, 1.0, 0.125, 1.0], near_tie_threshold("bfloat16")[0])
-    assert d["class"] == "near_tie"
+    assert d.cls == "near_tie"
     d = analyse(ref, obs, 2, [1.0, 1.0, 0.125, 1.0], near_tie_threshold("float32")[0])
-    assert d["class"] == "hard"
+    assert d.cls == "hard"
 
 
 # -- golden classification rule (constructed evidence) ------------------------------------------
@@ -85,20 +85,20 @@ def golden(lp_ref, lp_obs, top=None):
 def test_golden_decides_whatever_the_engine_margin_says():
     tiny = [0.001] * 5  # the engine claims a near tie everywhere
     d = analyse(REF, OBS, 2, tiny, 0.5, golden=golden(-0.1, -6.0, [(7, -0.1), (1, -3.0)]))
-    assert d["class"] == "hard" and d["fails"] and d["classified_by"] == "golden"
-    assert d["golden_gap_nats"] == pytest.approx(5.9) and not d["observed_in_golden_top"]
+    assert d.cls == "hard" and d.fails and d.classified_by == "golden"
+    assert d.golden_gap_nats == pytest.approx(5.9) and not d.observed_in_golden_top
     big = [9.0] * 5  # the engine margin says hard, the golden model finds a real tie
     d = analyse(REF, OBS, 2, big, 0.5, golden=golden(-0.70, -0.72))
-    assert d["class"] == "near_tie" and not d["fails"] and d["golden_gap_nats"] == pytest.approx(0.02)
+    assert d.cls == "near_tie" and not d.fails and d.golden_gap_nats == pytest.approx(0.02)
     # a gap above the threshold is hard even with both tokens in the top-k
     d = analyse(REF, OBS, 2, tiny, 0.5, golden=golden(-0.2, -1.5))
-    assert d["class"] == "hard"
+    assert d.cls == "hard"
     # each side's token must be in the other side's engine top-k where returned
     d = analyse(REF, OBS, 2, tiny, 0.5, golden=golden(-0.70, -0.72), reference_top={7: -0.1, 3: -2})
-    assert d["class"] == "hard" and d["observed_in_reference_top"] is False
+    assert d.cls == "hard" and d.observed_in_reference_top is False
     d = analyse(REF, OBS, 2, tiny, 0.5, golden=golden(-0.70, -0.72),
                 reference_top={7: -0.1, 70: -0.2}, observed_top={70: -0.1, 7: -0.2})
-    assert d["class"] == "near_tie"
+    assert d.cls == "near_tie"
 
 
 def test_golden_problem_guards():

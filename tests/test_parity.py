@@ -4,7 +4,8 @@ import struct
 import pytest
 from hypothesis import given, strategies as st
 
-from pleharness.parity import encode_ids, first_divergence, token_hash
+from pleharness.divergence import first_divergence
+from pleharness.parity import encode_ids, token_hash
 
 
 def test_known_vector():

@@ -167,3 +167,77 @@ def test_values_are_not_coerced(tmp_path, what, body, key):
     out = "".join((r.stdout + r.stderr).split())  # the console may wrap long lines
     assert r.returncode == 2, out
     assert str(f) in out and f"{key}:Inputshouldbeavalidinteger" in out
+
+
+# -- suites: errors name the suite file, the entry and the scenario; a scenario once per suite ----
+def _suite(tmp_path: Path, body: str) -> Path:
+    p = tmp_path / "my-suite.toml"
+    p.write_text(body)
+    return p
+
+
+def test_suite_entry_errors_name_the_suite_file_entry_and_key(tmp_path):
+    from pleharness.suites import load_suite
+    p = _suite(tmp_path, '[[scenario]]\nname = "transitions"\n[[scenario]]\nname = "pairs"\n'
+                         'params = { max_tokens = "8" }\n')
+    with pytest.raises(UsageError) as e:
+        load_suite(str(p))
+    msg = str(e.value)
+    assert msg.startswith(f"{p}: scenario[1] ('pairs'): ") and "params.max_tokens" in msg
+    p = _suite(tmp_path, '[[scenario]]\nname = "no-such-scenario"\n')
+    with pytest.raises(UsageError, match=r"my-suite.toml: scenario\[0\] \('no-such-scenario'\): "
+                                         r"unknown scenario 'no-such-scenario'"):
+        load_suite(str(p))
+    # the CLI: exit 2, the same message, nothing started
+    r = run_cli("stress", "--suite", str(p), "--results-dir", str(tmp_path / "runs"), timeout=60)
+    assert r.returncode == 2 and f"{p}: scenario[0] ('no-such-scenario')" in r.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_same_scenario_twice_is_a_clear_error(tmp_path):
+    from pleharness.suites import load_suite
+    p = _suite(tmp_path, '[[scenario]]\nname = "transitions"\n[[scenario]]\nname = "pairs"\n'
+                         '[[scenario]]\nname = "transitions"\nparams = { repeats = 1 }\n')
+    with pytest.raises(UsageError, match=r"my-suite.toml: scenario\[2\] \('transitions'\) is "
+                                         r"scenario 'transitions' again \(as scenario\[0\]\)"):
+        load_suite(str(p))
+    with pytest.raises(UsageError, match="transitions selected more than once"):
+        load_scenarios(["transitions", "pairs", "transitions"], {})
+    r = run_cli("stress", "--scenario", "pairs", "--scenario", "pairs", "--results-dir",
+                str(tmp_path / "runs"), timeout=60)
+    assert r.returncode == 2 and "pairs selected more than once" in r.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_control_profile_checked_before_the_run_and_ignored_keys_warned(tmp_path):
+    bad = tmp_path / "bad-control.toml"
+    bad.write_text('engine_args = ["--enforce-eager"]\ntp = "2"\n')
+    r = run_cli("stress", "--control-profile", str(bad), "--results-dir", str(tmp_path / "runs"),
+                timeout=60)
+    assert r.returncode == 2 and str(bad) in r.stderr and "tp" in r.stderr, r.stderr
+    assert not (tmp_path / "runs").exists()
+    named = tmp_path / "named-control.toml"
+    named.write_text('model = "/models/x"\npython = "/usr/bin/python3"\n'
+                     'engine_args = ["--enforce-eager"]\n')
+    # a later usage error stops the run before anything starts; the warning came first
+    r = run_cli("stress", "--control-profile", str(named), "--scenario", "nope",
+                "--results-dir", str(tmp_path / "runs"), timeout=60)
+    assert r.returncode == 2 and "unknown scenario 'nope'" in r.stderr
+    assert f"--control-profile {named}: model, python ignored" in " ".join(r.stderr.split())
+
+
+def test_usage_error_found_with_the_engine_facts_exits_2_and_the_manifest_says_so(tmp_path):
+    """max_tokens against max_model_len needs the engine's max_model_len (the double: 4096), so
+    the run folder exists by then; exit 2 and the manifest names it a usage error."""
+    import json
+    from doubles import FakeEngine
+    with FakeEngine() as eng:
+        r = run_cli("stress", "--url", eng.url, "--scenario", "pairs", "--max-tokens", "5000",
+                    "--vocab-size", "600", "--results-dir", str(tmp_path), "--run-id", "late",
+                    timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    m = json.loads((tmp_path / "late" / "manifest.json").read_text())
+    assert m["status"] == "failed" and m["exit_code"] == 2 and m["verdict"] == "error"
+    assert m["reason"].startswith("usage error (exit 2; found once the engine's facts were "
+                                  "known): ")
+    assert "params.max_tokens" in m["reason"] and "max_model_len is 4096" in m["reason"]

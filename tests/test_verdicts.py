@@ -28,15 +28,15 @@ def test_near_tie_vs_hard_and_reconvergence():
     m = [2.0] * 12
     m[3] = 0.02
     d = analyse(ref, obs, 3, m, threshold=0.1)
-    assert d["class"] == "near_tie" and not d["fails"] and d["margin_nats"] == 0.02
-    assert d["reference_window"] == [5, 6, 7, 8, 9, 10, 11, 12] and d["observed_window"][3] == 99
-    assert d["reconverged"] is True  # only position 3 differs
+    assert d.cls == "near_tie" and not d.fails and d.margin_nats == 0.02
+    assert d.reference_window == [5, 6, 7, 8, 9, 10, 11, 12] and d.observed_window[3] == 99
+    assert d.reconverged is True  # only position 3 differs
     d = analyse(ref, obs, 3, [2.0] * 12, threshold=0.1)
-    assert d["class"] == "hard" and d["fails"]
+    assert d.cls == "hard" and d.fails
     d = analyse(ref, obs, 3, m, threshold=0.1, checks_failed=["degeneration"])
-    assert d["class"] == "near_tie" and d["fails"], "a near tie followed by garbage fails"
+    assert d.cls == "near_tie" and d.fails, "a near tie followed by garbage fails"
     d = analyse(ref, obs, 3, None, threshold=0.1)
-    assert d["class"] == "unknown" and d["fails"]
+    assert d.cls == "unknown" and d.fails
     garbage = ref[:3] + [0] * 9
     assert reconverges(ref, garbage, 3) is False
 
@@ -85,7 +85,7 @@ def test_reference_from_a_golden_manifest(tmp_path):
     assert not [p for p in m["phases"] if p["role"] == "reference"], "no solo references taken"
     assert m["summary"]["hashes_matched"] == m["summary"]["hashes_compared"] == 6
     # a golden reference that differs is a hard divergence; a missing one is an explicit error
-    g = json.loads(gpath.read_text())
+    g = json.loads(gpath.read_text())  # a copy elsewhere, without its records: references suffice
     g["references"][0]["output_ids"][1] += 1
     g["references"][0]["output_hash"] = "0" * 64
     del g["references"][1]
@@ -169,7 +169,7 @@ def test_compare_gates_on_doctored_head(tmp_path):
     assert r.returncode == 0, r.stdout
     assert "PASS token parity" in r.stdout
     # HEAD = BASE with one changed output hash and one phase 20% slower
-    head = json.loads((tmp_path / "base" / "manifest.json").read_text())
+    head = load_json(tmp_path / "base" / "manifest.json")  # records inline: a self-contained file
     req = [q for q in head["requests"] if q["match"]][0]
     req["output_hash"] = "f" * 64
     ph = [p for p in head["phases"] if p["role"] == "load"][0]

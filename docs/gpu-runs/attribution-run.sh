@@ -20,7 +20,7 @@ if [ "$1" = control ]; then
     | tee "$OUT/$run/console.txt"
   rc=${PIPESTATUS[0]}
   d=/tmp/runs/$run
-  cp "$d/manifest.json" "$d/control-manifest.json" "$d/summary.md" "$d/junit.xml" "$OUT/$run/" 2>/dev/null
+  cp "$d/manifest.json" "$d/requests.jsonl" "$d/control-manifest.json" "$d/control-requests.jsonl" "$d/summary.md" "$d/junit.xml" "$OUT/$run/" 2>/dev/null
   grep -E "cudagraph_mode|Capturing|capture|Model Runner|model runner" "$d/engine.log" | head -20 > "$OUT/$run/engine-highlights.log"
   grep -E "cudagraph_mode|Capturing|capture|Model Runner|model runner" "$d/control-engine.log" | head -20 > "$OUT/$run/control-engine-highlights.log"
 else

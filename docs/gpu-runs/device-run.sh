@@ -16,7 +16,7 @@ python3 -m pleharness stress --engine-profile "$profile" --results-dir /tmp/runs
 rc=${PIPESTATUS[0]}
 d=/tmp/runs/$name
 mkdir -p "$OUT/$name"
-cp "$d/manifest.json" "$d/summary.md" "$d/junit.xml" "$d/launcher.log" "$OUT/$name/" 2>/dev/null
+cp "$d/manifest.json" "$d/requests.jsonl" "$d/summary.md" "$d/junit.xml" "$d/launcher.log" "$OUT/$name/" 2>/dev/null
 grep -E "cudagraph|CUDA graph|Capturing|capture|model runner|Model Runner|attention backend|Using .* backend" \
   "$d/engine.log" | head -60 > "$OUT/$name/engine-highlights.log"
 tail -50 "$d/engine.log" > "$OUT/$name/engine-tail.log"

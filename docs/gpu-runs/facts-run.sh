@@ -44,7 +44,7 @@ python3 -m pleharness stress --model "$model" --results-dir /tmp/runs --run-id "
   --scenario capture_edges --scenario kv_pressure "$@" 2>&1 | tee "$OUT/$name/stress.console.txt"
 rc=${PIPESTATUS[0]}
 d=/tmp/runs/$name
-cp "$d/manifest.json" "$d/summary.md" "$d/junit.xml" "$OUT/$name/" 2>/dev/null  # at most 8 files come back
+cp "$d/manifest.json" "$d/requests.jsonl" "$d/summary.md" "$d/junit.xml" "$OUT/$name/" 2>/dev/null  # at most 8 files come back
 [ -f "$d/engine.log" ] && highlights "$d/engine.log" > "$OUT/$name/engine-highlights.log"
 nvidia-smi --query-gpu=index,memory.used --format=csv,noheader
 echo "facts exit $frc, stress exit $rc"

@@ -21,6 +21,7 @@ from ..engine.errors import UsageError
 from ..tomlfile import find_named, read_toml, validate
 
 if TYPE_CHECKING:  # pragma: no cover
+    from ..manifest import Manifest
     from ..runner import RunContext
 
 REGISTRY: dict[str, type["Scenario"]] = {}
@@ -36,16 +37,26 @@ class Params(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class TableRow(BaseModel):
+    """Base for one row of a scenario's table in the manifest (``tables[KEY]``): the columns are
+    the row model's fields, stored as a JSON object per row. Unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
 class Scenario(ABC):
     """A named, parameterised schedule of phases.
 
     Subclasses set ``kind`` (registry name), ``summary`` (one line) and ``Params`` (a pydantic model),
-    and implement :meth:`run`, which issues phases through the run context.
+    and implement :meth:`run`, which issues phases through the run context. A kind that writes a
+    table declares it in ``tables`` ({manifest table key: row model}), stores it with
+    :meth:`put_table`, and renders it in summary.md by overriding :meth:`markdown`.
     """
 
     kind: ClassVar[str]
     summary: ClassVar[str]
     Params: ClassVar[type[Params]]
+    tables: ClassVar[dict[str, type[TableRow]]] = {}
 
     def __init__(self, name: str, params: Params, source: str, description: str = ""):
         self.name = name
@@ -67,6 +78,30 @@ class Scenario(ABC):
     @abstractmethod
     def run(self, ctx: "RunContext") -> None:
         """Issue the scenario's phases through ``ctx``."""
+
+    @classmethod
+    def put_table(cls, ctx: "RunContext", key: str, rows: list[TableRow]) -> None:
+        """Store ``rows`` (instances of ``cls.tables[key]``) as ``ctx.manifest.tables[key]``
+        (one JSON object per row). Raises TypeError for a row of another model."""
+        model = cls.tables[key]
+        bad = [r for r in rows if not isinstance(r, model)]
+        if bad:
+            raise TypeError(f"{cls.kind} table {key!r}: rows must be {model.__name__}, got "
+                            f"{type(bad[0]).__name__}")
+        ctx.manifest.tables[key] = [r.model_dump() for r in rows]
+
+    @classmethod
+    def table(cls, m: "Manifest", key: str) -> list[TableRow]:
+        """The rows of ``m.tables[key]`` as ``cls.tables[key]`` models ([] when absent).
+        Raises pydantic's ValidationError for a row that does not fit the model."""
+        model = cls.tables[key]
+        return [model.model_validate(r) for r in m.tables.get(key) or []]
+
+    @classmethod
+    def markdown(cls, m: "Manifest") -> list[str]:
+        """This kind's section(s) of summary.md for manifest ``m``, as Markdown lines (each
+        section starts with a blank line); [] when it has nothing to show. Default: []."""
+        return []
 
 
 def register(cls: type[Scenario]) -> type[Scenario]:

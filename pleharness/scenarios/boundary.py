@@ -25,8 +25,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..engine import metrics
-from ..manifest import CheckResult
-from .base import register
+from ..manifest import CheckResult, Manifest
+from .base import TableRow, register
 from .common import ChatParams, ChatScenario, boundary_spec, max_prompt_len
 from .lengths import boundary_lengths, skipped_families
 
@@ -39,11 +39,42 @@ class BoundaryParams(ChatParams):
     edges: bool = True
 
 
+class BoundaryRow(TableRow):
+    """One boundary length (``tables.boundary``); lengths in tokens."""
+
+    length: int | None  # None: a family whose fact is unknown (see formula, cold)
+    formula: str  # why this length, e.g. "n*C + q = 1*256 + 4"
+    control: bool  # a -1 / +1 control of a derived length
+    mod_C: int | None  # length mod max_num_batched_tokens (None: C unknown)
+    mod_B: int | None  # length mod block size (None: B unknown)
+    cold: str  # ok | checks failed | error: ... | not run | skipped: <reason>
+    warm: str  # = cold | DIFFERS from cold at P (class) | error: ... | not run | skipped
+    prefix_cache_hit_tokens: int | float | None  # on the warm run, from /metrics
+    checks_failed: list[str]  # names of checks that failed on the cold or warm run
+    facts: dict[str, str]  # fact -> "value (source)" that the formula used
+
+
 @register
 class Boundary(ChatScenario):
     kind = "boundary"
     summary = "prompts at q, n*B+q, n*C+q (+-1), cold then warm (prefix cache), and max_model_len edges"
     Params = BoundaryParams
+    tables = {"boundary": BoundaryRow}
+
+    @classmethod
+    def markdown(cls, m: Manifest) -> list[str]:
+        """The "Boundary lengths" section of summary.md."""
+        rows = cls.table(m, "boundary")
+        if not rows:
+            return []
+        lines = ["", "### Boundary lengths", "", "| length | formula | L mod C | L mod B | cold | "
+                 "warm | cache-hit tokens | checks failed |",
+                 "|---:|---|---:|---:|---|---|---:|---|"]
+        for r in rows:
+            lines.append(f"| {r.length} | {r.formula} | {r.mod_C} | {r.mod_B} | {r.cold} | "
+                         f"{r.warm} | {r.prefix_cache_hit_tokens} | "
+                         f"{', '.join(r.checks_failed) or '-'} |")
+        return lines
 
     def planned_phases(self) -> int:
         return 1 + int(self.params.cold_warm) + int(self.params.edges)
@@ -119,31 +150,31 @@ class Boundary(ChatScenario):
                 f"error: {warm.error}" if warm.error else
                 f"= {ref_name}" if warm.match else
                 f"DIFFERS from {ref_name} at {warm.first_divergence}" + (
-                    f" ({warm.divergence['class']})" if warm.divergence else ""))
-            rows.append({"length": bl.length, "formula": bl.why, "control": bl.control,
-                         "mod_C": None if not c else bl.length % c,
-                         "mod_B": None if not b else bl.length % b,
-                         "cold": res(cold), "warm": warm_res,
-                         "prefix_cache_hit_tokens": hits.get(spec.prompt.key),
-                         "checks_failed": failed, "facts": _fact_sources(ctx, bl.facts)})
+                    f" ({warm.divergence.cls})" if warm.divergence else ""))
+            rows.append(BoundaryRow(
+                length=bl.length, formula=bl.why, control=bl.control,
+                mod_C=None if not c else bl.length % c, mod_B=None if not b else bl.length % b,
+                cold=res(cold), warm=warm_res,
+                prefix_cache_hit_tokens=hits.get(spec.prompt.key), checks_failed=failed,
+                facts=_fact_sources(ctx, bl.facts)))
         # a derived length longer than M - max_tokens, and a family no fact gives, are rows of
         # their own, not only notes
         limit = max_prompt_len(ctx, self.params.max_tokens)
         for bl in dropped:
-            rows.append({"length": bl.length, "formula": bl.why, "control": False,
-                         "mod_C": None if not c else bl.length % c,
-                         "mod_B": None if not b else bl.length % b,
-                         "cold": f"skipped: longer than M - max_tokens = {limit}",
-                         "warm": "skipped", "prefix_cache_hit_tokens": None,
-                         "checks_failed": [], "facts": _fact_sources(ctx, bl.facts)})
+            rows.append(BoundaryRow(
+                length=bl.length, formula=bl.why, control=False,
+                mod_C=None if not c else bl.length % c, mod_B=None if not b else bl.length % b,
+                cold=f"skipped: longer than M - max_tokens = {limit}", warm="skipped",
+                prefix_cache_hit_tokens=None, checks_failed=[],
+                facts=_fact_sources(ctx, bl.facts)))
         for fam in skipped_families(ctx.facts.values):
-            rows.append({"length": None, "formula": fam["formula"], "control": False,
-                         "mod_C": None, "mod_B": None, "cold": f"skipped: {fam['reason']}",
-                         "warm": "skipped", "prefix_cache_hit_tokens": None,
-                         "checks_failed": [], "facts": _fact_sources(ctx, fam["needs"])})
+            rows.append(BoundaryRow(
+                length=None, formula=fam["formula"], control=False, mod_C=None, mod_B=None,
+                cold=f"skipped: {fam['reason']}", warm="skipped", prefix_cache_hit_tokens=None,
+                checks_failed=[], facts=_fact_sources(ctx, fam["needs"])))
         if ctx.collect_only:
             return
-        ctx.manifest.tables["boundary"] = rows
+        self.put_table(ctx, "boundary", rows)
         ctx.save()
 
     def _edges(self, ctx) -> None:

@@ -313,10 +313,7 @@ class Fuzz(Scenario):
             raise _Abort(exc) from exc  # failure, never shrunk
         new_phases = ctx.manifest.phases[start_ph:]
         reqs = ctx.manifest.requests[start_rq:]
-        bad = [r for r in reqs if r.divergence and r.divergence.get("fails")
-               or (r.error and not r.error_expected)
-               or any(c.status == "fail" and c.name != "parity" for c in r.checks)
-               or (r.match is False and not r.divergence)]
+        bad = [r for r in reqs if r.is_problem]
         failed = any(p.status == "fail" for p in new_phases)
         return {"example": label, "key": sched.key(), "phases": len(sched.phases),
                 "requests": sum(len(p.requests) for p in sched.phases),

@@ -1,0 +1,98 @@
+"""Markdown rendering of a run: the "Test plan and result" section of ``summary.md``, pasteable
+into a PR (verdict and causes first, next steps, engine, phases, throughput, each scenario kind's
+own tables, divergences, notes, failed requests)."""
+from __future__ import annotations
+
+import shlex
+
+from ..manifest import Manifest
+from ..summary import throughput_by_concurrency
+from .text import causes, headline, next_steps
+
+
+def to_markdown(m: Manifest) -> str:
+    """The "Test plan and result" section a maintainer pastes into a PR: the verdict and its
+    causes first, then next steps (logs, tokens, the reproduce command), then the tables."""
+    s = m.summary
+    lines = ["## Test plan and result", ""]
+    lines.append(f"**Verdict: {(m.verdict or 'none').upper()}** (status {m.status}, exit "
+                 f"{m.exit_code}). {headline(m)}.")
+    why = causes(m)
+    if why:
+        lines += ["", "### Why", ""] + [f"- {x}" for x in why]
+    lines += ["", "### Next steps", ""]
+    for text, cmd in next_steps(m):
+        lines.append(f"- {text}")
+        if cmd:
+            lines += ["", "  ```bash", f"  {cmd}", "  ```"]
+    lines.append("")
+    e = m.engine
+    lines.append("### Engine")
+    lines.append("")
+    lines.append(f"- vLLM {e.get('version')}, model `{e.get('model')}`, max_model_len "
+                 f"{e.get('max_model_len')}, {e.get('mode')}")
+    if e.get("command"):
+        lines.append(f"- command: `{shlex.join(e['command'])}`")
+    if e.get("control_engine", {}).get("command"):
+        lines.append(f"- control engine: `{shlex.join(e['control_engine']['command'])}`")
+    if e.get("reference_engine", {}).get("command"):
+        lines.append(f"- reference engine: `{shlex.join(e['reference_engine']['command'])}`")
+    digest = e.get("model_digest") or {}
+    if digest.get("weights_sha256"):
+        lines.append(f"- model: embedded, weights SHA256 `{digest['weights_sha256']}` (verified)")
+    o = m.run_options
+    if o.get("near_tie_nats") is not None:
+        lines.append(f"- near-tie threshold: {o['near_tie_nats']:g} nats "
+                     f"({o.get('near_tie_source', 'given')}); reference: {o.get('reference')}; "
+                     f"golden classifier: {o.get('golden_classifier', 'n/a')}")
+    facts = ", ".join(f"{k}={v['value']}" for k, v in m.facts.items() if v.get("value") is not None)
+    if facts:
+        lines.append(f"- facts: {facts}")
+    gpus = m.environment.get("gpus")
+    if gpus:
+        lines.append(f"- GPUs: {', '.join(g['name'] for g in gpus)}")
+    lines += ["", "### Phases", "", "| phase | scenario | C | requests | matched | near ties | "
+              "errors | decode tok/s | status |", "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+    for p in m.phases:
+        tps = f"{p.decode_tok_per_s:.1f}" if p.decode_tok_per_s is not None else "-"
+        compared = p.matched + p.mismatched + p.near_ties
+        lines.append(f"| {p.name} | {p.scenario} | {p.concurrency} | {p.requests} | "
+                     f"{p.matched}/{compared} | {p.near_ties} | {p.errors} | {tps} | {p.status}"
+                     f"{' (' + p.reason + ')' if p.reason else ''} |")
+    tbc = s.get("throughput_by_concurrency") or throughput_by_concurrency(m)
+    if tbc:
+        lines += ["", "### Decode throughput per concurrency (over repeats)", "",
+                  "| C | median tok/s | min | max | repeats |", "|---|---:|---:|---:|---:|"]
+        for c, v in tbc.items():
+            lines.append(f"| {c} | {v['median_tok_per_s']:.1f} | {v['min_tok_per_s']:.1f} | "
+                         f"{v['max_tok_per_s']:.1f} | {v['repeats']} |")
+    from ..scenarios import REGISTRY
+    for kind in dict.fromkeys(sc.get("kind") for sc in m.scenarios):  # each kind renders its own
+        if kind in REGISTRY:
+            lines += REGISTRY[kind].markdown(m)
+    div = [r for r in m.requests if r.divergence]
+    if div:
+        lines += ["", "### Divergences", "", "| request | phase | prompt | position | class | "
+                  "classified by | reference margin (nats) | golden gap (nats) | reconverged | "
+                  "checks failed | control run |", "|---|---|---|---:|---|---|---:|---:|---|---|---|"]
+        for r in div:
+            d = r.divergence
+            mg = "-" if d.margin_nats is None else f"{d.margin_nats:.4f}"
+            gg = "-" if d.golden_gap_nats is None else f"{d.golden_gap_nats:.4f}"
+            lines.append(f"| {r.id} | {r.phase} | {r.prompt_key} | {d.position} | {d.cls}"
+                         f"{'' if d.fails else ' (warning)'} | {d.classified_by or '-'} | "
+                         f"{mg} | {gg} | {d.reconverged} | "
+                         f"{', '.join(d.checks_failed) or '-'} | {d.attribution or '-'} |")
+    notes = [(r, c) for r in m.requests for c in r.checks if c.status == "note"]
+    if notes:
+        lines += ["", "### Model-behaviour notes (not failures)", ""]
+        for r, c in notes[:30]:
+            lines.append(f"- {r.id} ({r.phase}, {r.prompt_key}): {c.name}: {c.detail[:240]}")
+    bad = [r for r in m.requests if r.is_problem]
+    if bad:
+        lines += ["", "### Failed requests", ""]
+        for r in bad[:50]:
+            why = [f"{r.error}: {r.error_detail}"] if r.error else []
+            why += [f"{c.name}: {c.detail}" for c in r.failed_checks]
+            lines.append(f"- {r.id} ({r.phase}, {r.prompt_key}): {'; '.join(why)[:300]}")
+    return "\n".join(lines) + "\n"
