@@ -5,9 +5,13 @@ max_num_seqs 8), started here or attached with --upstream. Three parts:
 
 1. ``clean``: fuzz against the engine itself, --max-examples CLEAN (must pass: no false alarm);
    seconds per example.
-2. ``seeds``: for each seed, a fresh forwarding double (tests/doubles.py CorruptWhenCrowded) that
-   corrupts only streamed completions of length n*C + q = 260 while >= 3 requests are in flight;
-   fuzz --no-shrink --max-examples BUDGET; found or not, examples to the first failure.
+2. ``seeds``: for each seed, a fresh forwarding double that plants one fault; fuzz --no-shrink
+   --max-examples BUDGET; found or not, examples to the first failure. ``--fault crowded``
+   (default; tests/doubles.py CorruptWhenCrowded): only streamed completions of length
+   n*C + q = 260 while >= 3 requests are in flight. ``--fault insert`` (CorruptInserted): only
+   requests that arrive while a streamed decode has streamed >= INSERT_AT (24) tokens, i.e. a
+   prefill inserted into a running decode past position 24 (default --max-tokens 12 < 24: only a
+   drawn carrier decode gets there).
 3. ``shrink``: one seed with shrinking (--shrink-budget), then the repro.toml replayed with
    `ple-harness stress --scenario repro.toml` through a fresh double (must fail) and straight
    against the engine (must pass).
@@ -15,6 +19,7 @@ max_num_seqs 8), started here or attached with --upstream. Three parts:
 Prints one JSON line per result and a summary; --out writes them all to a JSON file.
 
     .venv/bin/python benchmarks/fuzz_find_rate.py --seeds 10 --budget 200 --clean 100
+    .venv/bin/python benchmarks/fuzz_find_rate.py --fault insert --parts seeds,shrink --clean 0
 """
 from __future__ import annotations
 
@@ -27,12 +32,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))  # this checkout's pleharness
 
 from conftest import load_json, run_cli  # noqa: E402
-from doubles import CorruptWhenCrowded, FaultProxy  # noqa: E402
+from doubles import CorruptInserted, CorruptWhenCrowded, FaultProxy  # noqa: E402
 
 C, B, K, VOCAB = 256, 32, 3, 793
 TARGET = C + 1 + K  # n*C + q with n = 1
+INSERT_AT = 24  # the insert fault: arrives while a streamed decode is past this many tokens
 FACTS = ["--block-size", str(B), "--chunk-size", str(C), "--num-speculative-tokens", str(K),
          "--max-num-seqs", "8"]
 
@@ -44,8 +51,9 @@ def fuzz(url: str, out: Path, run_id: str, *args: str) -> tuple[int, dict]:
     return r.returncode, m
 
 
-def faulty_proxy(upstream: str) -> tuple[FaultProxy, CorruptWhenCrowded]:
-    fault = CorruptWhenCrowded(TARGET, 3, VOCAB)
+def faulty_proxy(upstream: str, kind: str = "crowded") -> tuple[FaultProxy, object]:
+    fault = CorruptInserted(INSERT_AT, VOCAB) if kind == "insert" else \
+        CorruptWhenCrowded(TARGET, 3, VOCAB)
     proxy = FaultProxy(upstream, fault)
     fault.proxy = proxy
     return proxy, fault
@@ -65,6 +73,7 @@ def main() -> int:
     ap.add_argument("--clean", type=int, default=100, help="examples of the clean run (0: skip)")
     ap.add_argument("--shrink-budget", type=float, default=600.0, help="0: skip the shrink part")
     ap.add_argument("--parts", default="clean,seeds,shrink")
+    ap.add_argument("--fault", choices=["crowded", "insert"], default="crowded")
     ap.add_argument("--results-dir", default=str(ROOT / "results" / "fuzz-bench"))
     ap.add_argument("--out", help="write every result to this JSON file")
     a = ap.parse_args()
@@ -99,13 +108,13 @@ def main() -> int:
                            "near_ties": m["summary"].get("near_ties")})
         if "seeds" in parts:
             for sd in range(a.first_seed, a.first_seed + a.seeds):
-                proxy, fault = faulty_proxy(upstream)
+                proxy, fault = faulty_proxy(upstream, a.fault)
                 t0 = time.monotonic()
                 with proxy:
-                    rc, m = fuzz(proxy.url, out, f"seed{sd}-{stamp}", "--max-examples",
+                    rc, m = fuzz(proxy.url, out, f"{a.fault}-seed{sd}-{stamp}", "--max-examples",
                                  str(a.budget), "--seed", str(sd), "--no-shrink")
                 s = m["tables"]["fuzz_summary"][0]
-                emit(results, {"part": "seed", "seed": sd, "exit": rc,
+                emit(results, {"part": "seed", "fault": a.fault, "seed": sd, "exit": rc,
                                "found": s["examples_to_failure"] is not None,
                                "examples_to_failure": s["examples_to_failure"],
                                "examples_run": s["examples_run"],
@@ -115,21 +124,22 @@ def main() -> int:
                                "wall_s": round(time.monotonic() - t0, 1)})
         if "shrink" in parts and a.shrink_budget:
             sd = a.first_seed
-            proxy, fault = faulty_proxy(upstream)
-            run = f"shrink{sd}-{stamp}"
+            proxy, fault = faulty_proxy(upstream, a.fault)
+            run = f"{a.fault}-shrink{sd}-{stamp}"
             t0 = time.monotonic()
             with proxy:
                 rc, m = fuzz(proxy.url, out, run, "--max-examples", str(a.budget), "--seed",
                              str(sd), "--shrink-budget", str(a.shrink_budget))
             s = m["tables"]["fuzz_summary"][0]
-            row = {"part": "shrink", "seed": sd, "exit": rc, "minimal": s["minimal_schedule"],
+            row = {"part": "shrink", "fault": a.fault, "seed": sd, "exit": rc,
+                   "minimal": s["minimal_schedule"],
                    "failing_rows": m["tables"].get("fuzz_failing"),
                    "shrink_steps": len(m["tables"]["fuzz_shrink_steps"]),
                    "examples_run": s["examples_run"], "confirmed": s["confirmed"],
                    "wall_s": round(time.monotonic() - t0, 1)}
             repro = out / run / "repro.toml"
             if repro.exists():
-                proxy2, _ = faulty_proxy(upstream)
+                proxy2, _ = faulty_proxy(upstream, a.fault)
                 with proxy2:
                     r = run_cli("stress", "--url", proxy2.url, "--scenario", str(repro),
                                 "--results-dir", str(out), "--run-id", run + "-replay", *FACTS,
@@ -146,7 +156,8 @@ def main() -> int:
     seeds = [r for r in results if r["part"] == "seed"]
     if seeds:
         found = [r["examples_to_failure"] for r in seeds if r["found"]]
-        print(json.dumps({"summary": True, "seeds": len(seeds), "found": len(found),
+        print(json.dumps({"summary": True, "fault": a.fault, "seeds": len(seeds),
+                          "found": len(found),
                           "median_examples_to_failure": statistics.median(found) if found
                           else None, "budget": a.budget}), flush=True)
     if a.out:

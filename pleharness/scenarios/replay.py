@@ -13,8 +13,12 @@ requests. Every output is compared with its reference. File shape::
     prompt = [16, 402, ...]      # token IDs
     max_tokens = 32
 
-Params: ``phases`` (list of {name, concurrency, requests: [{prompt, max_tokens, note, stream}]};
-``stream`` defaults to true).
+Params: ``phases`` (list of {name, concurrency, requests: [{prompt, max_tokens, note, stream,
+temperature, seed, insert_into, insert_after_tokens}]}; ``stream`` defaults to true, temperature
+to 0 (greedy; a sampled request needs a ``seed``)). A request with ``insert_into = j`` and
+``insert_after_tokens = N`` is an *insert*: it is sent once request j of its phase (the carrier,
+streamed) has streamed N tokens (:mod:`pleharness.scenarios.inserting`); ``concurrency`` then
+counts the other requests, and the inserts come on top (what ``ple-harness fuzz`` writes).
 """
 from __future__ import annotations
 
@@ -34,12 +38,50 @@ class ReplayRequest(Params):
     max_tokens: int = Field(ge=1, le=1_000_000)
     note: str = ""
     stream: bool = True  # False: one JSON response (fuzz reproducers draw both)
+    temperature: float = Field(0.0, ge=0.0, le=10.0)
+    seed: int | None = Field(None, ge=0, lt=2**63)
+    insert_into: int | None = Field(None, ge=0, description="index of this phase's carrier")
+    insert_after_tokens: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _pairs(self):
+        if (self.insert_into is None) != (self.insert_after_tokens is None):
+            raise ValueError("insert_into and insert_after_tokens go together")
+        if self.temperature > 0 and self.seed is None:
+            raise ValueError("a sampled request (temperature > 0) needs a seed: an unseeded "
+                             "sample has no reference to equal")
+        return self
 
 
 class ReplayPhase(Params):
     name: str = Field(min_length=1)
     concurrency: int = Field(ge=1, le=1024)
     requests: list[ReplayRequest] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _inserts(self):
+        ins = [r for r in self.requests if r.insert_into is not None]
+        if not ins:
+            return self
+        carriers = {r.insert_into for r in ins}
+        if len(carriers) > 1:
+            raise ValueError("the inserts of a phase must name one carrier (insert_into)")
+        (c,) = carriers
+        if c >= len(self.requests) or self.requests[c].insert_into is not None:
+            raise ValueError(f"insert_into {c}: not a request of this phase that is not itself "
+                             "an insert")
+        car = self.requests[c]
+        if not car.stream:
+            raise ValueError(f"insert_into {c}: the carrier must be streamed (stream = true)")
+        for r in ins:
+            if r.insert_after_tokens >= car.max_tokens:
+                raise ValueError(f"insert_after_tokens {r.insert_after_tokens} must be below "
+                                 f"the carrier's max_tokens {car.max_tokens}")
+        if self.concurrency != len(self.requests) - len(ins):
+            raise ValueError(f"concurrency {self.concurrency}: with inserts it must equal the "
+                             f"number of requests that are not inserts "
+                             f"({len(self.requests) - len(ins)}); the inserts come on top")
+        return self
 
 
 class ReplayParams(Params):
@@ -81,11 +123,22 @@ class Replay(Scenario):
 
     def run(self, ctx: "RunContext") -> None:
         from ..runner import RequestSpec
+        from .inserting import run_phase_with_inserts
 
         phases = [[RequestSpec(prompt_of(r.prompt), r.max_tokens, note=r.note or None,
-                               stream=r.stream)
+                               stream=r.stream, temperature=r.temperature,
+                               seed=r.seed if r.temperature > 0 else None)
                    for r in ph.requests] for ph in self.params.phases]
         ctx.take_references([s for specs in phases for s in specs],
                             phase_name="replay-references")
         for ph, specs in zip(self.params.phases, phases):
-            ctx.run_phase(ph.name, ph.concurrency, specs)
+            ins = [(s, r.insert_after_tokens) for r, s in zip(ph.requests, specs)
+                   if r.insert_into is not None]
+            if not ins:
+                ctx.run_phase(ph.name, ph.concurrency, specs)
+                continue
+            carrier = specs[next(r.insert_into for r in ph.requests if r.insert_into is not None)]
+            plain = [s for r, s in zip(ph.requests, specs) if r.insert_into is None]
+            outs, _ = run_phase_with_inserts(ctx, ph.name, ph.concurrency, plain, carrier, ins)
+            for o in outs:
+                o.record.note = o.spec.note
