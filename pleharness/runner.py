@@ -350,8 +350,8 @@ class RunContext:
             # interrupted: keep (record and compare) the requests that had finished, abandon the
             # ones in flight; the phase is "interrupted" (or "not_run" when none had finished)
             finished = [(specs[i], c) for i, c in batch.finished()]
+            batch.cancel()  # start no further request
             self.client.abort_all("harness interrupted")
-            batch.cancel()
             ph.wall_s = time.monotonic() - t0
             if finished:
                 outs = [Outcome(s, c, self._record(ph, s, c)) for s, c in finished]
