@@ -4,6 +4,11 @@ Completions are requested as token-ID prompts with ``return_token_ids`` so that 
 as token IDs, never as re-tokenized text. Streaming (SSE) is the default, so that TTFT can be
 measured; ``stream=False`` asks for one JSON response (the same fields, all at once), so the two
 delivery paths of the server can be compared with each other.
+
+Completions run as coroutines on one asyncio event loop per client (in its own daemon thread) over
+one aiohttp connection pool with keep-alive: C requests in flight cost C coroutines, not C threads
+contending for the GIL (benchmarks/client_overhead.py, BENCHMARKS.md). A token's arrival time is
+the monotonic clock when the socket read that carried its SSE event was handed to the parser.
 """
 from __future__ import annotations
 
@@ -116,7 +121,6 @@ class Batch:
         self.results: list[Completion | None] = [None] * n
         self.future: concurrent.futures.Future | None = None  # of the whole batch
         self.pool: concurrent.futures.ThreadPoolExecutor | None = None  # sync jobs only
-        self._client: EngineClient | None = None
 
     def wait(self) -> list[Completion]:
         """Block until every item has finished; the completions in item order.
