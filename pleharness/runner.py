@@ -12,7 +12,6 @@ import statistics
 import subprocess
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
@@ -334,29 +333,25 @@ class RunContext:
         if self.progress is not None:
             task = self.progress.add_task(f"{self.scenario_name}: {name} (C{concurrency})",
                                           total=len(specs))
-        issue = issue or self._issue
+        # the default request path runs on the client's event loop (no thread per request);
+        # a custom ``issue`` (which may block) runs in a pool of ``concurrency`` threads
+        job = self._aissue if issue is None else issue
 
-        def one(spec: RequestSpec) -> Completion:
-            c = issue(spec)
+        def done(_i: int) -> None:
             if task is not None:
                 self.progress.advance(task)
-            return c
 
         t0 = time.monotonic()
-        pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="ple-req")
+        batch = self.client.run_batch(specs, concurrency, job, on_done=done)
         watchdog = _Watchdog(self)
-        futures = []
         try:
-            for s in specs:
-                futures.append(pool.submit(one, s))
-            completions = [f.result() for f in futures]
+            completions = batch.wait()
         except BaseException:
             # interrupted: keep (record and compare) the requests that had finished, abandon the
             # ones in flight; the phase is "interrupted" (or "not_run" when none had finished)
-            finished = [(s, f.result()) for s, f in zip(specs, futures)
-                        if f.done() and not f.cancelled() and f.exception() is None]
+            finished = [(specs[i], c) for i, c in batch.finished()]
+            batch.cancel()  # start no further request
             self.client.abort_all("harness interrupted")
-            pool.shutdown(wait=False, cancel_futures=True)
             ph.wall_s = time.monotonic() - t0
             if finished:
                 outs = [Outcome(s, c, self._record(ph, s, c)) for s, c in finished]
@@ -371,7 +366,6 @@ class RunContext:
             raise
         finally:
             watchdog.stop()
-        pool.shutdown(wait=True)
         ph.wall_s = time.monotonic() - t0
         ph.ended_at = now_iso()
         if task is not None:
@@ -400,14 +394,22 @@ class RunContext:
                                       "--on-timeout abort")
         return outcomes
 
+    def _request_args(self, spec: RequestSpec) -> dict[str, Any]:
+        lp = spec.logprobs if spec.logprobs is not None else self.logprobs
+        return {"prompt_ids": list(spec.prompt.ids), "max_tokens": spec.max_tokens,
+                "logprobs": lp, "temperature": spec.temperature, "seed": spec.seed,
+                "stream": spec.stream}
+
     def _issue(self, spec: RequestSpec, on_token: Callable[[int], None] | None = None
                ) -> Completion:
-        """Send ``spec`` (``on_token(n)``: called with the streamed token count so far, e.g. to
-        trigger an insert, :mod:`pleharness.scenarios.inserting`)."""
-        lp = spec.logprobs if spec.logprobs is not None else self.logprobs
-        return self.client.complete(list(spec.prompt.ids), spec.max_tokens, logprobs=lp,
-                                    temperature=spec.temperature, seed=spec.seed,
-                                    stream=spec.stream, on_token=on_token)
+        """Issue one spec and wait for it (blocking; for custom ``issue`` functions).
+        ``on_token(n)``: called with the streamed token count so far, on the client's event loop
+        thread (keep it short), e.g. to trigger an insert (:mod:`pleharness.scenarios.inserting`)."""
+        return self.client.complete(**self._request_args(spec), on_token=on_token)
+
+    async def _aissue(self, spec: RequestSpec) -> Completion:
+        """Issue one spec on the client's event loop (the default request path of run_phase)."""
+        return await self.client.acomplete(**self._request_args(spec))
 
     def _record(self, ph: PhaseRecord, spec: RequestSpec, c: Completion) -> RequestRecord:
         self._req_counter += 1

@@ -26,20 +26,25 @@ def run_script(name: str, *args: str, timeout: float = 300) -> subprocess.Comple
 def test_client_overhead_tiny(tmp_path):
     out = tmp_path / "overhead.json"
     p = run_script("client_overhead.py", "--requests", "30", "--concurrency", "1,4",
-                   "--max-tokens", "8", "--prototype", "all", "--profile", "--json", str(out))
+                   "--max-tokens", "8", "--paths", "client,threads,run_phase", "--profile",
+                   "--json", str(out))
     assert re.search(r"client C=1\s+[\d.]+ req/s", p.stdout)
     data = json.loads(out.read_text())
+    # the checkout's own pleharness is measured, with its asyncio request path
+    assert data["pleharness"] == str(ROOT / "pleharness")
+    assert data["client_impl"].startswith("asyncio")
     runs = {r["label"]: r for r in data["runs"]}
-    assert set(runs) == {"client C=1", "client+all C=1", "run_phase C=1", "client C=4",
-                         "client+all C=4", "run_phase C=4"}
+    assert set(runs) == {"client C=1", "threads C=1", "run_phase C=1", "client C=4",
+                         "threads C=4", "run_phase C=4"}
     for r in runs.values():
         assert r["errors"] == 0
         assert r["req_per_s"] > 0 and r["tok_per_s"] > 0 and r["cpu_ms_per_req"] > 0
         assert r["tokens"] == 30 * 8
     # the client reuses its connections (it reads each stream to the end of the body)
     assert runs["client C=1"]["connections_per_req"] < 0.2
-    assert runs["client+all C=1"]["connections_per_req"] < 0.2
+    assert runs["threads C=1"]["connections_per_req"] < 0.2
     assert abs(sum(data["profile_shares"].values()) - 1.0) < 1e-6
+    assert "Unclosed" not in p.stderr, p.stderr[-2000:]
 
 
 def test_scale_tiny(tmp_path):

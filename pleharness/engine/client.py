@@ -1,20 +1,41 @@
-"""HTTP client for the engine's OpenAI-compatible API (requests; one session per thread).
+"""HTTP client for the engine's OpenAI-compatible API (asyncio + aiohttp for completions).
 
 Completions are requested as token-ID prompts with ``return_token_ids`` so that outputs are compared
 as token IDs, never as re-tokenized text. Streaming (SSE) is the default, so that TTFT can be
 measured; ``stream=False`` asks for one JSON response (the same fields, all at once), so the two
 delivery paths of the server can be compared with each other.
+
+Completions run as coroutines on one asyncio event loop per client (in its own daemon thread) over
+one aiohttp connection pool with keep-alive: C requests in flight cost C coroutines, not C threads
+contending for the GIL (benchmarks/client_overhead.py, BENCHMARKS.md). A token's arrival time is
+the monotonic clock when the socket read that carried its SSE event was handed to the parser.
 """
 from __future__ import annotations
 
+import asyncio
+import atexit
+import concurrent.futures
+import inspect
 import json
-import socket
 import threading
 import time
+import weakref
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 import requests
+
+try:  # orjson: JSON decoding of the SSE events went from 25 % to 7.5 % of the client's profile
+    from orjson import dumps as _orjson_dumps, loads as _loads
+
+    def _dumps(obj: Any) -> str:
+        return _orjson_dumps(obj).decode()
+except ImportError:  # pragma: no cover - orjson is a dependency; the standard library works too
+    from json import loads as _loads
+
+    _dumps = json.dumps
 
 from .errors import EngineError
 
@@ -77,35 +98,109 @@ class Completion:
 
 
 class _Active:
-    """One request in flight, watched by the client's monitor thread."""
+    """One request in flight, watched by the client's monitor (on the client's event loop)."""
+
+    __slots__ = ("t0", "last", "tokens", "task", "reason")
 
     def __init__(self):
         self.t0 = time.monotonic()
         self.last = self.t0
         self.tokens = 0
-        self.resp = None
+        self.task: asyncio.Task | None = None  # the request's task; cancelled to cut it off
         self.reason: tuple[str, str] | None = None  # (error kind, detail) when cut off
 
 
-def _shutdown(resp) -> None:
-    """Wake a thread blocked reading ``resp`` by shutting its socket down (close alone may not)."""
-    for path in (("raw", "_connection", "sock"), ("raw", "_fp", "fp", "raw", "_sock")):
-        obj = resp
-        try:
-            for name in path:
-                obj = getattr(obj, name)
-        except AttributeError:
-            continue
-        if isinstance(obj, socket.socket):
-            try:
-                obj.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+class Batch:
+    """Items running on the client's event loop, exactly ``concurrency`` at a time (a new one
+    starts when one finishes), made by :meth:`EngineClient.run_batch`.
+
+    ``results[i]`` is item i's :class:`Completion` once it has finished, else None.
+    """
+
+    def __init__(self, n: int):
+        self.results: list[Completion | None] = [None] * n
+        self.future: concurrent.futures.Future | None = None  # of the whole batch
+        self.pool: concurrent.futures.ThreadPoolExecutor | None = None  # sync jobs only
+
+    def wait(self) -> list[Completion]:
+        """Block until every item has finished; the completions in item order.
+
+        Re-raises an exception raised by a job; interruptible by signals (the caller then
+        :meth:`cancel` s)."""
+        self.future.result()
+        return list(self.results)  # type: ignore[arg-type]
+
+    def finished(self) -> list[tuple[int, Completion]]:
+        """(index, completion) of the items finished so far, in item order."""
+        return [(i, c) for i, c in enumerate(self.results) if c is not None]
+
+    def cancel(self) -> None:
+        """Start no further item and abandon the ones in flight (their results stay None)."""
+        if self.future is not None:
+            self.future.cancel()
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+class _LoopThread:
+    """An event loop running in a daemon thread, with the aiohttp session made on it. Holds no
+    reference to its client, so a client that is dropped without ``close()`` is finalized and
+    its loop closed; the ones left are closed at exit (no "Unclosed client session" warnings)."""
+
+    live: "set[_LoopThread]" = set()
+
+    def __init__(self):
+        self.loop = asyncio.new_event_loop()
+        self.http: aiohttp.ClientSession | None = None
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True,
+                                       name="ple-client-loop")
+        self.thread.start()
+        _LoopThread.live.add(self)
+
+    def close(self) -> None:
+        _LoopThread.live.discard(self)
+        loop = self.loop
+        if loop.is_closed() or not self.thread.is_alive():
             return
+        if threading.current_thread() is self.thread:  # finalized on its own loop: stop it only
+            loop.stop()
+            return
+
+        async def shut():
+            # requests still in flight (an interrupted run) and the monitor end here, quietly
+            others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in others:
+                t.cancel()
+            await asyncio.gather(*others, return_exceptions=True)
+            if self.http is not None and not self.http.closed:
+                await self.http.close()
+            self.http = None
+        try:
+            asyncio.run_coroutine_threadsafe(shut(), loop).result(timeout=10)
+        except Exception:  # noqa: BLE001 - best effort
+            pass
+        loop.call_soon_threadsafe(loop.stop)
+        self.thread.join(timeout=5)
+        if not self.thread.is_alive():
+            loop.close()
+
+
+@atexit.register
+def _close_all() -> None:
+    for lt in list(_LoopThread.live):
+        lt.close()
 
 
 class EngineClient:
     """Client for one engine base URL.
+
+    Completions run on one asyncio event loop per client (a daemon thread, started on first use)
+    over one aiohttp connection pool with keep-alive, so requests in flight cost no thread each and
+    do not contend for the GIL. :meth:`acomplete` is the implementation (a coroutine on that loop);
+    :meth:`complete` is its blocking facade for plain threads, and :meth:`run_batch` runs many
+    with a fixed number in flight. The other endpoints (health, models, tokenize...) are plain
+    blocking ``requests`` calls, usable from any thread (the watchdog polls /health while a phase
+    runs on the loop).
 
     Args:
         base_url: e.g. ``http://127.0.0.1:8000`` (no trailing /v1).
@@ -113,6 +208,11 @@ class EngineClient:
         api_key: sent as ``Authorization: Bearer`` when given.
         timeouts: see :class:`Timeouts`.
     """
+
+    # idle pooled connections are dropped after this many seconds: below uvicorn's (vLLM's API
+    # server) default keep-alive timeout of 5 s, so the client never reuses a connection the server
+    # is closing at that moment
+    KEEPALIVE_S = 4.0
 
     def __init__(self, base_url: str, model: str | None = None, api_key: str | None = None,
                  timeouts: Timeouts | None = None):
@@ -123,62 +223,124 @@ class EngineClient:
         self._local = threading.local()
         self._active: set[_Active] = set()
         self._lock = threading.Lock()
-        self._monitor: threading.Thread | None = None
+        self._lt: _LoopThread | None = None
+        self._monitor: asyncio.Task | None = None
+        # proxies are resolved once (the environment is not scanned per request)
+        scheme = self.base_url.split(":", 1)[0].lower()
+        self._proxy = requests.utils.get_environ_proxies(self.base_url).get(scheme)
 
-    # -- in-flight requests ----------------------------------------------------------------------
+    # -- event loop ------------------------------------------------------------------------------
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The client's event loop (started on first use, in daemon thread ``ple-client-loop``)."""
+        with self._lock:
+            if self._lt is None:
+                self._lt = _LoopThread()
+                weakref.finalize(self, self._lt.close)
+            return self._lt.loop
+
+    def _run(self, coro):
+        """Run ``coro`` on the client's loop from a plain thread and wait for its result (the
+        coroutine is cancelled when the waiting thread is interrupted)."""
+        loop = self.loop
+        if threading.current_thread() is self._lt.thread:
+            coro.close()
+            raise RuntimeError("EngineClient: blocking call on the client's own event loop "
+                               "(await the async method instead)")
+        fut = asyncio.run_coroutine_threadsafe(coro, loop)
+        try:
+            return fut.result()
+        except BaseException:
+            fut.cancel()
+            raise
+
+    def close(self) -> None:
+        """Close the connection pool and stop the loop (a later request starts them again)."""
+        with self._lock:
+            lt, self._lt = self._lt, None
+        if lt is not None:
+            lt.close()
+
+    def _session_async(self) -> aiohttp.ClientSession:
+        lt = self._lt
+        if lt.http is None or lt.http.closed:
+            t = self.timeouts
+            headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
+            lt.http = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=self.KEEPALIVE_S),
+                headers=headers,
+                # the monitor enforces the token timeouts; the socket read timeout is the safety
+                # net behind it
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=t.connect_s,
+                                              sock_read=max(t.first_token_s,
+                                                            t.between_tokens_s) * 1.5 + 1),
+                json_serialize=_dumps, trust_env=False)
+        return lt.http
+
+    # -- in-flight requests (on the loop) --------------------------------------------------------
     def _watch(self, a: _Active) -> None:
         with self._lock:
             self._active.add(a)
-            if self._monitor is None or not self._monitor.is_alive():
-                self._monitor = threading.Thread(target=self._monitor_loop, daemon=True,
-                                                 name="ple-request-monitor")
-                self._monitor.start()
+        if self._monitor is None:
+            self._monitor = asyncio.get_running_loop().create_task(self._monitor_loop())
 
     def _unwatch(self, a: _Active) -> None:
         with self._lock:
             self._active.discard(a)
 
     def _cut(self, a: _Active, kind: str, detail: str) -> None:
-        if a.reason is None:
+        """Cut request ``a`` off (on the loop): its error becomes (kind, detail)."""
+        if a.reason is None and a in self._active:
             a.reason = (kind, detail)
-            if a.resp is not None:
-                _shutdown(a.resp)
+            if a.task is not None:
+                a.task.cancel()
 
-    def _monitor_loop(self) -> None:
+    async def _monitor_loop(self) -> None:
         """Enforce first-token, between-token and total timeouts on every request in flight."""
         t = self.timeouts
-        while True:
-            time.sleep(0.2)
-            now = time.monotonic()
-            with self._lock:
-                active = list(self._active)
+        try:
+            while True:
+                await asyncio.sleep(0.2)
+                now = time.monotonic()
+                with self._lock:
+                    active = list(self._active)
                 if not active:
-                    self._monitor = None
                     return
-            for a in active:
-                if now - a.t0 > t.total_s:
-                    self._cut(a, "timeout", f"total time over {t.total_s:g} s after {a.tokens} tokens")
-                elif a.tokens == 0 and now - a.t0 > t.first_token_s:
-                    self._cut(a, "timeout", f"no token within {t.first_token_s:g} s")
-                elif a.tokens and now - a.last > t.between_tokens_s:
-                    self._cut(a, "timeout", f"stalled: no token for {t.between_tokens_s:g} s after "
-                                            f"{a.tokens} tokens")
+                for a in active:
+                    if now - a.t0 > t.total_s:
+                        self._cut(a, "timeout",
+                                  f"total time over {t.total_s:g} s after {a.tokens} tokens")
+                    elif a.tokens == 0 and now - a.t0 > t.first_token_s:
+                        self._cut(a, "timeout", f"no token within {t.first_token_s:g} s")
+                    elif a.tokens and now - a.last > t.between_tokens_s:
+                        self._cut(a, "timeout", f"stalled: no token for {t.between_tokens_s:g} s "
+                                                f"after {a.tokens} tokens")
+        finally:
+            self._monitor = None
 
     def abort_all(self, reason: str) -> int:
-        """Cut off every request in flight (recorded as error ``aborted``); returns how many."""
+        """Cut off every request in flight (recorded as error ``aborted``); returns how many.
+
+        Callable from any thread; the requests are cut on the loop right after."""
         with self._lock:
             active = list(self._active)
-        for a in active:
-            self._cut(a, "aborted", reason)
+            loop = self._lt.loop if self._lt is not None else None
+        if active and loop is not None:
+            def cut():
+                for a in active:
+                    self._cut(a, "aborted", reason)
+            try:
+                loop.call_soon_threadsafe(cut)
+            except RuntimeError:  # loop closed
+                pass
         return len(active)
 
     @property
     def session(self) -> requests.Session:
+        """A ``requests.Session`` of the calling thread, for the simple (non-completion) endpoints."""
         s = getattr(self._local, "session", None)
         if s is None:
             s = requests.Session()
-            # Proxies are resolved once: with trust_env every request re-scans the environment
-            # (about 10% of the client's CPU, benchmarks/client_overhead.py).
             s.proxies = requests.utils.get_environ_proxies(self.base_url)
             s.trust_env = False
             if self.api_key:
@@ -253,10 +415,17 @@ class EngineClient:
         return r.json()["prompt"]
 
     # -- completions -----------------------------------------------------------------------------
-    def complete(self, prompt_ids: list[int], max_tokens: int, *, temperature: float = 0.0,
-                 ignore_eos: bool = True, logprobs: int | None = None, seed: int | None = None,
-                 stream: bool = True, on_token=None, extra: dict | None = None) -> Completion:
-        """One completion for a token-ID prompt; never raises for request failures.
+    def complete(self, prompt_ids: list[int], max_tokens: int, **kwargs: Any) -> Completion:
+        """Blocking form of :meth:`acomplete` (same arguments), for plain threads; runs the
+        request on the client's event loop. Never raises for request failures."""
+        return self._run(self.acomplete(prompt_ids, max_tokens, **kwargs))
+
+    async def acomplete(self, prompt_ids: list[int], max_tokens: int, *, temperature: float = 0.0,
+                        ignore_eos: bool = True, logprobs: int | None = None,
+                        seed: int | None = None, stream: bool = True, on_token=None,
+                        extra: dict | None = None) -> Completion:
+        """One completion for a token-ID prompt; never raises for request failures. A coroutine
+        to run on :attr:`loop` (the connection pool and the monitor live there).
 
         Args:
             prompt_ids: prompt as token IDs.
@@ -267,10 +436,12 @@ class EngineClient:
                 called once at the end).
             ignore_eos: keep decoding past EOS (vLLM extension), so lengths are fixed.
             logprobs: number of top logprobs per position (OpenAI ``logprobs``), or None.
-            on_token: callback ``f(n_tokens_so_far)`` after each token-carrying chunk.
+            on_token: callback ``f(n_tokens_so_far)`` after each token-carrying chunk (called on
+                the client's loop thread: it must not block).
             extra: further request fields.
 
         Returns a :class:`Completion`; failures are reported in ``error`` / ``error_detail``.
+        Raises CancelledError only when the caller's task is cancelled.
         """
         body: dict[str, Any] = {
             "model": self.model, "prompt": list(prompt_ids), "max_tokens": max_tokens,
@@ -289,9 +460,16 @@ class EngineClient:
         out = Completion(logprobs=[] if logprobs is not None else None,
                          token_logprobs=[] if logprobs is not None else None, streamed=stream)
         a = _Active()
+        a.task = asyncio.get_running_loop().create_task(
+            (self._stream if stream else self._plain)(body, out, a, on_token))
         self._watch(a)
         try:
-            (self._stream if stream else self._plain)(body, out, a, on_token)
+            await a.task
+        except asyncio.CancelledError:
+            me = asyncio.current_task()
+            if a.reason is None or (me is not None and me.cancelling()):
+                a.task.cancel()  # the caller was cancelled (not only this request cut off)
+                raise
         finally:
             self._unwatch(a)
         if a.reason is not None:  # cut off by the monitor (timeout) or by abort_all
@@ -299,122 +477,177 @@ class EngineClient:
         out.latency_s = time.monotonic() - a.t0
         return out
 
-    def _stream(self, body: dict, out: Completion, a: _Active, on_token) -> None:
-        t = self.timeouts
+    def run_batch(self, items: Sequence[Any], concurrency: int, job: Callable[[Any], Any],
+                  on_done: Callable[[int], None] | None = None) -> Batch:
+        """Start ``job(item)`` for every item, exactly ``concurrency`` in flight (a new one starts
+        when one finishes, in item order); returns at once with a :class:`Batch`.
+
+        ``job``: a coroutine function returning a :class:`Completion` (run on the client's loop,
+        e.g. one calling :meth:`acomplete`), or a plain function (run in a pool of
+        ``concurrency`` threads; it may block and call :meth:`complete`). ``on_done(i)`` is called
+        on the loop after item i finished.
+        """
+        if concurrency < 1:
+            raise ValueError("concurrency must be >= 1")
+        batch = Batch(len(items))
+        is_async = inspect.iscoroutinefunction(job)
+        if not is_async:
+            batch.pool = concurrent.futures.ThreadPoolExecutor(max_workers=concurrency,
+                                                               thread_name_prefix="ple-req")
+        order = iter(range(len(items)))
+        results = batch.results
+
+        async def worker():
+            loop = asyncio.get_running_loop()
+            for i in order:
+                if is_async:
+                    c = await job(items[i])
+                else:
+                    c = await loop.run_in_executor(batch.pool, job, items[i])
+                results[i] = c
+                if on_done is not None:
+                    on_done(i)
+
+        async def run_all():
+            try:
+                await asyncio.gather(*(worker() for _ in range(min(concurrency, len(items)))))
+            finally:
+                if batch.pool is not None:
+                    batch.pool.shutdown(wait=False)
+
+        batch.future = asyncio.run_coroutine_threadsafe(run_all(), self.loop)
+        return batch
+
+    async def _post(self, body: dict, out: Completion) -> aiohttp.ClientResponse | None:
+        """POST /v1/completions (streamed or not); the response, or None with ``out`` failed.
+
+        The monitor enforces the token timeouts (also while no response headers have arrived);
+        the socket read timeout is the safety net behind it, for both delivery modes.
+        """
+        try:
+            resp = await self._session_async().post(self.base_url + "/v1/completions", json=body,
+                                                    proxy=self._proxy)
+        except TimeoutError as exc:
+            _fail(out, "timeout", f"no response: {_text(exc)}")
+            return None
+        except (aiohttp.ClientError, OSError) as exc:
+            _fail(out, "connection", _text(exc, 300))
+            return None
+        out.http_status = resp.status
+        return resp
+
+    async def _stream(self, body: dict, out: Completion, a: _Active, on_token) -> None:
         t0 = a.t0
         out.started_at = time.time()
         last = t0
-        resp = self._post(body, out, a)
+        resp = await self._post(body, out)
         if resp is None:
             return
+        ids_out = out.token_ids
+        itl = out.itl_s
+        texts: list[str] = []
         try:
-            if resp.status_code != 200:
-                return _fail(out, "http", f"HTTP {resp.status_code}: {resp.text[:300]}")
+            if resp.status != 200:
+                raw = await resp.read()
+                return _fail(out, "http", f"HTTP {resp.status}: "
+                             f"{raw[:300].decode('utf-8', errors='replace')}")
             done = False
-            for raw in resp.iter_lines():
+            buf = b""
+            content = resp.content
+            while True:
+                # one read per arrival (each SSE event arrives on its own from a real engine;
+                # what arrives together has one arrival time)
+                data = await content.readany()
                 now = time.monotonic()
-                if a.reason is not None:
+                if not data:
+                    lines = [buf] if buf else []  # a last line without newline
+                    buf = b""
+                else:
+                    if buf:
+                        data = buf + data
+                    lines = data.split(b"\n")
+                    buf = lines.pop()
+                for raw in lines:
+                    if raw[:5] != b"data:":
+                        continue
+                    payload = raw[5:].strip()
+                    if payload == b"[DONE]":
+                        done = True  # read on to the end of the body so the connection is reused
+                        continue
+                    try:
+                        chunk = _loads(payload)
+                    except ValueError:
+                        return _fail(out, "protocol", f"malformed stream chunk after "
+                                     f"{len(ids_out)} tokens: {_show(payload)}")
+                    if type(chunk) is not dict:
+                        return _fail(out, "protocol", f"unexpected stream chunk: {_show(payload)}")
+                    choices = chunk.get("choices")
+                    if "error" in chunk and not choices:
+                        return _fail(out, "http", f"error in stream: {str(chunk['error'])[:300]}")
+                    usage = chunk.get("usage")
+                    if usage:
+                        out.prompt_tokens = usage.get("prompt_tokens")
+                        out.completion_tokens = usage.get("completion_tokens")
+                    if not choices:
+                        continue
+                    for choice in choices:
+                        if choice.get("prompt_token_ids") is not None:
+                            out.prompt_token_ids = list(choice["prompt_token_ids"])
+                        ids = choice.get("token_ids")
+                        text = choice.get("text") or ""
+                        if ids is None:
+                            if text or choice.get("finish_reason") is None:
+                                return _fail(out, "protocol",
+                                             "stream chunk without token_ids (return_token_ids "
+                                             f"unsupported?): {_show(payload)}")
+                            ids = ()
+                        if ids:
+                            if out.ttft_s is None:
+                                out.ttft_s = now - t0
+                            else:
+                                itl.append(now - last)
+                            last = now
+                            ids_out.extend(map(int, ids))
+                            a.last, a.tokens = now, len(ids_out)
+                            if on_token is not None:
+                                on_token(len(ids_out))
+                        if text:
+                            texts.append(text)
+                        if out.logprobs is not None:
+                            _take_logprobs(choice, out)
+                        if choice.get("finish_reason") is not None:
+                            out.finish_reason = choice["finish_reason"]
+                if not data:
                     break
-                if not raw:
-                    continue
-                line = raw.decode("utf-8", errors="replace")
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    done = True  # read on to the end of the body so the connection is reused
-                    continue
-                try:
-                    chunk = json.loads(data)
-                except ValueError:
-                    return _fail(out, "protocol", f"malformed stream chunk after "
-                                 f"{len(out.token_ids)} tokens: {data[:200]}")
-                if not isinstance(chunk, dict):
-                    return _fail(out, "protocol", f"unexpected stream chunk: {data[:200]}")
-                if "error" in chunk and not chunk.get("choices"):
-                    return _fail(out, "http", f"error in stream: {str(chunk['error'])[:300]}")
-                usage = chunk.get("usage")
-                if usage:
-                    out.prompt_tokens = usage.get("prompt_tokens")
-                    out.completion_tokens = usage.get("completion_tokens")
-                for choice in chunk.get("choices") or []:
-                    if choice.get("prompt_token_ids") is not None:
-                        out.prompt_token_ids = list(choice["prompt_token_ids"])
-                    ids = choice.get("token_ids")
-                    text = choice.get("text") or ""
-                    if ids is None:
-                        if text or choice.get("finish_reason") is None:
-                            return _fail(out, "protocol",
-                                         "stream chunk without token_ids (return_token_ids "
-                                         f"unsupported?): {data[:200]}")
-                        ids = []
-                    if ids:
-                        if out.ttft_s is None:
-                            out.ttft_s = now - t0
-                        else:
-                            out.itl_s.append(now - last)
-                        last = now
-                        a.last, a.tokens = now, a.tokens + len(ids)
-                        out.token_ids.extend(int(i) for i in ids)
-                        if on_token is not None:
-                            on_token(len(out.token_ids))
-                    out.text += text
-                    _take_logprobs(choice, out)
-                    if choice.get("finish_reason") is not None:
-                        out.finish_reason = choice["finish_reason"]
-            if a.reason is None and not done:
+            if not done:
                 return _fail(out, "protocol", f"stream ended without [DONE] after "
-                             f"{len(out.token_ids)} tokens")
-        except requests.exceptions.ConnectionError as exc:
+                             f"{len(ids_out)} tokens")
+        except TimeoutError as exc:
+            return _fail(out, "timeout", f"{exc.__class__.__name__} after {len(ids_out)} tokens: "
+                         f"{_text(exc)}")
+        except (aiohttp.ClientError, OSError) as exc:
             kind = "timeout" if "timed out" in str(exc).lower() else "connection"
-            return _fail(out, kind, f"{exc.__class__.__name__} after {len(out.token_ids)} tokens: "
-                         f"{str(exc)[:200]}")
-        except requests.RequestException as exc:
-            return _fail(out, "connection", f"{exc.__class__.__name__} after "
-                         f"{len(out.token_ids)} tokens: {str(exc)[:200]}")
+            return _fail(out, kind, f"{exc.__class__.__name__} after {len(ids_out)} tokens: "
+                         f"{_text(exc)}")
         finally:
-            resp.close()
+            out.text = "".join(texts)
+            resp.release()  # back to the pool when the body was read to its end, else closed
 
-
-    def _post(self, body: dict, out: Completion, a: _Active) -> requests.Response | None:
-        """POST /v1/completions (streamed or not); the response, or None with ``out`` failed.
-
-        The monitor thread enforces the token timeouts; the socket read timeout is the safety
-        net behind it, and the only limit while no response headers have arrived (the monitor
-        cannot cut a request that has no response yet), for both delivery modes.
-        """
-        t = self.timeouts
-        try:
-            resp = self.session.post(self.base_url + "/v1/completions", json=body, stream=True,
-                                     timeout=(t.connect_s,
-                                              max(t.first_token_s, t.between_tokens_s) * 1.5 + 1))
-        except requests.Timeout as exc:
-            _fail(out, "timeout", f"no response: {str(exc)[:200]}")
-            return None
-        except requests.RequestException as exc:
-            _fail(out, "connection", str(exc)[:300])
-            return None
-        a.resp = resp
-        out.http_status = resp.status_code
-        return resp
-
-    def _plain(self, body: dict, out: Completion, a: _Active, on_token) -> None:
+    async def _plain(self, body: dict, out: Completion, a: _Active, on_token) -> None:
         """A non-streamed completion: one JSON body with choices[0] and usage."""
         out.started_at = time.time()
         # the monitor's first-token timeout covers the whole answer here (no token arrives
         # before the end)
-        resp = self._post(body, out, a)
+        resp = await self._post(body, out)
         if resp is None:
             return
         try:
-            raw = resp.content
-            if a.reason is not None:
-                return
-            if resp.status_code != 200:
-                return _fail(out, "http", f"HTTP {resp.status_code}: "
+            raw = await resp.read()
+            if resp.status != 200:
+                return _fail(out, "http", f"HTTP {resp.status}: "
                              f"{raw[:300].decode('utf-8', errors='replace')}")
             try:
-                data = json.loads(raw)
+                data = _loads(raw)
             except ValueError:
                 return _fail(out, "protocol", f"malformed JSON response: {raw[:200]!r}")
             choices = data.get("choices") if isinstance(data, dict) else None
@@ -437,13 +670,23 @@ class EngineClient:
             out.finish_reason = choice.get("finish_reason")
             if on_token is not None and out.token_ids:
                 on_token(len(out.token_ids))
-        except requests.exceptions.ConnectionError as exc:
+        except TimeoutError as exc:
+            return _fail(out, "timeout", f"{exc.__class__.__name__}: {_text(exc)}")
+        except (aiohttp.ClientError, OSError) as exc:
             kind = "timeout" if "timed out" in str(exc).lower() else "connection"
-            return _fail(out, kind, f"{exc.__class__.__name__}: {str(exc)[:200]}")
-        except requests.RequestException as exc:
-            return _fail(out, "connection", f"{exc.__class__.__name__}: {str(exc)[:200]}")
+            return _fail(out, kind, f"{exc.__class__.__name__}: {_text(exc)}")
         finally:
-            resp.close()
+            resp.release()
+
+
+def _text(exc: BaseException, n: int = 200) -> str:
+    """An exception's message, cut to ``n`` characters (its class name when the message is empty,
+    as for aiohttp's timeouts)."""
+    return (str(exc) or exc.__class__.__name__)[:n]
+
+
+def _show(payload: bytes) -> str:
+    return payload[:200].decode("utf-8", errors="replace")
 
 
 def _take_logprobs(choice: dict, out: Completion) -> None:

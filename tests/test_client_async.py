@@ -1,0 +1,92 @@
+"""The asyncio request path (pleharness/engine/client.py): ``run_batch`` keeps exactly C requests in
+flight and keeps what finished when it is cancelled; ``abort_all`` cuts requests in flight from
+another thread; the blocking facade ``complete`` and the coroutine ``acomplete`` give the same
+answer. Against the self-answering double (tests/doubles.py FakeEngine), which here only injects
+the never-answered request."""
+import asyncio
+import threading
+import time
+
+import pytest
+
+from doubles import FakeEngine
+from pleharness.engine.client import EngineClient
+
+
+def test_run_batch_keeps_exactly_c_in_flight():
+    cl = EngineClient("http://127.0.0.1:9")  # no request is sent: the jobs only sleep
+    state = {"now": 0, "max": 0, "starts_at": []}
+
+    async def job(i):
+        state["starts_at"].append(state["now"])  # how many were in flight when i started
+        state["now"] += 1
+        state["max"] = max(state["max"], state["now"])
+        await asyncio.sleep(0.002 * (1 + i % 3))
+        state["now"] -= 1
+        return i
+
+    try:
+        out = cl.run_batch(list(range(40)), 4, job).wait()
+    finally:
+        cl.close()
+    assert out == list(range(40))  # results in item order
+    assert state["max"] == 4
+    # the first 4 start together; every later one starts when one of 4 has just finished
+    assert state["starts_at"][:4] == [0, 1, 2, 3]
+    assert all(n == 3 for n in state["starts_at"][4:]), state["starts_at"]
+
+
+def test_run_batch_runs_blocking_jobs_in_threads():
+    cl = EngineClient("http://127.0.0.1:9")
+    seen = set()
+
+    def job(i):
+        seen.add(threading.current_thread().name)
+        time.sleep(0.01)
+        return i * 2
+
+    try:
+        assert cl.run_batch(list(range(9)), 3, job).wait() == [i * 2 for i in range(9)]
+    finally:
+        cl.close()
+    assert 1 < len(seen) <= 3 and all(n.startswith("ple-req") for n in seen)
+
+
+def test_cancelled_batch_keeps_the_finished_and_abort_all_cuts_the_rest():
+    with FakeEngine(lambda k, body: "never" if k > 2 else None) as eng:
+        cl = EngineClient(eng.url, FakeEngine.MODEL)
+
+        async def job(i):
+            return await cl.acomplete([20 + i, 21], 4)
+        batch = cl.run_batch(list(range(6)), 3, job)
+        end = time.monotonic() + 20
+        while eng.count < 5 and time.monotonic() < end:  # 2 answered, 3 hanging
+            time.sleep(0.02)
+        time.sleep(0.1)
+        done = batch.finished()
+        assert len(done) == 2  # which two items arrived first is a race
+        assert all(c.error is None and len(c.token_ids) == 4 for _, c in done)
+        assert cl.abort_all("harness interrupted") == 3
+        batch.cancel()
+        with pytest.raises(BaseException):
+            batch.wait()
+        assert len(batch.finished()) == 2
+        time.sleep(0.3)
+        assert eng.count == 5  # the sixth item was never started
+        # the client stays usable, and a blocking request cut by abort_all is recorded as such
+        t = threading.Timer(0.5, lambda: cl.abort_all("stop"))
+        t.start()
+        c = cl.complete([1, 2, 3], 4)
+        assert (c.error, c.error_detail) == ("aborted", "stop") and c.token_ids == []
+        cl.close()
+
+
+def test_blocking_facade_and_coroutine_agree():
+    with FakeEngine() as eng:
+        cl = EngineClient(eng.url, FakeEngine.MODEL)
+        a = cl.complete([20, 21, 22], 6, logprobs=2)
+        b = cl._run(cl.acomplete([20, 21, 22], 6, logprobs=2))
+        cl.close()
+    assert a.error is None and b.error is None
+    assert a.token_ids == b.token_ids and a.logprobs == b.logprobs and len(a.itl_s) == 5
+    assert a.ttft_s is not None and a.ttft_s <= a.latency_s
