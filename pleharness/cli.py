@@ -22,7 +22,7 @@ from rich.markup import escape
 
 from . import __version__
 from .engine.client import Timeouts
-from .engine.errors import EXIT_INTERNAL, HarnessError, UsageError, write_crash_log
+from .errors import EXIT_INTERNAL, HarnessError, UsageError, write_crash_log
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   context_settings={"help_option_names": ["-h", "--help"]},

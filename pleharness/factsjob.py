@@ -17,7 +17,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from .engine.client import EngineClient
-from .engine.errors import EngineError, UsageError
+from .errors import EngineError, UsageError
 from .engine.facts import EngineFacts, gather_facts
 from .engine.launch import EngineServer, LaunchSpec, engine_python_check, redact_env
 

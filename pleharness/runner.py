@@ -1,15 +1,11 @@
-"""Run orchestration: results folder, engine (launch or attach), scenarios, manifest, verdict.
+"""The run context: how scenarios issue phases, take references and record requests.
 
-Exit codes (documented once, used by the CLI): 0 every compared hash matched and no check failed;
-1 a parity or check failure (or failed requests); 2 usage error; 3 the engine failed to start or died;
-130 / 143 interrupted by SIGINT / SIGTERM.
+Exit codes are documented in :mod:`pleharness.errors` (re-exported here).
 """
 from __future__ import annotations
 
-import platform
 import secrets
 import statistics
-import subprocess
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -21,9 +17,8 @@ from typing import Any
 from rich.console import Console
 from rich.progress import Progress
 
-from . import __version__
 from .engine.client import Completion, EngineClient
-from .engine.errors import EngineError, UsageError
+from .errors import EXIT_ENGINE, EXIT_FAIL, EXIT_OK, EXIT_USAGE, EngineError, UsageError  # noqa: F401
 from .engine.facts import EngineFacts
 from .engine.launch import EngineServer
 from .manifest import (CheckResult, Manifest, PhaseRecord, ReferenceRecord, RequestRecord,
@@ -32,8 +27,6 @@ from .divergence import DEFAULT_NEAR_TIE_NATS, analyse, margins
 from .parity import first_divergence, token_hash
 from .prompts import Prompt
 from .checks import DEFAULT_CHECKS, DEFAULT_PHASE_CHECKS, PHASE_REGISTRY
-
-EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_ENGINE = 0, 1, 2, 3
 
 
 @dataclass
@@ -102,33 +95,8 @@ def new_run_dir(results_dir: Path, run_id: str | None = None) -> tuple[str, Path
     raise UsageError(f"could not create a new run folder under {results_dir}")
 
 
-def git_commit() -> str | None:
-    here = Path(__file__).resolve().parent
-    try:
-        r = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True,
-                           text=True, timeout=10)
-        return r.stdout.strip() or None if r.returncode == 0 else None
-    except (OSError, subprocess.SubprocessError):
-        return None
 
 
-def gpu_inventory() -> list[dict[str, Any]] | None:
-    """GPUs from nvidia-smi (name, memory used/total MiB, driver), or None when there is none."""
-    try:
-        r = subprocess.run(["nvidia-smi", "--query-gpu=index,name,memory.used,memory.total,"
-                            "driver_version", "--format=csv,noheader,nounits"],
-                           capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if r.returncode != 0:
-        return None
-    gpus = []
-    for line in r.stdout.strip().splitlines():
-        p = [x.strip() for x in line.split(",")]
-        if len(p) == 5:
-            gpus.append({"index": int(p[0]), "name": p[1], "memory_used_mib": float(p[2]),
-                         "memory_total_mib": float(p[3]), "driver": p[4]})
-    return gpus
 
 
 class RequestTimeoutAbort(Exception):
@@ -532,18 +500,3 @@ class RunContext:
             if aic:
                 why.append(f"{aic} divergence(s) also in the control run (warning)")
             ph.reason = "; ".join(why)
-
-
-def environment_info(engine_python: str | None) -> dict[str, Any]:
-    from .engine.launch import python_versions
-    env: dict[str, Any] = {"platform": platform.platform(), "harness_python":
-                           platform.python_version(), "gpus": gpu_inventory()}
-    if engine_python:
-        v = python_versions(engine_python)
-        env.update({"engine_python": engine_python, "python": v.get("python"),
-                    "torch": v.get("torch"), "vllm_package": v.get("vllm")})
-    return env
-
-
-def harness_info() -> dict[str, Any]:
-    return {"version": __version__, "git_commit": git_commit()}

@@ -20,13 +20,14 @@ def esc(x) -> str:
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .engine.client import EngineClient, Timeouts
-from .engine.errors import EXIT_INTERNAL, EngineError, HarnessError, UsageError, write_crash_log
+from .errors import EXIT_INTERNAL, EngineError, HarnessError, UsageError, write_crash_log
 from .engine.facts import gather_facts
 from .engine.launch import EngineServer, LaunchSpec, engine_python_check, redact_env
 from .manifest import Manifest, now_iso, write_manifest
 from .report import headline, render
+from .environment import environment_info, gpu_inventory, harness_info
 from .runner import (EXIT_ENGINE, EXIT_FAIL, EXIT_OK, RequestTimeoutAbort, RunContext,
-                     environment_info, gpu_inventory, harness_info, new_run_dir)
+                     new_run_dir)
 from .scenarios import Scenario, load_scenario_file
 
 DEFAULT_SCENARIOS = ["transitions", "boundary", "pairs", "insert"]

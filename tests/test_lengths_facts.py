@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from pleharness.engine.errors import UsageError
+from pleharness.errors import UsageError
 from pleharness.engine.facts import gather_facts, parse_engine_args
 from pleharness.engine.metrics import delta, parse_counters
 from pleharness.profile import load_profile

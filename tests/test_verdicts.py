@@ -8,7 +8,7 @@ from conftest import load_json, run_cli
 from doubles import FakeEngine
 from pleharness.compare import compare, parse_threshold
 from pleharness.divergence import analyse, margins, reconverges
-from pleharness.engine.errors import UsageError
+from pleharness.errors import UsageError
 from pleharness.manifest import Manifest, load_manifest
 
 SMALL = ["--scenario", "transitions", "--ladder", "2,1", "--repeats", "1", "--max-tokens", "8",

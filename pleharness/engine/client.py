@@ -16,7 +16,7 @@ from typing import Any
 
 import requests
 
-from .errors import EngineError
+from ..errors import EngineError
 
 
 @dataclass
@@ -212,7 +212,7 @@ class EngineClient:
         if self.model is None:
             self.model = names[0]
         elif self.model not in names:
-            from .errors import UsageError
+            from ..errors import UsageError
             raise UsageError(f"--served-model-name {self.model!r}: not served at {self.base_url} "
                              f"(served: {', '.join(names)})")
         return self.model

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import requests
 
-from .errors import EngineError
+from ..errors import EngineError
 
 SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD", re.IGNORECASE)
 ROOT_CAUSE = re.compile(r"\b([A-Za-z_][\w.]*(Error|Exception|Exit))\b\s*:\s*\S")
@@ -157,7 +157,7 @@ class EngineServer:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         if self.spec.port is not None:
             if port_in_use(self.spec.host, self.spec.port):
-                from .errors import UsageError
+                from ..errors import UsageError
                 raise UsageError(f"--port {self.spec.port}: port {self.spec.port} on "
                                  f"{self.spec.host} is already in use (leave --port out to get a "
                                  "free one)")

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
-from ..engine.errors import UsageError
+from ..errors import UsageError
 from ..tomlfile import find_named, read_toml, validate
 
 if TYPE_CHECKING:  # pragma: no cover
