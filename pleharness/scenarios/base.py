@@ -65,6 +65,11 @@ class Scenario(ABC):
         """
 
     @abstractmethod
+    def planned_phases(self) -> int:
+        """How many load phases :meth:`run` records with these parameters (for the manifest's
+        ``summary.phases_planned``; reference and warm-up phases are not counted)."""
+
+    @abstractmethod
     def run(self, ctx: "RunContext") -> None:
         """Issue the scenario's phases through ``ctx``."""
 
