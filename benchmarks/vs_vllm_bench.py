@@ -71,7 +71,7 @@ class HarnessDriver:
 
     def run(self, prompts: list[list[int]], max_tokens: int, c: int) -> dict:
         from pleharness.prompts import Prompt
-        from pleharness.runner import RequestSpec
+        from pleharness.request import RequestSpec
 
         self.n += 1
         specs = [RequestSpec(Prompt(key=f"b{i}", ids=tuple(p)), max_tokens, compare=False)

@@ -9,7 +9,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -25,46 +25,8 @@ from .manifest import (CheckResult, Manifest, PhaseRecord, ReferenceRecord, Requ
                        now_iso, write_manifest)
 from .divergence import DEFAULT_NEAR_TIE_NATS, analyse, margins
 from .parity import first_divergence, token_hash
-from .prompts import Prompt
-from .checks import DEFAULT_CHECKS, DEFAULT_PHASE_CHECKS, PHASE_REGISTRY
-
-
-@dataclass
-class RequestSpec:
-    """One request to issue: a prompt, its sampling, and what to compare it with.
-
-    ``compare``: compare the output hash with the prompt's single-request reference.
-    ``checks``: reference-free checks to run on the output, as {check name: params}.
-    ``temperature`` / ``seed``: sampling (greedy by default); a seeded sampled request must
-    reproduce its seed's sample, so the sampling is part of the reference key.
-    ``stream``: streamed (SSE) or one JSON response; not part of the reference key (both
-    deliveries must give the same IDs).
-    """
-
-    prompt: Prompt
-    max_tokens: int
-    compare: bool = True
-    logprobs: int | None = None
-    checks: dict[str, dict[str, Any]] = field(default_factory=lambda: {
-        name: {} for name in DEFAULT_CHECKS})
-    note: str | None = None
-    accept_4xx: bool = False  # a clean HTTP 4xx rejection is an acceptable answer (edge probes)
-    temperature: float = 0.0
-    seed: int | None = None
-    stream: bool = True
-
-    @property
-    def ref_key(self) -> tuple:
-        if self.temperature == 0.0:
-            return (self.prompt.hash, self.max_tokens)
-        return (self.prompt.hash, self.max_tokens, self.temperature, self.seed)
-
-
-@dataclass
-class Outcome:
-    spec: RequestSpec
-    completion: Completion
-    record: RequestRecord
+from .checks import DEFAULT_PHASE_CHECKS, PHASE_REGISTRY
+from .request import Outcome, RequestSpec
 
 
 def new_run_dir(results_dir: Path, run_id: str | None = None) -> tuple[str, Path]:

@@ -26,9 +26,10 @@ from typing import TYPE_CHECKING
 
 from ..engine import metrics
 from ..manifest import CheckResult
+from ..request import RequestSpec
 from .base import register
-from .common import ChatParams, ChatScenario, boundary_spec, max_prompt_len
-from .lengths import boundary_lengths, skipped_families
+from .shared.chat import ChatParams, ChatScenario, boundary_spec, max_prompt_len
+from .shared.lengths import boundary_lengths, skipped_families
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..runner import RunContext
@@ -49,8 +50,6 @@ class Boundary(ChatScenario):
         return 1 + int(self.params.cold_warm) + int(self.params.edges)
 
     def run(self, ctx: "RunContext") -> None:
-        from ..runner import RequestSpec
-
         p = self.params
         dropped: list = []
         lengths, notes = boundary_lengths(ctx.facts.values, p.depth, p.controls,

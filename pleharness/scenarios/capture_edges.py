@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 from pydantic import Field
 
 from ..prompts import seeded_prompts
+from ..request import RequestSpec
 from .base import Params, Scenario, ScenarioError, register
 from .transitions import MAX_CONCURRENCY, PromptSet
 
@@ -160,12 +161,9 @@ class CaptureEdges(Scenario):
             raise ScenarioError(f"{self.source}: params.prompts.max_len + params.max_tokens "
                                 f"exceeds max_model_len {m}")
 
-    def planned_phases(self) -> int:
-        return 0  # derived from the engine's facts at run time, added to the summary by run()
+    phases = 0  # derived from the engine's facts at run time, added to the summary by run()
 
     def run(self, ctx: "RunContext") -> None:
-        from ..runner import RequestSpec
-
         p = self.params
         facts = ctx.facts.values
         levels, notes, skipped = concurrency_levels(facts, p.max_concurrency, p.max_levels)

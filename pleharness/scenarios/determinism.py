@@ -14,6 +14,7 @@ from pydantic import Field
 
 from ..manifest import CheckResult
 from ..prompts import seeded_prompts
+from ..request import RequestSpec
 from .base import Params, Scenario, ScenarioError, register
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -33,8 +34,7 @@ class Determinism(Scenario):
     summary = "N identical greedy requests in flight together: count distinct outputs (1 expected)"
     Params = DeterminismParams
 
-    def planned_phases(self) -> int:
-        return 1
+    phases = 1
 
     def validate_against(self, facts) -> None:
         m = facts.get("max_model_len")
@@ -44,8 +44,6 @@ class Determinism(Scenario):
                                 f"max_model_len {m}")
 
     def run(self, ctx: "RunContext") -> None:
-        from ..runner import RequestSpec
-
         p = self.params
         vocab = int(ctx.facts.get("vocab_size") or 256)
         (prompt,) = seeded_prompts(p.seed, 1, p.prompt_len, p.prompt_len, 16, vocab)

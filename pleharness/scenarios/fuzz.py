@@ -52,10 +52,11 @@ from pydantic import Field
 
 from ..prompts import Prompt, seeded_prompts
 from .base import Params, Scenario, ScenarioError, register
-from .lengths import boundary_lengths
+from .shared.lengths import boundary_lengths
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..runner import RequestSpec, RunContext
+    from ..request import RequestSpec
+    from ..runner import RunContext
 
 INSTRUCTION = "Reply with OK."
 PROMPT_SEEDS = 4  # distinct random prompts per length (small: prompts recur, references are reused)
@@ -290,7 +291,7 @@ class Fuzz(Scenario):
 
     def specs(self, ctx: "RunContext", sched: Schedule) -> list[list["RequestSpec"]]:
         """The schedule's requests, phase by phase (default checks on each)."""
-        from ..runner import RequestSpec
+        from ..request import RequestSpec
         out = []
         for ph in sched.phases:
             out.append([RequestSpec(self._prompt(ctx, r), r.max_tokens, stream=r.stream,
@@ -383,7 +384,7 @@ class Fuzz(Scenario):
         from hypothesis.database import DirectoryBasedExampleDatabase
         from hypothesis.errors import HypothesisException
 
-        from .common import ChatParams, builder
+        from .shared.chat import ChatParams, builder
         p = self.params
         run_dir = Path(ctx.manifest_path).parent
         space = build_space(ctx.facts.values if hasattr(ctx.facts, "values") else ctx.facts, p)

@@ -23,9 +23,10 @@ from typing import TYPE_CHECKING
 from pydantic import Field
 
 from ..manifest import CheckResult
+from ..request import RequestSpec
 from .base import register
-from .common import ChatParams, ChatScenario, boundary_spec, builder, max_prompt_len
-from .lengths import boundary_lengths
+from .shared.chat import ChatParams, ChatScenario, boundary_spec, builder, max_prompt_len
+from .shared.lengths import boundary_lengths
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..runner import RunContext
@@ -51,13 +52,10 @@ class Insert(ChatScenario):
     summary = "long streaming decode (count 1..N) with boundary-length prefills inserted mid-decode"
     Params = InsertParams
 
-    def planned_phases(self) -> int:
-        return 1
+    phases = 1
 
     def run(self, ctx: "RunContext") -> None:
         from ..prompts import Prompt
-        from ..runner import RequestSpec
-
         p = self.params
         b = builder(ctx, p)
         text = f"Count from 1 to {p.count_to}."

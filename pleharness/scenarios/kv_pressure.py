@@ -33,6 +33,7 @@ from pydantic import Field
 from ..engine import metrics
 from ..manifest import CheckResult
 from ..prompts import seeded_prompts
+from ..request import RequestSpec
 from .base import Params, Scenario, register
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -89,12 +90,9 @@ class KvPressure(Scenario):
                "recomputation; every output vs its solo reference (vllm:num_preemptions)")
     Params = KvPressureParams
 
-    def planned_phases(self) -> int:
-        return 1
+    phases = 1
 
     def run(self, ctx: "RunContext") -> None:
-        from ..runner import RequestSpec
-
         p = self.params
         plan = pressure_plan(ctx.facts.values, p.prompt_len, p.max_tokens, p.overcommit,
                              p.max_requests)

@@ -19,7 +19,7 @@ from typing import Annotated
 from pydantic import Field
 
 from .base import register
-from .common import ChatParams, ChatScenario, boundary_spec, max_prompt_len
+from .shared.chat import ChatParams, ChatScenario, boundary_spec, max_prompt_len
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..runner import RunContext

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from pydantic import Field, model_validator
 
 from ..prompts import Prompt
+from ..request import RequestSpec
 from .base import Params, Scenario, ScenarioError, register
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -80,8 +81,6 @@ class Replay(Scenario):
                     raise ScenarioError(f"{where}.prompt: token IDs must be in [0, {v})")
 
     def run(self, ctx: "RunContext") -> None:
-        from ..runner import RequestSpec
-
         phases = [[RequestSpec(prompt_of(r.prompt), r.max_tokens, note=r.note or None,
                                stream=r.stream)
                    for r in ph.requests] for ph in self.params.phases]

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING
 from pydantic import Field, field_validator, model_validator
 
 from ..prompts import Prompt, seeded_prompts
+from ..request import RequestSpec
 from .base import Params, Scenario, ScenarioError, register
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -148,8 +149,6 @@ class Transitions(Scenario):
                     sampled: bool | None = None) -> "RequestSpec":
         """The request of prompt number ``i`` (its reference and its ladder runs share it);
         ``sampled``: whether seeded sampled requests are sent (default :meth:`sampled`)."""
-        from ..runner import RequestSpec
-
         p = self.params
         notes = []
         mt = p.max_tokens
@@ -172,8 +171,6 @@ class Transitions(Scenario):
         return len(self.params.ladder) * self.params.repeats
 
     def run(self, ctx: "RunContext") -> None:
-        from ..runner import RequestSpec
-
         p = self.params
         hi = self._id_high(ctx.facts)
         prompts = seeded_prompts(p.prompts.seed, p.prompts.count, p.prompts.min_len,

@@ -1,19 +1,18 @@
-"""Prompt helpers shared by the boundary, pairs and insert scenario kinds."""
+"""Exact-length chat prompts shared by the boundary, pairs, insert and fuzz scenario kinds."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import re
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 from pydantic import Field, field_validator
 
-from ..checks import DEFAULT_CHECKS
-from ..prompts import ChatPromptBuilder, Prompt, seeded_prompts
-from .base import Params, Scenario, ScenarioError
+from ...checks import DEFAULT_CHECKS
+from ...prompts import ChatPromptBuilder, Prompt, seeded_prompts
+from ...request import RequestSpec
+from ..base import Params, Scenario, ScenarioError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..runner import RequestSpec, RunContext
+    from ...runner import RunContext
 
 
 class ChatParams(Params):
@@ -61,14 +60,12 @@ def builder(ctx: "RunContext", p: ChatParams) -> ChatPromptBuilder:
 
 
 def boundary_spec(ctx: "RunContext", p: ChatParams, length: int, why: str,
-                  max_tokens: int | None = None) -> "RequestSpec":
+                  max_tokens: int | None = None) -> RequestSpec:
     """A request of exactly ``length`` prompt tokens.
 
     At least as long as the chat template: the instruction padded with filler, checked with
     ``expected_text``. Shorter: a seeded random token-ID prompt (text checks do not apply).
     """
-    from ..runner import RequestSpec
-
     b = builder(ctx, p)
     mt = max_tokens or p.max_tokens
     checks = {name: {} for name in DEFAULT_CHECKS}
