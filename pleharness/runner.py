@@ -7,9 +7,10 @@ from __future__ import annotations
 import secrets
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -101,15 +102,46 @@ class _Watchdog:
         self._thread.join(timeout=10)
 
 
+@dataclass(frozen=True)
+class RunOptions:
+    """How a run context issues and judges requests; fixed for the context's life.
+
+    ``logprobs``: top-k logprobs on every request (divergence margins; None: none asked).
+    ``near_tie_nats``: a divergence whose top-1/top-2 gap (nats) is below this is a near tie.
+    ``strict``: every divergence fails. ``on_timeout``: continue | abort (after a phase with
+    timed-out requests). ``reference_mode``: solo | manifest | engine | golden.
+    ``reference_cache_state``: cold | warm (see :meth:`RunContext.take_references`).
+    ``reference_source``: recorded on the references taken here (solo, or engine on the reference
+    engine). ``collect_only``: take references, skip load phases (the reference engine).
+    """
+
+    on_timeout: str = "continue"
+    logprobs: int | None = 2
+    near_tie_nats: float = DEFAULT_NEAR_TIE_NATS
+    strict: bool = False
+    reference_mode: str = "solo"
+    reference_cache_state: str = "warm"
+    reference_source: str = "solo"
+    collect_only: bool = False
+
+
 class RunContext:
     """What scenarios use to issue phases: client, facts, references, manifest, progress.
 
+    Built complete: ``options`` (a frozen :class:`RunOptions`) says how requests are issued and
+    judged, ``golden`` is the golden model (:class:`pleharness.golden.GoldenModel`, or None) and
+    ``references`` the references known up front (``--reference manifest:PATH`` / ``engine``).
+    Request checks come from ``check_registry`` (default: every registered check,
+    :data:`pleharness.checks.REGISTRY`; pass ``{}`` to run none, which records each as skipped).
     Phases are recorded in the manifest, which is written atomically after each one.
     """
 
     def __init__(self, client: EngineClient, manifest: Manifest, manifest_path: Path,
                  facts: EngineFacts, console: Console, server: EngineServer | None = None,
-                 progress: Progress | None = None, check_registry: dict | None = None):
+                 progress: Progress | None = None, check_registry: Mapping | None = None, *,
+                 options: RunOptions = RunOptions(), golden=None,
+                 references: Mapping[tuple, ReferenceRecord] | None = None):
+        from .checks import REGISTRY
         self.client = client
         self.manifest = manifest
         self.manifest_path = manifest_path
@@ -117,23 +149,72 @@ class RunContext:
         self.console = console
         self.server = server
         self.progress = progress
-        self.references: dict[tuple[str, int], ReferenceRecord] = {}
-        self.check_registry = check_registry or {}
+        self.options = options
+        self.golden = golden
+        self.references: dict[tuple, ReferenceRecord] = dict(references or {})
+        self.check_registry = REGISTRY if check_registry is None else check_registry
         self._req_counter = 0
-        self.scenario_name = ""
-        self.on_timeout = "continue"
-        self.logprobs: int | None = 2  # top-k logprobs on every request (divergence margins)
-        self.near_tie_nats = DEFAULT_NEAR_TIE_NATS
-        self.strict = False
-        self.reference_mode = "solo"  # solo | manifest | engine | golden
-        self.golden = None  # pleharness.golden.GoldenModel: golden references / classification
+        self._prompt_builders: dict[tuple[str, int], Any] = {}
         self.golden_error: str | None = None  # why the golden classifier stopped being used
-        self.phase_role = "load"  # role of the phase whose requests are being recorded
-        self.reference_cache_state = "warm"  # cold | warm (see take_references)
-        self.reference_source = "solo"
-        self.collect_only = False  # True on the reference engine: take references, skip load
+        self.scenario_name = ""  # set by in_scenario()
         self.phase_prefix = ""
         self.repeat_index = 1
+
+    # the options, read-only (a context is built with them; they do not change during a run)
+    on_timeout = property(lambda self: self.options.on_timeout)
+    logprobs = property(lambda self: self.options.logprobs)
+    near_tie_nats = property(lambda self: self.options.near_tie_nats)
+    strict = property(lambda self: self.options.strict)
+    reference_mode = property(lambda self: self.options.reference_mode)
+    reference_cache_state = property(lambda self: self.options.reference_cache_state)
+    reference_source = property(lambda self: self.options.reference_source)
+    collect_only = property(lambda self: self.options.collect_only)
+
+    @property
+    def phase_role(self) -> str:
+        """Role of the phase whose requests are being recorded (load | reference | warmup): the
+        last phase in the manifest, "load" before any."""
+        return self.manifest.phases[-1].role if self.manifest.phases else "load"
+
+    @contextmanager
+    def in_scenario(self, name: str, repeat_index: int = 1, phase_prefix: str = ""):
+        """Record the phases issued inside as scenario ``name``'s (repeat ``repeat_index``,
+        phase names prefixed with ``phase_prefix``); the previous values come back after."""
+        old = self.scenario_name, self.repeat_index, self.phase_prefix
+        self.scenario_name, self.repeat_index, self.phase_prefix = name, repeat_index, phase_prefix
+        try:
+            yield self
+        finally:
+            self.scenario_name, self.repeat_index, self.phase_prefix = old
+
+    # -- for scenarios ----------------------------------------------------------------------------
+    def issue(self, spec: RequestSpec) -> Completion:
+        """Send one request now (no phase, no record): the default ``issue`` of :meth:`run_phase`,
+        for scenarios that wrap it (e.g. to scrape /metrics around it). Returns the Completion
+        (errors recorded in it, never raised)."""
+        lp = spec.logprobs if spec.logprobs is not None else self.logprobs
+        return self.client.complete(list(spec.prompt.ids), spec.max_tokens, logprobs=lp,
+                                    temperature=spec.temperature, seed=spec.seed,
+                                    stream=spec.stream)
+
+    def prompt_builder(self, filler: str, tail: int):
+        """The engine's :class:`pleharness.prompts.ChatPromptBuilder` for ``filler`` (one token)
+        and ``tail`` (generation-prompt tail tokens), built once per context (it asks the
+        engine's tokenizer). Raises ValueError when ``filler`` is not exactly one token."""
+        from .prompts import ChatPromptBuilder
+        key = (filler, tail)
+        if key not in self._prompt_builders:
+            self._prompt_builders[key] = ChatPromptBuilder(self.client, filler, tail)
+        return self._prompt_builders[key]
+
+    def add_phase_check(self, ph: PhaseRecord, check: CheckResult,
+                        reason: str | None = None) -> None:
+        """Add a scenario's own check to phase ``ph`` (already recorded); a failing check fails
+        the phase, with ``reason`` (default: the check's detail) added to ``ph.reason``."""
+        ph.checks.append(check)
+        if check.status == "fail":
+            ph.status = "fail"
+            ph.reason = (ph.reason + "; " if ph.reason else "") + (reason or check.detail)
 
     # -- manifest ---------------------------------------------------------------------------------
     def save(self) -> None:
@@ -253,7 +334,6 @@ class RunContext:
         if self.collect_only and role != "reference":
             return []  # reference pass on the reference engine: only references are taken
         name = self.phase_prefix + name
-        self.phase_role = role
         ph = PhaseRecord(index=len(self.manifest.phases), name=name, scenario=self.scenario_name,
                          repeat=self.repeat_index,
                          concurrency=concurrency, requests=len(specs),
@@ -330,11 +410,8 @@ class RunContext:
                                       "--on-timeout abort")
         return outcomes
 
-    def _issue(self, spec: RequestSpec) -> Completion:
-        lp = spec.logprobs if spec.logprobs is not None else self.logprobs
-        return self.client.complete(list(spec.prompt.ids), spec.max_tokens, logprobs=lp,
-                                    temperature=spec.temperature, seed=spec.seed,
-                                    stream=spec.stream)
+    def _issue(self, spec: RequestSpec) -> Completion:  # the old name; scenarios call issue()
+        return self.issue(spec)
 
     def _record(self, ph: PhaseRecord, spec: RequestSpec, c: Completion) -> RequestRecord:
         self._req_counter += 1

@@ -29,7 +29,7 @@ from .errors import EXIT_INTERNAL, EngineError, HarnessError, UsageError, write_
 from .manifest import Manifest, now_iso, write_manifest
 from .report import headline, render
 from .runner import (EXIT_ENGINE, EXIT_FAIL, EXIT_OK, RequestTimeoutAbort, RunContext,
-                     new_run_dir)
+                     RunOptions, new_run_dir)
 from .scenarios import Scenario, load_scenario_file
 
 DEFAULT_SCENARIOS = ["transitions", "boundary", "pairs", "insert"]
@@ -198,12 +198,9 @@ def run_stress(cfg: StressConfig, console: Console | None = None,
                     stack.callback(golden.close)
                 run.save()
                 with _progress(console) as progress:
-                    ctx = _context(cfg, eng.client, run.manifest, run.mpath, eng.facts, console,
-                                   eng.server, progress)
-                    ctx.golden = golden
-                    if cfg.reference_mode != "solo":
-                        ctx.reference_mode = cfg.reference_mode
-                        ctx.references.update(references)
+                    ctx = _context(cfg, eng, run.manifest, run.mpath, eng.facts, progress,
+                                   golden=golden, reference_mode=cfg.reference_mode,
+                                   references=references)
                     _run_suite(ctx, scenarios, cfg.repeat)
                 if cfg.control:
                     run.stop(eng)  # one engine at a time (one GPU)
@@ -422,30 +419,31 @@ def _golden_model(cfg: StressConfig, model_dir: str | None, mode: str, manifest:
 
 
 
-def _context(cfg, client, manifest, mpath, facts, console, server, progress) -> RunContext:
+def _context(cfg: StressConfig, eng: Engine, manifest: Manifest, mpath: Path, facts,
+             progress: Progress, *, golden=None, references: dict | None = None,
+             **options) -> RunContext:
+    """The run context of one engine (under test, reference or control), complete: options
+    from ``cfg`` (``options`` overrides, e.g. collect_only), the near-tie threshold from the
+    serving dtype (recorded in ``run_options``), every registered check."""
     from .divergence import near_tie_threshold
-    ctx = RunContext(client, manifest, mpath, facts, console, server, progress,
-                     check_registry=_checks())
-    ctx.on_timeout = cfg.on_timeout
-    ctx.logprobs = cfg.logprobs or None
-    ctx.near_tie_nats, why = near_tie_threshold(facts.get("dtype"), cfg.near_tie_nats)
-    manifest.run_options["near_tie_nats"] = ctx.near_tie_nats
+    nats, why = near_tie_threshold(facts.get("dtype"), cfg.near_tie_nats)
+    manifest.run_options["near_tie_nats"] = nats
     manifest.run_options["near_tie_source"] = why
-    ctx.strict = cfg.strict
-    ctx.reference_cache_state = cfg.reference_cache_state
-    return ctx
+    opts = RunOptions(on_timeout=cfg.on_timeout, logprobs=cfg.logprobs or None,
+                      near_tie_nats=nats, strict=cfg.strict,
+                      reference_cache_state=cfg.reference_cache_state, **options)
+    return RunContext(eng.client, manifest, mpath, facts, progress.console,
+                      eng.server, progress, options=opts, golden=golden,
+                      references=references if opts.reference_mode != "solo" else None)
 
 
 def _run_suite(ctx: RunContext, scenarios: list[Scenario], repeat: int) -> None:
     """Every scenario in order, ``repeat`` times on the same engine (references are taken once)."""
     for rep in range(1, repeat + 1):
-        ctx.repeat_index = rep
-        ctx.phase_prefix = f"rep{rep}/" if repeat > 1 else ""
         for sc in scenarios:
-            ctx.scenario_name = sc.name
-            sc.run(ctx)
+            with ctx.in_scenario(sc.name, rep, f"rep{rep}/" if repeat > 1 else ""):
+                sc.run(ctx)
             ctx.ensure_engine_alive()
-    ctx.phase_prefix = ""
 
 
 def _reference_pass(run: _Run, scenarios: list[Scenario], target: Target) -> dict:
@@ -466,14 +464,11 @@ def _reference_pass(run: _Run, scenarios: list[Scenario], target: Target) -> dic
                          engine_first=False)
         m.engine["reference_engine"].update(eng.record())
         with _progress(run.console) as progress:
-            ctx = _context(cfg, eng.client, m, run.mpath, eng.facts, run.console, eng.server,
-                           progress)
-            ctx.collect_only = True
-            ctx.reference_source = "engine"
-            ctx.phase_prefix = "ref-engine/"
+            ctx = _context(cfg, eng, m, run.mpath, eng.facts, progress, collect_only=True,
+                           reference_source="engine")
             for sc in scenarios:
-                ctx.scenario_name = sc.name
-                sc.run(ctx)
+                with ctx.in_scenario(sc.name, phase_prefix="ref-engine/"):
+                    sc.run(ctx)
         return dict(ctx.references)
 
 
@@ -519,9 +514,7 @@ def _control_pass(run: _Run, scenarios: list[Scenario], facts, target: Target) -
             rec.update(eng.record())
             cm.engine = {"mode": "launched", "command": eng.server.command, "url": eng.server.url}
             with _progress(run.console) as progress:
-                ctx = _context(cfg, eng.client, cm, cpath, facts, run.console, eng.server,
-                               progress)
-                ctx.phase_prefix = ""
+                ctx = _context(cfg, eng, cm, cpath, facts, progress)
                 _run_suite(ctx, scenarios, cfg.repeat)
             cm.status = "complete"
         except EngineError as exc:
@@ -566,11 +559,6 @@ def _gpu_memory_after(m: Manifest, before: list[dict], tolerance_mib: float, con
         msg = ", ".join(f"GPU {i}: +{d:.0f} MiB" for i, d in leaked)
         m.environment["gpu_memory_warning"] = f"not back to baseline after {wait_s:.0f} s: {msg}"
         console.print(f"[yellow]warning:[/yellow] GPU memory {m.environment['gpu_memory_warning']}")
-
-
-def _checks() -> dict:
-    from .checks import REGISTRY
-    return REGISTRY
 
 
 def _summarize(m: Manifest) -> None:

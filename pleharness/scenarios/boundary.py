@@ -69,7 +69,7 @@ class Boundary(ChatScenario):
         if p.cold_warm:
             def warm_issue(spec: RequestSpec):
                 before = metrics.scrape(ctx.client)
-                c = ctx._issue(spec)
+                c = ctx.issue(spec)
                 hits[spec.prompt.key] = metrics.delta(before, metrics.scrape(ctx.client),
                                                       metrics.PREFIX_HITS)
                 return c

@@ -55,14 +55,11 @@ class Determinism(Scenario):
         dist = [{"output_hash": h, "requests": n} for h, n in counts.most_common()]
         ph = ctx.manifest.phases[-1]
         ok = len(counts) == 1
-        ph.checks.append(CheckResult(
+        ctx.add_phase_check(ph, CheckResult(
             name="determinism", status="pass" if ok else "fail",
             detail=f"{len(counts)} distinct output(s) from {sum(counts.values())} identical "
-                   f"requests: {', '.join(str(d['requests']) for d in dist)}"))
-        if not ok:
-            ph.status = "fail"
-            ph.reason = (ph.reason + "; " if ph.reason else "") + \
-                f"{len(counts)} distinct outputs from identical requests"
+                   f"requests: {', '.join(str(d['requests']) for d in dist)}"),
+            reason=f"{len(counts)} distinct outputs from identical requests")
         ctx.manifest.tables.setdefault("determinism", []).append(
             {"phase": ph.name, "requests": p.n, "distinct_outputs": len(counts),
              "distribution": dist})

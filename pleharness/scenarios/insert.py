@@ -100,14 +100,14 @@ class Insert(ChatScenario):
             running = not done.is_set() and at < decode.max_tokens
             spec.note = (f"inserted while the decode ran (client-seen decode position {at})"
                          if running else f"sent after the decode ended ({at} tokens)")
-            return ctx._issue(spec)
+            return ctx.issue(spec)
 
         outs = ctx.run_phase("insert", 2, [decode] + inserts, issue=issue)
         if not outs:
             return
         ph = ctx.manifest.phases[-1]
         late = [o.spec.prompt.key for o in outs[1:] if "after the decode ended" in (o.spec.note or "")]
-        ph.checks.append(CheckResult(
+        ctx.add_phase_check(ph, CheckResult(
             name="inserts_during_decode", status="warn" if late else "pass",
             detail=(f"{len(late)} insert(s) sent after the decode ended: {', '.join(late)}"
                     if late else f"{len(outs) - 1} inserts sent while the decode ran")))

@@ -130,10 +130,7 @@ class KvPressure(Scenario):
                                  " (the requests did not all stream together: a request's "
                                  "first token came after another had finished; an overloaded "
                                  "host can serialize them)"))
-        ph.checks.append(chk)
-        if chk.status == "fail":
-            ph.status = "fail"
-            ph.reason = (ph.reason + "; " if ph.reason else "") + chk.detail
+        ctx.add_phase_check(ph, chk)
         compared = [o.record for o in outs if o.record.match is not None]
         ctx.manifest.tables["kv_pressure"] = [{
             "why": plan["why"], "facts": facts, "capacity_tokens": plan["capacity_tokens"],

@@ -49,14 +49,12 @@ class ChatScenario(Scenario):
 
 
 def builder(ctx: "RunContext", p: ChatParams) -> ChatPromptBuilder:
-    b = getattr(ctx, "_chat_builders", {}).get((p.filler, p.tail))
-    if b is None:
-        try:
-            b = ChatPromptBuilder(ctx.client, p.filler, p.tail)
-        except ValueError as exc:
-            raise ScenarioError(f"params.filler: {exc}") from None
-        ctx.__dict__.setdefault("_chat_builders", {})[(p.filler, p.tail)] = b
-    return b
+    """The context's prompt builder for ``p.filler`` / ``p.tail`` (:meth:`RunContext.prompt_builder`).
+    Raises ScenarioError (params.filler) when the filler is not exactly one token."""
+    try:
+        return ctx.prompt_builder(p.filler, p.tail)
+    except ValueError as exc:
+        raise ScenarioError(f"params.filler: {exc}") from None
 
 
 def boundary_spec(ctx: "RunContext", p: ChatParams, length: int, why: str,
