@@ -45,17 +45,23 @@ P_OUT = "Output"
 
 
 class ReportFormat(str, Enum):
+    """``report --format``: console tables, Markdown (summary.md) or JUnit XML."""
+
     console = "console"
     markdown = "markdown"
     junit = "junit"
 
 
 class OnTimeout(str, Enum):
+    """``--on-timeout``: after a phase with timed-out requests, continue or abort the run."""
+
     cont = "continue"
     abort = "abort"
 
 
 class CacheState(str, Enum):
+    """``--reference-cache-state``: keep each reference prompt's warm (second) or cold run."""
+
     warm = "warm"
     cold = "cold"
 
@@ -69,7 +75,7 @@ def _version(value: bool):
 @app.callback()
 def main(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
                                                help="Print the version and exit.")] = False):
-    pass
+    """Validation and stress-test harness for patched vLLM engines."""
 
 
 def warn(text: str) -> None:

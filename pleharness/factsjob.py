@@ -84,6 +84,8 @@ def run_facts(cfg: FactsConfig, console: Console) -> int:
 
 
 def render_facts(facts: EngineFacts, console: Console, title: str = "engine facts") -> None:
+    """Print the facts table (fact, value, source, other sources; conflicts marked), the sources
+    read, the warnings, and each unknown fact with the schedules that need it."""
     t = Table(title=escape(title))
     for col in ("fact", "value", "source", "other sources"):
         t.add_column(col)

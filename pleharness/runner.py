@@ -218,6 +218,7 @@ class RunContext:
 
     # -- manifest ---------------------------------------------------------------------------------
     def save(self) -> None:
+        """Write the manifest atomically (:func:`pleharness.manifest.write_manifest`)."""
         write_manifest(self.manifest_path, self.manifest)
 
     def ensure_engine_alive(self) -> None:

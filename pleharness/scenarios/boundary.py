@@ -36,12 +36,17 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 class BoundaryParams(ChatParams):
+    """Parameters of ``boundary`` (with :class:`ChatParams`): ``cold_warm`` runs every length
+    a second time warm; ``edges`` adds the max_model_len edge requests."""
+
     cold_warm: bool = True
     edges: bool = True
 
 
 @register
 class Boundary(ChatScenario):
+    """Kind ``boundary``: see the module docstring (phases: cold, warm, edges)."""
+
     kind = "boundary"
     summary = "prompts at q, n*B+q, n*C+q (+-1), cold then warm (prefix cache), and max_model_len edges"
     Params = BoundaryParams

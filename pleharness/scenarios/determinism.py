@@ -22,6 +22,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 class DeterminismParams(Params):
+    """Parameters of ``determinism``: ``n`` identical requests of a seeded random prompt of
+    ``prompt_len`` tokens, ``max_tokens`` each."""
+
     n: int = Field(32, ge=2, le=1024, description="identical requests in flight together")
     prompt_len: int = Field(64, ge=1, le=10_000_000)
     max_tokens: int = Field(32, ge=1, le=1_000_000)
@@ -30,6 +33,8 @@ class DeterminismParams(Params):
 
 @register
 class Determinism(Scenario):
+    """Kind ``determinism``: see the module docstring (one phase, check ``determinism``)."""
+
     kind = "determinism"
     summary = "N identical greedy requests in flight together: count distinct outputs (1 expected)"
     Params = DeterminismParams
@@ -37,6 +42,7 @@ class Determinism(Scenario):
     phases = 1
 
     def validate_against(self, facts) -> None:
+        """Raises ScenarioError when prompt_len + max_tokens exceeds max_model_len."""
         m = facts.get("max_model_len")
         if m is not None and self.params.prompt_len + self.params.max_tokens > int(m):
             raise ScenarioError(f"{self.source}: params.prompt_len + params.max_tokens = "

@@ -33,6 +33,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 class InsertParams(ChatParams):
+    """Parameters of ``insert`` (with :class:`ChatParams`): the decode prompt counts to
+    ``count_to``; the inserted prefills have the boundary lengths of ``depth``."""
+
     depth: int = Field(1, ge=1)
     controls: bool = False
     count_to: int = Field(300, ge=1, le=100_000, description="N of the decode prompt 'Count from 1 to N.'")
@@ -48,6 +51,8 @@ class InsertParams(ChatParams):
 
 @register
 class Insert(ChatScenario):
+    """Kind ``insert``: see the module docstring (one phase at concurrency 2)."""
+
     kind = "insert"
     summary = "long streaming decode (count 1..N) with boundary-length prefills inserted mid-decode"
     Params = InsertParams

@@ -74,6 +74,9 @@ def pressure_plan(facts: dict, prompt_len: int = 32, max_tokens: int | None = No
 
 
 class KvPressureParams(Params):
+    """Parameters of ``kv_pressure``: prompt length and max_tokens (default: as long as one
+    request alone fits) of the requests that together overfill the KV cache."""
+
     prompt_len: int = Field(32, ge=1, le=10_000_000)
     max_tokens: int | None = Field(None, ge=1, le=1_000_000,
                                    description="default: as long as one request alone fits")
@@ -85,6 +88,8 @@ class KvPressureParams(Params):
 
 @register
 class KvPressure(Scenario):
+    """Kind ``kv_pressure``: see the module docstring (one phase, check ``preemptions``)."""
+
     kind = "kv_pressure"
     summary = ("more prompt + max_tokens in flight than the KV cache holds: preemption and "
                "recomputation; every output vs its solo reference (vllm:num_preemptions)")

@@ -31,6 +31,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 class ReplayRequest(Params):
+    """One request of a replayed phase: prompt token IDs, max_tokens, note, streamed or not."""
+
     prompt: list[int] = Field(min_length=1)
     max_tokens: int = Field(ge=1, le=1_000_000)
     note: str = ""
@@ -38,12 +40,16 @@ class ReplayRequest(Params):
 
 
 class ReplayPhase(Params):
+    """One replayed phase: its name, concurrency and requests, in order."""
+
     name: str = Field(min_length=1)
     concurrency: int = Field(ge=1, le=1024)
     requests: list[ReplayRequest] = Field(min_length=1)
 
 
 class ReplayParams(Params):
+    """Parameters of ``replay``: the phases to replay (names unique)."""
+
     phases: list[ReplayPhase] = Field(min_length=1)
 
     @model_validator(mode="after")
@@ -62,6 +68,8 @@ def prompt_of(ids: list[int]) -> Prompt:
 
 @register
 class Replay(Scenario):
+    """Kind ``replay``: see the module docstring (one phase per ``params.phases`` item)."""
+
     kind = "replay"
     summary = "an explicit schedule of phases and token-ID prompts (explain's reproducers)"
     Params = ReplayParams
@@ -70,6 +78,8 @@ class Replay(Scenario):
         return len(self.params.phases)
 
     def validate_against(self, facts) -> None:
+        """Raises ScenarioError naming ``params.phases[i].requests[j]`` when a request does
+        not fit in max_model_len or a prompt ID is outside [0, V)."""
         m, v = facts.get("max_model_len"), facts.get("vocab_size")
         for i, ph in enumerate(self.params.phases):
             for j, r in enumerate(ph.requests):

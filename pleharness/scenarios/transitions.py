@@ -72,6 +72,9 @@ class PromptSet(Params):
 
 
 class TransitionsParams(Params):
+    """Parameters of ``transitions``: the concurrency ladder, its repeats, prompts and
+    max_tokens (see the module docstring)."""
+
     ladder: list[int] = Field(default_factory=lambda: [4, 3, 2, 1, 2, 3, 4, 1])
     repeats: int = Field(2, ge=1, le=10_000)
     requests_per_slot: int = Field(2, ge=1, le=10_000)
@@ -101,6 +104,8 @@ class TransitionsParams(Params):
 
 @register
 class Transitions(Scenario):
+    """Kind ``transitions``: see the module docstring (one phase per ladder level and repeat)."""
+
     kind = "transitions"
     summary = "concurrency ladder C4->C3->C2->C1->C2->C3->C4->C1 (repeated); every output vs its solo reference"
     Params = TransitionsParams
@@ -116,6 +121,8 @@ class Transitions(Scenario):
         return int(v)
 
     def validate_against(self, facts) -> None:
+        """Raises ScenarioError when the longest prompt + max_tokens (+ q - 1 for the residues)
+        exceeds max_model_len, or prompt IDs would reach past the vocabulary."""
         p = self.params
         m = facts.get("max_model_len")
         extra = (self._q(facts) or 1) - 1 if p.max_tokens_residues else 0

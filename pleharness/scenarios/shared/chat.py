@@ -41,6 +41,8 @@ class ChatScenario(Scenario):
     """Base of the kinds built on exact-length chat prompts: checks max_tokens against M."""
 
     def validate_against(self, facts) -> None:
+        """Raises ScenarioError when max_tokens (or count_to) leaves no room for a prompt in
+        max_model_len."""
         m = facts.get("max_model_len")
         mt = max([self.params.max_tokens] + [getattr(self.params, "count_to", 0)])
         if m is not None and mt >= int(m):
@@ -82,5 +84,7 @@ def boundary_spec(ctx: "RunContext", p: ChatParams, length: int, why: str,
 
 
 def max_prompt_len(ctx: "RunContext", max_tokens: int) -> int | None:
+    """The longest prompt (tokens) that leaves ``max_tokens`` in max_model_len; None when M is
+    unknown."""
     m = ctx.facts.get("max_model_len")
     return None if m is None else int(m) - max_tokens
