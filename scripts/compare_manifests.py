@@ -32,8 +32,8 @@ IGNORED = [
     r"facts\..*\.(source_detail)",
 ]
 _IGNORED = re.compile("|".join(f"(?:{p})" for p in IGNORED))
-_VOLATILE_TEXT = re.compile(r"https?://[\w.]+:\d+|/tmp/\S+|\d+(\.\d+)? ?s\b"
-                            r"|/\S*?/(?=(pleharness|scenarios|profiles)/)")
+_VOLATILE_TEXT = re.compile(r"/\S*?/(?=(pleharness|scenarios|profiles)/)"
+                            r"|https?://[\w.]+:\d+|/tmp/\S+|\d+(\.\d+)? ?s\b")
 
 
 def _norm(x: Any) -> Any:
