@@ -169,10 +169,12 @@ def start_or_attach(stack: contextlib.ExitStack, target: Target, console: Consol
         running = servers if servers is not None else []
 
         def stop(srv: EngineServer = server) -> None:
-            if srv in running:
-                running.remove(srv)
-                with console.status(f"stopping the {what} ..."):
-                    srv.stop(grace_s=stop_grace_s())
+            if srv in running:  # still listed while it stops: a second Ctrl-C can SIGKILL it
+                try:
+                    with console.status(f"stopping the {what} ..."):
+                        srv.stop(grace_s=stop_grace_s())
+                finally:
+                    running.remove(srv)
         with console.status(f"starting the {what} (see {escape(server.log_path.name)}) ..."):
             server.start()  # stops the server itself when it fails to become ready
         running.append(server)

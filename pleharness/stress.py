@@ -211,6 +211,7 @@ def run_stress(cfg: StressConfig, console: Console | None = None,
                 code = run.fail(exc)
     finally:
         run.finish(code)
+    run.report(code)
     return code
 
 
@@ -274,8 +275,10 @@ class _Run:
     def stop(self, eng: Engine) -> None:
         """Stop ``eng``'s server now (a no-op when attached); the stack's own stop then skips it."""
         if eng.server is not None and eng.server in self.servers:
-            self.servers.remove(eng.server)
-            eng.server.stop()
+            try:
+                eng.server.stop()
+            finally:
+                self.servers.remove(eng.server)
 
     def grace_s(self) -> float | None:
         """Stop grace period: none after a second Ctrl-C / SIGTERM, else the server's default."""
@@ -342,7 +345,7 @@ class _Run:
         return code
 
     def finish(self, code: int) -> None:
-        """Summarize, write the final manifest and the reports, print the verdict line."""
+        """Summarize, write the final manifest, summary.md and junit.xml (on every exit path)."""
         m = self.manifest
         _summarize(m)
         m.ended_at = now_iso()
@@ -351,6 +354,10 @@ class _Run:
             m.status = "incomplete"
         self.save()
         _write_reports(m, self.run_dir)
+
+    def report(self, code: int) -> None:
+        """Print the verdict, the tables and the status line to the console."""
+        m = self.manifest
         render(m, self.console, run_dir=str(self.run_dir))
         self.console.print(f"status {m.status}, verdict {m.verdict}, exit {code}; "
                            f"manifest: {esc(self.mpath)}")
