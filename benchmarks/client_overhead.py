@@ -202,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     from pleharness.engine.facts import EngineFacts
     from pleharness.manifest import Manifest
     from pleharness.prompts import Prompt
-    from pleharness.runner import RequestSpec, RunContext
+    from pleharness.request import RequestSpec
+    from pleharness.runner import RunContext
 
     pin = None
     if a.pin:

@@ -54,7 +54,7 @@ class HarnessDriver:
         from pleharness.engine.client import EngineClient
         from pleharness.engine.facts import EngineFacts
         from pleharness.manifest import Manifest
-        from pleharness.runner import RunContext
+        from pleharness.runner import RunContext, RunOptions
 
         client = EngineClient(url, model)
         client.resolve_model()
@@ -62,16 +62,17 @@ class HarnessDriver:
         facts.set("vocab_size", vocab_size(), "config.json")
         self.ctx = RunContext(client, Manifest(run_id="bench"), work / "manifest.json", facts,
                               Console(file=io.StringIO()), server=server, progress=None,
-                              check_registry=REGISTRY)
+                              check_registry=REGISTRY,
+                              # the same workload as vLLM's client: no logprobs (the stress
+                              # default asks for top-2 logprobs for near-tie analysis, which costs
+                              # the engine and the wire extra work)
+                              options=RunOptions(logprobs=None))
         self.ctx.scenario_name = "bench"
-        # the same workload as vLLM's client: no logprobs (the stress default asks for top-2
-        # logprobs for near-tie analysis, which costs the engine and the wire extra work)
-        self.ctx.logprobs = None
         self.n = 0
 
     def run(self, prompts: list[list[int]], max_tokens: int, c: int) -> dict:
         from pleharness.prompts import Prompt
-        from pleharness.runner import RequestSpec
+        from pleharness.request import RequestSpec
 
         self.n += 1
         specs = [RequestSpec(Prompt(key=f"b{i}", ids=tuple(p)), max_tokens, compare=False)

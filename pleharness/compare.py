@@ -25,7 +25,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .engine.errors import UsageError
+from .errors import UsageError
 from .manifest import Manifest, load_manifest
 from .summary import throughput_by_concurrency
 

@@ -41,7 +41,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from .engine.client import EngineClient
-from .engine.errors import EngineError, UsageError
+from .errors import EngineError, UsageError
 from .engine.launch import EngineServer, LaunchSpec
 from .manifest import Manifest, load_manifest, write_atomic
 from .divergence import first_divergence

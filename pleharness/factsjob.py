@@ -8,6 +8,7 @@ as warnings, the facts that stayed unknown with what needs them, and optionally 
 """
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,10 +17,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from .engine.client import EngineClient
-from .engine.errors import EngineError, UsageError
-from .engine.facts import EngineFacts, gather_facts
-from .engine.launch import EngineServer, LaunchSpec, engine_python_check, redact_env
+from .engine.facts import EngineFacts
+from .engine.launch import redact_env
+from .engines import resolve_target, start_or_attach
 
 # which derived schedules need which fact (printed for facts that stayed unknown)
 NEEDED_BY = {
@@ -38,6 +38,9 @@ NEEDED_BY = {
 
 @dataclass
 class FactsConfig:
+    """Options of ``ple-harness facts`` (see its --help): attach to ``url`` or launch ``model``
+    (None: the embedded model); ``json_path``: also write the facts there as JSON."""
+
     url: str | None = None
     model: str | None = None
     engine_python: str = "python3"
@@ -54,55 +57,19 @@ class FactsConfig:
 
 
 def run_facts(cfg: FactsConfig, console: Console) -> int:
-    """Gather and print the facts; returns 0, or raises UsageError / EngineError (exit 2 / 3)."""
-    server = None
-    model_path, served, args, env = cfg.model, cfg.served_model_name, list(cfg.engine_args), \
-        dict(cfg.engine_env)
-    if cfg.url is not None and not EngineClient(cfg.url, api_key=cfg.api_key).health(timeout=10):
-        raise UsageError(f"no engine answers GET {cfg.url.rstrip('/')}/health with 200 "
-                         "(is the server running and the URL right?)")
-    if cfg.url is None:
-        problem = engine_python_check(cfg.engine_python)
-        if problem:
-            raise UsageError(problem)
-        if model_path is None:
-            from .model import SERVED_NAME, ensure_embedded_model
-            from .stress import EMBEDDED_ENGINE_ARGS, EMBEDDED_ENV
-            from .engine.facts import parse_engine_args
-            model_path = str(ensure_embedded_model(cfg.engine_python, log=console.print))
-            served = served or SERVED_NAME
-            given = set(parse_engine_args(args))
-            defaults = [EMBEDDED_ENGINE_ARGS[i: i + 2] for i in range(0, len(EMBEDDED_ENGINE_ARGS), 2)
-                        if EMBEDDED_ENGINE_ARGS[i] not in given]
-            args = [a for pair in defaults for a in pair] + args
-            env = {**EMBEDDED_ENV, **env}
-        elif not Path(model_path).exists():
-            raise UsageError(f"model path {model_path} does not exist")
-    try:
-        if cfg.url is None:
-            spec = LaunchSpec(model=model_path, python=cfg.engine_python, tp=cfg.tp,
-                              engine_args=args, env=env, host=cfg.host, served_model_name=served)
-            server = EngineServer(spec, cfg.log_dir, cfg.start_timeout_s, api_key=cfg.api_key)
-            with console.status(f"starting the engine (log: {escape(str(server.log_path))}) ..."):
-                server.start()
-            console.print(f"engine ready after {server.ready_s:.0f} s at {server.url}")
-            url = server.url
-        else:
-            url = cfg.url
-        client = EngineClient(url, served, cfg.api_key)
-        if not client.health(timeout=10):
-            raise EngineError(f"no engine answers /health with 200 at {url}")
-        client.resolve_model()
-        card = client.model_card()
-        facts = gather_facts(explicit=cfg.explicit, engine_args=server.command if server else None,
-                             launched=server is not None, tp=cfg.tp, model_card=card,
-                             model_path=model_path if server else (card.get("root") or None),
-                             client=client, engine_log=server.log_path if server else None)
-        version = client.version()
-    finally:
-        if server is not None:
-            with console.status("stopping the engine ..."):
-                server.stop()
+    """Gather and print the facts; returns 0, or raises UsageError / EngineError (exit 2 / 3).
+
+    The engine is resolved and started exactly as ``stress`` does (:mod:`pleharness.engines`)
+    and stopped before the facts are printed."""
+    target = resolve_target(url=cfg.url, model=cfg.model, python=cfg.engine_python, tp=cfg.tp,
+                            engine_args=cfg.engine_args, engine_env=cfg.engine_env,
+                            served_name=cfg.served_model_name, host=cfg.host, api_key=cfg.api_key,
+                            start_timeout_s=cfg.start_timeout_s, log=console.print)
+    with contextlib.ExitStack() as stack:
+        eng = start_or_attach(stack, target, console, log_dir=cfg.log_dir,
+                              explicit_facts=cfg.explicit)
+    server, facts, version = eng.server, eng.facts, eng.version
+    url = server.url if server is not None else cfg.url
     render_facts(facts, console, title=f"engine facts: vLLM {version} at {url}")
     if cfg.json_path:
         out = {"url": url, "version": version, "mode": "launched" if server else "attached",
@@ -117,6 +84,8 @@ def run_facts(cfg: FactsConfig, console: Console) -> int:
 
 
 def render_facts(facts: EngineFacts, console: Console, title: str = "engine facts") -> None:
+    """Print the facts table (fact, value, source, other sources; conflicts marked), the sources
+    read, the warnings, and each unknown fact with the schedules that need it."""
     t = Table(title=escape(title))
     for col in ("fact", "value", "source", "other sources"):
         t.add_column(col)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .engine.errors import UsageError
+from .errors import UsageError
 from .manifest import Manifest
 
 

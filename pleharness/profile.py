@@ -17,6 +17,9 @@ from .tomlfile import read_toml, validate
 
 
 class EngineProfile(BaseModel):
+    """An engine profile file (TOML): model, python, tp, served_model_name, host, engine_args and
+    ``[env]``; every key optional, unknown keys refused. Command-line flags override it."""
+
     model_config = ConfigDict(extra="forbid")
 
     model: str | None = None

@@ -23,6 +23,7 @@ class Prompt:
 
     @property
     def hash(self) -> str:
+        """SHA256 hex of the prompt's token IDs (:func:`pleharness.parity.token_hash`)."""
         return token_hash(self.ids)
 
     def __len__(self) -> int:
@@ -89,11 +90,16 @@ class ChatPromptBuilder:
         self._templates: dict[str, list[int]] = {}
 
     def template(self, text: str) -> list[int]:
+        """Token IDs of the chat template around user message ``text`` with the generation
+        prompt (asked from the engine's /tokenize once per text)."""
         if text not in self._templates:
             self._templates[text] = self.client.tokenize(
                 messages=[{"role": "user", "content": text}], add_generation_prompt=True)
         return self._templates[text]
 
     def build(self, text: str, length: int, key: str | None = None, why: str | None = None) -> Prompt:
+        """A chat prompt of exactly ``length`` tokens: the template of ``text`` padded with the
+        filler before the last ``tail`` tokens. Raises ValueError when ``length`` is shorter than
+        the template."""
         ids = pad_chat_prompt(self.template(text), self.filler_id, length, self.tail)
         return Prompt(key=key or f"chat-len{length}", ids=tuple(ids), text=text, why=why)

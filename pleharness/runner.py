@@ -1,18 +1,15 @@
-"""Run orchestration: results folder, engine (launch or attach), scenarios, manifest, verdict.
+"""The run context: how scenarios issue phases, take references and record requests.
 
-Exit codes (documented once, used by the CLI): 0 every compared hash matched and no check failed;
-1 a parity or check failure (or failed requests); 2 usage error; 3 the engine failed to start or died;
-130 / 143 interrupted by SIGINT / SIGTERM.
+Exit codes are documented in :mod:`pleharness.errors` (re-exported here).
 """
 from __future__ import annotations
 
-import platform
 import secrets
 import statistics
-import subprocess
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -20,57 +17,16 @@ from typing import Any
 from rich.console import Console
 from rich.progress import Progress
 
-from . import __version__
 from .engine.client import Completion, EngineClient
-from .engine.errors import EngineError, UsageError
+from .errors import EXIT_ENGINE, EXIT_FAIL, EXIT_OK, EXIT_USAGE, EngineError, UsageError  # noqa: F401
 from .engine.facts import EngineFacts
 from .engine.launch import EngineServer
 from .manifest import (CheckResult, Manifest, PhaseRecord, ReferenceRecord, RequestRecord,
                        now_iso, write_manifest)
 from .divergence import DEFAULT_NEAR_TIE_NATS, analyse, first_divergence, margins
 from .parity import token_hash
-from .prompts import Prompt
-from .checks import DEFAULT_CHECKS, DEFAULT_PHASE_CHECKS, PHASE_REGISTRY
-
-EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_ENGINE = 0, 1, 2, 3
-
-
-@dataclass
-class RequestSpec:
-    """One request to issue: a prompt, its sampling, and what to compare it with.
-
-    ``compare``: compare the output hash with the prompt's single-request reference.
-    ``checks``: reference-free checks to run on the output, as {check name: params}.
-    ``temperature`` / ``seed``: sampling (greedy by default); a seeded sampled request must
-    reproduce its seed's sample, so the sampling is part of the reference key.
-    ``stream``: streamed (SSE) or one JSON response; not part of the reference key (both
-    deliveries must give the same IDs).
-    """
-
-    prompt: Prompt
-    max_tokens: int
-    compare: bool = True
-    logprobs: int | None = None
-    checks: dict[str, dict[str, Any]] = field(default_factory=lambda: {
-        name: {} for name in DEFAULT_CHECKS})
-    note: str | None = None
-    accept_4xx: bool = False  # a clean HTTP 4xx rejection is an acceptable answer (edge probes)
-    temperature: float = 0.0
-    seed: int | None = None
-    stream: bool = True
-
-    @property
-    def ref_key(self) -> tuple:
-        if self.temperature == 0.0:
-            return (self.prompt.hash, self.max_tokens)
-        return (self.prompt.hash, self.max_tokens, self.temperature, self.seed)
-
-
-@dataclass
-class Outcome:
-    spec: RequestSpec
-    completion: Completion
-    record: RequestRecord
+from .checks import DEFAULT_PHASE_CHECKS, PHASE_REGISTRY
+from .request import Outcome, RequestSpec
 
 
 def new_run_dir(results_dir: Path, run_id: str | None = None) -> tuple[str, Path]:
@@ -101,33 +57,8 @@ def new_run_dir(results_dir: Path, run_id: str | None = None) -> tuple[str, Path
     raise UsageError(f"could not create a new run folder under {results_dir}")
 
 
-def git_commit() -> str | None:
-    here = Path(__file__).resolve().parent
-    try:
-        r = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True,
-                           text=True, timeout=10)
-        return r.stdout.strip() or None if r.returncode == 0 else None
-    except (OSError, subprocess.SubprocessError):
-        return None
 
 
-def gpu_inventory() -> list[dict[str, Any]] | None:
-    """GPUs from nvidia-smi (name, memory used/total MiB, driver), or None when there is none."""
-    try:
-        r = subprocess.run(["nvidia-smi", "--query-gpu=index,name,memory.used,memory.total,"
-                            "driver_version", "--format=csv,noheader,nounits"],
-                           capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if r.returncode != 0:
-        return None
-    gpus = []
-    for line in r.stdout.strip().splitlines():
-        p = [x.strip() for x in line.split(",")]
-        if len(p) == 5:
-            gpus.append({"index": int(p[0]), "name": p[1], "memory_used_mib": float(p[2]),
-                         "memory_total_mib": float(p[3]), "driver": p[4]})
-    return gpus
 
 
 class RequestTimeoutAbort(Exception):
@@ -170,15 +101,46 @@ class _Watchdog:
         self._thread.join(timeout=10)
 
 
+@dataclass(frozen=True)
+class RunOptions:
+    """How a run context issues and judges requests; fixed for the context's life.
+
+    ``logprobs``: top-k logprobs on every request (divergence margins; None: none asked).
+    ``near_tie_nats``: a divergence whose top-1/top-2 gap (nats) is below this is a near tie.
+    ``strict``: every divergence fails. ``on_timeout``: continue | abort (after a phase with
+    timed-out requests). ``reference_mode``: solo | manifest | engine | golden.
+    ``reference_cache_state``: cold | warm (see :meth:`RunContext.take_references`).
+    ``reference_source``: recorded on the references taken here (solo, or engine on the reference
+    engine). ``collect_only``: take references, skip load phases (the reference engine).
+    """
+
+    on_timeout: str = "continue"
+    logprobs: int | None = 2
+    near_tie_nats: float = DEFAULT_NEAR_TIE_NATS
+    strict: bool = False
+    reference_mode: str = "solo"
+    reference_cache_state: str = "warm"
+    reference_source: str = "solo"
+    collect_only: bool = False
+
+
 class RunContext:
     """What scenarios use to issue phases: client, facts, references, manifest, progress.
 
+    Built complete: ``options`` (a frozen :class:`RunOptions`) says how requests are issued and
+    judged, ``golden`` is the golden model (:class:`pleharness.golden.GoldenModel`, or None) and
+    ``references`` the references known up front (``--reference manifest:PATH`` / ``engine``).
+    Request checks come from ``check_registry`` (default: every registered check,
+    :data:`pleharness.checks.REGISTRY`; pass ``{}`` to run none, which records each as skipped).
     Phases are recorded in the manifest, which is written atomically after each one.
     """
 
     def __init__(self, client: EngineClient, manifest: Manifest, manifest_path: Path,
                  facts: EngineFacts, console: Console, server: EngineServer | None = None,
-                 progress: Progress | None = None, check_registry: dict | None = None):
+                 progress: Progress | None = None, check_registry: Mapping | None = None, *,
+                 options: RunOptions = RunOptions(), golden=None,
+                 references: Mapping[tuple, ReferenceRecord] | None = None):
+        from .checks import REGISTRY
         self.client = client
         self.manifest = manifest
         self.manifest_path = manifest_path
@@ -186,26 +148,76 @@ class RunContext:
         self.console = console
         self.server = server
         self.progress = progress
-        self.references: dict[tuple[str, int], ReferenceRecord] = {}
-        self.check_registry = check_registry or {}
+        self.options = options
+        self.golden = golden
+        self.references: dict[tuple, ReferenceRecord] = dict(references or {})
+        self.check_registry = REGISTRY if check_registry is None else check_registry
         self._req_counter = 0
-        self.scenario_name = ""
-        self.on_timeout = "continue"
-        self.logprobs: int | None = 2  # top-k logprobs on every request (divergence margins)
-        self.near_tie_nats = DEFAULT_NEAR_TIE_NATS
-        self.strict = False
-        self.reference_mode = "solo"  # solo | manifest | engine | golden
-        self.golden = None  # pleharness.golden.GoldenModel: golden references / classification
+        self._prompt_builders: dict[tuple[str, int], Any] = {}
         self.golden_error: str | None = None  # why the golden classifier stopped being used
-        self.phase_role = "load"  # role of the phase whose requests are being recorded
-        self.reference_cache_state = "warm"  # cold | warm (see take_references)
-        self.reference_source = "solo"
-        self.collect_only = False  # True on the reference engine: take references, skip load
+        self.scenario_name = ""  # set by in_scenario()
         self.phase_prefix = ""
         self.repeat_index = 1
 
+    # the options, read-only (a context is built with them; they do not change during a run)
+    on_timeout = property(lambda self: self.options.on_timeout)
+    logprobs = property(lambda self: self.options.logprobs)
+    near_tie_nats = property(lambda self: self.options.near_tie_nats)
+    strict = property(lambda self: self.options.strict)
+    reference_mode = property(lambda self: self.options.reference_mode)
+    reference_cache_state = property(lambda self: self.options.reference_cache_state)
+    reference_source = property(lambda self: self.options.reference_source)
+    collect_only = property(lambda self: self.options.collect_only)
+
+    @property
+    def phase_role(self) -> str:
+        """Role of the phase whose requests are being recorded (load | reference | warmup): the
+        last phase in the manifest, "load" before any."""
+        return self.manifest.phases[-1].role if self.manifest.phases else "load"
+
+    @contextmanager
+    def in_scenario(self, name: str, repeat_index: int = 1, phase_prefix: str = ""):
+        """Record the phases issued inside as scenario ``name``'s (repeat ``repeat_index``,
+        phase names prefixed with ``phase_prefix``); the previous values come back after."""
+        old = self.scenario_name, self.repeat_index, self.phase_prefix
+        self.scenario_name, self.repeat_index, self.phase_prefix = name, repeat_index, phase_prefix
+        try:
+            yield self
+        finally:
+            self.scenario_name, self.repeat_index, self.phase_prefix = old
+
+    # -- for scenarios ----------------------------------------------------------------------------
+    def issue(self, spec: RequestSpec, on_token: Callable[[int], None] | None = None
+              ) -> Completion:
+        """Send one request now and wait for it (blocking; no phase, no record): for scenarios'
+        custom ``issue`` functions of :meth:`run_phase` (e.g. to scrape /metrics around it).
+        ``on_token(n)``: called with the streamed token count so far, on the client's event loop
+        thread (keep it short), e.g. to trigger an insert (:mod:`pleharness.scenarios.inserting`).
+        Returns the Completion (errors recorded in it, never raised)."""
+        return self.client.complete(**self._request_args(spec), on_token=on_token)
+
+    def prompt_builder(self, filler: str, tail: int):
+        """The engine's :class:`pleharness.prompts.ChatPromptBuilder` for ``filler`` (one token)
+        and ``tail`` (generation-prompt tail tokens), built once per context (it asks the
+        engine's tokenizer). Raises ValueError when ``filler`` is not exactly one token."""
+        from .prompts import ChatPromptBuilder
+        key = (filler, tail)
+        if key not in self._prompt_builders:
+            self._prompt_builders[key] = ChatPromptBuilder(self.client, filler, tail)
+        return self._prompt_builders[key]
+
+    def add_phase_check(self, ph: PhaseRecord, check: CheckResult,
+                        reason: str | None = None) -> None:
+        """Add a scenario's own check to phase ``ph`` (already recorded); a failing check fails
+        the phase, with ``reason`` (default: the check's detail) added to ``ph.reason``."""
+        ph.checks.append(check)
+        if check.status == "fail":
+            ph.status = "fail"
+            ph.reason = (ph.reason + "; " if ph.reason else "") + (reason or check.detail)
+
     # -- manifest ---------------------------------------------------------------------------------
     def save(self) -> None:
+        """Write the manifest atomically (:func:`pleharness.manifest.write_manifest`)."""
         write_manifest(self.manifest_path, self.manifest)
 
     def ensure_engine_alive(self) -> None:
@@ -322,7 +334,6 @@ class RunContext:
         if self.collect_only and role != "reference":
             return []  # reference pass on the reference engine: only references are taken
         name = self.phase_prefix + name
-        self.phase_role = role
         ph = PhaseRecord(index=len(self.manifest.phases), name=name, scenario=self.scenario_name,
                          repeat=self.repeat_index,
                          concurrency=concurrency, requests=len(specs),
@@ -401,11 +412,8 @@ class RunContext:
                 "stream": spec.stream}
 
     def _issue(self, spec: RequestSpec, on_token: Callable[[int], None] | None = None
-               ) -> Completion:
-        """Issue one spec and wait for it (blocking; for custom ``issue`` functions).
-        ``on_token(n)``: called with the streamed token count so far, on the client's event loop
-        thread (keep it short), e.g. to trigger an insert (:mod:`pleharness.scenarios.inserting`)."""
-        return self.client.complete(**self._request_args(spec), on_token=on_token)
+               ) -> Completion:  # the old name; scenarios call issue()
+        return self.issue(spec, on_token=on_token)
 
     async def _aissue(self, spec: RequestSpec) -> Completion:
         """Issue one spec on the client's event loop (the default request path of run_phase)."""
@@ -536,18 +544,3 @@ class RunContext:
             if aic:
                 why.append(f"{aic} divergence(s) also in the control run (warning)")
             ph.reason = "; ".join(why)
-
-
-def environment_info(engine_python: str | None) -> dict[str, Any]:
-    from .engine.launch import python_versions
-    env: dict[str, Any] = {"platform": platform.platform(), "harness_python":
-                           platform.python_version(), "gpus": gpu_inventory()}
-    if engine_python:
-        v = python_versions(engine_python)
-        env.update({"engine_python": engine_python, "python": v.get("python"),
-                    "torch": v.get("torch"), "vllm_package": v.get("vllm")})
-    return env
-
-
-def harness_info() -> dict[str, Any]:
-    return {"version": __version__, "git_commit": git_commit()}

@@ -1,7 +1,14 @@
-"""The ``stress`` job: launch or attach, run the selected scenarios, write the manifest, verdict."""
+"""The ``stress`` job: launch or attach, run the selected scenarios, write the manifest, verdict.
+
+:func:`run_stress` reads as the steps of a run: validate the options, load the scenarios, resolve
+the engine target, create the run folder and manifest, then (engines and signal handlers owned by
+one :class:`contextlib.ExitStack`) take references on a reference engine if asked, start or attach
+the engine under test, run the suite, replay it on a control engine if asked, and judge. Every
+exception maps to a manifest status and an exit code in one place (:meth:`_Run.fail`).
+"""
 from __future__ import annotations
 
-
+import contextlib
 import signal
 import sys
 import traceback
@@ -11,39 +18,36 @@ from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from .engine.client import Timeouts
+from .engine.launch import EngineServer
+from .engines import (EMBEDDED_ENGINE_ARGS, EMBEDDED_ENV, Engine, Target,  # noqa: F401
+                      launch_record, resolve_target, start_or_attach)
+from .environment import environment_info, gpu_inventory, harness_info
+from .errors import EXIT_INTERNAL, EngineError, HarnessError, UsageError, write_crash_log
+from .manifest import Manifest, now_iso, write_manifest
+from .render import headline, render
+from .runner import (EXIT_ENGINE, EXIT_FAIL, EXIT_OK, RequestTimeoutAbort, RunContext,
+                     RunOptions, new_run_dir)
+from .scenarios import Scenario, load_scenario_file
+
+DEFAULT_SCENARIOS = ["transitions", "boundary", "pairs", "insert"]
+REFERENCE_MODES = ("solo", "engine", "manifest", "golden")
 
 
 def esc(x) -> str:
     """Text for rich's console: user-given paths and messages may contain [brackets]."""
     return escape(str(x))
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-from .engine.client import EngineClient, Timeouts
-from .engine.errors import EXIT_INTERNAL, EngineError, HarnessError, UsageError, write_crash_log
-from .engine.facts import gather_facts
-from .engine.launch import EngineServer, LaunchSpec, engine_python_check, redact_env
-from .manifest import Manifest, now_iso, write_manifest
-from .render import headline, render
-from .runner import (EXIT_ENGINE, EXIT_FAIL, EXIT_OK, RequestTimeoutAbort, RunContext,
-                     environment_info, gpu_inventory, harness_info, new_run_dir)
-from .scenarios import Scenario, load_scenario_file
-
-DEFAULT_SCENARIOS = ["transitions", "boundary", "pairs", "insert"]
-# Engine arguments added when the embedded model is launched: block size 32 is valid on the CPU
-# attention backend (which refuses 16) and on GPUs.
-# The chunked-prefill budget is set so that the boundary lengths n*C + q are known and short.
-# float32: the embedded model's own dtype (vLLM's --dtype auto would downcast it to bfloat16), so
-# the engine and the golden reference (transformers, float32) compute the same numbers: measured
-# 16/16 greedy outputs identical on the CPU engine, at golden margins down to 0.0036 nats.
-EMBEDDED_ENGINE_ARGS = ["--block-size", "32", "--max-num-batched-tokens", "256",
-                        "--dtype", "float32"]
-EMBEDDED_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
-
 
 @dataclass
 class StressConfig:
-    """Resolved options of one ``ple-harness stress`` run (see ``ple-harness stress --help``)."""
+    """Resolved options of one ``ple-harness stress`` run (see ``ple-harness stress --help``).
+
+    :meth:`validate` checks the options that depend on each other; :func:`run_stress` calls it
+    before anything is read or started.
+    """
 
     model: str | None = None
     url: str | None = None
@@ -79,12 +83,55 @@ class StressConfig:
     strict: bool = False
     reference_cache_state: str = "warm"
 
+    @property
+    def reference_mode(self) -> str:
+        """solo | engine | manifest | golden (``--reference manifest:PATH`` gives manifest)."""
+        return self.reference.split(":", 1)[0]
+
+    @property
+    def control(self) -> bool:
+        """Whether a control run is asked for (any --control-* option)."""
+        return bool(self.control_engine_args or self.control_drop_args or self.control_profile)
+
+    def validate(self) -> None:
+        """Raise UsageError (naming the option) for a malformed value or a combination that
+        cannot run; nothing has been read or started yet."""
+        mode = self.reference_mode
+        for bad, msg in (
+            (self.on_timeout not in ("continue", "abort"),
+             f"--on-timeout {self.on_timeout!r}: expected continue or abort"),
+            (self.repeat < 1, "--suite-repeats must be >= 1"),
+            (self.reference_cache_state not in ("cold", "warm"),
+             f"--reference-cache-state {self.reference_cache_state!r}: expected cold or warm"),
+            (mode not in REFERENCE_MODES,
+             f"--reference {self.reference!r}: expected solo, engine, golden or manifest:PATH"),
+            (mode == "golden" and not self.golden,
+             "--reference golden needs the golden model (drop --no-golden)"),
+            (mode == "engine" and self.url is not None,
+             "--reference engine needs a launched engine (not --url)"),
+            (self.control and self.url is not None,
+             "--control-engine-arg / --control-drop-arg / --control-profile need a launched "
+             "engine (not --url): the harness launches the control"),
+        ):
+            if bad:
+                raise UsageError(msg)
+
+    def target(self, console: Console) -> Target:
+        """Resolve the engine target (:func:`pleharness.engines.resolve_target`); raises
+        UsageError when the model, the engine's Python or the URL is not usable."""
+        return resolve_target(url=self.url, model=self.model, python=self.engine_python,
+                              tp=self.tp, engine_args=self.engine_args,
+                              engine_env=self.engine_env, served_name=self.served_model_name,
+                              host=self.host, port=self.port, api_key=self.api_key,
+                              start_timeout_s=self.start_timeout_s, log=console.print)
+
 
 def load_scenarios(names: list, overrides: dict[str, Any]) -> list[Scenario]:
     """Load scenario files; each override applies to the scenarios whose parameters have that key.
 
     ``names`` items are a scenario name or path, or (name, params) pairs from a suite, whose
-    params override the file's (command-line overrides win over both).
+    params override the file's (command-line overrides win over both). Raises UsageError
+    (ScenarioError) naming the file and key, or the overrides that apply to no scenario.
     """
     out = []
     for item in names:
@@ -112,44 +159,6 @@ class _Interrupted(Exception):
         self.signum = signum
 
 
-def _resolve_launch(cfg: StressConfig, console: Console) -> tuple[str | None, str | None,
-                                                                  list[str], dict[str, str], list[str]]:
-    """(model path, served name, engine args, engine env, base args for a reference engine)."""
-    served_name = cfg.served_model_name
-    model_path = cfg.model
-    engine_args = list(cfg.engine_args)
-    engine_env = dict(cfg.engine_env)
-    base: list[str] = []
-    if cfg.url is None:
-        problem = engine_python_check(cfg.engine_python)
-        if problem:
-            raise UsageError(problem)
-        if model_path is None:
-            from .model import SERVED_NAME, ensure_embedded_model
-            model_path = str(ensure_embedded_model(cfg.engine_python, log=console.print))
-            served_name = served_name or SERVED_NAME
-            engine_args = _defaults_not_overridden(EMBEDDED_ENGINE_ARGS, engine_args) + engine_args
-            base = list(EMBEDDED_ENGINE_ARGS)  # a reference engine starts from the defaults
-            engine_env = {**EMBEDDED_ENV, **engine_env}
-        elif not Path(model_path).exists():
-            raise UsageError(f"model path {model_path} does not exist")
-    elif not EngineClient(cfg.url, api_key=cfg.api_key).health(timeout=10):
-        raise UsageError(f"no engine answers GET {cfg.url.rstrip('/')}/health with 200 "
-                         "(is the server running and the URL right?)")
-    return model_path, served_name, engine_args, engine_env, base
-
-
-def _defaults_not_overridden(defaults: list[str], user: list[str]) -> list[str]:
-    """The ``--flag value`` pairs of ``defaults`` whose flag the user's arguments do not set."""
-    from .engine.facts import parse_engine_args
-    given = set(parse_engine_args(user))
-    out = []
-    for i in range(0, len(defaults), 2):
-        if defaults[i] not in given:
-            out += defaults[i: i + 2]
-    return out
-
-
 def _load_reference_manifest(spec: str) -> dict:
     from .manifest import load_manifest
     path = spec.split(":", 1)[1]
@@ -162,223 +171,238 @@ def _load_reference_manifest(spec: str) -> dict:
     return {(r.prompt_hash, r.max_tokens): r for r in ref.references}
 
 
-def _launch(spec: LaunchSpec, log_dir: Path, log_name: str, cfg: StressConfig, console: Console,
-            what: str) -> EngineServer:
-    server = EngineServer(spec, log_dir, cfg.start_timeout_s, api_key=cfg.api_key,
-                          log_name=log_name)
-    with console.status(f"starting the {what} (see {log_name}.log) ..."):
-        server.start()
-    console.print(f"{what} ready after {server.ready_s:.0f} s at {server.url}")
-    return server
-
-
 def run_stress(cfg: StressConfig, console: Console | None = None,
                err_console: Console | None = None) -> int:
-    """Run the job; returns the exit code (see :mod:`pleharness.runner`; 4 for an internal
+    """Run the job; returns the exit code (see :mod:`pleharness.errors`; 4 for an internal
     error, its traceback in ``<run>/harness-error.log``). Never leaves an engine. Reports go to
-    ``console`` (stdout), errors and warnings to ``err_console`` (stderr)."""
+    ``console`` (stdout), errors and warnings to ``err_console`` (stderr). Raises UsageError
+    (exit 2) for bad options or input, before anything is started or a run folder exists."""
     console = console or Console(stderr=False)
-    err = err_console or Console(stderr=True)
+    cfg.validate()
     scenarios = load_scenarios(cfg.scenarios, cfg.overrides)  # bad input: before anything starts
-    if cfg.on_timeout not in ("continue", "abort"):
-        raise UsageError(f"--on-timeout {cfg.on_timeout!r}: expected continue or abort")
-    if cfg.repeat < 1:
-        raise UsageError("--suite-repeats must be >= 1")
-    if cfg.reference_cache_state not in ("cold", "warm"):
-        raise UsageError(f"--reference-cache-state {cfg.reference_cache_state!r}: expected cold "
-                         "or warm")
-    mode = cfg.reference.split(":", 1)[0]
-    if mode not in ("solo", "engine", "manifest", "golden"):
-        raise UsageError(f"--reference {cfg.reference!r}: expected solo, engine, golden or "
-                         "manifest:PATH")
-    if mode == "golden" and not cfg.golden:
-        raise UsageError("--reference golden needs the golden model (drop --no-golden)")
-    if mode == "engine" and cfg.url is not None:
-        raise UsageError("--reference engine needs a launched engine (not --url)")
-    control = bool(cfg.control_engine_args or cfg.control_drop_args or cfg.control_profile)
-    if control and cfg.url is not None:
-        raise UsageError("--control-engine-arg / --control-drop-arg / --control-profile need a "
-                         "launched engine (not --url): the harness launches the control")
-    stored_refs = _load_reference_manifest(cfg.reference) if mode == "manifest" else None
-    model_path, served_name, engine_args, engine_env, base_args = _resolve_launch(cfg, console)
-    golden_dir = cfg.golden_model or (model_path if cfg.url is None else None)
-    if mode == "golden" and golden_dir is not None:
+    references = (_load_reference_manifest(cfg.reference) if cfg.reference_mode == "manifest"
+                  else {})
+    target = cfg.target(console)
+    golden_dir = cfg.golden_model or (target.model_path if cfg.url is None else None)
+    if cfg.reference_mode == "golden" and golden_dir is not None:
         from .golden import golden_problem
         problem = golden_problem(golden_dir)
         if problem:
             raise UsageError(f"--reference golden: {problem}")
-    run_id, run_dir = new_run_dir(Path(cfg.results_dir), cfg.run_id)
-    mpath = run_dir / "manifest.json"
-    manifest = Manifest(run_id=run_id, harness=harness_info(), invocation=cfg.invocation,
-                        scenarios=[s.definition() for s in scenarios])
-    manifest.environment = environment_info(cfg.engine_python if cfg.url is None else None)
-    if model_path is not None:
-        from .model import model_digest
-        manifest.engine["model_digest"] = model_digest(model_path)
-    if manifest.environment.get("gpus"):
-        from .probe import capability_summary  # cheap: capability only, never raises
-        manifest.environment["ple_probe"] = capability_summary()
-    manifest.summary = {"phases_planned": cfg.repeat * sum(
-        getattr(s, "planned_phases", lambda: 0)() for s in scenarios),
-        "phases_completed": 0, "hashes_compared": 0, "hashes_matched": 0}
-    manifest.run_options = {"reference": cfg.reference, "repeat": cfg.repeat,
-                            "logprobs": cfg.logprobs, "near_tie_nats": cfg.near_tie_nats,
-                            "golden": cfg.golden,
-                            "strict": cfg.strict, "on_timeout": cfg.on_timeout,
-                            "reference_cache_state": cfg.reference_cache_state}
-    write_manifest(mpath, manifest)
-    console.print(f"run {run_id}: results in {esc(run_dir)}")
-
-    servers: list[EngineServer] = []
-    ready = False
-    old_handlers = {}
-    signalled = []
-
-    def on_signal(signum, _frame):
-        if signalled:  # a second Ctrl-C / SIGTERM: skip the grace period
-            from .engine.launch import _signal_group
-            for srv in servers:
-                if srv.proc is not None:
-                    _signal_group(srv.proc.pid, signal.SIGKILL)
-            return
-        signalled.append(signum)
-        raise _Interrupted(signum)
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        try:
-            old_handlers[sig] = signal.signal(sig, on_signal)
-        except ValueError:  # not in the main thread
-            pass
+    run = _Run.begin(cfg, scenarios, target, console, err_console or Console(stderr=True))
     code = EXIT_FAIL
-    gpus_before = manifest.environment.get("gpus")
-    server: EngineServer | None = None
-    golden_model = None
     try:
-        references = dict(stored_refs or {})
-        if mode == "engine":
-            references = _reference_pass(cfg, manifest, mpath, scenarios, model_path, served_name,
-                                         base_args, engine_args, engine_env, run_dir, console,
-                                         servers)
-        if cfg.url is None:
-            spec = LaunchSpec(model=model_path, python=cfg.engine_python, tp=cfg.tp,
-                              engine_args=engine_args, env=engine_env, host=cfg.host,
-                              port=cfg.port, served_model_name=served_name)
-            manifest.engine.update({"mode": "launched", "launch": _launch_record(spec, cfg),
-                                    "engine_log": "engine.log", "launcher_log": "launcher.log"})
-            server = _launch(spec, run_dir, "engine", cfg, console, "engine")
-            servers.append(server)
-            manifest.engine["command"] = server.command
-            manifest.engine["ready_s"] = round(server.ready_s or 0, 3)
-            url = server.url
-        else:
-            url = cfg.url
-            manifest.engine.update({"mode": "attached", "url": url})
-        client = EngineClient(url, served_name, cfg.api_key, cfg.timeouts)
-        if not client.health(timeout=10):
-            raise EngineError(f"no engine answers /health with 200 at {url}")
-        client.resolve_model()
-        ready = True
-        card = client.model_card()
-        manifest.engine.update({"url": url, "model": client.model, "version": client.version(),
-                                "max_model_len": card.get("max_model_len"),
-                                "model_root": card.get("root")})
-        local_model = model_path if cfg.url is None else (card.get("root") or None)
-        facts = gather_facts(explicit=cfg.explicit_facts,
-                             engine_args=(server.command if server else None),
-                             launched=server is not None, tp=cfg.tp, model_card=card,
-                             model_path=local_model, client=client,
-                             engine_log=server.log_path if server else None)
-        facts.record(manifest, console)
-        for sc in scenarios:
-            sc.validate_against(facts.values)
-        if "model_digest" not in manifest.engine and local_model:
-            from .model import model_digest
-            manifest.engine["model_digest"] = model_digest(local_model)
-        golden_model = _golden_model(cfg, golden_dir or local_model, mode, manifest, run_dir)
-        write_manifest(mpath, manifest)
-        with _progress(console) as progress:
-            ctx = _context(cfg, client, manifest, mpath, facts, console, server, progress)
-            ctx.golden = golden_model
-            if mode != "solo":
-                ctx.reference_mode = mode
-                ctx.references.update(references)
-            _run_suite(ctx, scenarios, cfg.repeat)
-        if control:
-            if server is not None:  # one engine at a time (one GPU)
-                server.stop()
-                servers.remove(server)
-            _control_pass(cfg, manifest, mpath, scenarios, facts, model_path, served_name,
-                          engine_args, engine_env, run_dir, console, servers)
-        manifest.status = "complete"
-        code = _verdict(manifest)
-    except _Interrupted as exc:
-        manifest.status = "interrupted"
-        manifest.verdict = "error"
-        manifest.reason = f"interrupted by {signal.Signals(exc.signum).name}"
-        code = 128 + exc.signum
-    except RequestTimeoutAbort as exc:
-        manifest.status, manifest.verdict, manifest.reason = "incomplete", "fail", str(exc)
-        code = EXIT_FAIL
-        err.print(f"[red]aborted:[/red] {esc(exc)}")
-    except KeyboardInterrupt:
-        manifest.status, manifest.verdict, manifest.reason = "interrupted", "error", "SIGINT"
-        code = 130
-    except EngineError as exc:
-        srv = servers[-1] if servers else None
-        manifest.status = "engine_died" if ready else "failed"
-        manifest.verdict = "error"
-        manifest.reason = str(exc.args[0]) if exc.args else str(exc)
-        manifest.root_cause = exc.root_cause or (srv.root_cause() if srv else None)
-        manifest.log_tail = srv.log_tail(20) if srv else []
-        code = EXIT_ENGINE
-        err.print(f"[red]engine error:[/red] {esc(manifest.reason)}")
-        if manifest.root_cause:
-            err.print(f"root cause: {esc(manifest.root_cause)}")
-        if srv:
-            err.print(f"engine log: {esc(srv.log_path)}")
-    except HarnessError as exc:  # a usage error that needed the engine's facts: exit 2
-        manifest.status, manifest.verdict = "failed", "error"
-        manifest.reason = (f"usage error (exit {exc.exit_code}; found once the engine's facts "
-                           f"were known): {exc}" if isinstance(exc, UsageError) else str(exc))
-        code = exc.exit_code
-        err.print(f"[red]error:[/red] {esc(exc)}")
-    except Exception as exc:  # noqa: BLE001 - a harness bug still leaves an honest manifest
-        log = write_crash_log(traceback.format_exc(), run_dir)
-        manifest.status, manifest.verdict = "failed", "error"
-        manifest.reason = (f"internal harness error: {exc.__class__.__name__}: {exc} "
-                           f"(traceback in {Path(log).name})")
-        err.print(f"[red]internal error:[/red] {esc(exc.__class__.__name__)}: {esc(exc)} (a "
-                  f"ple-harness bug; traceback in {esc(log)})")
-        code = EXIT_INTERNAL
+        with contextlib.ExitStack() as stack:  # closing it stops engines, restores handlers
+            try:
+                run.own_signals(stack)
+                if cfg.reference_mode == "engine":
+                    references = _reference_pass(run, scenarios, target)
+                eng = _engine_under_test(run, stack, scenarios, target)
+                golden = _golden_model(cfg, golden_dir or _local_model(cfg, target, eng),
+                                       cfg.reference_mode, run.manifest, run.run_dir)
+                if golden is not None:
+                    stack.callback(golden.close)
+                run.save()
+                with _progress(console) as progress:
+                    ctx = _context(cfg, eng, run.manifest, run.mpath, eng.facts, progress,
+                                   golden=golden, reference_mode=cfg.reference_mode,
+                                   references=references)
+                    _run_suite(ctx, scenarios, cfg.repeat)
+                if cfg.control:
+                    run.stop(eng)  # one engine at a time (one GPU)
+                    _control_pass(run, scenarios, eng.facts, target)
+                run.manifest.status = "complete"
+                code = _verdict(run.manifest)
+            except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - mapped in one place
+                code = run.fail(exc)
     finally:
-        try:
-            if golden_model is not None:
-                golden_model.close()
-            for srv in servers:
-                with console.status("stopping the engine ..."):
-                    srv.stop(grace_s=0 if len(signalled) > 1 else None)
-            if servers and gpus_before:
-                _gpu_memory_after(manifest, gpus_before, cfg.gpu_memory_tolerance_mib, console)
-        finally:
-            for sig, h in old_handlers.items():
-                signal.signal(sig, h)
-            _summarize(manifest)
-            manifest.ended_at = now_iso()
-            manifest.exit_code = code
-            if manifest.status == "running":
-                manifest.status = "incomplete"
-            write_manifest(mpath, manifest)
-            _write_reports(manifest, run_dir)
-    render(manifest, console, run_dir=str(run_dir))
-    console.print(f"status {manifest.status}, verdict {manifest.verdict}, exit {code}; "
-                  f"manifest: {esc(mpath)}")
+        run.finish(code)
+    run.report(code)
     return code
 
 
-def _launch_record(spec: LaunchSpec, cfg: StressConfig) -> dict:
-    return {"model": spec.model, "python": spec.python, "tp": spec.tp,
-            "engine_args": list(spec.engine_args), "env": redact_env(spec.env),
-            "host": spec.host, "profile": cfg.profile}
+@dataclass
+class _Run:
+    """One stress run's state: its folder and manifest, the engines running now (the last one
+    is the one an engine error is about), and the signals received."""
+
+    cfg: StressConfig
+    console: Console
+    err: Console
+    run_dir: Path
+    manifest: Manifest
+    servers: list[EngineServer] = field(default_factory=list)
+    signalled: list[int] = field(default_factory=list)
+    launched: bool = False
+    ready: bool = False
+
+    @property
+    def mpath(self) -> Path:
+        return self.run_dir / "manifest.json"
+
+    @classmethod
+    def begin(cls, cfg: StressConfig, scenarios: list[Scenario], target: Target,
+              console: Console, err: Console) -> "_Run":
+        """Create the run folder and write the first manifest (status running)."""
+        run_id, run_dir = new_run_dir(Path(cfg.results_dir), cfg.run_id)
+        manifest = Manifest(run_id=run_id, harness=harness_info(), invocation=cfg.invocation,
+                            scenarios=[s.definition() for s in scenarios])
+        manifest.environment = environment_info(cfg.engine_python if cfg.url is None else None)
+        if target.model_path is not None:
+            from .model import model_digest
+            manifest.engine["model_digest"] = model_digest(target.model_path)
+        if manifest.environment.get("gpus"):
+            from .probe import capability_summary  # cheap: capability only, never raises
+            manifest.environment["ple_probe"] = capability_summary()
+        manifest.summary = {"phases_planned": cfg.repeat * sum(s.planned_phases()
+                                                               for s in scenarios),
+                            "phases_completed": 0, "hashes_compared": 0, "hashes_matched": 0}
+        manifest.run_options = {"reference": cfg.reference, "repeat": cfg.repeat,
+                                "logprobs": cfg.logprobs, "near_tie_nats": cfg.near_tie_nats,
+                                "golden": cfg.golden,
+                                "strict": cfg.strict, "on_timeout": cfg.on_timeout,
+                                "reference_cache_state": cfg.reference_cache_state}
+        run = cls(cfg, console, err, run_dir, manifest)
+        run.save()
+        console.print(f"run {run_id}: results in {esc(run_dir)}")
+        return run
+
+    def save(self) -> None:
+        write_manifest(self.mpath, self.manifest)
+
+    # -- engines and signals ----------------------------------------------------------------------
+    def engine(self, stack: contextlib.ExitStack, target: Target, **kw) -> Engine:
+        """Start (owned by ``stack``) or attach; see :func:`pleharness.engines.start_or_attach`."""
+        self.launched = self.launched or target.url is None
+        return start_or_attach(stack, target, self.console, log_dir=self.run_dir,
+                               timeouts=self.cfg.timeouts, explicit_facts=self.cfg.explicit_facts,
+                               servers=self.servers, stop_grace_s=self.grace_s, **kw)
+
+    def stop(self, eng: Engine) -> None:
+        """Stop ``eng``'s server now (a no-op when attached); the stack's own stop then skips it."""
+        if eng.server is not None and eng.server in self.servers:
+            try:
+                eng.server.stop()
+            finally:
+                self.servers.remove(eng.server)
+
+    def grace_s(self) -> float | None:
+        """Stop grace period: none after a second Ctrl-C / SIGTERM, else the server's default."""
+        return 0 if len(self.signalled) > 1 else None
+
+    def own_signals(self, stack: contextlib.ExitStack) -> None:
+        """SIGINT / SIGTERM raise _Interrupted (a second one SIGKILLs the running engines and
+        skips the grace period); the old handlers come back, and after the engines stopped the
+        GPU memory is checked, when ``stack`` closes."""
+        def on_signal(signum, _frame):
+            if self.signalled:  # a second Ctrl-C / SIGTERM: skip the grace period
+                from .engine.launch import _signal_group
+                for srv in self.servers:
+                    if srv.proc is not None:
+                        _signal_group(srv.proc.pid, signal.SIGKILL)
+                return
+            self.signalled.append(signum)
+            raise _Interrupted(signum)
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                stack.callback(signal.signal, sig, signal.signal(sig, on_signal))
+            except ValueError:  # not in the main thread
+                pass
+        gpus_before = self.manifest.environment.get("gpus")
+        if gpus_before:
+            stack.callback(lambda: self.launched and _gpu_memory_after(
+                self.manifest, gpus_before, self.cfg.gpu_memory_tolerance_mib, self.console))
+
+    # -- outcome ----------------------------------------------------------------------------------
+    def fail(self, exc: BaseException) -> int:
+        """The one mapping from an exception to the manifest's status, verdict and reason and
+        the exit code (returned); prints the error line to stderr."""
+        m, srv = self.manifest, (self.servers[-1] if self.servers else None)
+        if isinstance(exc, _Interrupted):
+            m.status, m.verdict, code = "interrupted", "error", 128 + exc.signum
+            m.reason = f"interrupted by {signal.Signals(exc.signum).name}"
+        elif isinstance(exc, KeyboardInterrupt):
+            m.status, m.verdict, m.reason, code = "interrupted", "error", "SIGINT", 130
+        elif isinstance(exc, RequestTimeoutAbort):
+            m.status, m.verdict, m.reason, code = "incomplete", "fail", str(exc), EXIT_FAIL
+            self.err.print(f"[red]aborted:[/red] {esc(exc)}")
+        elif isinstance(exc, EngineError):
+            m.status, m.verdict, code = ("engine_died" if self.ready else "failed"), "error", \
+                EXIT_ENGINE
+            m.reason = str(exc.args[0]) if exc.args else str(exc)
+            m.root_cause = exc.root_cause or (srv.root_cause() if srv else None)
+            m.log_tail = srv.log_tail(20) if srv else []
+            self.err.print(f"[red]engine error:[/red] {esc(m.reason)}")
+            if m.root_cause:
+                self.err.print(f"root cause: {esc(m.root_cause)}")
+            if srv:
+                self.err.print(f"engine log: {esc(srv.log_path)}")
+        elif isinstance(exc, HarnessError):  # e.g. a usage error that needed the engine's facts
+            m.status, m.verdict, code = "failed", "error", exc.exit_code
+            m.reason = (f"usage error (exit {exc.exit_code}; found once the engine's facts "
+                        f"were known): {exc}" if isinstance(exc, UsageError) else str(exc))
+            self.err.print(f"[red]error:[/red] {esc(exc)}")
+        else:  # a harness bug still leaves an honest manifest
+            log = write_crash_log(traceback.format_exc(), self.run_dir)
+            m.status, m.verdict, code = "failed", "error", EXIT_INTERNAL
+            m.reason = (f"internal harness error: {exc.__class__.__name__}: {exc} "
+                        f"(traceback in {Path(log).name})")
+            self.err.print(f"[red]internal error:[/red] {esc(exc.__class__.__name__)}: "
+                           f"{esc(exc)} (a ple-harness bug; traceback in {esc(log)})")
+        return code
+
+    def finish(self, code: int) -> None:
+        """Summarize, write the final manifest, summary.md and junit.xml (on every exit path)."""
+        m = self.manifest
+        _summarize(m)
+        m.ended_at = now_iso()
+        m.exit_code = code
+        if m.status == "running":
+            m.status = "incomplete"
+        self.save()
+        _write_reports(m, self.run_dir)
+
+    def report(self, code: int) -> None:
+        """Print the verdict, the tables and the status line to the console."""
+        m = self.manifest
+        render(m, self.console, run_dir=str(self.run_dir))
+        self.console.print(f"status {m.status}, verdict {m.verdict}, exit {code}; "
+                           f"manifest: {esc(self.mpath)}")
+
+
+def _local_model(cfg: StressConfig, target: Target, eng: Engine) -> str | None:
+    """The model folder the engine serves, when it is local (launched, or the card's root)."""
+    return target.model_path if cfg.url is None else (eng.card.get("root") or None)
+
+
+def _engine_under_test(run: _Run, stack: contextlib.ExitStack, scenarios: list[Scenario],
+                       target: Target) -> Engine:
+    """Start or attach the engine under test, record it and its facts in the manifest, check
+    the scenarios against the facts (ScenarioError)."""
+    cfg, m = run.cfg, run.manifest
+    if cfg.url is None:
+        m.engine.update({"mode": "launched", "launch": launch_record(target.launch_spec(),
+                                                                     cfg.profile),
+                         "engine_log": "engine.log", "launcher_log": "launcher.log"})
+    else:
+        m.engine.update({"mode": "attached", "url": cfg.url})
+    eng = run.engine(stack, target)
+    run.ready = True
+    if eng.server is not None:
+        m.engine["command"] = eng.server.command
+        m.engine["ready_s"] = round(eng.server.ready_s or 0, 3)
+    m.engine.update({"url": eng.server.url if eng.server else cfg.url, "model": eng.client.model,
+                     "version": eng.version, "max_model_len": eng.card.get("max_model_len"),
+                     "model_root": eng.card.get("root")})
+    eng.facts.record(m, run.console)
+    for sc in scenarios:
+        sc.validate_against(eng.facts.values)
+    local_model = _local_model(cfg, target, eng)
+    if "model_digest" not in m.engine and local_model:
+        from .model import model_digest
+        m.engine["model_digest"] = model_digest(local_model)
+    return eng
 
 
 def _progress(console: Console) -> Progress:
@@ -409,73 +433,61 @@ def _golden_model(cfg: StressConfig, model_dir: str | None, mode: str, manifest:
     return GoldenModel(model_dir, cfg.engine_python, log_path=run_dir / "golden.log")
 
 
-def _context(cfg, client, manifest, mpath, facts, console, server, progress) -> RunContext:
+
+def _context(cfg: StressConfig, eng: Engine, manifest: Manifest, mpath: Path, facts,
+             progress: Progress, *, golden=None, references: dict | None = None,
+             **options) -> RunContext:
+    """The run context of one engine (under test, reference or control), complete: options
+    from ``cfg`` (``options`` overrides, e.g. collect_only), the near-tie threshold from the
+    serving dtype (recorded in ``run_options``), every registered check."""
     from .divergence import near_tie_threshold
-    ctx = RunContext(client, manifest, mpath, facts, console, server, progress,
-                     check_registry=_checks())
-    ctx.on_timeout = cfg.on_timeout
-    ctx.logprobs = cfg.logprobs or None
-    ctx.near_tie_nats, why = near_tie_threshold(facts.get("dtype"), cfg.near_tie_nats)
-    manifest.run_options["near_tie_nats"] = ctx.near_tie_nats
+    nats, why = near_tie_threshold(facts.get("dtype"), cfg.near_tie_nats)
+    manifest.run_options["near_tie_nats"] = nats
     manifest.run_options["near_tie_source"] = why
-    ctx.strict = cfg.strict
-    ctx.reference_cache_state = cfg.reference_cache_state
-    return ctx
+    opts = RunOptions(on_timeout=cfg.on_timeout, logprobs=cfg.logprobs or None,
+                      near_tie_nats=nats, strict=cfg.strict,
+                      reference_cache_state=cfg.reference_cache_state, **options)
+    return RunContext(eng.client, manifest, mpath, facts, progress.console,
+                      eng.server, progress, options=opts, golden=golden,
+                      references=references if opts.reference_mode != "solo" else None)
 
 
 def _run_suite(ctx: RunContext, scenarios: list[Scenario], repeat: int) -> None:
     """Every scenario in order, ``repeat`` times on the same engine (references are taken once)."""
     for rep in range(1, repeat + 1):
-        ctx.repeat_index = rep
-        ctx.phase_prefix = f"rep{rep}/" if repeat > 1 else ""
         for sc in scenarios:
-            ctx.scenario_name = sc.name
-            sc.run(ctx)
+            with ctx.in_scenario(sc.name, rep, f"rep{rep}/" if repeat > 1 else ""):
+                sc.run(ctx)
             ctx.ensure_engine_alive()
-    ctx.phase_prefix = ""
 
 
-def _reference_pass(cfg, manifest, mpath, scenarios, model_path, served_name, base_args,
-                    engine_args, engine_env, run_dir, console, servers) -> dict:
+def _reference_pass(run: _Run, scenarios: list[Scenario], target: Target) -> dict:
     """``--reference engine``: launch the reference configuration (model, tp, environment, the
     harness's defaults and --reference-engine-arg values; not --engine-arg), take every
     scenario's single-request references there, stop it. The boundary lengths come from the
-    engine under test's facts (its launch arguments), not the reference engine's."""
-    spec = LaunchSpec(model=model_path, python=cfg.engine_python, tp=cfg.tp,
-                      engine_args=base_args + list(cfg.reference_engine_args), env=engine_env,
-                      host=cfg.host, served_model_name=served_name)
-    manifest.engine["reference_engine"] = {"launch": _launch_record(spec, cfg),
-                                           "engine_log": "reference-engine.log"}
-    srv = _launch(spec, run_dir, "reference-engine", cfg, console, "reference engine")
-    servers.append(srv)
-    try:
-        client = EngineClient(srv.url, served_name, cfg.api_key, cfg.timeouts)
-        client.resolve_model()
-        card = client.model_card()
-        manifest.engine["reference_engine"].update({"command": srv.command,
-                                                    "version": client.version(),
-                                                    "ready_s": round(srv.ready_s or 0, 3)})
+    engine under test's facts (its launch arguments), not the reference engine's. Returns the
+    references by request key. Raises EngineError when the reference engine fails."""
+    cfg, m = run.cfg, run.manifest
+    spec = target.launch_spec(target.base_args + list(cfg.reference_engine_args))
+    m.engine["reference_engine"] = {"launch": launch_record(spec, cfg.profile),
+                                    "engine_log": "reference-engine.log"}
+    with contextlib.ExitStack() as stack:
         # the engine under test's launch arguments first (its lengths need references); the
         # reference engine's own resolved values fill what they leave open
-        facts = gather_facts(explicit=cfg.explicit_facts, engine_args=engine_args, launched=True,
-                             tp=cfg.tp, model_card=card, model_path=model_path, client=client,
-                             engine_log=srv.log_path, engine_first=False)
-        with _progress(console) as progress:
-            ctx = _context(cfg, client, manifest, mpath, facts, console, srv, progress)
-            ctx.collect_only = True
-            ctx.reference_source = "engine"
-            ctx.phase_prefix = "ref-engine/"
+        eng = run.engine(stack, target, spec=spec, log_name="reference-engine",
+                         what="reference engine", facts_engine_args=target.engine_args,
+                         engine_first=False)
+        m.engine["reference_engine"].update(eng.record())
+        with _progress(run.console) as progress:
+            ctx = _context(cfg, eng, m, run.mpath, eng.facts, progress, collect_only=True,
+                           reference_source="engine")
             for sc in scenarios:
-                ctx.scenario_name = sc.name
-                sc.run(ctx)
+                with ctx.in_scenario(sc.name, phase_prefix="ref-engine/"):
+                    sc.run(ctx)
         return dict(ctx.references)
-    finally:
-        srv.stop()
-        servers.remove(srv)
 
 
-def _control_pass(cfg, manifest, mpath, scenarios, facts, model_path, served_name, engine_args,
-                  engine_env, run_dir, console, servers) -> None:
+def _control_pass(run: _Run, scenarios: list[Scenario], facts, target: Target) -> None:
     """Control run (:mod:`pleharness.attribution`): launch the control configuration (the engine
     under test's arguments without ``--control-drop-arg`` flags plus ``--control-engine-arg``
     values, or ``--control-profile``'s arguments and environment), run the same suite with the
@@ -486,55 +498,49 @@ def _control_pass(cfg, manifest, mpath, scenarios, facts, model_path, served_nam
     under the plain policy."""
     from .attribution import attribute, control_args
     from .profile import load_profile
-    env = dict(engine_env)
+    cfg, manifest = run.cfg, run.manifest
+    env = dict(target.engine_env)
     if cfg.control_profile:
         prof = load_profile(Path(cfg.control_profile))
         args = list(prof.engine_args) + list(cfg.control_engine_args)
         env.update(prof.env)
     else:
-        args = control_args(engine_args, cfg.control_drop_args, cfg.control_engine_args)
-    spec = LaunchSpec(model=model_path, python=cfg.engine_python, tp=cfg.tp, engine_args=args,
-                      env=env, host=cfg.host, served_model_name=served_name)
+        args = control_args(target.engine_args, cfg.control_drop_args, cfg.control_engine_args)
+    spec = target.launch_spec(args, env)
     rec = manifest.engine["control_engine"] = {
-        "launch": _launch_record(spec, cfg), "engine_log": "control-engine.log",
+        "launch": launch_record(spec, cfg.profile), "engine_log": "control-engine.log",
         "manifest": "control-manifest.json", "dropped": list(cfg.control_drop_args),
         "added": list(cfg.control_engine_args), "profile": cfg.control_profile}
     cm = Manifest(run_id=manifest.run_id + "-control", harness=manifest.harness,
                   invocation=manifest.invocation, scenarios=manifest.scenarios,
                   run_options={**manifest.run_options, "role": "control run"})
-    cpath = run_dir / "control-manifest.json"
-    try:
-        srv = _launch(spec, run_dir, "control-engine", cfg, console, "control engine")
-    except EngineError as exc:
-        rec["error"] = f"{exc.args[0] if exc.args else exc}; root cause: {exc.root_cause}"
-        console.print(f"[yellow]warning:[/yellow] control engine failed, divergences stay "
-                      f"unattributed: {esc(rec['error'])}")
-        return
-    servers.append(srv)
-    try:
-        client = EngineClient(srv.url, served_name, cfg.api_key, cfg.timeouts)
-        client.resolve_model()
-        rec.update({"command": srv.command, "version": client.version(),
-                    "ready_s": round(srv.ready_s or 0, 3)})
-        cm.engine = {"mode": "launched", "command": srv.command, "url": srv.url}
-        with _progress(console) as progress:
-            ctx = _context(cfg, client, cm, cpath, facts, console, srv, progress)
-            ctx.phase_prefix = ""
-            _run_suite(ctx, scenarios, cfg.repeat)
-        cm.status = "complete"
-    except EngineError as exc:
-        cm.status = "engine_died"
-        rec["error"] = f"{exc.args[0] if exc.args else exc}; root cause: {exc.root_cause}"
-        console.print(f"[yellow]warning:[/yellow] control engine died: {esc(rec['error'])}")
-    finally:
-        srv.stop()
-        servers.remove(srv)
-        cm.ended_at = now_iso()
-        write_manifest(cpath, cm)
+    cpath = run.run_dir / "control-manifest.json"
+    with contextlib.ExitStack() as stack:
+        try:
+            eng = run.engine(stack, target, spec=spec, log_name="control-engine",
+                             what="control engine", gather=False)
+        except EngineError as exc:
+            rec["error"] = f"{exc.args[0] if exc.args else exc}; root cause: {exc.root_cause}"
+            run.console.print(f"[yellow]warning:[/yellow] control engine failed, divergences "
+                              f"stay unattributed: {esc(rec['error'])}")
+            return
+        stack.callback(lambda: (setattr(cm, "ended_at", now_iso()), write_manifest(cpath, cm)))
+        try:
+            rec.update(eng.record())
+            cm.engine = {"mode": "launched", "command": eng.server.command, "url": eng.server.url}
+            with _progress(run.console) as progress:
+                ctx = _context(cfg, eng, cm, cpath, facts, progress)
+                _run_suite(ctx, scenarios, cfg.repeat)
+            cm.status = "complete"
+        except EngineError as exc:
+            cm.status = "engine_died"
+            rec["error"] = f"{exc.args[0] if exc.args else exc}; root cause: {exc.root_cause}"
+            run.console.print(f"[yellow]warning:[/yellow] control engine died: "
+                              f"{esc(rec['error'])}")
     counts = attribute(manifest, cm)
     manifest.summary.update(counts)
     rec["attribution"] = counts
-    write_manifest(mpath, manifest)
+    run.save()
 
 
 def _write_reports(m: Manifest, run_dir: Path) -> None:
@@ -568,11 +574,6 @@ def _gpu_memory_after(m: Manifest, before: list[dict], tolerance_mib: float, con
         msg = ", ".join(f"GPU {i}: +{d:.0f} MiB" for i, d in leaked)
         m.environment["gpu_memory_warning"] = f"not back to baseline after {wait_s:.0f} s: {msg}"
         console.print(f"[yellow]warning:[/yellow] GPU memory {m.environment['gpu_memory_warning']}")
-
-
-def _checks() -> dict:
-    from .checks import REGISTRY
-    return REGISTRY
 
 
 def _summarize(m: Manifest) -> None:

@@ -28,12 +28,17 @@ from .tomlfile import find_named, read_toml, validate
 
 
 class SuiteScenario(BaseModel):
+    """One ``[[scenario]]`` entry of a suite: a scenario name or path and parameter overrides."""
+
     model_config = ConfigDict(extra="forbid")
     name: str
     params: dict[str, Any] = Field(default_factory=dict)
 
 
 class Gates(BaseModel):
+    """A suite's ``[gates]`` for ``ple-harness compare``: throughput ratio floors (fractions of
+    the baseline) and absolute thresholds like ``C4>=62.985`` (tokens/s at concurrency 4)."""
+
     model_config = ConfigDict(extra="forbid")
     min_throughput_ratio: float | None = Field(None, ge=0)
     min_phase_ratio: float | None = Field(None, ge=0)
@@ -50,6 +55,8 @@ class Gates(BaseModel):
 
 
 class Suite(BaseModel):
+    """A suite file: scenarios with parameters, how often the whole suite repeats, compare gates."""
+
     model_config = ConfigDict(extra="forbid")
     description: str = ""
     repeat: int = Field(1, ge=1)
@@ -57,6 +64,7 @@ class Suite(BaseModel):
     gates: Gates = Field(default_factory=Gates)
 
     def scenario_refs(self) -> list[tuple[str, dict[str, Any]]]:
+        """(name, params) pairs in order, as :func:`pleharness.stress.load_scenarios` takes them."""
         return [(s.name, s.params) for s in self.scenario]
 
 

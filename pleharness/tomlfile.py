@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from .engine.errors import UsageError
+from .errors import UsageError
 
 M = TypeVar("M", bound=BaseModel)
 

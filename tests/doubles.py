@@ -453,6 +453,37 @@ class FaultProxy:
         self.server.server_close()
 
 
+class PromptRun:
+    """A FakeEngine ``behave`` keyed to a prompt and a phase, not to an arrival number (adding a
+    request to a scenario must not silently move the fault): ``how`` for the ``run``-th request
+    (1-based) of the ``prompt``-th distinct prompt (prompts numbered 0, 1, ... in order of first
+    arrival), for each ``(prompt, run)`` in ``keys``.
+
+    In the transitions schedule (a warm-up of W prompts, then every prompt's cold and warm
+    single-request references one at a time, then the ladder), prompt W + i is the scenario's i-th
+    prompt; its run 1 is the cold reference, run 2 the warm reference, run 3 its first load
+    request, and for prompt W + 0 run 4 is the identical copy in flight with it in the first ladder
+    phase at C >= 2. ``fired``: the arrival numbers it fired on."""
+
+    def __init__(self, how: str, *keys: tuple[int, int]):
+        self.how = how
+        self.keys = set(keys)
+        self.fired: list[int] = []
+        self._lock = threading.Lock()
+        self._index: dict[tuple, int] = {}
+        self._runs: dict[tuple, int] = {}
+
+    def __call__(self, n: int, body: dict) -> str | None:
+        prompt = tuple(body["prompt"])
+        with self._lock:
+            idx = self._index.setdefault(prompt, len(self._index))
+            self._runs[prompt] = run = self._runs.get(prompt, 0) + 1
+            if (idx, run) in self.keys:
+                self.fired.append(n)
+                return self.how
+        return None
+
+
 class FakeEngine:
     """A self-answering OpenAI-compatible engine double (no model), for faults a real engine never
     produces. Outputs are a deterministic function of the prompt, so a healthy FakeEngine passes

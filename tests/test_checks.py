@@ -6,7 +6,7 @@ from pleharness.engine.client import Completion
 from pleharness.engine.facts import EngineFacts
 from pleharness.manifest import ReferenceRecord
 from pleharness.prompts import Prompt
-from pleharness.runner import RequestSpec
+from pleharness.request import RequestSpec
 
 
 class Ctx:

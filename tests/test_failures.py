@@ -5,12 +5,22 @@ and no process behind.
 
 Schedule used: transitions with ladder 2,1 once, max_tokens 8: warm-up 4 requests (1-4),
 references: cold 8 (5-12) and warm 8 (13-20), phase C2 (21-24: 22 is an identical copy of 21,
-23 is non-streamed), phase C1 (25-26).
+23 is non-streamed), phase C1 (25-26). Faults are keyed to a prompt and its run (PromptRun: e.g.
+the identical copy of the C2 phase's first prompt; stream-chunk faults go to that prompt's load
+request, which is streamed), never to a bare arrival number.
 """
 import psutil
 
 from conftest import load_json, run_cli
-from doubles import FakeEngine
+from doubles import FakeEngine, PromptRun
+from pleharness.scenarios.transitions import TransitionsParams
+
+# prompt numbers for PromptRun: the warm-up's prompts come first, then the scenario's (P0 is the
+# first prompt of the C2 phase, sent twice at once; P1 its non-streamed third request, P2 its last)
+P0 = TransitionsParams.model_fields["warmup_requests"].default
+P1, P2 = P0 + 1, P0 + 2
+LOAD, COPY = 3, 4  # runs of a prompt: 1 cold reference, 2 warm reference, 3 load, 4 its copy
+# (P0's runs 3 and 4 are in flight together and both streamed: which arrives first is a race)
 
 ARGS = ["--scenario", "transitions", "--ladder", "2,1", "--repeats", "1", "--max-tokens", "8",
         "--vocab-size", "600", "--first-token-timeout", "2", "--between-tokens-timeout", "2"]
@@ -26,24 +36,6 @@ def run_against(behave, tmp_path, run_id="run", *extra):
     return r, r.stdout + r.stderr, load_json(tmp_path / run_id / "manifest.json")
 
 
-def streamed_from(n, how):
-    """``how`` for the first streamed request at or after arrival ``n`` (the ladder sends every
-    other request non-streamed, and which of two requests sent together arrives first is a race:
-    a fault about stream chunks must be keyed to a streamed request, not to an arrival number)."""
-    fired = []
-
-    def behave(k, body):
-        if k >= n and body.get("stream", True) and not fired:
-            fired.append(k)
-            return how
-        return None
-    return behave
-
-
-def only(n, how):
-    return lambda k, body: how if k == n else None
-
-
 def errored(m):
     return [q for q in m["requests"] if q["error"]]
 
@@ -55,7 +47,7 @@ def test_healthy_double_passes(tmp_path):
 
 
 def test_http_500_is_recorded_not_matched(tmp_path):
-    r, out, m = run_against(only(22, "http500"), tmp_path)
+    r, out, m = run_against(PromptRun("http500", (P0, COPY)), tmp_path)
     assert r.returncode == 1, out[-2000:]
     (q,) = errored(m)
     assert q["error"] == "http" and q["http_status"] == 500 and q["match"] is False
@@ -66,7 +58,7 @@ def test_http_500_is_recorded_not_matched(tmp_path):
 
 
 def test_malformed_chunk(tmp_path):
-    r, out, m = run_against(streamed_from(21, "malformed"), tmp_path)
+    r, out, m = run_against(PromptRun("malformed", (P0, LOAD)), tmp_path)
     assert r.returncode == 1, out[-2000:]
     (q,) = errored(m)
     assert q["error"] == "protocol" and q["error_detail"].startswith(
@@ -75,14 +67,14 @@ def test_malformed_chunk(tmp_path):
 
 
 def test_missing_token_ids(tmp_path):
-    r, out, m = run_against(streamed_from(21, "no_token_ids"), tmp_path)
+    r, out, m = run_against(PromptRun("no_token_ids", (P0, LOAD)), tmp_path)
     assert r.returncode == 1, out[-2000:]
     (q,) = errored(m)
     assert q["error"] == "protocol" and "without token_ids" in q["error_detail"]
 
 
 def test_stalled_stream_times_out_and_run_continues(tmp_path):
-    r, out, m = run_against(streamed_from(21, "stall"), tmp_path)
+    r, out, m = run_against(PromptRun("stall", (P0, LOAD)), tmp_path)
     assert r.returncode == 1, out[-2000:]
     (q,) = errored(m)
     assert q["error"] == "timeout" and q["output_len"] == 3
@@ -92,7 +84,7 @@ def test_stalled_stream_times_out_and_run_continues(tmp_path):
 
 
 def test_stall_with_abort_policy(tmp_path):
-    r, out, m = run_against(streamed_from(21, "stall"), tmp_path, "run", "--on-timeout", "abort")
+    r, out, m = run_against(PromptRun("stall", (P0, LOAD)), tmp_path, "run", "--on-timeout", "abort")
     assert r.returncode == 1, out[-2000:]
     assert m["status"] == "incomplete" and "--on-timeout abort" in m["reason"]
     assert [p["status"] for p in m["phases"] if p["role"] == "load"] == ["fail"]
@@ -100,14 +92,14 @@ def test_stall_with_abort_policy(tmp_path):
 
 
 def test_request_never_answered(tmp_path):
-    r, out, m = run_against(only(24, "never"), tmp_path)
+    r, out, m = run_against(PromptRun("never", (P2, LOAD)), tmp_path)
     assert r.returncode == 1, out[-2000:]
     (q,) = errored(m)
     assert q["error"] == "timeout" and q["error_detail"] == "no token within 2 s"
 
 
 def test_engine_dies_mid_phase(tmp_path):
-    r, out, m = run_against(only(22, "die"), tmp_path)
+    r, out, m = run_against(PromptRun("die", (P0, COPY)), tmp_path)
     assert r.returncode == 3, out[-2000:]
     assert m["status"] == "engine_died" and m["verdict"] == "error" and m["exit_code"] == 3
     assert "engine" in m["reason"]
@@ -156,13 +148,14 @@ def test_sigterm_during_a_hung_request(tmp_path):
     import sys
     import time
     from conftest import ROOT
-    with FakeEngine(only(22, "never")) as eng:
+    behave = PromptRun("never", (P0, COPY))
+    with FakeEngine(behave) as eng:
         proc = subprocess.Popen([sys.executable, "-m", "pleharness", "stress", "--url", eng.url,
                                  "--results-dir", str(tmp_path), "--run-id", "term", *ARGS[:-4],
                                  "--first-token-timeout", "60"], cwd=ROOT,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         end = time.monotonic() + 60
-        while eng.count < 22 and time.monotonic() < end:
+        while not behave.fired and time.monotonic() < end:
             time.sleep(0.05)
         time.sleep(0.3)
         t0 = time.monotonic()

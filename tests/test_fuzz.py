@@ -191,7 +191,7 @@ insert_after_tokens = {vals['insert_after_tokens']}
 
 
 def test_repro_round_trips_as_a_replay_scenario(tmp_path):
-    from pleharness.runner import RequestSpec
+    from pleharness.request import RequestSpec
     from pleharness.scenarios.replay import prompt_of
     sched = Schedule((FuzzPhase(3, (FuzzRequest("new", 5, "random", 0, 2, True, "q + 1"),) * 3),
                       FuzzPhase(1, (FuzzRequest("warm", 5, "random", 0, 7, False, 'a "q"'),))))

@@ -7,7 +7,7 @@ import pytest
 
 from conftest import run_cli
 from pleharness.divergence import analyse, near_tie_threshold, normalize_dtype
-from pleharness.engine.errors import HarnessError
+from pleharness.errors import HarnessError
 from pleharness.golden import GoldenModel, golden_problem
 from pleharness import model as embedded
 

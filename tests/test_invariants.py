@@ -19,7 +19,7 @@ from pleharness.divergence import margins
 from pleharness.engine.client import Completion, EngineClient
 from pleharness.engine.facts import EngineFacts
 from pleharness.prompts import Prompt
-from pleharness.runner import RequestSpec
+from pleharness.request import RequestSpec
 
 
 class Ctx:

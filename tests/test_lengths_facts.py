@@ -2,11 +2,11 @@ import json
 
 import pytest
 
-from pleharness.engine.errors import UsageError
+from pleharness.errors import UsageError
 from pleharness.engine.facts import gather_facts, parse_engine_args
 from pleharness.engine.metrics import delta, parse_counters
 from pleharness.profile import load_profile
-from pleharness.scenarios.lengths import boundary_lengths
+from pleharness.scenarios.shared.lengths import boundary_lengths
 from pleharness.scenarios.pairs import derive_pairs
 
 SPEC = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2}'

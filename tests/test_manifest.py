@@ -6,7 +6,7 @@ import pytest
 from pleharness.manifest import (Manifest, PhaseRecord, RequestRecord, load_manifest,
                                  write_atomic, write_manifest)
 from pleharness.runner import new_run_dir
-from pleharness.engine.errors import UsageError
+from pleharness.errors import UsageError
 
 
 def test_manifest_roundtrip(tmp_path):

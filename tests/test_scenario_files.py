@@ -4,7 +4,7 @@ import pytest
 
 from conftest import run_cli
 
-from pleharness.engine.errors import UsageError
+from pleharness.errors import UsageError
 from pleharness.prompts import pad_chat_prompt, seeded_prompts
 from pleharness.scenarios import ScenarioError, load_scenario_file
 from pleharness.stress import load_scenarios

@@ -5,11 +5,12 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from conftest import load_json, run_cli
-from doubles import FakeEngine
+from doubles import FakeEngine, PromptRun
 from pleharness.compare import compare, parse_threshold
 from pleharness.divergence import analyse, margins, reconverges
-from pleharness.engine.errors import UsageError
+from pleharness.errors import UsageError
 from pleharness.manifest import Manifest, load_manifest
+from pleharness.scenarios.transitions import PromptSet, TransitionsParams
 
 SMALL = ["--scenario", "transitions", "--ladder", "2,1", "--repeats", "1", "--max-tokens", "8",
          "--vocab-size", "600"]
@@ -49,12 +50,16 @@ def run_fake(behave, tmp_path, run_id, *extra):
     return r, r.stdout + r.stderr, load_json(tmp_path / run_id / "manifest.json")
 
 
-def flip_at(n, how):
-    return lambda k, body: how if k == n else None
+# prompt numbers for PromptRun (tests/doubles.py): the transitions warm-up's prompts come first,
+# then the scenario's 8 (P0 opens the C2 phase, sent twice at once; P3 opens the C1 phase), then
+# the determinism scenario's one prompt
+P0 = TransitionsParams.model_fields["warmup_requests"].default
+P3, DET = P0 + 3, P0 + PromptSet.model_fields["count"].default
+LOAD, COPY = 3, 4  # runs of a prompt: 1 cold reference, 2 warm reference, 3 load, 4 its copy
 
 
 def test_near_tie_flip_is_a_warning(tmp_path):
-    r, out, m = run_fake(flip_at(22, "flip_tie"), tmp_path, "tie")
+    r, out, m = run_fake(PromptRun("flip_tie", (P0, COPY)), tmp_path, "tie")
     assert r.returncode == 0, out[-2000:]
     (q,) = [q for q in m["requests"] if q["divergence"]]
     d = q["divergence"]
@@ -62,13 +67,13 @@ def test_near_tie_flip_is_a_warning(tmp_path):
     assert d["margin_nats"] == pytest.approx(0.01) and d["reconverged"] is True
     assert m["verdict"] == "pass" and m["summary"]["near_ties"] == 1
     assert "1 near-tie divergence(s) (warnings)" in out
-    r, out, m = run_fake(flip_at(22, "flip_tie"), tmp_path, "tie-strict", "--strict")
+    r, out, m = run_fake(PromptRun("flip_tie", (P0, COPY)), tmp_path, "tie-strict", "--strict")
     assert r.returncode == 1 and m["verdict"] == "fail"
     assert m["summary"]["hard_divergences"] == 1
 
 
 def test_hard_flip_fails(tmp_path):
-    r, out, m = run_fake(flip_at(22, "flip_hard"), tmp_path, "hard")
+    r, out, m = run_fake(PromptRun("flip_hard", (P0, COPY)), tmp_path, "hard")
     assert r.returncode == 1, out[-2000:]
     (q,) = [q for q in m["requests"] if q["divergence"]]
     assert q["divergence"]["class"] == "hard" and q["divergence"]["margin_nats"] == pytest.approx(4.0)
@@ -133,7 +138,7 @@ def test_repeat_reports_medians_and_reports_render(tmp_path):
 
 
 def test_junit_counts_failures(tmp_path):
-    r, out, m = run_fake(lambda k, body: "http500" if k in (21, 25) else None, tmp_path, "j")
+    r, out, m = run_fake(PromptRun("http500", (P0, LOAD), (P3, LOAD)), tmp_path, "j")
     assert r.returncode == 1
     root = ET.parse(tmp_path / "j" / "junit.xml").getroot()
     failed = [c for c in root.findall(".//testcase") if c.find("failure") is not None]
@@ -145,9 +150,9 @@ def test_determinism_scenario_counts_distinct_outputs(tmp_path):
     r, out, m = run_fake(None, tmp_path, "det-ok", "--scenario", "determinism")
     assert r.returncode == 0, out[-2000:]
     assert m["tables"]["determinism"][0]["distinct_outputs"] == 1
-    # after the 26 requests of the small transitions run (27-58: the 32 identical requests),
-    # request 46 gets a different token: 2 distinct outputs, 31 + 1
-    r, out, m = run_fake(flip_at(46, "flip_hard"), tmp_path, "det-bad", "--scenario",
+    # one of the 32 identical requests (the 20th to arrive) gets a different token: 2 distinct
+    # outputs, 31 + 1
+    r, out, m = run_fake(PromptRun("flip_hard", (DET, 20)), tmp_path, "det-bad", "--scenario",
                          "determinism")
     assert r.returncode == 1
     t = m["tables"]["determinism"][-1]
@@ -206,7 +211,7 @@ def test_suites_load_and_compose(tmp_path):
 
 
 def test_plot_png(tmp_path):
-    r, out, m = run_fake(lambda k, body: "http500" if k == 21 else None, tmp_path, "plot")
+    r, out, m = run_fake(PromptRun("http500", (P0, LOAD)), tmp_path, "plot")
     png = tmp_path / "p.png"
     r = run_cli("report", str(tmp_path / "plot"), "--plot", str(png))
     assert r.returncode == 1 == m["exit_code"], r.stdout + r.stderr  # report mirrors the run's
@@ -217,15 +222,7 @@ def test_plot_png(tmp_path):
 def test_warm_reference_judges_cold_vs_warm_once(tmp_path):
     """A prompt whose first (cold) run breaks a near tie differently from its later (warm) runs:
     the warm reference phase reports one near tie, the load phases match the warm reference."""
-    first_of_p0 = {}
-
-    def cold_only(k, body):
-        key = tuple(body["prompt"])
-        if 5 <= k <= 12 and not first_of_p0:  # the first cold reference run
-            first_of_p0[key] = k
-            return "flip_tie"
-        return None
-
+    cold_only = PromptRun("flip_tie", (P0, 1))  # the first prompt's cold reference run
     r, out, m = run_fake(cold_only, tmp_path, "coldwarm")
     assert r.returncode == 0, out[-2000:]
     (q,) = [q for q in m["requests"] if q["divergence"]]
@@ -233,7 +230,7 @@ def test_warm_reference_judges_cold_vs_warm_once(tmp_path):
     ref = [x for x in m["references"] if x["prompt_key"] == q["prompt_key"]][0]
     assert ref["cache_state"] == "warm" and ref["cold_output_hash"] != ref["output_hash"]
     assert all(x["match"] for x in m["requests"] if x["phase"].startswith("r1-"))
-    r, out, m = run_fake(lambda k, b: "flip_tie" if k == 5 else None, tmp_path, "cold",
+    r, out, m = run_fake(PromptRun("flip_tie", (P0, 1)), tmp_path, "cold",
                          "--reference-cache-state", "cold")
     assert r.returncode == 0
     bad = [q for q in m["requests"] if q["divergence"]]

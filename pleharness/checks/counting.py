@@ -11,6 +11,9 @@ from . import register
 
 @register("counting")
 def check(ctx, spec, c, params) -> CheckResult:
+    """The output text's first N words are "1" .. "N" (``params["n"]``; default: as many as the
+    output holds). Returns pass, fail (an empty output, or the first wrong or missing word) or
+    skip (the request failed). Never raises."""
     if c.error is not None:
         return CheckResult(name="counting", status="skip", detail="request failed")
     words = c.text.split()

@@ -12,6 +12,9 @@ from . import register
 
 @register("expected_text")
 def check(ctx, spec, c, params) -> CheckResult:
+    """The output text matches ``params["regex"]`` (re.match from the start) or, stripped,
+    equals ``params["exact"]``. Returns pass, fail (the text, shortened) or skip (the request
+    failed, or neither param given). Never raises."""
     if c.error is not None:
         return CheckResult(name="expected_text", status="skip", detail="request failed")
     if "exact" in params:

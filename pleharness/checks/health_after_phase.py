@@ -9,6 +9,8 @@ from . import register_phase
 
 @register_phase("health_after_phase")
 def check(ctx, phase) -> CheckResult:
+    """GET /health answers 200 within 10 s after ``phase`` (a PhaseRecord) finished. Returns
+    pass or fail; never raises."""
     if ctx.client.health(timeout=10):
         return CheckResult(name="health_after_phase", status="pass")
     return CheckResult(name="health_after_phase", status="fail", detail="/health did not answer 200")

@@ -80,6 +80,10 @@ def problems_at(pos: int, top: dict, emitted: int | None, chosen_lp, greedy: boo
 @register("logprob_sanity")
 @register("logprobs_finite")  # the former name: scenario files that name it keep working
 def check(ctx, spec, c, params) -> CheckResult:
+    """Items 1-4 of the module docstring at every output position of ``c`` (a Completion).
+    ``params``: ``tol`` (nats, default 1e-4), ``greedy_tol_nats`` (default 1e-3). Returns pass,
+    fail (the first bad position and why) or skip (no logprobs asked for, or the request
+    failed). Never raises."""
     name = "logprob_sanity"
     if c.logprobs is None:
         return CheckResult(name=name, status="skip", detail="no logprobs requested")

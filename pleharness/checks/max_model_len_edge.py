@@ -64,6 +64,10 @@ def expected(L: int, T: int, M: int, policy: str | None) -> tuple[str, int | Non
 
 @register(NAME)
 def check(ctx, spec, c, params) -> CheckResult:
+    """The edge answer for prompt length L = len(spec.prompt), T = spec.max_tokens and M (see
+    the module docstring): pass, warn (either answer accepted for an unmeasured version), fail
+    (a 5xx, a broken connection, a timeout, or a 200 whose usage or length is wrong) or skip (M
+    unknown). ``params``: ``max_model_len``, ``policy``, ``version``. Never raises."""
     m = params.get("max_model_len") or (ctx.facts.get("max_model_len") if ctx is not None else None)
     L, T = len(spec.prompt), spec.max_tokens
     where = f"prompt {L} + max_tokens {T} vs M {m}"

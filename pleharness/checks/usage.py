@@ -22,6 +22,10 @@ from . import register
 
 @register("usage")
 def check(ctx, spec, c, params) -> CheckResult:
+    """The usage block and the output length of ``c`` against ``spec`` (see the module
+    docstring). ``params``: ``prompt_tokens`` (default len(spec.prompt)), ``ignore_eos``
+    (default true). Returns pass, fail (every mismatch, with both numbers) or skip (the request
+    failed). Never raises."""
     if c.error is not None:
         return CheckResult(name="usage", status="skip", detail="request failed")
     problems = []

@@ -37,7 +37,7 @@ except ImportError:  # pragma: no cover - orjson is a dependency; the standard l
 
     _dumps = json.dumps
 
-from .errors import EngineError
+from ..errors import EngineError
 
 
 @dataclass
@@ -374,7 +374,7 @@ class EngineClient:
         if self.model is None:
             self.model = names[0]
         elif self.model not in names:
-            from .errors import UsageError
+            from ..errors import UsageError
             raise UsageError(f"--served-model-name {self.model!r}: not served at {self.base_url} "
                              f"(served: {', '.join(names)})")
         return self.model

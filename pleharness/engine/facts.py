@@ -89,12 +89,15 @@ NONE_MEANS_ABSENT = {"sliding_window", "mamba_block_size", "cache_hit_alignment_
 
 @dataclass
 class Observation:
+    """One source's value of a fact; lower ``rank`` wins (hints rank at or above HINT_RANK)."""
+
     value: Any
     source: str
     rank: int
 
     @property
     def hint(self) -> bool:
+        """True for a hint (a guess such as a default), which never conflicts with a real value."""
         return self.rank >= HINT_RANK
 
 
@@ -207,6 +210,7 @@ class EngineFacts:
                                          f"{o.source} says {o.value!r}; using {used.value!r}")
 
     def get(self, name: str) -> Any:
+        """The resolved value of fact ``name``, or None when unknown."""
         return self.values.get(name)
 
     @property

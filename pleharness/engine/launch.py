@@ -23,7 +23,7 @@ from pathlib import Path
 
 import requests
 
-from .errors import EngineError
+from ..errors import EngineError
 
 SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD", re.IGNORECASE)
 ROOT_CAUSE = re.compile(r"\b([A-Za-z_][\w.]*(Error|Exception|Exit))\b\s*:\s*\S")
@@ -37,6 +37,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def port_in_use(host: str, port: int) -> bool:
+    """True when something accepts TCP connections on ``host:port`` (0.5 s timeout)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.settimeout(0.5)
         return s.connect_ex((host, port)) == 0
@@ -108,6 +109,7 @@ class LaunchSpec:
             self.env = {**self.env, "VLLM_SERVER_DEV_MODE": "1"}
 
     def command(self, port: int) -> list[str]:
+        """The argv that launches the OpenAI API server on ``port`` (engine_args last, so they win)."""
         cmd = [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model,
                "--host", self.host, "--port", str(port)]
         if self.served_model_name:
@@ -146,18 +148,23 @@ class EngineServer:
 
     @property
     def url(self) -> str:
+        """``http://HOST:PORT`` of the launched server (PORT chosen by :meth:`start`)."""
         return f"http://{self.spec.host}:{self.port}"
 
     @property
     def model_name(self) -> str:
+        """The model name requests use: the served name, else the model path."""
         return self.spec.served_model_name or self.spec.model
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self) -> None:
+        """Launch the server in its own process group (logs in ``log_dir``) and wait until it is
+        ready. Raises EngineError (it exited, or was not ready within ``start_timeout_s``) or
+        UsageError (the fixed ``--port`` is in use); a server that fails is stopped first."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         if self.spec.port is not None:
             if port_in_use(self.spec.host, self.spec.port):
-                from .errors import UsageError
+                from ..errors import UsageError
                 raise UsageError(f"--port {self.spec.port}: port {self.spec.port} on "
                                  f"{self.spec.host} is already in use (leave --port out to get a "
                                  "free one)")
@@ -219,15 +226,18 @@ class EngineServer:
             time.sleep(0.5)
 
     def alive(self) -> bool:
+        """True while the launched process (the group leader) has not exited."""
         return self.proc is not None and self.proc.poll() is None
 
     def root_cause(self) -> str | None:
+        """The most telling line of engine.log (:func:`root_cause_line`), or None."""
         try:
             return root_cause_line(self.log_path.read_text(errors="replace"))
         except OSError:
             return None
 
     def log_tail(self, n: int = 20) -> list[str]:
+        """The last ``n`` lines of engine.log ([] when it cannot be read)."""
         try:
             return self.log_path.read_text(errors="replace").splitlines()[-n:]
         except OSError:

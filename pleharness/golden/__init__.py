@@ -14,7 +14,7 @@ The worker starts lazily (on the first question), so a clean run that never dive
 for it. :func:`golden_problem` is the size guard: a model whose float32 weights would not fit in
 half of the machine's available memory is refused with a clear message.
 
-Errors: :class:`GoldenError` (a :class:`pleharness.engine.errors.HarnessError`) when the worker
+Errors: :class:`GoldenError` (a :class:`pleharness.errors.HarnessError`) when the worker
 cannot start or answers an error.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..engine.errors import HarnessError
+from ..errors import HarnessError
 
 WORKER = Path(__file__).with_name("worker.py")
 TOP_K = 5  # golden top-k kept per position (membership test of the near-tie rule)

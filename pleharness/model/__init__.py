@@ -6,7 +6,7 @@ Why shipped and not built: CPU training is reproducible per machine, not across 
 which answered random prompts with "OK OK OK ..."). So the weights trained once by
 ``build_tiny.py`` (the recipe, kept for provenance) ship in ``tiny_llama/`` beside this file, and
 every file's SHA256 is pinned in :data:`PINNED_SHA256`. :func:`ensure_embedded_model` verifies
-them before every use; a mismatch is a :class:`~pleharness.engine.errors.HarnessError` that says
+them before every use; a mismatch is a :class:`~pleharness.errors.HarnessError` that says
 what to do. :func:`model_digest` is what the manifest records (``engine.model_digest``).
 
 ``ple-harness build-model --verify`` retrains from the recipe with the engine's Python and compares
@@ -23,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ..engine.errors import HarnessError
+from ..errors import HarnessError
 
 BUILD_SCRIPT = Path(__file__).with_name("build_tiny.py")
 SHIPPED_DIR = Path(__file__).with_name("tiny_llama")

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
-from ..engine.errors import UsageError
+from ..errors import UsageError
 from ..tomlfile import find_named, read_toml, validate
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -47,15 +47,17 @@ class TableRow(BaseModel):
 class Scenario(ABC):
     """A named, parameterised schedule of phases.
 
-    Subclasses set ``kind`` (registry name), ``summary`` (one line) and ``Params`` (a pydantic model),
-    and implement :meth:`run`, which issues phases through the run context. A kind that writes a
-    table declares it in ``tables`` ({manifest table key: row model}), stores it with
-    :meth:`put_table`, and renders it in summary.md by overriding :meth:`markdown`.
+    Subclasses set ``kind`` (registry name), ``summary`` (one line), ``Params`` (a pydantic model)
+    and ``phases`` (or override :meth:`planned_phases`), and implement :meth:`run`, which issues
+    phases through the run context; :func:`register` checks that all of them are there. A kind
+    that writes a table declares it in ``tables`` ({manifest table key: row model}), stores it
+    with :meth:`put_table`, and renders it in summary.md by overriding :meth:`markdown`.
     """
 
     kind: ClassVar[str]
     summary: ClassVar[str]
     Params: ClassVar[type[Params]]
+    phases: ClassVar[int | None] = None  # load phases per run, when fixed (0: only known at run time)
     tables: ClassVar[dict[str, type[TableRow]]] = {}
 
     def __init__(self, name: str, params: Params, source: str, description: str = ""):
@@ -74,6 +76,15 @@ class Scenario(ABC):
 
         Raises ScenarioError. Default: nothing to check.
         """
+
+    def planned_phases(self) -> int:
+        """How many load phases :meth:`run` records with these parameters (for the manifest's
+        ``summary.phases_planned``; reference and warm-up phases are not counted). Default: the
+        class's ``phases``; kinds whose count depends on the parameters override this."""
+        if self.phases is None:
+            raise NotImplementedError(f"scenario kind {self.kind}: set phases or override "
+                                      "planned_phases()")
+        return self.phases
 
     @abstractmethod
     def run(self, ctx: "RunContext") -> None:
@@ -105,6 +116,18 @@ class Scenario(ABC):
 
 
 def register(cls: type[Scenario]) -> type[Scenario]:
+    """Class decorator: make ``cls`` loadable as ``kind = "<cls.kind>"`` in scenario files.
+
+    Raises TypeError when the class lacks ``kind``, ``summary`` or ``Params``, declares neither
+    ``phases`` nor its own ``planned_phases``, or its kind is registered already."""
+    missing = [a for a in ("kind", "summary", "Params") if not hasattr(cls, a)]
+    if cls.phases is None and cls.planned_phases is Scenario.planned_phases:
+        missing.append("phases (or a planned_phases method)")
+    if missing:
+        raise TypeError(f"scenario kind {cls.__name__}: missing {', '.join(missing)}")
+    if cls.kind in REGISTRY and REGISTRY[cls.kind] is not cls:
+        raise TypeError(f"scenario kind {cls.kind!r} is registered already "
+                        f"({REGISTRY[cls.kind].__module__})")
     REGISTRY[cls.kind] = cls
     return cls
 
@@ -116,6 +139,8 @@ def scenario_dirs() -> list[Path]:
 
 
 def find_scenario_file(name_or_path: str) -> Path:
+    """A scenario file path, or a shipped scenario's name (``boundary`` ->
+    ``scenarios/boundary.toml``). Raises ScenarioError listing the shipped names."""
     return find_named(name_or_path, scenario_dirs(), "scenario", ScenarioError)
 
 

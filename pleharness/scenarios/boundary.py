@@ -26,15 +26,19 @@ from typing import TYPE_CHECKING
 
 from ..engine import metrics
 from ..manifest import CheckResult, Manifest
+from ..request import RequestSpec
 from .base import TableRow, register
-from .common import ChatParams, ChatScenario, boundary_spec, max_prompt_len
-from .lengths import boundary_lengths, skipped_families
+from .shared.chat import ChatParams, ChatScenario, boundary_spec, max_prompt_len
+from .shared.lengths import boundary_lengths, skipped_families
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..runner import RunContext
 
 
 class BoundaryParams(ChatParams):
+    """Parameters of ``boundary`` (with :class:`ChatParams`): ``cold_warm`` runs every length
+    a second time warm; ``edges`` adds the max_model_len edge requests."""
+
     cold_warm: bool = True
     edges: bool = True
 
@@ -56,6 +60,8 @@ class BoundaryRow(TableRow):
 
 @register
 class Boundary(ChatScenario):
+    """Kind ``boundary``: see the module docstring (phases: cold, warm, edges)."""
+
     kind = "boundary"
     summary = "prompts at q, n*B+q, n*C+q (+-1), cold then warm (prefix cache), and max_model_len edges"
     Params = BoundaryParams
@@ -80,8 +86,6 @@ class Boundary(ChatScenario):
         return 1 + int(self.params.cold_warm) + int(self.params.edges)
 
     def run(self, ctx: "RunContext") -> None:
-        from ..runner import RequestSpec
-
         p = self.params
         dropped: list = []
         lengths, notes = boundary_lengths(ctx.facts.values, p.depth, p.controls,
@@ -101,7 +105,7 @@ class Boundary(ChatScenario):
         if p.cold_warm:
             def warm_issue(spec: RequestSpec):
                 before = metrics.scrape(ctx.client)
-                c = ctx._issue(spec)
+                c = ctx.issue(spec)
                 hits[spec.prompt.key] = metrics.delta(before, metrics.scrape(ctx.client),
                                                       metrics.PREFIX_HITS)
                 return c

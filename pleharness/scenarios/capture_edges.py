@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 from pydantic import Field
 
 from ..prompts import seeded_prompts
+from ..request import RequestSpec
 from .base import Params, Scenario, ScenarioError, register
 from .transitions import MAX_CONCURRENCY, PromptSet
 
@@ -38,6 +39,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 @dataclass
 class Level:
+    """One concurrency level to run: ``c`` requests in flight and why (the facts it comes from)."""
+
     concurrency: int
     reasons: list[str] = field(default_factory=list)
     facts: list[str] = field(default_factory=list)
@@ -45,6 +48,7 @@ class Level:
 
     @property
     def why(self) -> str:
+        """The reasons, joined with '; '."""
         return "; ".join(self.reasons)
 
 
@@ -136,6 +140,8 @@ def concurrency_levels(facts: dict, max_concurrency: int = 1025, max_levels: int
 
 
 class CaptureEdgesParams(Params):
+    """Parameters of ``capture_edges`` (prompts, max_tokens, requests per slot, the level cap)."""
+
     max_tokens: int = Field(16, ge=1, le=1_000_000)
     requests_per_slot: int = Field(1, ge=1, le=1000)
     # one more than the transitions cap: vLLM's GPU default max_num_seqs is 1024 and its edge
@@ -148,24 +154,24 @@ class CaptureEdgesParams(Params):
 
 @register
 class CaptureEdges(Scenario):
+    """Kind ``capture_edges``: see the module docstring (one phase per derived level)."""
+
     kind = "capture_edges"
     summary = ("concurrency at CUDA-graph capture-size edges (s, s+1, S_max+1; c*q crossing s "
                "with speculative decoding) and max_num_seqs, +1; every output vs its solo reference")
     Params = CaptureEdgesParams
 
     def validate_against(self, facts) -> None:
+        """Raises ScenarioError when the longest prompt + max_tokens exceeds max_model_len."""
         m = facts.get("max_model_len")
         p = self.params
         if m is not None and p.prompts.max_len + p.max_tokens > int(m):
             raise ScenarioError(f"{self.source}: params.prompts.max_len + params.max_tokens "
                                 f"exceeds max_model_len {m}")
 
-    def planned_phases(self) -> int:
-        return 0  # derived from the engine's facts at run time, added to the summary by run()
+    phases = 0  # derived from the engine's facts at run time, added to the summary by run()
 
     def run(self, ctx: "RunContext") -> None:
-        from ..runner import RequestSpec
-
         p = self.params
         facts = ctx.facts.values
         levels, notes, skipped = concurrency_levels(facts, p.max_concurrency, p.max_levels)

@@ -14,6 +14,7 @@ from pydantic import Field
 
 from ..manifest import CheckResult
 from ..prompts import seeded_prompts
+from ..request import RequestSpec
 from .base import Params, Scenario, ScenarioError, register
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -21,6 +22,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 class DeterminismParams(Params):
+    """Parameters of ``determinism``: ``n`` identical requests of a seeded random prompt of
+    ``prompt_len`` tokens, ``max_tokens`` each."""
+
     n: int = Field(32, ge=2, le=1024, description="identical requests in flight together")
     prompt_len: int = Field(64, ge=1, le=10_000_000)
     max_tokens: int = Field(32, ge=1, le=1_000_000)
@@ -29,14 +33,16 @@ class DeterminismParams(Params):
 
 @register
 class Determinism(Scenario):
+    """Kind ``determinism``: see the module docstring (one phase, check ``determinism``)."""
+
     kind = "determinism"
     summary = "N identical greedy requests in flight together: count distinct outputs (1 expected)"
     Params = DeterminismParams
 
-    def planned_phases(self) -> int:
-        return 1
+    phases = 1
 
     def validate_against(self, facts) -> None:
+        """Raises ScenarioError when prompt_len + max_tokens exceeds max_model_len."""
         m = facts.get("max_model_len")
         if m is not None and self.params.prompt_len + self.params.max_tokens > int(m):
             raise ScenarioError(f"{self.source}: params.prompt_len + params.max_tokens = "
@@ -44,8 +50,6 @@ class Determinism(Scenario):
                                 f"max_model_len {m}")
 
     def run(self, ctx: "RunContext") -> None:
-        from ..runner import RequestSpec
-
         p = self.params
         vocab = int(ctx.facts.get("vocab_size") or 256)
         (prompt,) = seeded_prompts(p.seed, 1, p.prompt_len, p.prompt_len, 16, vocab)
@@ -57,14 +61,11 @@ class Determinism(Scenario):
         dist = [{"output_hash": h, "requests": n} for h, n in counts.most_common()]
         ph = ctx.manifest.phases[-1]
         ok = len(counts) == 1
-        ph.checks.append(CheckResult(
+        ctx.add_phase_check(ph, CheckResult(
             name="determinism", status="pass" if ok else "fail",
             detail=f"{len(counts)} distinct output(s) from {sum(counts.values())} identical "
-                   f"requests: {', '.join(str(d['requests']) for d in dist)}"))
-        if not ok:
-            ph.status = "fail"
-            ph.reason = (ph.reason + "; " if ph.reason else "") + \
-                f"{len(counts)} distinct outputs from identical requests"
+                   f"requests: {', '.join(str(d['requests']) for d in dist)}"),
+            reason=f"{len(counts)} distinct outputs from identical requests")
         ctx.manifest.tables.setdefault("determinism", []).append(
             {"phase": ph.name, "requests": p.n, "distinct_outputs": len(counts),
              "distribution": dist})

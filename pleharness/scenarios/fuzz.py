@@ -7,7 +7,7 @@ capture sizes s and s + 1, the c where c * q crosses a capture size, max_num_seq
 requests issued together. Each request is
 
 - ``new``: a prompt of a drawn length, mostly from the boundary set
-  (:func:`~pleharness.scenarios.lengths.boundary_lengths`: q, n*B + q, n*C + q, +-1, window edges,
+  (:func:`~pleharness.scenarios.shared.lengths.boundary_lengths`: q, n*B + q, n*C + q, +-1, window edges,
   and the M edge ``M - max_tokens``), sometimes uniform in [1, M - max_tokens]; chat-shaped
   (``Reply with OK.`` padded with filler) where the length allows and the draw asks for it, else
   seeded random token IDs (:func:`~pleharness.prompts.seeded_prompts`, one of 4 seeds per length);
@@ -64,10 +64,11 @@ from pydantic import Field
 
 from ..prompts import Prompt, seeded_prompts
 from .base import Params, Scenario, ScenarioError, register
-from .lengths import boundary_lengths
+from .shared.lengths import boundary_lengths
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..runner import RequestSpec, RunContext
+    from ..request import RequestSpec
+    from ..runner import RunContext
 
 INSTRUCTION = "Reply with OK."
 PROMPT_SEEDS = 4  # distinct random prompts per length (small: prompts recur, references are reused)
@@ -451,7 +452,7 @@ class Fuzz(Scenario):
         return p
 
     def _spec(self, ctx: "RunContext", r: FuzzRequest, role: str = "") -> "RequestSpec":
-        from ..runner import RequestSpec
+        from ..request import RequestSpec
         spec = RequestSpec(self._prompt(ctx, r), r.max_tokens, stream=r.stream,
                            note=f"fuzz {role}{r.source} {r.why}"
                                 + ("" if r.stream else " (non-streamed)"))
@@ -612,7 +613,7 @@ class Fuzz(Scenario):
         from hypothesis.database import DirectoryBasedExampleDatabase
         from hypothesis.errors import HypothesisException
 
-        from .common import ChatParams, builder
+        from .shared.chat import ChatParams, builder
         p = self.params
         run_dir = Path(ctx.manifest_path).parent
         space = build_space(ctx.facts.values if hasattr(ctx.facts, "values") else ctx.facts, p)

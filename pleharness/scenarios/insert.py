@@ -21,16 +21,20 @@ from typing import TYPE_CHECKING
 from pydantic import Field
 
 from ..manifest import CheckResult
+from ..request import RequestSpec
 from .base import register
 from .inserting import InsertTrigger
-from .common import ChatParams, ChatScenario, boundary_spec, builder, max_prompt_len
-from .lengths import boundary_lengths
+from .shared.chat import ChatParams, ChatScenario, boundary_spec, builder, max_prompt_len
+from .shared.lengths import boundary_lengths
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..runner import RunContext
 
 
 class InsertParams(ChatParams):
+    """Parameters of ``insert`` (with :class:`ChatParams`): the decode prompt counts to
+    ``count_to``; the inserted prefills have the boundary lengths of ``depth``."""
+
     depth: int = Field(1, ge=1)
     controls: bool = False
     count_to: int = Field(300, ge=1, le=100_000, description="N of the decode prompt 'Count from 1 to N.'")
@@ -46,17 +50,16 @@ class InsertParams(ChatParams):
 
 @register
 class Insert(ChatScenario):
+    """Kind ``insert``: see the module docstring (one phase at concurrency 2)."""
+
     kind = "insert"
     summary = "long streaming decode (count 1..N) with boundary-length prefills inserted mid-decode"
     Params = InsertParams
 
-    def planned_phases(self) -> int:
-        return 1
+    phases = 1
 
     def run(self, ctx: "RunContext") -> None:
         from ..prompts import Prompt
-        from ..runner import RequestSpec
-
         p = self.params
         b = builder(ctx, p)
         text = f"Count from 1 to {p.count_to}."
@@ -81,7 +84,7 @@ class Insert(ChatScenario):
             return
         ph = ctx.manifest.phases[-1]
         late = [s.prompt.key for s in trig.late([o.spec for o in outs[1:]])]
-        ph.checks.append(CheckResult(
+        ctx.add_phase_check(ph, CheckResult(
             name="inserts_during_decode", status="warn" if late else "pass",
             detail=(f"{len(late)} insert(s) sent after the decode ended: {', '.join(late)}"
                     if late else f"{len(outs) - 1} inserts sent while the decode ran")))

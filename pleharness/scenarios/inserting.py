@@ -77,7 +77,7 @@ class InsertTrigger:
             self._t_sent = time.monotonic()
             self._carrier_sent.set()
             try:
-                return self.ctx._issue(spec, on_token=self._on_token)
+                return self.ctx.issue(spec, on_token=self._on_token)
             finally:
                 with self._lock:
                     self._done.set()
@@ -85,7 +85,7 @@ class InsertTrigger:
                         ev.set()
         need = self.after.get(id(spec))
         if need is None:
-            return self.ctx._issue(spec)
+            return self.ctx.issue(spec)
         total = self.ctx.client.timeouts.total_s
         self._carrier_sent.wait(timeout=total)
         ev = threading.Event()
@@ -103,7 +103,7 @@ class InsertTrigger:
         what = (f"inserted while the {self.label} ran (client-seen {self.label} position {at})"
                 if running else f"sent after the {self.label} ended ({at} tokens)")
         spec.note = f"{spec.note}; {what}" if spec.note else what
-        return self.ctx._issue(spec)
+        return self.ctx.issue(spec)
 
     def late(self, specs: Sequence["RequestSpec"]) -> list["RequestSpec"]:
         """The inserts among ``specs`` that went out after the carrier had ended."""

@@ -33,6 +33,7 @@ from pydantic import Field
 from ..engine import metrics
 from ..manifest import CheckResult
 from ..prompts import seeded_prompts
+from ..request import RequestSpec
 from .base import Params, Scenario, register
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -73,6 +74,9 @@ def pressure_plan(facts: dict, prompt_len: int = 32, max_tokens: int | None = No
 
 
 class KvPressureParams(Params):
+    """Parameters of ``kv_pressure``: prompt length and max_tokens (default: as long as one
+    request alone fits) of the requests that together overfill the KV cache."""
+
     prompt_len: int = Field(32, ge=1, le=10_000_000)
     max_tokens: int | None = Field(None, ge=1, le=1_000_000,
                                    description="default: as long as one request alone fits")
@@ -84,17 +88,16 @@ class KvPressureParams(Params):
 
 @register
 class KvPressure(Scenario):
+    """Kind ``kv_pressure``: see the module docstring (one phase, check ``preemptions``)."""
+
     kind = "kv_pressure"
     summary = ("more prompt + max_tokens in flight than the KV cache holds: preemption and "
                "recomputation; every output vs its solo reference (vllm:num_preemptions)")
     Params = KvPressureParams
 
-    def planned_phases(self) -> int:
-        return 1
+    phases = 1
 
     def run(self, ctx: "RunContext") -> None:
-        from ..runner import RequestSpec
-
         p = self.params
         plan = pressure_plan(ctx.facts.values, p.prompt_len, p.max_tokens, p.overcommit,
                              p.max_requests)
@@ -132,10 +135,7 @@ class KvPressure(Scenario):
                                  " (the requests did not all stream together: a request's "
                                  "first token came after another had finished; an overloaded "
                                  "host can serialize them)"))
-        ph.checks.append(chk)
-        if chk.status == "fail":
-            ph.status = "fail"
-            ph.reason = (ph.reason + "; " if ph.reason else "") + chk.detail
+        ctx.add_phase_check(ph, chk)
         compared = [o.record for o in outs if o.record.match is not None]
         ctx.manifest.tables["kv_pressure"] = [{
             "why": plan["why"], "facts": facts, "capacity_tokens": plan["capacity_tokens"],

@@ -19,13 +19,15 @@ from typing import Annotated
 from pydantic import Field
 
 from .base import register
-from .common import ChatParams, ChatScenario, boundary_spec, max_prompt_len
+from .shared.chat import ChatParams, ChatScenario, boundary_spec, max_prompt_len
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..runner import RunContext
 
 
 class PairsParams(ChatParams):
+    """Parameters of ``pairs`` (with :class:`ChatParams`)."""
+
     max_tokens: int = Field(16, ge=1)
     extra_pairs: list[tuple[Annotated[int, Field(ge=1)], Annotated[int, Field(ge=1)]]] = Field(
         default_factory=list, description="more [L1, L2] pairs to run")
@@ -63,6 +65,8 @@ def derive_pairs(facts: dict, max_len: int | None, extra: list[list[int]] | None
 
 @register
 class Pairs(ChatScenario):
+    """Kind ``pairs``: see the module docstring."""
+
     kind = "pairs"
     summary = "two boundary-length prompts in flight together (q-tail + q-tail, + 2C, long + long)"
     Params = PairsParams

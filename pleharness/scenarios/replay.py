@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from pydantic import Field, model_validator
 
 from ..prompts import Prompt
+from ..request import RequestSpec
 from .base import Params, Scenario, ScenarioError, register
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -34,6 +35,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 class ReplayRequest(Params):
+    """One request of a replayed phase: prompt token IDs, max_tokens, note, streamed or not."""
+
     prompt: list[int] = Field(min_length=1)
     max_tokens: int = Field(ge=1, le=1_000_000)
     note: str = ""
@@ -54,6 +57,8 @@ class ReplayRequest(Params):
 
 
 class ReplayPhase(Params):
+    """One replayed phase: its name, concurrency and requests, in order."""
+
     name: str = Field(min_length=1)
     concurrency: int = Field(ge=1, le=1024)
     requests: list[ReplayRequest] = Field(min_length=1)
@@ -85,6 +90,8 @@ class ReplayPhase(Params):
 
 
 class ReplayParams(Params):
+    """Parameters of ``replay``: the phases to replay (names unique)."""
+
     phases: list[ReplayPhase] = Field(min_length=1)
 
     @model_validator(mode="after")
@@ -103,6 +110,8 @@ def prompt_of(ids: list[int]) -> Prompt:
 
 @register
 class Replay(Scenario):
+    """Kind ``replay``: see the module docstring (one phase per ``params.phases`` item)."""
+
     kind = "replay"
     summary = "an explicit schedule of phases and token-ID prompts (explain's reproducers)"
     Params = ReplayParams
@@ -111,6 +120,8 @@ class Replay(Scenario):
         return len(self.params.phases)
 
     def validate_against(self, facts) -> None:
+        """Raises ScenarioError naming ``params.phases[i].requests[j]`` when a request does
+        not fit in max_model_len or a prompt ID is outside [0, V)."""
         m, v = facts.get("max_model_len"), facts.get("vocab_size")
         for i, ph in enumerate(self.params.phases):
             for j, r in enumerate(ph.requests):
@@ -122,7 +133,7 @@ class Replay(Scenario):
                     raise ScenarioError(f"{where}.prompt: token IDs must be in [0, {v})")
 
     def run(self, ctx: "RunContext") -> None:
-        from ..runner import RequestSpec
+        from ..request import RequestSpec
         from .inserting import run_phase_with_inserts
 
         phases = [[RequestSpec(prompt_of(r.prompt), r.max_tokens, note=r.note or None,

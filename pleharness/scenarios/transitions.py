@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING
 from pydantic import Field, field_validator, model_validator
 
 from ..prompts import Prompt, seeded_prompts
+from ..request import RequestSpec
 from .base import Params, Scenario, ScenarioError, register
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -71,6 +72,9 @@ class PromptSet(Params):
 
 
 class TransitionsParams(Params):
+    """Parameters of ``transitions``: the concurrency ladder, its repeats, prompts and
+    max_tokens (see the module docstring)."""
+
     ladder: list[int] = Field(default_factory=lambda: [4, 3, 2, 1, 2, 3, 4, 1])
     repeats: int = Field(2, ge=1, le=10_000)
     requests_per_slot: int = Field(2, ge=1, le=10_000)
@@ -100,6 +104,8 @@ class TransitionsParams(Params):
 
 @register
 class Transitions(Scenario):
+    """Kind ``transitions``: see the module docstring (one phase per ladder level and repeat)."""
+
     kind = "transitions"
     summary = "concurrency ladder C4->C3->C2->C1->C2->C3->C4->C1 (repeated); every output vs its solo reference"
     Params = TransitionsParams
@@ -115,6 +121,8 @@ class Transitions(Scenario):
         return int(v)
 
     def validate_against(self, facts) -> None:
+        """Raises ScenarioError when the longest prompt + max_tokens (+ q - 1 for the residues)
+        exceeds max_model_len, or prompt IDs would reach past the vocabulary."""
         p = self.params
         m = facts.get("max_model_len")
         extra = (self._q(facts) or 1) - 1 if p.max_tokens_residues else 0
@@ -148,8 +156,6 @@ class Transitions(Scenario):
                     sampled: bool | None = None) -> "RequestSpec":
         """The request of prompt number ``i`` (its reference and its ladder runs share it);
         ``sampled``: whether seeded sampled requests are sent (default :meth:`sampled`)."""
-        from ..runner import RequestSpec
-
         p = self.params
         notes = []
         mt = p.max_tokens
@@ -172,8 +178,6 @@ class Transitions(Scenario):
         return len(self.params.ladder) * self.params.repeats
 
     def run(self, ctx: "RunContext") -> None:
-        from ..runner import RequestSpec
-
         p = self.params
         hi = self._id_high(ctx.facts)
         prompts = seeded_prompts(p.prompts.seed, p.prompts.count, p.prompts.min_len,

@@ -22,6 +22,9 @@ from dataclasses import dataclass, field
 
 @dataclass
 class BoundaryLength:
+    """A prompt length to test, with the formulas that chose it (``reasons``), whether it is
+    only a +-1 control, and the facts those formulas used."""
+
     length: int
     reasons: list[str] = field(default_factory=list)
     control: bool = False  # True when every reason is a +-1 control
@@ -29,6 +32,7 @@ class BoundaryLength:
 
     @property
     def why(self) -> str:
+        """The reasons, joined with '; '."""
         return "; ".join(self.reasons)
 
 

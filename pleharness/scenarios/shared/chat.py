@@ -1,19 +1,18 @@
-"""Prompt helpers shared by the boundary, pairs and insert scenario kinds."""
+"""Exact-length chat prompts shared by the boundary, pairs, insert and fuzz scenario kinds."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import re
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 from pydantic import Field, field_validator
 
-from ..checks import DEFAULT_CHECKS
-from ..prompts import ChatPromptBuilder, Prompt, seeded_prompts
-from .base import Params, Scenario, ScenarioError
+from ...checks import DEFAULT_CHECKS
+from ...prompts import ChatPromptBuilder, Prompt, seeded_prompts
+from ...request import RequestSpec
+from ..base import Params, Scenario, ScenarioError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..runner import RequestSpec, RunContext
+    from ...runner import RunContext
 
 
 class ChatParams(Params):
@@ -42,6 +41,8 @@ class ChatScenario(Scenario):
     """Base of the kinds built on exact-length chat prompts: checks max_tokens against M."""
 
     def validate_against(self, facts) -> None:
+        """Raises ScenarioError when max_tokens (or count_to) leaves no room for a prompt in
+        max_model_len."""
         m = facts.get("max_model_len")
         mt = max([self.params.max_tokens] + [getattr(self.params, "count_to", 0)])
         if m is not None and mt >= int(m):
@@ -50,25 +51,21 @@ class ChatScenario(Scenario):
 
 
 def builder(ctx: "RunContext", p: ChatParams) -> ChatPromptBuilder:
-    b = getattr(ctx, "_chat_builders", {}).get((p.filler, p.tail))
-    if b is None:
-        try:
-            b = ChatPromptBuilder(ctx.client, p.filler, p.tail)
-        except ValueError as exc:
-            raise ScenarioError(f"params.filler: {exc}") from None
-        ctx.__dict__.setdefault("_chat_builders", {})[(p.filler, p.tail)] = b
-    return b
+    """The context's prompt builder for ``p.filler`` / ``p.tail`` (:meth:`RunContext.prompt_builder`).
+    Raises ScenarioError (params.filler) when the filler is not exactly one token."""
+    try:
+        return ctx.prompt_builder(p.filler, p.tail)
+    except ValueError as exc:
+        raise ScenarioError(f"params.filler: {exc}") from None
 
 
 def boundary_spec(ctx: "RunContext", p: ChatParams, length: int, why: str,
-                  max_tokens: int | None = None) -> "RequestSpec":
+                  max_tokens: int | None = None) -> RequestSpec:
     """A request of exactly ``length`` prompt tokens.
 
     At least as long as the chat template: the instruction padded with filler, checked with
     ``expected_text``. Shorter: a seeded random token-ID prompt (text checks do not apply).
     """
-    from ..runner import RequestSpec
-
     b = builder(ctx, p)
     mt = max_tokens or p.max_tokens
     checks = {name: {} for name in DEFAULT_CHECKS}
@@ -87,5 +84,7 @@ def boundary_spec(ctx: "RunContext", p: ChatParams, length: int, why: str,
 
 
 def max_prompt_len(ctx: "RunContext", max_tokens: int) -> int | None:
+    """The longest prompt (tokens) that leaves ``max_tokens`` in max_model_len; None when M is
+    unknown."""
     m = ctx.facts.get("max_model_len")
     return None if m is None else int(m) - max_tokens

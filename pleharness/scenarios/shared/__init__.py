@@ -1,0 +1,5 @@
+"""Helpers shared by several scenario kinds (not kinds themselves, nothing registers here).
+
+- :mod:`.chat`: exact-length chat prompts (``ChatParams``, ``ChatScenario``, ``boundary_spec``).
+- :mod:`.lengths`: the boundary lengths derived from the engine facts (q, n*B + q, n*C + q, ...).
+"""

@@ -1,0 +1,89 @@
+#!/usr/bin/env python3
+"""Compare two results manifests field by field, except what differs between any two runs.
+
+Usage: ``python scripts/compare_manifests.py BEFORE/manifest.json AFTER/manifest.json``
+
+For a behaviour-preserving change (a refactor): run the same command before and after it and
+compare. Left out: timings (``*_s``, ``*_at``, throughput, ``tok_per_s``), run ids and paths
+(``run_id``, ``invocation``, ``url``, ``command``, ``launch.python``, the checkout's folder
+in paths), the harness's git commit,
+the engine's port, and the environment block except GPU facts. Everything else (statuses,
+verdicts, phases, requests' token hashes and checks, references, facts, tables, summary counts)
+must be equal. Prints one line per difference (the dotted path, then before -> after); exit 0
+when there are none, 1 otherwise, 2 for bad input.
+"""
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+# dotted-path patterns (regular expressions on the whole path) left out of the comparison
+IGNORED = [
+    r".*_s", r".*_at", r".*_s_median", r".*tok_per_s", r".*throughput.*",
+    r"run_id", r"invocation(\..*)?", r"harness\.git_commit", r"exit_code_?",
+    r"engine\.(url|command|launch\.python|ready_s)(\..*)?",
+    r"engine\.(reference_engine|control_engine)\.(command|ready_s|launch\.python)(\..*)?",
+    r"environment\.(platform|harness_python|engine_python)",
+    r"summary\.headline", r"run_options\.golden_classifier", r"run_options\.golden_log",
+    r"requests\.\d+\.(id|latency_s|ttft_s)", r"log_tail(\..*)?",
+    r"facts\..*\.(source_detail)",
+]
+_IGNORED = re.compile("|".join(f"(?:{p})" for p in IGNORED))
+_VOLATILE_TEXT = re.compile(r"/\S*?/(?=(pleharness|scenarios|profiles)/)"
+                            r"|https?://[\w.]+:\d+|/tmp/\S+|\d+(\.\d+)? ?s\b")
+
+
+def _norm(x: Any) -> Any:
+    """Strings lose URLs with ports, temporary paths, durations (e.g. in notes) and the folder
+    of the checkout (``/work/a/pleharness/...`` and ``/work/b/pleharness/...`` compare equal)."""
+    return _VOLATILE_TEXT.sub("<volatile>", x) if isinstance(x, str) else x
+
+
+def diff(a: Any, b: Any, path: str = "") -> list[str]:
+    """Differences between two JSON values as 'path: before -> after' lines (paths dotted,
+    list items by index), skipping paths in IGNORED."""
+    if path and _IGNORED.fullmatch(path):
+        return []
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for k in sorted(set(a) | set(b), key=str):
+            p = f"{path}.{k}" if path else str(k)
+            if k not in a or k not in b:
+                if not _IGNORED.fullmatch(p):
+                    out.append(f"{p}: {'<missing>' if k not in a else repr(a[k])[:80]} -> "
+                               f"{'<missing>' if k not in b else repr(b[k])[:80]}")
+                continue
+            out += diff(a[k], b[k], p)
+        return out
+    if isinstance(a, list) and isinstance(b, list):
+        if len(a) != len(b):
+            return [f"{path}: {len(a)} items -> {len(b)} items"]
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in diff(x, y, f"{path}.{i}")]
+    if isinstance(a, float) and isinstance(b, float) and a == b:
+        return []
+    if _norm(a) != _norm(b):
+        return [f"{path}: {repr(a)[:80]} -> {repr(b)[:80]}"]
+    return []
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print(__doc__.split("\n\n")[1], file=sys.stderr)
+        return 2
+    try:
+        before, after = (json.loads(Path(p).read_text()) for p in argv)
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    lines = diff(before, after)
+    for line in lines:
+        print(line)
+    print(f"{len(lines)} difference(s) outside timings, ids and paths")
+    return 1 if lines else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,42 @@
+"""scripts/compare_manifests.py: timings, ids and checkout paths are left out; anything else that
+differs (a token hash, a status, a check) is reported."""
+import importlib.util
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "compare_manifests.py"
+spec = importlib.util.spec_from_file_location("compare_manifests", SCRIPT)
+cm = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(cm)
+
+
+def manifest(root: str, hash_: str = "aa", wall: float = 1.0, status: str = "pass") -> dict:
+    return {"run_id": f"run-{root}", "status": "complete", "verdict": "pass",
+            "engine": {"url": "http://127.0.0.1:4242", "ready_s": wall * 30,
+                       "launch": {"model": f"/work/{root}/pleharness/model/tiny_llama"}},
+            "phases": [{"name": "p", "status": status, "wall_s": wall, "ttft_s_median": wall / 9,
+                        "decode_tok_per_s": 10 / wall}],
+            "requests": [{"id": "r00001", "output_hash": hash_, "latency_s": wall,
+                          "checks": [{"name": "usage", "status": "pass"}]}],
+            "summary": {"hashes_matched": 1, "throughput_by_concurrency": {"1": 10 / wall}}}
+
+
+def test_timings_ids_and_checkout_paths_are_left_out():
+    assert cm.diff(manifest("main"), manifest("h13", wall=2.5)) == []
+
+
+def test_a_token_hash_a_status_and_a_missing_check_are_reported():
+    a, b = manifest("main"), manifest("main", hash_="bb", status="fail")
+    b["requests"][0]["checks"] = []
+    out = cm.diff(a, b)
+    assert any(line.startswith("requests.0.output_hash: 'aa' -> 'bb'") for line in out), out
+    assert any(line.startswith("phases.0.status") for line in out), out
+    assert any(line.startswith("requests.0.checks: 1 items -> 0 items") for line in out), out
+
+
+def test_exit_status(tmp_path):
+    import json
+    (tmp_path / "a.json").write_text(json.dumps(manifest("x")))
+    (tmp_path / "b.json").write_text(json.dumps(manifest("x", hash_="cc")))
+    assert cm.main([str(tmp_path / "a.json"), str(tmp_path / "a.json")]) == 0
+    assert cm.main([str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 1
+    assert cm.main([str(tmp_path / "a.json")]) == 2

@@ -1,0 +1,98 @@
+"""RunContext is built complete (issue 13): options frozen at construction, every registered
+check by default, scoped scenario state, public methods for scenarios. No engine needed."""
+import dataclasses
+import io
+
+import pytest
+from rich.console import Console
+
+from pleharness.checks import DEFAULT_CHECKS, PHASE_REGISTRY, REGISTRY
+from pleharness.engine.client import Completion
+from pleharness.engine.facts import EngineFacts
+from pleharness.manifest import CheckResult, Manifest, PhaseRecord
+from pleharness.prompts import Prompt
+from pleharness.request import RequestSpec
+from pleharness.runner import RunContext, RunOptions
+
+
+def _ctx(tmp_path, **kw) -> RunContext:
+    return RunContext(None, Manifest(run_id="t"), tmp_path / "manifest.json",
+                      EngineFacts({"vocab_size": 100}, {}), Console(file=io.StringIO()), **kw)
+
+
+def _record(ctx: RunContext, role: str = "load"):
+    """Record one finished request of a phase of ``role`` through the context's own checks."""
+    ph = PhaseRecord(index=len(ctx.manifest.phases), name="p", scenario="s", concurrency=1,
+                     requests=1, role=role)
+    ctx.manifest.phases.append(ph)
+    spec = RequestSpec(Prompt(key="k", ids=(1, 2, 3)), 3, compare=False)
+    c = Completion(token_ids=[4, 5, 6], finish_reason="length", prompt_tokens=3,
+                   completion_tokens=3)
+    return ctx._record(ph, spec, c)
+
+
+def test_a_context_built_without_a_registry_runs_every_default_check(tmp_path):
+    ctx = _ctx(tmp_path)
+    assert ctx.check_registry is REGISTRY
+    rec = _record(ctx)
+    ran = {c.name: c.status for c in rec.checks}
+    assert set(ran) == set(DEFAULT_CHECKS)
+    assert "skip" not in {ran[n] for n in ("vocab_range", "usage")}, ran
+
+
+def test_no_checks_is_explicit_and_visible(tmp_path):
+    rec = _record(_ctx(tmp_path, check_registry={}))
+    assert {c.status for c in rec.checks} == {"skip"}
+    assert all(c.detail == "check not registered" for c in rec.checks)
+
+
+def test_options_are_fixed_at_construction(tmp_path):
+    opts = RunOptions(strict=True, logprobs=None, reference_cache_state="cold")
+    ctx = _ctx(tmp_path, options=opts)
+    assert (ctx.strict, ctx.logprobs, ctx.reference_cache_state) == (True, None, "cold")
+    with pytest.raises(AttributeError):
+        ctx.strict = False
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        opts.strict = False
+
+
+def test_references_given_up_front_are_copied(tmp_path):
+    refs = {("h", 3): object()}
+    ctx = _ctx(tmp_path, references=refs)
+    assert ctx.references == refs and ctx.references is not refs
+
+
+def test_phase_role_follows_the_phase_being_recorded(tmp_path):
+    ctx = _ctx(tmp_path)
+    assert ctx.phase_role == "load"
+    _record(ctx, role="reference")
+    assert ctx.phase_role == "reference"
+    _record(ctx, role="warmup")
+    assert ctx.phase_role == "warmup"
+
+
+def test_in_scenario_scopes_name_repeat_and_prefix(tmp_path):
+    ctx = _ctx(tmp_path)
+    with ctx.in_scenario("boundary", 2, "rep2/"):
+        assert (ctx.scenario_name, ctx.repeat_index, ctx.phase_prefix) == ("boundary", 2, "rep2/")
+        with pytest.raises(RuntimeError):
+            with ctx.in_scenario("inner"):
+                raise RuntimeError
+        assert ctx.scenario_name == "boundary"
+    assert (ctx.scenario_name, ctx.repeat_index, ctx.phase_prefix) == ("", 1, "")
+
+
+@pytest.mark.parametrize("status,phase_status", [("pass", "pass"), ("warn", "pass"),
+                                                 ("fail", "fail")])
+def test_add_phase_check_updates_the_phase_status(tmp_path, status, phase_status):
+    ctx = _ctx(tmp_path)
+    ph = PhaseRecord(index=0, name="p", scenario="s", concurrency=1, requests=1,
+                     status="pass", reason="")
+    ctx.add_phase_check(ph, CheckResult(name="mine", status=status, detail="why"))
+    assert ph.checks[-1].name == "mine"
+    assert ph.status == phase_status
+    assert ph.reason == ("why" if status == "fail" else "")
+
+
+def test_phase_checks_come_from_the_phase_registry():
+    assert "health_after_phase" in PHASE_REGISTRY
