@@ -3,8 +3,8 @@
 The same workload (N token-ID prompts of one fixed length, fixed max_tokens, ignore_eos, greedy,
 ``return_token_ids`` on, at most C requests in flight) is driven
 
-  A. through the harness's own path: ``pleharness.runner.RunContext.run_phase`` (a ThreadPoolExecutor
-     keeping C in flight over ``EngineClient.complete``, with the phase watchdog), and its figures are
+  A. through the harness's own path: ``pleharness.runner.RunContext.run_phase`` (``EngineClient.run_batch``:
+     C requests in flight on the client's asyncio event loop, with the phase watchdog), and its figures are
      the phase record's ``decode_tok_per_s`` and ``ttft_s_median``;
   B. through ``vllm.benchmarks.serve.benchmark`` (aiohttp + asyncio, ``--max-concurrency C``,
      request rate inf), figures ``output_throughput`` and ``median_ttft_ms``.
