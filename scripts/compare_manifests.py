@@ -9,7 +9,10 @@ compare. Left out: timings (``*_s``, ``*_at``, throughput, ``tok_per_s``), run i
 in paths), the harness's git commit,
 the engine's port, and the environment block except GPU facts. Everything else (statuses,
 verdicts, phases, requests' token hashes and checks, references, facts, tables, summary counts)
-must be equal. Prints one line per difference (the dotted path, then before -> after); exit 0
+must be equal. A schema-2 manifest's records are read from its JSON Lines file (``requests_file``,
+the first ``requests_count`` lines) and compared as ``requests`` like a schema-1 manifest's inline
+records; ``schema_version``, ``requests_file`` and ``requests_count`` are where records are kept,
+not what a run did, and are left out. Prints one line per difference (the dotted path, then before -> after); exit 0
 when there are none, 1 otherwise, 2 for bad input.
 """
 from __future__ import annotations
@@ -69,12 +72,25 @@ def diff(a: Any, b: Any, path: str = "") -> list[str]:
     return []
 
 
+def load(path: str) -> dict:
+    """A manifest as JSON, its records inline (``requests``) whatever the schema version.
+    Raises OSError / ValueError for an unreadable file."""
+    data = json.loads(Path(path).read_text())
+    name = data.pop("requests_file", None)
+    count = data.pop("requests_count", None)
+    data.pop("schema_version", None)
+    if name:
+        lines = (Path(path).parent / name).read_text().splitlines()
+        data["requests"] = [json.loads(x) for x in lines[:count]]
+    return data
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
         print(__doc__.split("\n\n")[1], file=sys.stderr)
         return 2
     try:
-        before, after = (json.loads(Path(p).read_text()) for p in argv)
+        before, after = (load(p) for p in argv)
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

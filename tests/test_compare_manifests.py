@@ -40,3 +40,23 @@ def test_exit_status(tmp_path):
     assert cm.main([str(tmp_path / "a.json"), str(tmp_path / "a.json")]) == 0
     assert cm.main([str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 1
     assert cm.main([str(tmp_path / "a.json")]) == 2
+
+
+def test_schema_2_records_file_compares_with_inline_records(tmp_path):
+    """A schema-2 manifest (records in requests.jsonl, only requests_count of its lines belong to
+    it) compares equal to the schema-1 manifest of the same run, and a changed hash in the records
+    file is still reported."""
+    import json
+    old = manifest("x")
+    new = {k: v for k, v in manifest("x").items() if k != "requests"}
+    new.update(schema_version=2, requests_file="requests.jsonl", requests_count=1)
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    d = tmp_path / "new"
+    d.mkdir()
+    (d / "manifest.json").write_text(json.dumps(new))
+    rec = old["requests"][0]
+    # a second line past requests_count (a kill mid-append) is not part of the manifest
+    (d / "requests.jsonl").write_text(json.dumps(rec) + "\n" + json.dumps(rec) + "\n")
+    assert cm.main([str(tmp_path / "old.json"), str(d / "manifest.json")]) == 0
+    (d / "requests.jsonl").write_text(json.dumps(dict(rec, output_hash="zz")) + "\n")
+    assert cm.main([str(tmp_path / "old.json"), str(d / "manifest.json")]) == 1
