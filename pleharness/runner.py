@@ -323,10 +323,14 @@ class RunContext:
     # -- phases -----------------------------------------------------------------------------------
     def run_phase(self, name: str, concurrency: int, specs: Sequence[RequestSpec], *,
                   counts_for_throughput: bool = True, role: str = "load",
-                  issue: Callable[[RequestSpec], Completion] | None = None) -> list[Outcome]:
+                  issue: Callable[[RequestSpec], Completion] | None = None,
+                  on_outcome: Callable[[Outcome], None] | None = None) -> list[Outcome]:
         """Issue ``specs`` keeping exactly ``concurrency`` requests in flight; record the phase.
 
-        Returns the outcomes in the order of ``specs``. Raises EngineError when requests failed
+        ``on_outcome(outcome)``: called for each finished request once its record is made and
+        before the phase is judged and written, so that a scenario can add checks to
+        ``outcome.record`` (records are appended to the records file when the phase is written
+        and not rewritten afterwards). Returns the outcomes in the order of ``specs``. Raises EngineError when requests failed
         because the engine died (the phase is recorded first).
         """
         if concurrency < 1:
@@ -382,6 +386,9 @@ class RunContext:
         if task is not None:
             self.progress.remove_task(task)
         outcomes = [Outcome(s, c, self._record(ph, s, c)) for s, c in zip(specs, completions)]
+        if on_outcome is not None:
+            for o in outcomes:
+                on_outcome(o)
         if any(o.record.match is False for o in outcomes):  # kept for `ple-harness explain`
             for o in outcomes:
                 self.manifest.prompts.setdefault(o.spec.prompt.hash, list(o.spec.prompt.ids))

@@ -96,3 +96,29 @@ def test_add_phase_check_updates_the_phase_status(tmp_path, status, phase_status
 
 def test_phase_checks_come_from_the_phase_registry():
     assert "health_after_phase" in PHASE_REGISTRY
+
+
+def test_checks_added_by_on_outcome_reach_the_records_file(tmp_path):
+    """Records are appended to requests.jsonl when the phase is written and never rewritten, so a
+    scenario's own per-request check (boundary's prefix_cache_hit) must be added through
+    run_phase's on_outcome hook: it is then in the file on disk (it was lost once: appended to
+    the record after the phase had been written)."""
+    from doubles import FakeEngine
+
+    from pleharness.engine.client import EngineClient
+    from pleharness.manifest import load_manifest
+
+    with FakeEngine() as eng:
+        client = EngineClient(eng.url)
+        client.resolve_model()
+        ctx = RunContext(client, Manifest(run_id="t"), tmp_path / "manifest.json",
+                         EngineFacts({"vocab_size": 600}, {}), Console(file=io.StringIO()))
+        specs = [RequestSpec(Prompt(key=f"k{i}", ids=(20 + i, 21, 22)), 4, compare=False)
+                 for i in range(3)]
+        outs = ctx.run_phase("p", 2, specs, on_outcome=lambda o: o.record.checks.append(
+            CheckResult(name="extra", status="warn", detail=o.spec.prompt.key)))
+    assert len(outs) == 3
+    on_disk = load_manifest(tmp_path / "manifest.json").requests
+    assert [[c.detail for c in r.checks if c.name == "extra"] for r in on_disk] == \
+        [["k0"], ["k1"], ["k2"]]
+    assert all(r.error is None for r in on_disk)

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from ..engine import metrics
 from ..manifest import CheckResult, Manifest
-from ..request import RequestSpec
+from ..request import Outcome, RequestSpec
 from .base import TableRow, register
 from .shared.chat import ChatParams, ChatScenario, boundary_spec, max_prompt_len
 from .shared.lengths import boundary_lengths, skipped_families
@@ -109,15 +109,16 @@ class Boundary(ChatScenario):
                 hits[spec.prompt.key] = metrics.delta(before, metrics.scrape(ctx.client),
                                                       metrics.PREFIX_HITS)
                 return c
-            warm = ctx.run_phase("boundary-warm", 1, specs, issue=warm_issue,
-                                 counts_for_throughput=False)
-            for o in warm:
+            def hit_check(o: Outcome) -> None:
                 h = hits.get(o.spec.prompt.key)
                 o.record.checks.append(
                     CheckResult(name="prefix_cache_hit", status="skip",
                                 detail="no prefix-cache counters at /metrics") if h is None else
                     CheckResult(name="prefix_cache_hit", status="pass" if h > 0 else "warn",
                                 detail=f"{h:.0f} prefix-cache hit tokens on the warm run"))
+
+            warm = ctx.run_phase("boundary-warm", 1, specs, issue=warm_issue,
+                                 counts_for_throughput=False, on_outcome=hit_check)
             if ctx.reference_cache_state == "warm" and cold is not None and \
                     ctx.reference_mode == "solo":
                 # later scenarios compare warm runs: give them warm references

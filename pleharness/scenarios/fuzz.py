@@ -493,8 +493,6 @@ class Fuzz(Scenario):
                     specs.carrier, specs.inserts, label="carrier decode")
                 if trig is not None:
                     late += len(trig.late([s for s, _ in specs.inserts]))
-                    for o in outs:
-                        o.record.note = o.spec.note
         except BaseException as exc:  # engine died, timeout abort, interrupt: not a property
             raise _Abort(exc) from exc  # failure, never shrunk
         new_phases = ctx.manifest.phases[start_ph:]

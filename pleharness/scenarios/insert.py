@@ -88,8 +88,6 @@ class Insert(ChatScenario):
             name="inserts_during_decode", status="warn" if late else "pass",
             detail=(f"{len(late)} insert(s) sent after the decode ended: {', '.join(late)}"
                     if late else f"{len(outs) - 1} inserts sent while the decode ran")))
-        for o in outs:
-            o.record.note = o.spec.note
         ctx.manifest.tables["insert"] = [
             {"request": o.record.id, "prompt": o.spec.prompt.key, "prompt_len": len(o.spec.prompt),
              "why": o.spec.prompt.why, "note": o.spec.note, "match": o.record.match,
