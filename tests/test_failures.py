@@ -193,3 +193,22 @@ def test_non_streamed_request_never_answered_times_out(tmp_path):
     assert r.returncode == 1, out[-2000:]
     (q,) = errored(m)
     assert q["error"] == "timeout" and q["error_detail"] == "no token within 2 s"
+
+
+def test_engine_without_tokenize_is_an_engine_error_not_a_harness_bug(tmp_path):
+    """The insert scenario builds chat prompts with the engine's /tokenize; an engine that cuts
+    that request (the double has no /tokenize) is an engine failure: exit 3, the manifest says
+    which endpoint failed. It used to escape as requests' ChunkedEncodingError: exit 4, 'a
+    ple-harness bug'."""
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    with FakeEngine() as eng:
+        r = run_cli("stress", "--url", eng.url, "--results-dir", str(tmp_path), "--run-id", "tok",
+                    "--scenario", "insert", "--vocab-size", "600", "--block-size", "16",
+                    "--chunk-size", "64", "--num-speculative-tokens", "0", timeout=120)
+    assert {p.pid for p in psutil.Process().children(recursive=True)} <= before
+    out = r.stdout + r.stderr
+    assert r.returncode == 3, out[-2000:]
+    m = load_json(tmp_path / "tok" / "manifest.json")
+    assert m["status"] in ("failed", "engine_died") and m["verdict"] == "error"
+    assert m["reason"].startswith("/tokenize failed"), m["reason"]
+    assert "harness bug" not in out and not (tmp_path / "tok" / "harness-error.log").exists()

@@ -399,20 +399,27 @@ class EngineClient:
         except requests.RequestException:
             return None
 
+    def _post_json(self, path: str, body: dict) -> Any:
+        """POST ``body`` to ``path`` and return the decoded JSON answer. Raises EngineError when
+        the engine answers other than 200, cuts the connection or sends a body that is not JSON
+        (an engine fault, never a harness bug)."""
+        try:
+            r = self.session.post(self.base_url + path, json=body, timeout=30)
+            if r.status_code != 200:
+                raise EngineError(f"{path} answered {r.status_code}: {r.text[:200]}")
+            return r.json()
+        except (requests.RequestException, ValueError) as exc:
+            raise EngineError(f"{path} failed: {exc.__class__.__name__}: {exc}") from exc
+
     def tokenize(self, **payload: Any) -> list[int]:
-        """POST /tokenize (``prompt=...`` or ``messages=...``); returns the token IDs."""
-        body = {"model": self.model, **payload}
-        r = self.session.post(self.base_url + "/tokenize", json=body, timeout=30)
-        if r.status_code != 200:
-            raise EngineError(f"/tokenize answered {r.status_code}: {r.text[:200]}")
-        return list(r.json()["tokens"])
+        """POST /tokenize (``prompt=...`` or ``messages=...``); returns the token IDs. Raises
+        EngineError when the engine cannot answer."""
+        return list(self._post_json("/tokenize", {"model": self.model, **payload})["tokens"])
 
     def detokenize(self, ids: list[int]) -> str:
-        r = self.session.post(self.base_url + "/detokenize", json={"model": self.model,
-                                                                   "tokens": ids}, timeout=30)
-        if r.status_code != 200:
-            raise EngineError(f"/detokenize answered {r.status_code}: {r.text[:200]}")
-        return r.json()["prompt"]
+        """POST /detokenize; returns the text of ``ids``. Raises EngineError when the engine
+        cannot answer."""
+        return self._post_json("/detokenize", {"model": self.model, "tokens": ids})["prompt"]
 
     # -- completions -----------------------------------------------------------------------------
     def complete(self, prompt_ids: list[int], max_tokens: int, **kwargs: Any) -> Completion:
