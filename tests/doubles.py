@@ -29,6 +29,7 @@ class RequestCtx:
     tokens_so_far: int = 0
     state: dict = field(default_factory=dict)
     twins_in_flight: int = 0  # other requests with the same prompt in flight when it arrived
+    done: bool = False  # the proxy no longer counts it in flight
 
     @property
     def streamed(self) -> bool:
@@ -388,9 +389,7 @@ class FaultProxy:
                         raw = json.dumps(new).encode()
                     proxy.handle_completion(self, ctx, raw)
                 finally:
-                    with proxy.lock:
-                        proxy.in_flight -= 1
-                        proxy.active.remove(ctx)
+                    proxy.finish(ctx)
 
             def _send(self, code, content, ctype):
                 self.send_response(code)
@@ -410,14 +409,27 @@ class FaultProxy:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
+    def finish(self, ctx: RequestCtx) -> None:
+        """Stop counting ``ctx`` in flight (once). Called before the last bytes of its answer are
+        written: a fast client sends its next request as soon as it has read them, and that request
+        must not find this one still counted (it did, at C1, with the asyncio client)."""
+        with self.lock:
+            if not ctx.done:
+                ctx.done = True
+                self.in_flight -= 1
+                self.active.remove(ctx)
+
     def handle_completion(self, h: BaseHTTPRequestHandler, ctx: RequestCtx, raw: bytes) -> None:
         r = requests.post(self.upstream + "/v1/completions", data=raw, stream=True, timeout=300,
                           headers={"content-type": "application/json"})
         if r.status_code != 200:
-            h._send(r.status_code, r.content, r.headers.get("content-type", ""))
+            content = r.content
+            self.finish(ctx)
+            h._send(r.status_code, content, r.headers.get("content-type", ""))
             return
         if not ctx.streamed:
             data = self.fault.chunk(ctx, r.json())
+            self.finish(ctx)
             h._send(200, json.dumps(data).encode(), "application/json")
             return
         h.send_response(200)
@@ -433,6 +445,8 @@ class FaultProxy:
             if not line:
                 continue
             text = line.decode()
+            if text.startswith("data:") and text[5:].strip() == "[DONE]":
+                self.finish(ctx)
             if text.startswith("data:") and text[5:].strip() != "[DONE]":
                 chunk = json.loads(text[5:])
                 n_ids = sum(len(c.get("token_ids") or []) for c in chunk.get("choices") or [])
