@@ -36,6 +36,19 @@ class RequestCtx:
         return self.body.get("stream", True) is not False
 
 
+def corrupt_if_selected(ctx: "RequestCtx", chunk: dict, vocab: int) -> dict:
+    """Every token of ``chunk`` -> ``(id + 1) % vocab`` (text to match) when the fault selected
+    ``ctx`` (``ctx.state["selected"]``); the chunk unchanged otherwise."""
+    if ctx.state.get("selected"):
+        for ch in chunk.get("choices") or []:
+            ids = ch.get("token_ids") or []
+            for i in range(len(ids)):
+                ids[i] = (ids[i] + 1) % vocab
+            if ids:
+                ch["text"] = "".join(f" t{t}" for t in ids)
+    return chunk
+
+
 class Fault:
     """Base fault: changes nothing."""
 
@@ -688,14 +701,7 @@ class CorruptWhenCrowded(Fault):
                 ctx.state["selected"] = True
                 with self.lock:
                     self.hits.append((ctx.number, peak))
-        if ctx.state.get("selected"):
-            for ch in chunk.get("choices") or []:
-                ids = ch.get("token_ids") or []
-                for i in range(len(ids)):
-                    ids[i] = (ids[i] + 1) % self.vocab
-                if ids:
-                    ch["text"] = "".join(f" t{t}" for t in ids)
-        return chunk
+        return corrupt_if_selected(ctx, chunk, self.vocab)
 
 
 class CorruptInserted(Fault):
@@ -724,11 +730,4 @@ class CorruptInserted(Fault):
         return body
 
     def chunk(self, ctx, chunk):
-        if ctx.state.get("selected"):
-            for ch in chunk.get("choices") or []:
-                ids = ch.get("token_ids") or []
-                for i in range(len(ids)):
-                    ids[i] = (ids[i] + 1) % self.vocab
-                if ids:
-                    ch["text"] = "".join(f" t{t}" for t in ids)
-        return chunk
+        return corrupt_if_selected(ctx, chunk, self.vocab)
