@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from pleharness.faults.proxy import (Corrupt, CorruptConfident, CorruptInserted,  # noqa: F401
                                      CorruptWhenCrowded, Counted, EditTokens, Fault, FaultProxy,
