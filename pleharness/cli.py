@@ -651,7 +651,9 @@ def compare_cmd(
     min_phase_ratio: Annotated[Optional[float], typer.Option(min=0.0,
         help="Gate: every per-phase HEAD/BASE ratio >= R (noisy for short phases).")] = None,
     threshold: Annotated[Optional[list[str]], typer.Option(
-        help="Gate on HEAD's median decode tok/s, e.g. 'C4>=62.985'; repeatable.")] = None,
+        help="Gate on HEAD's median decode tok/s, e.g. 'C4>=62.985', or on speculative-"
+             "decoding health against BASE, e.g. 'acceptance>=0.95*base', "
+             "'accepted_length@C4>=0.95*base'; repeatable.")] = None,
     suite: Annotated[Optional[str], typer.Option(
         help="Take the gates from this suite's \\[gates] (flags given here win).")] = None,
 ):
@@ -893,3 +895,8 @@ def run() -> None:
                           f"{escape(str(exc))[:300]} (a ple-harness bug; traceback in "
                           f"{escape(path)})")
         sys.exit(EXIT_INTERNAL)
+
+
+from .selftest_cli import selftest as _selftest  # noqa: E402 - its own module (issue 27)
+
+app.command("selftest")(_selftest)

@@ -15,7 +15,9 @@ Gates (each failure says which gate and by how much):
 - ``--min-throughput-ratio R``: every per-concurrency median ratio >= R;
 - ``--min-phase-ratio R``: every per-phase ratio >= R (phases are short: noisy on small machines);
 - ``--threshold "C4>=62.985"``: HEAD's median decode tok/s at that concurrency against a
-  preregistered number (operators >=, >, <=, <).
+  preregistered number (operators >=, >, <=, <);
+- ``--threshold "acceptance>=0.95*base"`` (or ``accepted_length``, ``@C4``, an absolute number):
+  speculative-decoding health against BASE (:mod:`pleharness.compare_spec`).
 """
 from __future__ import annotations
 
@@ -143,7 +145,11 @@ def compare(base: Manifest, head: Manifest, min_throughput_ratio: float | None =
                 "{} median ratio", "concurrency level", "concurrency levels")
     _ratio_gate(res, "--min-phase-ratio", min_phase_ratio, res.phase_ratios, "phase {} ratio",
                 "phase", "phases")
+    from . import compare_spec
     for t in thresholds or []:
+        if compare_spec.looks_like_spec(t):
+            compare_spec.gate(res, base, head, t)
+            continue
         c, op, val = parse_threshold(t)
         got = res.head_throughput.get(c, {}).get("median_tok_per_s")
         if got is None:
@@ -174,8 +180,12 @@ def _ratio_gate(res: Comparison, flag: str, floor: float | None, ratios: dict[st
 
 def check_thresholds(thresholds: list[str] | None) -> None:
     """Parse every ``--threshold`` now (usage error, exit 2) so nothing is loaded with a bad one."""
+    from . import compare_spec
     for t in thresholds or []:
-        parse_threshold(t)
+        if compare_spec.looks_like_spec(t):
+            compare_spec.check(t)
+        else:
+            parse_threshold(t)
 
 
 def load(path: str | Path) -> Manifest:

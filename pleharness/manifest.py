@@ -196,6 +196,10 @@ class PhaseRecord(BaseModel):
     started_at: str | None = None
     ended_at: str | None = None
     checks: list[CheckResult] = Field(default_factory=list)
+    # what the phase exercised, from the engine's counters (:mod:`pleharness.evidence`); None
+    # for phases recorded before this field existed
+    engaged: dict[str, Any] | None = None
+    vacuous: str | None = None  # why the phase tested nothing of what it is for (None: it did)
 
 
 class ReferenceRecord(BaseModel):

@@ -356,6 +356,9 @@ class RunContext:
             if task is not None:
                 self.progress.advance(task)
 
+        from . import evidence
+        from .engine import metrics
+        before = metrics.snapshot(self.client)
         t0 = time.monotonic()
         batch = self.client.run_batch(specs, concurrency, job, on_done=done)
         watchdog = _Watchdog(self)
@@ -386,6 +389,9 @@ class RunContext:
         if task is not None:
             self.progress.remove_task(task)
         outcomes = [Outcome(s, c, self._record(ph, s, c)) for s, c in zip(specs, completions)]
+        ph.engaged = evidence.phase_evidence(before, metrics.snapshot(self.client), completions,
+                                             [len(s.prompt) for s in specs],
+                                             self.facts.get("max_num_batched_tokens"))
         if on_outcome is not None:
             for o in outcomes:
                 on_outcome(o)
@@ -396,6 +402,10 @@ class RunContext:
             ph.checks.append(PHASE_REGISTRY[name](self, ph))
         healthy = all(c.status != "fail" for c in ph.checks if c.name == "health_after_phase")
         self._finish_phase(ph, outcomes)
+        peak = ph.engaged.get("in_flight_peak")
+        if role == "load" and concurrency > 1 and len(specs) > 1 and peak == 1:
+            evidence.mark_vacuous(self, ph, f"C{concurrency} phase: at most 1 of its requests "
+                                  "was in flight at any time (each ended before the next began)")
         self.save()
         if watchdog.dead is not None:
             ph.reason = (ph.reason + "; " if ph.reason else "") + f"engine died: {watchdog.dead}"

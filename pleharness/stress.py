@@ -599,6 +599,11 @@ def _summarize(m: Manifest) -> None:
     })
     from .summary import throughput_by_concurrency
     m.summary["throughput_by_concurrency"] = throughput_by_concurrency(m)
+    from .evidence import run_evidence
+    engaged, vacuous = run_evidence(m)
+    m.summary["engaged"] = engaged
+    m.summary["vacuous"] = vacuous
+    m.summary["vacuous_run_level"] = [v for v in vacuous if not v.startswith("phase ")]
     m.summary["headline"] = headline(m)
 
 
@@ -607,7 +612,8 @@ def _verdict(m: Manifest) -> int:
     (:attr:`RequestRecord.is_problem`: an untolerated parity difference, a request error, a failed
     check) or a phase failed (phase checks such as health_after_phase). Returns the exit code."""
     _summarize(m)
-    failed = (any(r.is_problem for r in m.requests) or any(p.status == "fail" for p in m.phases))
+    failed = (any(r.is_problem for r in m.requests) or any(p.status == "fail" for p in m.phases)
+              or bool(m.run_options.get("strict") and m.summary.get("vacuous_run_level")))
     m.verdict = "fail" if failed else "pass"
     return EXIT_FAIL if failed else EXIT_OK
 

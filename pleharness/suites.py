@@ -48,9 +48,10 @@ class Gates(BaseModel):
     @classmethod
     def _thresholds(cls, v: list[str]) -> list[str]:
         from .compare import THRESHOLD
+        from .compare_spec import SPEC_THRESHOLD
         for t in v:
-            if not THRESHOLD.match(t):
-                raise ValueError(f"{t!r} is not like 'C4>=62.985'")
+            if not THRESHOLD.match(t) and not SPEC_THRESHOLD.match(t):
+                raise ValueError(f"{t!r} is not like 'C4>=62.985' or 'acceptance>=0.95*base'")
         return v
 
 

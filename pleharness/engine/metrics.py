@@ -54,3 +54,27 @@ def delta(before: dict[str, float] | None, after: dict[str, float] | None, name:
     if before is None or after is None or name not in after:
         return None
     return after[name] - before.get(name, 0.0)
+
+
+SPEC_DRAFTS = "vllm:spec_decode_num_drafts"  # verify steps that carried a draft
+SPEC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"  # draft tokens proposed
+SPEC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens"  # draft tokens accepted
+SPEC_ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"  # label ``position``
+
+
+def snapshot(client) -> dict[str, float] | None:
+    """:func:`scrape` plus the per-position accepted-token counters, keyed
+    ``vllm:spec_decode_num_accepted_tokens_per_pos[<position>]``; None without /metrics."""
+    text = client.metrics_text()
+    if text is None:
+        return None
+    try:
+        out = parse_counters(text)
+        for fam in text_string_to_metric_families(text):
+            for s in fam.samples:
+                if s.name == SPEC_ACCEPTED_PER_POS + "_total" and "position" in s.labels:
+                    key = f"{SPEC_ACCEPTED_PER_POS}[{s.labels['position']}]"
+                    out[key] = out.get(key, 0.0) + float(s.value)
+    except ValueError:
+        return None
+    return out

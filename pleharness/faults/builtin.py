@@ -252,6 +252,8 @@ class CutShort(_EveryNth):
             ids = ch.get("token_ids") or []
             n = max(0, min(len(ids), cut - ctx.tokens_so_far))
             if n == 0 and (ids or ctx.tokens_so_far >= cut):
+                if ids:
+                    self.hit(ctx)
                 continue  # wholly after the cut
             if n < len(ids):
                 self.hit(ctx)

@@ -4,7 +4,7 @@ causes, next steps and reproduce command they share)."""
 from .console import render
 from .junit import to_junit
 from .markdown import to_markdown
-from .text import causes, headline, next_steps, reproduce_command, verdict_line
+from .text import causes, engaged_lines, headline, next_steps, reproduce_command, verdict_line
 
-__all__ = ["causes", "headline", "next_steps", "render", "reproduce_command", "to_junit",
+__all__ = ["causes", "engaged_lines", "headline", "next_steps", "render", "reproduce_command", "to_junit",
            "to_markdown", "verdict_line"]

@@ -68,4 +68,10 @@ def render(m: Manifest, console: Console, max_failures: int = 20,
         console.print(ft)
         if len(bad) > max_failures:
             console.print(f"... and {len(bad) - max_failures} more (see the manifest)")
+    from .text import engaged_lines
+    eng = engaged_lines(m)
+    if eng:
+        console.print("[bold]exercised:[/bold]")
+        for line in eng:
+            console.print(f"  {escape(line)}")
     console.print(escape(headline(m)))

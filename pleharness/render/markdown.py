@@ -66,6 +66,11 @@ def to_markdown(m: Manifest) -> str:
         for c, v in tbc.items():
             lines.append(f"| {c} | {v['median_tok_per_s']:.1f} | {v['min_tok_per_s']:.1f} | "
                          f"{v['max_tok_per_s']:.1f} | {v['repeats']} |")
+    from .text import engaged_lines
+    eng = engaged_lines(m)
+    if eng:
+        lines += ["", "### What the run exercised (engine counters)", ""] + \
+            [f"- {x.strip()}" for x in eng]
     from ..scenarios import REGISTRY
     for kind in dict.fromkeys(sc.get("kind") for sc in m.scenarios):  # each kind renders its own
         if kind in REGISTRY:

@@ -33,7 +33,46 @@ def headline(m: Manifest) -> str:
                  f"(engine numerics, warnings), {s.get('only_under_test', 0)} only under test")
     if s.get("model_behaviour_notes"):
         line += f"; {s['model_behaviour_notes']} model-behaviour note(s) (not failures)"
+    if s.get("vacuous"):
+        strict = " (--strict: failures)" if m.run_options.get("strict") else " (warnings)"
+        line += f"; VACUOUS{strict}: " + "; ".join(s["vacuous"])
     return line
+
+
+def _spec(v: dict) -> str:
+    a, L = v.get("acceptance_rate"), v.get("mean_accepted_length")
+    return (f"acceptance {'-' if a is None else f'{a:.3f}'} ({v['accepted_tokens']:.0f}/"
+            f"{v['draft_tokens']:.0f} draft tokens), mean accepted length "
+            f"{'-' if L is None else f'{L:.3f}'} over {v['drafts']:.0f} drafts")
+
+
+def engaged_lines(m: Manifest) -> list[str]:
+    """What the run exercised, from the engine's counters (``summary.engaged``,
+    :mod:`pleharness.evidence`): speculative-decoding acceptance overall and per concurrency,
+    prefix-cache hit tokens, preemptions, chunked prefills, peak in flight; then every vacuous
+    finding. [] for a manifest without that evidence."""
+    e = m.summary.get("engaged")
+    if not e:
+        return []
+    out = []
+    sd = e.get("spec_decode")
+    if sd:
+        out.append("speculative decoding (load phases): " + _spec(sd["overall"]))
+        for c, v in sd["by_concurrency"].items():
+            out.append(f"  {c}: " + _spec(v))
+    pc = e.get("prefix_cache")
+    if pc:
+        out.append(f"prefix cache (load phases): {pc['hit_tokens']:.0f} of "
+                   f"{pc['queried_tokens']:.0f} queried tokens hit")
+    if not e.get("phases_with_counters"):
+        out.append("no engine counters at /metrics: what the phases exercised is unknown")
+    bits = [f"{k.replace('_', ' ')} {e[k]:.0f}" for k in ("preemptions", "chunked_prefills",
+                                                          "in_flight_peak")
+            if e.get(k) is not None]
+    if bits:
+        out.append("; ".join(bits))
+    out += [f"VACUOUS: {v}" for v in m.summary.get("vacuous") or []]
+    return out
 
 
 def _where(r: RequestRecord) -> str:
@@ -102,6 +141,8 @@ def causes(m: Manifest, limit: int = 8) -> list[str]:
         for c in p.checks:
             if c.status == "fail":
                 out.append(f"phase check {c.name} failed after phase {p.name}: {c.detail}")
+    if m.run_options.get("strict"):
+        out += [f"vacuous (--strict): {v}" for v in m.summary.get("vacuous_run_level") or []]
     if not out and m.verdict == "fail":
         bad = [p for p in m.phases if p.status == "fail"]
         out += [f"phase {p.name} failed: {p.reason}" for p in bad[:limit]] or [

@@ -119,6 +119,8 @@ class Boundary(ChatScenario):
 
             warm = ctx.run_phase("boundary-warm", 1, specs, issue=warm_issue,
                                  counts_for_throughput=False, on_outcome=hit_check)
+            if warm:
+                self._judge_warm(ctx, ctx.manifest.phases[-1], warm, hits)
             if ctx.reference_cache_state == "warm" and cold is not None and \
                     ctx.reference_mode == "solo":
                 # later scenarios compare warm runs: give them warm references
@@ -127,6 +129,26 @@ class Boundary(ChatScenario):
         self._table(ctx, lengths, specs, hits, dropped)
         if p.edges:
             self._edges(ctx)
+
+    @staticmethod
+    def _judge_warm(ctx, ph, warm, hits) -> None:
+        """Record how many warm runs hit the prefix cache (``engaged.warm_runs_hit``); when none
+        did although the counters were read, the warm half tested nothing: vacuous (with the
+        engine's own prefix_caching fact as the reason when it says the cache is off)."""
+        from ..evidence import mark_vacuous
+        known = [hits.get(o.spec.prompt.key) for o in warm if o.completion.error is None]
+        known = [h for h in known if h is not None]
+        hit = sum(1 for h in known if h > 0)
+        ph.engaged = {**(ph.engaged or {}), "warm_runs": len(warm), "warm_runs_hit": hit,
+                      "warm_runs_with_counters": len(known),
+                      "warm_hit_tokens": sum(known) if known else None}
+        if not known or hit:
+            return
+        off = ctx.facts.get("prefix_caching")
+        why = ("prefix caching is off in this engine" if off is False or
+               str(off).lower() == "false" else
+               "the engine's prefix-cache counters show no hit tokens")
+        mark_vacuous(ctx, ph, f"warm runs: 0 of {len(known)} hit the prefix cache: {why}")
 
     def _table(self, ctx, lengths, specs, hits, dropped) -> None:
         b = ctx.facts.get("block_size")

@@ -136,6 +136,10 @@ class KvPressure(Scenario):
                                  "first token came after another had finished; an overloaded "
                                  "host can serialize them)"))
         ctx.add_phase_check(ph, chk)
+        if pre is not None and pre <= 0:
+            from ..evidence import mark_vacuous
+            mark_vacuous(ctx, ph, "0 preemptions: the KV cache never overflowed, so "
+                         "recomputation after preemption was not tested")
         compared = [o.record for o in outs if o.record.match is not None]
         ctx.manifest.tables["kv_pressure"] = [{
             "why": plan["why"], "facts": facts, "capacity_tokens": plan["capacity_tokens"],

@@ -1,0 +1,224 @@
+"""``ple-harness selftest``: the detection power of a suite on this engine (issue 27).
+
+The harness's own negative control, the black-box analogue of vLLM's tests that plant corrupted
+logprobs in their accuracy checker: one engine is launched (or attached with ``--url``), and the
+chosen suite runs against it through an in-process fault-injection proxy
+(:class:`pleharness.faults.proxy.FaultProxy`) once clean and once per planted fault class
+(:data:`pleharness.faults.builtin.BUILTIN`). Each pass is a complete ``stress`` run of its own
+(its own references, manifest and verdict) in ``<results-dir>/<selftest-id>/<NN>-<class>/``.
+
+Per class: ``detected`` (the fault fired on at least one request and the pass failed; the rules
+that failed are listed), ``missed`` (the fault fired and the pass still passed), or ``missed
+(never triggered)`` (the suite never sent what the fault needs, e.g. no two requests in flight
+for ``flip_under_load`` with ``--scenario boundary``): never hidden. The clean pass's failures are
+false alarms. Exit 0 when every class is detected and the clean pass has no false alarm, 1
+otherwise, 2 usage error, 3 the engine failed to start or died.
+
+Default suite: ``scenarios/suites/selftest.toml`` (a short ladder with C3 and C2, boundary depth
+1 with the warm half, pairs): every built-in class needs concurrency, a warm run, logprobs or
+streamed and non-streamed answers, which it has, and its ten passes take a few minutes on the
+CPU engine; the default suite (transitions x2, boundary depth 3, insert's 300-token decode) would
+take about ten times as long. ``--suite default`` runs the default suite instead.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from .errors import EXIT_ENGINE, EXIT_FAIL, EXIT_OK, UsageError
+from .faults.builtin import BUILTIN, SelftestFault
+
+DEFAULT_SUITE = "selftest"
+
+
+@dataclass
+class PassResult:
+    """One pass: ``fault`` (None: the clean pass), its run's exit code and verdict, the requests
+    the fault changed, the rules that failed (``caught_by``), and the outcome."""
+
+    name: str
+    run_dir: str
+    exit_code: int
+    verdict: str | None
+    fired: int = 0
+    caught_by: list[str] = field(default_factory=list)
+    causes: list[str] = field(default_factory=list)
+    outcome: str = ""
+    summary: str = ""
+    wall_s: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def caught_by(m) -> list[str]:
+    """The rules that failed in manifest ``m``: ``parity`` for untolerated token differences,
+    each failed request check and phase check by name, ``request_error`` for failed requests."""
+    names = set()
+    for r in m.requests:
+        if r.parity_failed:
+            names.add("parity")
+        if r.request_error:
+            names.add("request_error")
+        names.update(c.name for c in r.failed_checks)
+    for p in m.phases:
+        names.update(c.name for c in p.checks if c.status == "fail")
+    return sorted(names)
+
+
+def judge(name: str, fault: SelftestFault | None, code: int, m) -> PassResult:
+    """The outcome of one pass (see the module docstring)."""
+    from .render import causes
+    res = PassResult(name=name, run_dir="", exit_code=code, verdict=m.verdict if m else None,
+                     fired=len(set(fault.hits)) if fault is not None else 0,
+                     caught_by=caught_by(m) if m else [], causes=causes(m)[:5] if m else [],
+                     summary=fault.summary if fault is not None else "no fault")
+    if code not in (EXIT_OK, EXIT_FAIL):
+        res.outcome = f"error (exit {code})"
+    elif fault is None:
+        res.outcome = "clean" if code == EXIT_OK else "false alarm"
+    elif not res.fired:
+        res.outcome = "missed (never triggered)"
+    elif code == EXIT_FAIL:
+        res.outcome = "detected"
+    else:
+        res.outcome = "missed"
+    return res
+
+
+def false_alarms(m) -> int:
+    """Failures of a clean pass: problem requests plus failed phases (0 for a passing run)."""
+    if m is None:
+        return 0
+    return (sum(1 for r in m.requests if r.is_problem)
+            + sum(1 for p in m.phases if p.status == "fail"))
+
+
+def headline(results: list[PassResult], alarms: int) -> str:
+    """'this suite on this engine catches 9/9 planted fault classes; 0 false alarms'."""
+    faults = [r for r in results if r.name != "clean"]
+    hit = sum(1 for r in faults if r.outcome == "detected")
+    line = (f"this suite on this engine catches {hit}/{len(faults)} planted fault classes; "
+            f"{alarms} false alarm{'s' if alarms != 1 else ''}")
+    missed = [r.name for r in faults if r.outcome != "detected"]
+    if missed:
+        line += f" (missed: {', '.join(missed)})"
+    return line
+
+
+def run_selftest(cfg, faults: list[str], console: Console, err: Console,
+                 selftest_id: str | None = None) -> int:
+    """Run the clean pass and one pass per fault class in ``faults`` (names of
+    :data:`BUILTIN`) against one engine, with ``cfg`` (a :class:`pleharness.stress.StressConfig`:
+    the engine, scenarios and options of every pass). Writes ``selftest.json`` (the rows and the
+    headline) in the selftest folder and prints a table. Returns the exit code (module
+    docstring). Raises UsageError for an unknown fault class or bad options, before anything
+    starts."""
+    from .engines import start_or_attach
+    from .errors import EngineError
+    from .faults.proxy import Fault, FaultProxy
+    from .manifest import load_manifest
+    from .runner import new_run_dir
+    from .stress import load_scenarios, run_stress
+    unknown = [f for f in faults if f not in BUILTIN]
+    if unknown:
+        raise UsageError(f"--fault {unknown[0]!r}: not a built-in fault class (known: "
+                         f"{', '.join(BUILTIN)})")
+    cfg.validate()
+    load_scenarios(cfg.scenarios, cfg.overrides)  # bad input: before anything starts
+    target = cfg.target(console)
+    sid, sdir = new_run_dir(Path(cfg.results_dir), selftest_id)
+    console.print(f"selftest {sid}: {len(faults)} fault classes + 1 clean pass; results in "
+                  f"{escape(str(sdir))}")
+    results: list[PassResult] = []
+    alarms = 0
+    code = EXIT_OK
+    with contextlib.ExitStack() as stack:
+        try:
+            eng = start_or_attach(stack, target, console, log_dir=sdir, timeouts=cfg.timeouts,
+                                  explicit_facts=cfg.explicit_facts, gather=False)
+        except EngineError as exc:
+            err.print(f"[red]error:[/red] {escape(str(exc))}")
+            return EXIT_ENGINE
+        upstream = eng.client.base_url
+        facts = dict(cfg.explicit_facts)
+        plan: list[tuple[str, SelftestFault | None]] = [("clean", None)] + \
+            [(f, BUILTIN[f]()) for f in faults]
+        for i, (name, fault) in enumerate(plan):
+            pcfg = replace(cfg, url=None, model=None, results_dir=sdir, run_id=f"{i:02d}-{name}",
+                           engine_args=[], engine_env={}, profile=None, explicit_facts=facts,
+                           invocation=cfg.invocation + [f"(selftest pass {name})"])
+            t0 = time.monotonic()
+            with FaultProxy(upstream, fault or Fault()) as proxy:
+                pcfg.url = proxy.url
+                quiet = Console(file=io.StringIO(), width=200)
+                try:
+                    pcode = run_stress(pcfg, quiet, quiet)
+                except UsageError as exc:
+                    raise UsageError(f"selftest pass {name}: {exc}") from None
+            mpath = sdir / pcfg.run_id / "manifest.json"
+            m = load_manifest(mpath) if mpath.exists() else None
+            res = judge(name, fault, pcode, m)
+            res.run_dir = str(sdir / pcfg.run_id)
+            res.wall_s = round(time.monotonic() - t0, 1)
+            if fault is None:
+                alarms = false_alarms(m) if pcode in (EXIT_OK, EXIT_FAIL) else alarms
+            results.append(res)
+            console.print(f"  {name}: {res.outcome}"
+                          + (f" (fired on {res.fired} request(s); caught by "
+                             f"{', '.join(res.caught_by) or '-'})" if fault is not None else
+                             f" ({alarms} false alarm(s))")
+                          + f" [{res.wall_s:.0f} s]")
+            if res.outcome.startswith("error"):
+                code = EXIT_ENGINE if pcode == EXIT_ENGINE else pcode
+                break
+            if eng.server is not None and not eng.server.alive():
+                code = EXIT_ENGINE
+                break
+    line = headline(results, alarms)
+    ok = code == EXIT_OK and alarms == 0 and all(
+        r.outcome == "detected" for r in results if r.name != "clean") and \
+        len(results) == len(faults) + 1
+    if code == EXIT_OK and not ok:
+        code = EXIT_FAIL
+    out = {"selftest_id": sid, "scenarios": [s if isinstance(s, str) else s[0]
+                                             for s in cfg.scenarios],
+           "headline": line, "false_alarms": alarms, "exit_code": code,
+           "passes": [r.as_dict() for r in results]}
+    (sdir / "selftest.json").write_text(json.dumps(out, indent=2))
+    render(results, line, console)
+    console.print(f"selftest.json: {escape(str(sdir / 'selftest.json'))}")
+    return code
+
+
+def render(results: list[PassResult], line: str, console: Console) -> None:
+    """The per-class table and the headline."""
+    t = Table(title="selftest: planted fault classes")
+    for col in ("class", "what was planted", "fired on", "outcome", "caught by"):
+        t.add_column(col)
+    for r in results:
+        t.add_row(escape(r.name), escape(r.summary), "-" if r.name == "clean" else str(r.fired),
+                  escape(r.outcome), escape(", ".join(r.caught_by) or "-"),
+                  style="" if r.outcome in ("detected", "clean") else "red")
+    console.print(t)
+    console.print(escape(line))
+
+
+def markdown_table(path: Path) -> str:
+    """The rows of a ``selftest.json`` as a Markdown table (for a README or a PR)."""
+    data = json.loads(Path(path).read_text())
+    lines = ["| class | what was planted | fired on (requests) | outcome | caught by |",
+             "|---|---|---:|---|---|"]
+    for r in data["passes"]:
+        lines.append(f"| {r['name']} | {r['summary']} | {'-' if r['name'] == 'clean' else r['fired']}"
+                     f" | {r['outcome']} | {', '.join(r['caught_by']) or '-'} |")
+    return "\n".join(lines + ["", data["headline"]])
