@@ -142,13 +142,15 @@ class Boundary(ChatScenario):
         ph.engaged = {**(ph.engaged or {}), "warm_runs": len(warm), "warm_runs_hit": hit,
                       "warm_runs_with_counters": len(known),
                       "warm_hit_tokens": sum(known) if known else None}
-        if not known or hit:
-            return
-        off = ctx.facts.get("prefix_caching")
-        why = ("prefix caching is off in this engine" if off is False or
-               str(off).lower() == "false" else
+        fact = ctx.facts.get("prefix_caching")
+        off = fact is False or str(fact).lower() == "false"
+        if hit or not (known or off):
+            return  # a hit, or no counters and no fact that says the cache is off: unknown
+        why = ("prefix caching is off in this engine" if off else
                "the engine's prefix-cache counters show no hit tokens")
-        mark_vacuous(ctx, ph, f"warm runs: 0 of {len(known)} hit the prefix cache: {why}")
+        mark_vacuous(ctx, ph, f"warm runs: 0 of {len(known) if known else len(warm)} hit the "
+                              f"prefix cache: {why}" + ("" if known else
+                                                        " (no prefix-cache counters either)"))
 
     def _table(self, ctx, lengths, specs, hits, dropped) -> None:
         b = ctx.facts.get("block_size")

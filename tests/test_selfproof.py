@@ -1,0 +1,343 @@
+"""Issue 27: a pass that proves itself.
+
+Unit tests on constructed evidence (counters, phases, manifests, chunks), then, marked ``engine``:
+speculative acceptance per phase on the session engine (ngram, k = 3) and a ``compare`` that fails
+a HEAD whose accepted steps were shortened (tests/faults_spec.py) while every token is right;
+``ple-harness selftest`` on the session engine (every class detected, 0 false alarms; a class the
+suite cannot see reported missed); an engine with prefix caching off makes the warm half of
+``boundary`` vacuous (a warning; ``--strict`` fails it).
+"""
+import json
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from conftest import load_json, run_cli
+from doubles import FaultProxy, RequestCtx
+from faults_spec import ShortenAccepted
+from pleharness import evidence
+from pleharness.compare import Comparison, check_thresholds, compare
+from pleharness.compare_spec import gate, parse_spec_threshold
+from pleharness.engine import metrics
+from pleharness.errors import UsageError
+from pleharness.faults import BUILTIN
+from pleharness.faults.builtin import CutShort, DropDelta, FlipUnderLoad, WrongFinish
+from pleharness.manifest import Manifest, PhaseRecord
+from pleharness.render import headline
+from pleharness.selftest import headline as selftest_headline
+from pleharness.selftest import judge
+
+METRICS = """# TYPE vllm:spec_decode_num_drafts counter
+vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} %(d)s
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} %(t)s
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} %(a)s
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="0"} %(p0)s
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="1"} %(p1)s
+vllm:prefix_cache_queries_total{engine="0",model_name="m"} %(q)s
+vllm:prefix_cache_hits_total{engine="0",model_name="m"} %(h)s
+vllm:num_preemptions_total{engine="0",model_name="m"} 0.0
+"""
+
+
+def snap(**kw):
+    vals = {"d": 0, "t": 0, "a": 0, "p0": 0, "p1": 0, "q": 0, "h": 0, **kw}
+    return metrics.snapshot(SimpleNamespace(metrics_text=lambda: METRICS % vals))
+
+
+def comp(start, dur):
+    return SimpleNamespace(started_at=start, latency_s=dur)
+
+
+# -- evidence ----------------------------------------------------------------------------------
+
+def test_phase_evidence_from_counter_deltas():
+    before = snap(d=10, t=20, a=5, p0=4, p1=1, q=100, h=10)
+    after = snap(d=20, t=40, a=20, p0=12, p1=3, q=300, h=74)
+    e = evidence.phase_evidence(before, after, [comp(0, 2), comp(1, 2), comp(2.5, 1)],
+                                [10, 300, 257], 256)
+    sd = e["spec_decode"]
+    assert (sd["drafts"], sd["draft_tokens"], sd["accepted_tokens"]) == (10, 20, 15)
+    assert sd["acceptance_rate"] == 15 / 20
+    assert sd["mean_accepted_length"] == 1 + 15 / 10
+    assert sd["accepted_per_position"] == [8 / 10, 2 / 10]
+    assert e["prefix_cache"] == {"queried_tokens": 200, "hit_tokens": 64}
+    assert e["preemptions"] == 0
+    assert e["chunked_prefills"] == 2  # 300 and 257 > C = 256
+    assert e["in_flight_peak"] == 2  # [0,2] and [1,3] overlap; [2.5,3.5] meets only the second
+
+
+def test_no_metrics_means_no_counters_and_no_drafts_means_no_rates():
+    e = evidence.phase_evidence(None, snap(), [comp(0, 1)], [5], None)
+    assert e["counters"] is None and e["chunked_prefills"] is None and "spec_decode" not in e
+    assert evidence.spec_health(0, 0, 0)["acceptance_rate"] is None
+    assert evidence.in_flight_peak([comp(0, 1), comp(1, 1)]) == 1  # one ends as the next starts
+
+
+def _phase(i, c, drafts, tokens, accepted, role="load", name=None):
+    return PhaseRecord(index=i, name=name or f"p{i}", scenario="t", concurrency=c, role=role,
+                       status="pass", engaged={"counters": {"x": 1},
+                                               "spec_decode": evidence.spec_health(
+                                                   drafts, tokens, accepted)})
+
+
+def run_manifest(phases, k=3, strict=False):
+    m = Manifest(run_id="r", status="complete", verdict="pass", phases=phases,
+                 facts={"num_speculative_tokens": {"value": k, "source": "launch"}},
+                 run_options={"strict": strict})
+    from pleharness.stress import _verdict
+    _verdict(m)
+    return m
+
+
+def test_spec_health_per_concurrency_sums_the_load_phases_only():
+    m = run_manifest([_phase(0, 1, 10, 30, 15), _phase(1, 4, 20, 60, 30), _phase(2, 1, 10, 30, 3),
+                      _phase(3, 1, 100, 300, 0, role="reference")])
+    sd = m.summary["engaged"]["spec_decode"]
+    assert sd["overall"]["accepted_tokens"] == 48 and sd["overall"]["draft_tokens"] == 120
+    assert sd["by_concurrency"]["C1"]["acceptance_rate"] == 18 / 60
+    assert sd["by_concurrency"]["C4"]["mean_accepted_length"] == 1 + 30 / 20
+    assert m.summary["vacuous"] == [] and m.verdict == "pass"
+
+
+def test_speculative_decoding_that_never_drafted_is_vacuous_and_fails_with_strict():
+    phases = [_phase(0, 1, 0, 0, 0), _phase(1, 2, 0, 0, 0)]
+    m = run_manifest(phases)
+    assert m.verdict == "pass"
+    assert m.summary["vacuous"] == ["speculative decoding: 0 drafts in 2 load phase(s) although "
+                                    "k = 3: the proposer never proposed, so no verify step was "
+                                    "tested"]
+    assert "VACUOUS (warnings): speculative decoding: 0 drafts" in headline(m)
+    strict = run_manifest([_phase(0, 1, 0, 0, 0), _phase(1, 2, 0, 0, 0)], strict=True)
+    assert strict.verdict == "fail"
+    from pleharness.render import causes
+    assert any(c.startswith("vacuous (--strict): speculative decoding") for c in causes(strict))
+    assert run_manifest([_phase(0, 1, 0, 0, 0)], k=0).summary["vacuous"] == []  # k = 0: off
+
+
+def test_mark_vacuous_warns_and_fails_the_phase_with_strict():
+    for strict, status in ((False, "pass"), (True, "fail")):
+        ph = PhaseRecord(index=0, name="boundary-warm", scenario="b", concurrency=1,
+                         status="pass")
+        from pleharness.runner import RunContext
+        ctx = SimpleNamespace(strict=strict)
+        ctx.add_phase_check = lambda p, c, reason=None: RunContext.add_phase_check(ctx, p, c,
+                                                                                   reason)
+        evidence.mark_vacuous(ctx, ph, "warm runs: 0 of 3 hit the prefix cache: x")
+        assert ph.vacuous == "warm runs: 0 of 3 hit the prefix cache: x"
+        assert ph.status == status and ph.checks[-1].name == "engaged"
+        assert ph.checks[-1].status == ("fail" if strict else "warn")
+
+
+# -- compare gates on acceptance --------------------------------------------------------------
+
+def test_spec_threshold_forms_and_errors():
+    assert parse_spec_threshold("acceptance>=0.95*base") == ("acceptance", None, ">=", 0.95,
+                                                              True)
+    assert parse_spec_threshold("accepted_length@C4 > 2") == ("accepted_length", "C4", ">", 2.0,
+                                                               False)
+    assert parse_spec_threshold("C4>=62.9") is None
+    check_thresholds(["C4>=62.9", "acceptance>=0.95*base"])
+    for bad in ("acceptance>=x", "acceptance=>0.9", "accepted_length@4>=1"):
+        with pytest.raises(UsageError, match="acceptance>=0.95\\*base"):
+            check_thresholds([bad])
+    from pleharness.suites import Gates
+    assert Gates(thresholds=["acceptance>=0.95*base"]).thresholds
+    with pytest.raises(ValueError):
+        Gates(thresholds=["acceptance>>1"])
+
+
+def test_gate_fails_a_head_whose_acceptance_dropped_and_passes_an_equal_one():
+    base = run_manifest([_phase(0, 1, 10, 30, 15), _phase(1, 4, 20, 60, 30)])
+    same = run_manifest([_phase(0, 1, 10, 30, 15), _phase(1, 4, 20, 60, 30)])
+    worse = run_manifest([_phase(0, 1, 10, 30, 15), _phase(1, 4, 20, 60, 12)])  # C4 only
+    res = Comparison()
+    gate(res, base, same, "acceptance>=0.95*base")
+    assert not res.gate_failures and res.gates_passed
+    res = Comparison()
+    gate(res, base, worse, "acceptance>=0.95*base")
+    assert len(res.gate_failures) == 2  # the run (27/90 vs 45/90) and C4 (12/60 vs 30/60)
+    assert "at C4 misses >= 0.4750 (0.95 x BASE 0.5000)" in res.gate_failures[1]
+    res = Comparison()
+    gate(res, base, worse, "acceptance@C1>=0.95*base")
+    assert not res.gate_failures  # C1 did not change
+    res = Comparison()
+    gate(res, base, Manifest(run_id="h"), "accepted_length>=1.5")
+    assert res.gate_failures == ["--threshold accepted_length>=1.5: HEAD has no "
+                                 "speculative-decoding counters (speculative decoding off, or "
+                                 "no /metrics)"]
+
+
+# -- the built-in fault classes on constructed chunks -----------------------------------------
+
+def _chunk(ids, finish=None, usage=None):
+    c = {"choices": [{"index": 0, "text": "x", "token_ids": list(ids), "finish_reason": finish}]}
+    if usage:
+        c["usage"] = usage
+    return c
+
+
+def test_builtin_classes_are_the_nine_of_the_issue():
+    assert list(BUILTIN) == ["flip_under_load", "corrupt_warm", "oov_id", "token0_run",
+                             "dropped_delta", "usage_mismatch", "wrong_finish",
+                             "sentinel_logprob", "cut_short"]
+
+
+def test_flip_under_load_leaves_a_request_alone_untouched():
+    f = FlipUnderLoad()
+    alone = RequestCtx(1, {"prompt": [1], "max_tokens": 4}, in_flight=1)
+    assert f.chunk(alone, _chunk([20, 21, 22, 23]))["choices"][0]["token_ids"] == [20, 21, 22, 23]
+    crowded = RequestCtx(2, {"prompt": [1], "max_tokens": 4}, in_flight=2)
+    assert f.chunk(crowded, _chunk([20, 21, 22, 23]))["choices"][0]["token_ids"] == [20, 21, 21, 23]
+    assert f.hits == [2]
+
+
+def test_cut_short_wrong_finish_and_dropped_delta_on_a_stream():
+    body = {"prompt": [1], "max_tokens": 4}
+    f, ctx = CutShort(), RequestCtx(4, body, in_flight=1)
+    out = []
+    for i in range(4):
+        c = f.chunk(ctx, _chunk([30 + i], "length" if i == 3 else None))
+        ctx.tokens_so_far += 1
+        out.append(c)
+    u = f.chunk(ctx, {"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 4}})
+    assert [c["choices"][0]["token_ids"] for c in out if c] == [[30], [31]]
+    assert out[1]["choices"][0]["finish_reason"] == "length" and out[2] is None
+    assert u["usage"]["completion_tokens"] == 2 and f.hits == [4]
+    w = WrongFinish()
+    assert w.chunk(RequestCtx(4, body, 1), _chunk([1], "length"))["choices"][0][
+        "finish_reason"] == "stop"
+    assert w.chunk(RequestCtx(5, body, 1), _chunk([1], "length"))["choices"][0][
+        "finish_reason"] == "length"  # not a 4th request
+    d, ctx = DropDelta(), RequestCtx(8, body, in_flight=1)
+    kept = []
+    for i in range(4):
+        kept.append(d.chunk(ctx, _chunk([40 + i])))
+        ctx.tokens_so_far += 1
+    assert [k is None for k in kept] == [False, False, True, False] and d.hits == [8]
+
+
+def test_selftest_outcomes_never_hide_a_fault_that_did_not_fire():
+    f = FlipUnderLoad()
+    m = Manifest(run_id="x", status="complete", verdict="pass")
+    assert judge("flip_under_load", f, 0, m).outcome == "missed (never triggered)"
+    f.hits.append(3)
+    assert judge("flip_under_load", f, 0, m).outcome == "missed"
+    assert judge("flip_under_load", f, 1, m).outcome == "detected"
+    assert judge("clean", None, 1, m).outcome == "false alarm"
+    rows = [judge("clean", None, 0, m), judge("flip_under_load", f, 1, m),
+            judge("oov_id", BUILTIN["oov_id"](), 0, m)]
+    assert selftest_headline(rows, 0) == ("this suite on this engine catches 1/2 planted fault "
+                                          "classes; 0 false alarms (missed: oov_id)")
+
+
+def test_selftest_unknown_fault_class_is_a_usage_error(tmp_path):
+    r = run_cli("selftest", "--fault", "nope", "--url", "http://127.0.0.1:9",
+                "--results-dir", str(tmp_path))
+    assert r.returncode == 2
+    assert "--fault 'nope': not a built-in fault class (known: flip_under_load" in r.stderr
+
+
+# -- on the real CPU engine -------------------------------------------------------------------
+# The session engine (tests/conftest.py cpu_engine): profiles/cpu-ngram.toml, ngram speculative
+# decoding k = 3, block size 32, max_num_batched_tokens 256, prefix caching on.
+
+@pytest.mark.engine
+def test_acceptance_per_phase_and_compare_fails_shortened_accepted_steps(cpu_engine, tmp_path):
+    args = ("--results-dir", str(tmp_path), "--scenario", "boundary")
+    r = run_cli("stress", "--url", cpu_engine.url, "--run-id", "base", *args)
+    assert r.returncode == 0, r.stdout[-3000:]
+    base = load_json(tmp_path / "base" / "manifest.json")
+    load = [p for p in base["phases"] if p["role"] == "load"]
+    for p in load:
+        sd = p["engaged"]["spec_decode"]
+        assert len(sd["accepted_per_position"] or [0, 0, 0]) == 3  # k = 3 draft positions
+        if sd["draft_tokens"]:
+            assert sd["acceptance_rate"] == sd["accepted_tokens"] / sd["draft_tokens"]
+            assert sd["mean_accepted_length"] == 1 + sd["accepted_tokens"] / sd["drafts"]
+    total = base["summary"]["engaged"]["spec_decode"]["overall"]
+    assert total["drafts"] > 0 and total["accepted_tokens"] > 0  # the proposer was exercised
+    warm = next(p for p in load if p["name"] == "boundary-warm")
+    assert warm["vacuous"] is None and warm["engaged"]["warm_runs_hit"] > 0
+    assert "speculative decoding (load phases): acceptance" in r.stdout
+    fault = ShortenAccepted(0.5)
+    with FaultProxy(cpu_engine.url, fault) as proxy:
+        r = run_cli("stress", "--url", proxy.url, "--run-id", "head", *args)
+    assert r.returncode == 0 and fault.scraped > 0  # every token right: HEAD passes on its own
+    c = run_cli("compare", str(tmp_path / "base"), str(tmp_path / "head"),
+                "--threshold", "acceptance>=0.95*base")
+    assert c.returncode == 1, c.stdout
+    assert "PASS token parity" in c.stdout
+    assert "FAIL --threshold acceptance>=0.95*base: HEAD acceptance" in c.stdout
+    same = run_cli("compare", str(tmp_path / "base"), str(tmp_path / "base"),
+                   "--threshold", "acceptance>=0.95*base")
+    assert same.returncode == 0, same.stdout
+
+
+@pytest.mark.engine
+def test_selftest_catches_every_class_and_reports_an_unseeable_one_missed(cpu_engine, tmp_path):
+    r = run_cli("selftest", "--url", cpu_engine.url, "--results-dir", str(tmp_path),
+                "--run-id", "all")
+    data = json.loads((tmp_path / "all" / "selftest.json").read_text())
+    assert r.returncode == 0, r.stdout[-4000:]
+    assert data["headline"] == ("this suite on this engine catches 9/9 planted fault classes; "
+                                "0 false alarms")
+    rows = {p["name"]: p for p in data["passes"]}
+    assert rows["clean"]["outcome"] == "clean" and rows["clean"]["exit_code"] == 0
+    assert all(rows[n]["outcome"] == "detected" and rows[n]["fired"] > 0 for n in BUILTIN)
+    assert "parity" in rows["flip_under_load"]["caught_by"]
+    assert "vocab_range" in rows["oov_id"]["caught_by"]
+    assert "usage" in rows["wrong_finish"]["caught_by"]
+    assert "logprob_sanity" in rows["sentinel_logprob"]["caught_by"]
+    assert "degeneration" in rows["token0_run"]["caught_by"]
+    # boundary alone runs one request at a time: a fault that needs two in flight never fires
+    r = run_cli("selftest", "--url", cpu_engine.url, "--results-dir", str(tmp_path),
+                "--run-id", "b", "--scenario", "boundary", "--fault", "flip_under_load")
+    data = json.loads((tmp_path / "b" / "selftest.json").read_text())
+    assert r.returncode == 1
+    assert data["passes"][1]["outcome"] == "missed (never triggered)"
+    assert data["headline"] == ("this suite on this engine catches 0/1 planted fault classes; "
+                                "0 false alarms (missed: flip_under_load)")
+
+
+@pytest.fixture(scope="module")
+def cpu_engine_no_prefix_cache(embedded_model, tmp_path_factory):
+    """The CPU engine of profiles/cpu-ngram.toml with --no-enable-prefix-caching."""
+    from pathlib import Path
+
+    from pleharness.engine.launch import EngineServer, LaunchSpec
+    from pleharness.model import SERVED_NAME
+    from pleharness.profile import load_profile
+    prof = load_profile(Path(__file__).resolve().parent.parent / "profiles" / "cpu-ngram.toml")
+    spec = LaunchSpec(model=str(embedded_model), python=sys.executable,
+                      engine_args=prof.engine_args + ["--no-enable-prefix-caching"],
+                      env=prof.env, served_model_name=SERVED_NAME)
+    srv = EngineServer(spec, tmp_path_factory.mktemp("cpu-engine-no-pc"), start_timeout_s=600)
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.mark.engine
+def test_prefix_caching_off_makes_the_warm_half_vacuous(cpu_engine_no_prefix_cache, tmp_path):
+    url = cpu_engine_no_prefix_cache.url
+    r = run_cli("stress", "--url", url, "--results-dir", str(tmp_path), "--run-id", "warn",
+                "--scenario", "boundary")
+    m = load_json(tmp_path / "warn" / "manifest.json")
+    assert m["facts"]["prefix_caching"]["value"] is False
+    warm = next(p for p in m["phases"] if p["name"] == "boundary-warm")
+    n = warm["requests"]
+    why = f"warm runs: 0 of {n} hit the prefix cache: prefix caching is off in this engine"
+    assert warm["vacuous"].startswith(why), warm["vacuous"]
+    assert warm["engaged"]["warm_runs_hit"] == 0 and warm["status"] == "pass"
+    assert r.returncode == 0 and m["verdict"] == "pass"  # a warning by default
+    assert why in m["summary"]["headline"] and "VACUOUS (warnings)" in m["summary"]["headline"]
+    cold = next(p for p in m["phases"] if p["name"] == "boundary-cold")
+    assert cold["vacuous"] is None
+    r = run_cli("stress", "--url", url, "--results-dir", str(tmp_path), "--run-id", "strict",
+                "--scenario", "boundary", "--strict")
+    m = load_json(tmp_path / "strict" / "manifest.json")
+    assert r.returncode == 1 and m["verdict"] == "fail"
+    assert f"phase check engaged failed after phase boundary-warm: vacuous: {why}" in r.stdout
