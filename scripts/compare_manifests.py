@@ -33,6 +33,7 @@ IGNORED = [
     r"summary\.headline", r"run_options\.golden_classifier", r"run_options\.golden_log",
     r"requests\.\d+\.(id|latency_s|ttft_s)", r"log_tail(\..*)?",
     r"facts\..*\.(source_detail)",
+    r"(phases\.\d+|summary)\.engaged\.in_flight_peak",  # from the client's clock
 ]
 _IGNORED = re.compile("|".join(f"(?:{p})" for p in IGNORED))
 _VOLATILE_TEXT = re.compile(r"/\S*?/(?=(pleharness|scenarios|profiles)/)"

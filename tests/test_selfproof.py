@@ -17,7 +17,7 @@ from conftest import load_json, run_cli
 from doubles import FaultProxy, RequestCtx
 from faults_spec import ShortenAccepted
 from pleharness import evidence
-from pleharness.compare import Comparison, check_thresholds, compare
+from pleharness.compare import Comparison, check_thresholds
 from pleharness.compare_spec import gate, parse_spec_threshold
 from pleharness.engine import metrics
 from pleharness.errors import UsageError
