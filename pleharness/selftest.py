@@ -165,6 +165,7 @@ def run_selftest(cfg, faults: list[str], console: Console, err: Console,
                     pcode = run_stress(pcfg, quiet, quiet)
                 except UsageError as exc:
                     raise UsageError(f"selftest pass {name}: {exc}") from None
+            _close_pass_clients(keep=eng.client)
             mpath = sdir / pcfg.run_id / "manifest.json"
             m = load_manifest(mpath) if mpath.exists() else None
             res = judge(name, fault, pcode, m)
@@ -198,6 +199,17 @@ def run_selftest(cfg, faults: list[str], console: Console, err: Console,
     render(results, line, console)
     console.print(f"selftest.json: {escape(str(sdir / 'selftest.json'))}")
     return code
+
+
+def _close_pass_clients(keep) -> None:
+    """Close the HTTP clients a finished pass left open (its run's engine client), so that ten
+    passes in one process leave no unclosed aiohttp session behind; ``keep``: the selftest's own
+    client of the engine."""
+    from .engine.client import _LoopThread
+    own = getattr(keep, "_lt", None)
+    for lt in list(_LoopThread.live):
+        if lt is not own:
+            lt.close()
 
 
 def render(results: list[PassResult], line: str, console: Console) -> None:
