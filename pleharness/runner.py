@@ -522,7 +522,7 @@ class RunContext:
                    f"top-1/top-2 margin {m}{gg}; threshold {self.near_tie_nats:g} nats"
                    + (" (strict)" if self.strict else "")
                    + (" (seeded sample: never a near tie)" if spec.temperature > 0 else "")))
-        if d.corrupt_side == "reference" and ref.source != "golden" and not again:
+        if d.corrupt_side == "reference" and d.fails and ref.source != "golden" and not again:
             self._corrupt_reference(ph, rec, spec, c, ref, d)
         return d
 
@@ -762,7 +762,9 @@ def judge_sides(main: Manifest, control: Manifest | None = None) -> dict[str, in
     the control run's twins (``control``, any concurrency) (:func:`majority_side`). A reference
     judged corrupt fails the run that produced it (check ``corrupt_reference``), is replaced in
     ``main.references`` by the majority output (source ``majority``, ``replaces`` says which
-    run), and every run compared with it is judged again against that output
+    run), and every run compared with it is judged again against that output. Only a failing
+    divergence (hard or unknown, not a near tie or a control-explained one) makes its reference
+    corrupt; a near tie still records which side is the outlier
     (``side_evidence.judged_against``; ``summary.corrupt_references`` lists each).
 
     Returns counts by corrupt side {"reference", "load", "undecided"} over all divergences."""
@@ -796,7 +798,7 @@ def judge_sides(main: Manifest, control: Manifest | None = None) -> dict[str, in
         ev.voters = {h[:12]: ids[:20] for h, ids in v.items()}
         d.side_evidence, d.corrupt_side = ev, side
         changed.add(r.phase)
-        if side == "reference":
+        if side == "reference" and d.fails:  # a near tie is an outlier, not corruption
             corrupt.setdefault((r.prompt_hash, r.max_tokens, r.reference_hash), (r.output_hash, []))
             corrupt[(r.prompt_hash, r.max_tokens, r.reference_hash)][1].append(r)
         if side == "load":
