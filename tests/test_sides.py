@@ -208,3 +208,76 @@ def test_also_in_control_is_never_hard_on_half_precision(tmp_path, dtype, cls):
     d = r.divergence
     assert d.attribution == "also_in_control" and not d.fails and d.cls == cls
     assert (d.reclassified is not None) == (cls == "near_tie")
+
+
+# -- end to end: the real CPU engine behind a double that corrupts a prompt's first run ----------
+
+SCENARIO = """kind = "transitions"
+[params]
+ladder = [2, 1]
+repeats = 1
+requests_per_slot = 2
+max_tokens = 8
+warmup_requests = 0
+max_tokens_residues = false
+sampled_every = 0
+[params.prompts]
+count = 2
+min_len = 10
+max_len = 20
+"""
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("path", ["golden", "majority"])
+def test_corrupt_first_run_is_the_corrupt_reference(cpu_engine, tmp_path, path):
+    """The first (cold, kept: --reference-cache-state cold) run of the 10-token prompt is
+    corrupted from position 1 on; its four load runs are healthy. The reference is named the
+    corrupt side (golden logprobs, or 1 run against 4), it alone fails the run, and the load runs
+    are judged against the golden continuation / the majority output, which they match."""
+    import sys
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+    from conftest import load_json, run_cli
+    from doubles import FaultProxy
+    from faults_side import FirstRunCorrupt
+
+    sc = tmp_path / "side.toml"
+    sc.write_text(SCENARIO)
+    fault = FirstRunCorrupt(prompt_len=10, vocab=793)
+    with FaultProxy(cpu_engine.url, fault) as proxy:
+        r = run_cli("stress", "--url", proxy.url, "--results-dir", str(tmp_path), "--run-id", path,
+                    "--block-size", "32", "--chunk-size", "256", "--num-speculative-tokens", "3",
+                    "--scenario", str(sc), "--reference-cache-state", "cold",
+                    *(["--no-golden"] if path == "majority" else []))
+    out = r.stdout + r.stderr
+    m = load_json(tmp_path / path / "manifest.json")
+    assert len(fault.hits) == 1, fault.hits
+    assert r.returncode == 1 and m["verdict"] == "fail", out[-3000:]
+    p0 = [q for q in m["requests"] if q["prompt_len"] == 10]
+    ref_run = next(q for q in p0 if q["phase"] == "references")
+    loads = [q for q in p0 if q["phase"] != "references"]
+    assert len(loads) == 4
+    (cr,) = m["summary"]["corrupt_references"]
+    assert cr["reference_run"] == ref_run["id"] and cr["method"] == path
+    problems = [q["id"] for q in m["requests"] if q["error"] or any(
+        c["status"] == "fail" for c in q["checks"]) or (q["match"] is False)]
+    assert problems == [ref_run["id"]], problems  # only the corrupt reference fails
+    assert [c["name"] for c in ref_run["checks"] if c["status"] == "fail"] == ["corrupt_reference"]
+    assert all(q["match"] is True for q in loads)  # judged against the replacement
+    new = next(x for x in m["references"] if x["prompt_len"] == 10)
+    assert new["source"] == path and new["replaces"].startswith(ref_run["id"])
+    assert new["output_hash"] == loads[0]["output_hash"]
+    revealing = [q for q in loads if q.get("divergence")]
+    assert revealing and all(q["divergence"]["corrupt_side"] == "reference" for q in revealing)
+    ev = revealing[0]["divergence"]["side_evidence"]
+    assert ev["reference_run"] == ref_run["id"] and ev["method"] == path
+    if path == "golden":
+        assert len(revealing) == 1  # later runs match the golden continuation outright
+        assert ev["golden_logprob_reference"] < ev["golden_logprob_observed"] - 1
+    else:
+        assert ev["votes_reference"] == 1 and ev["votes_observed"] == 4 and len(revealing) == 4
+    lead = f"the reference run {ref_run['id']} of prompt {ref_run['prompt_key']} is the outlier"
+    assert lead in m["summary"]["headline"].split(";")[0]
+    assert (tmp_path / path / "summary.md").read_text().count(lead) >= 1
+    assert lead in (tmp_path / path / "junit.xml").read_text()
+    assert "corrupt reference: " + lead in out
