@@ -281,3 +281,23 @@ def test_corrupt_first_run_is_the_corrupt_reference(cpu_engine, tmp_path, path):
     assert (tmp_path / path / "summary.md").read_text().count(lead) >= 1
     assert lead in (tmp_path / path / "junit.xml").read_text()
     assert "corrupt reference: " + lead in out
+
+
+def test_golden_force_agrees_with_generate_and_score(tmp_path):
+    """The worker's ``force`` op (the noise floor's measurement) on the embedded model: along the
+    golden model's own greedy continuation every top-1 is the token itself (gap 0), and each
+    logprob equals teacher forcing one position at a time (``score``)."""
+    import sys
+    from pleharness.golden import GoldenModel
+    from pleharness.model import SHIPPED_DIR
+    prompt = [20, 31, 42, 53, 64, 75]
+    with GoldenModel(SHIPPED_DIR, sys.executable, log_path=tmp_path / "g.log") as g:
+        out = g.generate(prompt, 6).ids
+        forced = g.force(prompt, out)
+        assert [f[1] for f in forced] == out and solo_gaps(forced, out) == []
+        other = out[:3] + [(out[3] + 1) % 793] + out[4:]
+        forced = g.force(prompt, other)
+        lps, _ = g.score(prompt, other[:3], [other[3]])
+        assert forced[3][0] == pytest.approx(lps[other[3]], abs=1e-4)
+        assert forced[3][1] == out[3] and solo_gaps(forced[:4], other[:4]) == [
+            pytest.approx(forced[3][2] - forced[3][0])]
