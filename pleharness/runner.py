@@ -162,7 +162,8 @@ class RunContext:
         self.scenario_name = ""  # set by in_scenario()
         self.phase_prefix = ""
         self.repeat_index = 1
-        self._solo_runs: list[tuple[list[int], list[int]]] = []  # (prompt, output) of solo runs
+        # (record, prompt, output) of the solo reference runs: the half-precision noise floor
+        self._solo_runs: list[tuple[RequestRecord, list[int], list[int]]] = []
 
     # the options, read-only (a context is built with them; they do not change during a run)
     on_timeout = property(lambda self: self.options.on_timeout)
@@ -471,7 +472,7 @@ class RunContext:
             self._judge(ph, rec, spec, c, self.references[spec.ref_key])
         if (ph.role == "reference" and c.error is None and self.golden is not None
                 and is_half_precision(self.options.serving_dtype)):
-            self._solo_runs.append((list(spec.prompt.ids), list(c.token_ids)))
+            self._solo_runs.append((rec, list(spec.prompt.ids), list(c.token_ids)))
         self.manifest.requests.append(rec)
         return rec
 
@@ -565,7 +566,7 @@ class RunContext:
 
     def finish_judgement(self) -> None:
         """After the suite, on a half-precision engine with a golden model: measure the noise
-        floor (every solo reference run teacher-forced through the golden model,
+        floor (every solo reference run that did not fail teacher-forced through the golden model,
         :func:`pleharness.divergence.noise_floor`), record the tolerance and where it came from in
         ``run_options["golden_tolerance"]``, and judge every golden divergence again against it
         (a gap below it is a near tie; above it stays hard). Float32 engines: nothing changes."""
@@ -573,8 +574,11 @@ class RunContext:
             return
         from .golden import GoldenError
         gaps: list[float] = []
+        # a solo run that failed (a corrupt reference, a failed check) is no noise floor: its
+        # corrupted tokens would open the tolerance for the very corruption they show
+        runs = [(p, o) for r, p, o in self._solo_runs if not r.failed_checks]
         try:
-            for prompt, out in self._solo_runs:
+            for prompt, out in runs:
                 gaps += solo_gaps(self.golden.force(prompt, out), out)
         except GoldenError as exc:
             self.manifest.run_options["golden_tolerance"] = {
@@ -582,7 +586,8 @@ class RunContext:
                 "tolerance_nats": self.near_tie_nats}
             return
         tol, info = noise_floor(gaps, self.options.serving_dtype, self.near_tie_nats)
-        info["solo_runs_scored"] = len(self._solo_runs)
+        info["solo_runs_scored"] = len(runs)
+        info["solo_runs_left_out"] = len(self._solo_runs) - len(runs)
         self.manifest.run_options["golden_tolerance"] = info
         changed = set()
         for r in self.manifest.requests:

@@ -163,7 +163,9 @@ def bf16_context(tmp_path, dtype, gaps, div_gap):
     ctx = RunContext(None, m, tmp_path / "manifest.json", None, None,
                      options=RunOptions(serving_dtype=dtype, near_tie_nats=0.5),
                      golden=FakeGolden(gaps))
-    ctx._solo_runs = [([1, 2], [5, 6, 7])] * len(gaps)
+    solo = RequestRecord(id="r00001", scenario="s", phase="refs", concurrency=1, prompt_key="p",
+                         prompt_len=2, prompt_hash="ph", max_tokens=3)
+    ctx._solo_runs = [(solo, [1, 2], [5, 6, 7])] * len(gaps)
     m.phases = [PhaseRecord(index=0, name="load", scenario="s", concurrency=2)]
     r = RequestRecord(id="r00009", scenario="s", phase="load", concurrency=2, prompt_key="p",
                       prompt_len=2, prompt_hash="ph", max_tokens=4, output_hash="x", match=False,
@@ -229,7 +231,7 @@ max_len = 20
 
 
 @pytest.mark.engine
-@pytest.mark.parametrize("path", ["golden", "majority"])
+@pytest.mark.parametrize("path", ["golden", "majority", "bf16"])
 def test_corrupt_first_run_is_the_corrupt_reference(cpu_engine, tmp_path, path):
     """The first (cold, kept: --reference-cache-state cold) run of the 10-token prompt is
     corrupted from position 1 on; its four load runs are healthy. The reference is named the
@@ -248,7 +250,8 @@ def test_corrupt_first_run_is_the_corrupt_reference(cpu_engine, tmp_path, path):
         r = run_cli("stress", "--url", proxy.url, "--results-dir", str(tmp_path), "--run-id", path,
                     "--block-size", "32", "--chunk-size", "256", "--num-speculative-tokens", "3",
                     "--scenario", str(sc), "--reference-cache-state", "cold",
-                    *(["--no-golden"] if path == "majority" else []))
+                    *(["--no-golden"] if path == "majority" else []),
+                    *(["--dtype", "bfloat16"] if path == "bf16" else []))
     out = r.stdout + r.stderr
     m = load_json(tmp_path / path / "manifest.json")
     assert len(fault.hits) == 1, fault.hits
@@ -258,20 +261,27 @@ def test_corrupt_first_run_is_the_corrupt_reference(cpu_engine, tmp_path, path):
     loads = [q for q in p0 if q["phase"] != "references"]
     assert len(loads) == 4
     (cr,) = m["summary"]["corrupt_references"]
-    assert cr["reference_run"] == ref_run["id"] and cr["method"] == path
+    method = "golden" if path == "bf16" else path
+    assert cr["reference_run"] == ref_run["id"] and cr["method"] == method
     problems = [q["id"] for q in m["requests"] if q["error"] or any(
         c["status"] == "fail" for c in q["checks"]) or (q["match"] is False)]
     assert problems == [ref_run["id"]], problems  # only the corrupt reference fails
     assert [c["name"] for c in ref_run["checks"] if c["status"] == "fail"] == ["corrupt_reference"]
     assert all(q["match"] is True for q in loads)  # judged against the replacement
     new = next(x for x in m["references"] if x["prompt_len"] == 10)
-    assert new["source"] == path and new["replaces"].startswith(ref_run["id"])
+    assert new["source"] == method and new["replaces"].startswith(ref_run["id"])
     assert new["output_hash"] == loads[0]["output_hash"]
     revealing = [q for q in loads if q.get("divergence")]
     assert revealing and all(q["divergence"]["corrupt_side"] == "reference" for q in revealing)
     ev = revealing[0]["divergence"]["side_evidence"]
-    assert ev["reference_run"] == ref_run["id"] and ev["method"] == path
-    if path == "golden":
+    assert ev["reference_run"] == ref_run["id"] and ev["method"] == method
+    if path == "bf16":  # the noise floor leaves the corrupt reference run out: 1 solo run scored
+        tol = m["run_options"]["golden_tolerance"]
+        assert tol["solo_runs_scored"] == 1 and tol["solo_runs_left_out"] == 1
+        assert tol["tolerance_nats"] == 0.5 and tol["samples"] == 0  # float32 engine: no flips
+        assert "golden tolerance (half precision): 0.5 nats" in (
+            tmp_path / path / "summary.md").read_text()
+    if method == "golden":
         assert len(revealing) == 1  # later runs match the golden continuation outright
         assert ev["golden_logprob_reference"] < ev["golden_logprob_observed"] - 1
     else:
