@@ -124,7 +124,8 @@ def analyse(reference: Sequence[int], observed: Sequence[int], pos: int,
             ref_margins: Sequence[float | None] | None, threshold: float,
             checks_failed: Sequence[str] = (), *, golden: Mapping[str, Any] | None = None,
             reference_top: Mapping | Sequence | None = None,
-            observed_top: Mapping | Sequence | None = None) -> Divergence:
+            observed_top: Mapping | Sequence | None = None,
+            tolerance: float | None = None) -> Divergence:
     """Evidence and class of one divergence.
 
     Args:
@@ -135,6 +136,10 @@ def analyse(reference: Sequence[int], observed: Sequence[int], pos: int,
         golden: teacher-forced golden evidence at ``pos``: ``{"logprobs": {id: lp}, "top":
             [(id, lp), ...]}`` (:meth:`pleharness.golden.GoldenModel.score`), or None.
         reference_top / observed_top: each side's engine top-k at ``pos`` (IDs), when returned.
+        tolerance: on a half-precision engine, the measured golden tolerance (nats,
+            :func:`noise_floor`); with golden evidence, a gap below it is a near tie without the
+            top-k membership tests (the engine's own solo flips, which it was measured on, need
+            not be in the golden top-k). None: the float32 rule above.
 
     Returns a :class:`~pleharness.manifest.Divergence`: position, reference/observed windows
     (token IDs around ``pos``), the reference's margin at ``pos`` (nats or None), ``cls``
@@ -176,8 +181,12 @@ def analyse(reference: Sequence[int], observed: Sequence[int], pos: int,
                     "golden_top": [[int(a), round(float(b), 6)] for a, b in golden["top"]],
                     "reference_in_golden_top": ref_tok in gtop,
                     "observed_in_golden_top": obs_tok in gtop})
-        plausible = (gap is not None and gap < threshold and ref_tok in gtop and obs_tok in gtop
-                     and all(cross))
+        if tolerance is not None:
+            out["golden_tolerance_nats"] = tolerance
+            plausible = gap is not None and gap < tolerance
+        else:
+            plausible = (gap is not None and gap < threshold and ref_tok in gtop
+                         and obs_tok in gtop and all(cross))
         cls = "near_tie" if plausible else "hard"
     elif margin is None:
         cls, out["classified_by"] = "unknown", "none (no reference logprobs, no golden model)"
@@ -188,3 +197,106 @@ def analyse(reference: Sequence[int], observed: Sequence[int], pos: int,
                 "checks_failed": list(checks_failed),
                 "fails": cls != "near_tie" or bool(checks_failed)})
     return Divergence.model_validate(out)
+
+
+# -- which side of a divergence is wrong (issue 23) -------------------------------------------------
+
+HALF_PRECISION = ("bfloat16", "float16")
+NOISE_QUANTILE = 0.95  # of the engine's own solo golden gaps: the half-precision tolerance
+NOISE_MIN_SAMPLES = 5  # fewer differing positions than this: the dtype threshold stays
+
+
+def golden_side(ref_tok: int | None, obs_tok: int | None, golden: Mapping[str, Any] | None,
+                tolerance: float) -> tuple[str, str]:
+    """(corrupt side, why) from the golden model's teacher-forced logprobs at the first divergent
+    position: ``"reference"`` | ``"load"`` (the compared run) | ``"undecided"``.
+
+    ``golden``: ``{"logprobs": {id: lp}, "top": [(id, lp), ...]}`` (nats) as for :func:`analyse`;
+    ``tolerance``: nats (the near-tie threshold, or the measured half-precision tolerance). The
+    side whose token the golden model finds implausible is corrupt: its logprob is below the
+    other token's by at least ``tolerance``, and the other token is in the golden top-k (if
+    neither is, the golden model vouches for neither side: undecided). Within ``tolerance`` both
+    are plausible (a near tie): undecided. Source: shared/DESIGN.md, "A divergence has two sides"
+    (an H200 run where the prompt's first run, the reference, was the corrupt one)."""
+    if golden is None or ref_tok is None or obs_tok is None:
+        return "undecided", "no golden logprobs for both tokens"
+    lps = {int(k): float(v) for k, v in golden["logprobs"].items()}
+    if ref_tok not in lps or obs_tok not in lps:
+        return "undecided", "the golden model scored only one of the two tokens"
+    lr, lo = lps[ref_tok], lps[obs_tok]
+    gtop = top_ids(golden.get("top")) or set()
+    why = (f"golden logprob of the reference's token {ref_tok} is {lr:.2f}, of the compared "
+           f"run's token {obs_tok} is {lo:.2f}")
+    if abs(lr - lo) < tolerance:
+        return "undecided", why + f" (within {tolerance:g} nats: both plausible)"
+    better = obs_tok if lo > lr else ref_tok
+    if better not in gtop:
+        return "undecided", why + " (neither token is in the golden top-k)"
+    return ("reference" if lo > lr else "load"), why
+
+
+def majority_side(ref_hash: str | None, obs_hash: str | None,
+                  votes: Mapping[str, Sequence[str]]) -> tuple[str, str]:
+    """(corrupt side, why) by majority over every run of the same prompt, sampling and
+    max_tokens: ``votes`` maps an output hash to the runs (IDs) that produced it. The side with
+    fewer runs behind its output is the outlier when the other side has strictly more runs and
+    at least two (two runs agreeing); otherwise undecided (one against one, or a tie)."""
+    nr, no = len(votes.get(ref_hash or "", ())), len(votes.get(obs_hash or "", ()))
+    total = sum(len(v) for v in votes.values())
+    why = (f"{nr} of {total} runs of this prompt gave the reference's output, {no} the compared "
+           "run's")
+    if no > nr and no >= 2:
+        return "reference", why
+    if nr > no and nr >= 2:
+        return "load", why
+    return "undecided", why + " (no majority)"
+
+
+def is_half_precision(dtype: Any) -> bool:
+    """Whether ``dtype`` (any spelling :func:`normalize_dtype` knows) is bfloat16 or float16."""
+    return normalize_dtype(dtype) in HALF_PRECISION
+
+
+def noise_floor(gaps: Sequence[float], dtype: Any, threshold: float,
+                quantile: float = NOISE_QUANTILE,
+                min_samples: int = NOISE_MIN_SAMPLES) -> tuple[float, dict[str, Any]]:
+    """(tolerance in nats, how it was derived) for golden divergences on a half-precision engine.
+
+    ``gaps``: the engine's noise floor, measured per run: every solo reference teacher-forced
+    through the golden model, and at each position where the golden top-1 differs from the
+    engine's token, lp_golden(top-1) - lp_golden(engine token) (nats, > 0). These are flips the
+    engine makes with one request in flight and no load, i.e. what its dtype gives; a load run
+    flipping a token by no more than them is the same numerics, not corruption. The tolerance is
+    the ``quantile`` (nearest rank) of the gaps (a high quantile, not the maximum: one corrupted
+    solo position must not open the gate for everything), never below ``threshold`` (the
+    dtype-derived near-tie threshold). With fewer than ``min_samples`` gaps, or on a float32
+    engine (where the rounding bound, not a measurement, applies), the tolerance is
+    ``threshold``. Source: vLLM's own accuracy tests bound half-precision differences by a
+    tolerance calibrated on measurements (tests/models/utils.py ``check_logprobs_close``: the
+    other side's token must be in the top-k rather than equal), issue 24 item 3.
+    """
+    gaps = sorted(float(g) for g in gaps if g is not None and g > 0)
+    info: dict[str, Any] = {"dtype": normalize_dtype(dtype), "threshold_nats": threshold,
+                            "samples": len(gaps), "quantile": quantile,
+                            "max_gap_nats": round(gaps[-1], 6) if gaps else None}
+    if not is_half_precision(dtype):
+        info["source"] = "serving dtype is not half precision: the near-tie threshold applies"
+        return threshold, {**info, "tolerance_nats": threshold}
+    if len(gaps) < min_samples:
+        info["source"] = (f"{len(gaps)} golden gap(s) in the solo references (fewer than "
+                          f"{min_samples}): the dtype threshold applies")
+        return threshold, {**info, "tolerance_nats": threshold}
+    rank = max(0, min(len(gaps) - 1, int(-(-quantile * len(gaps) // 1)) - 1))
+    q = gaps[rank]
+    tol = max(threshold, round(q, 6))
+    info["source"] = (f"{quantile:g} quantile of {len(gaps)} golden gaps where the engine's solo "
+                      f"references differ from the golden top-1 ({q:.4f} nats)"
+                      + ("" if q > threshold else "; below the dtype threshold, which applies"))
+    return tol, {**info, "quantile_gap_nats": round(q, 6), "tolerance_nats": tol}
+
+
+def solo_gaps(forced: Sequence[Sequence[Any]], tokens: Sequence[int]) -> list[float]:
+    """The golden gaps of one teacher-forced output: ``forced[i] = (lp of tokens[i], golden top-1
+    id, lp of top-1)`` (:meth:`pleharness.golden.GoldenModel.force`); a gap where the top-1 is not
+    the engine's token."""
+    return [float(f[2]) - float(f[0]) for f, t in zip(forced, tokens) if int(f[1]) != int(t)]

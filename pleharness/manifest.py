@@ -74,6 +74,33 @@ class ControlEvidence(_SetFieldsOnly):
     twin_first_divergences: list[int] = Field(default_factory=list)  # their first positions
 
 
+CorruptSide = Literal["reference", "load", "undecided"]
+
+
+class SideEvidence(_SetFieldsOnly):
+    """Which side of a divergence is wrong, and why (:func:`pleharness.divergence.golden_side`,
+    :func:`pleharness.divergence.majority_side`). ``reference_run`` / ``observed_run``: request IDs
+    of the run the reference came from (None when it came from elsewhere: golden, another engine,
+    a manifest) and of the compared run. ``method``: golden (teacher-forced logprobs of both
+    tokens, nats) | majority (votes over every run of the same prompt, sampling and max_tokens in
+    the run, control twins included; ``voters``: output hash prefix -> run IDs) | none."""
+
+    method: str = "none"
+    reference_run: str | None = None
+    reference_source: str | None = None
+    observed_run: str | None = None
+    observed_role: str | None = None  # load | reference | warmup (the compared run's phase role)
+    golden_logprob_reference: float | None = None
+    golden_logprob_observed: float | None = None
+    tolerance_nats: float | None = None
+    votes_reference: int | None = None
+    votes_observed: int | None = None
+    votes_total: int | None = None
+    voters: dict[str, list[str]] | None = None
+    judged_against: str | None = None  # after a corrupt reference: what the run was re-judged by
+    detail: str = ""
+
+
 class Divergence(_SetFieldsOnly):
     """Evidence and class of one output's first divergence from its reference
     (:func:`pleharness.divergence.analyse`; positions are 0-based output-token indices, margins
@@ -102,6 +129,10 @@ class Divergence(_SetFieldsOnly):
     fails: bool
     attribution: Attribution | None = None  # set by a control run
     control_evidence: ControlEvidence | None = None
+    golden_tolerance_nats: float | None = None  # half precision: the measured golden tolerance
+    reclassified: str | None = None  # why the class was changed after the fact (control run)
+    corrupt_side: CorruptSide | None = None  # which side is wrong (None: not judged yet)
+    side_evidence: SideEvidence | None = None
 
 
 class RequestRecord(BaseModel):
@@ -155,8 +186,9 @@ class RequestRecord(BaseModel):
     @property
     def tolerated(self) -> bool:
         """Its output differs from the reference, but the divergence is a warning (a near tie,
-        or also in the control run), not a failure."""
-        return self.divergence is not None and not self.divergence.fails
+        or also in the control run), not a failure. A run re-judged equal to the output that
+        replaced a corrupt reference (``match`` True) is no longer a divergence here."""
+        return self.divergence is not None and not self.divergence.fails and self.match is False
 
     @property
     def parity_failed(self) -> bool:
@@ -218,6 +250,8 @@ class ReferenceRecord(BaseModel):
     cold_output_hash: str | None = None  # for a warm reference: the first run's hash
     temperature: float = 0.0  # sampling of the reference request (0: greedy)
     seed: int | None = None  # per-request seed of a sampled reference
+    request_id: str | None = None  # the run (request record) this reference is the output of
+    replaces: str | None = None  # this reference replaced a corrupt one: which run, and why
 
 
 class Manifest(BaseModel):

@@ -208,9 +208,14 @@ def run_stress(cfg: StressConfig, console: Console | None = None,
                                    golden=golden, reference_mode=cfg.reference_mode,
                                    references=references)
                     _run_suite(ctx, scenarios, cfg.repeat)
+                    ctx.finish_judgement()  # half precision: the measured golden tolerance
+                control = None
                 if cfg.control:
                     run.stop(eng)  # one engine at a time (one GPU)
-                    _control_pass(run, scenarios, eng.facts, target)
+                    control = _control_pass(run, scenarios, eng.facts, target)
+                from .runner import judge_sides
+                judge_sides(run.manifest, control)  # which side of each divergence is wrong
+                run.save()
                 run.manifest.status = "complete"
                 code = _verdict(run.manifest)
             except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - mapped in one place
@@ -440,12 +445,14 @@ def _context(cfg: StressConfig, eng: Engine, manifest: Manifest, mpath: Path, fa
     """The run context of one engine (under test, reference or control), complete: options
     from ``cfg`` (``options`` overrides, e.g. collect_only), the near-tie threshold from the
     serving dtype (recorded in ``run_options``), every registered check."""
-    from .divergence import near_tie_threshold
+    from .divergence import near_tie_threshold, normalize_dtype
     nats, why = near_tie_threshold(facts.get("dtype"), cfg.near_tie_nats)
     manifest.run_options["near_tie_nats"] = nats
     manifest.run_options["near_tie_source"] = why
+    manifest.run_options["serving_dtype"] = normalize_dtype(facts.get("dtype"))
     opts = RunOptions(on_timeout=cfg.on_timeout, logprobs=cfg.logprobs or None,
                       near_tie_nats=nats, strict=cfg.strict,
+                      serving_dtype=normalize_dtype(facts.get("dtype")),
                       reference_cache_state=cfg.reference_cache_state, **options)
     return RunContext(eng.client, manifest, mpath, facts, progress.console,
                       eng.server, progress, options=opts, golden=golden,
@@ -487,7 +494,8 @@ def _reference_pass(run: _Run, scenarios: list[Scenario], target: Target) -> dic
         return dict(ctx.references)
 
 
-def _control_pass(run: _Run, scenarios: list[Scenario], facts, target: Target) -> None:
+def _control_pass(run: _Run, scenarios: list[Scenario], facts, target: Target
+                  ) -> Manifest | None:
     """Control run (:mod:`pleharness.attribution`): launch the control configuration (the engine
     under test's arguments without ``--control-drop-arg`` flags plus ``--control-engine-arg``
     values, or ``--control-profile``'s arguments and environment), run the same suite with the
@@ -495,7 +503,8 @@ def _control_pass(run: _Run, scenarios: list[Scenario], facts, target: Target) -
     in ``control-manifest.json``, stop it, and classify every divergence of the engine under test
     as also_in_control / only_under_test. A control engine that fails is recorded
     (``engine.control_engine.error``) and leaves the divergences unattributed: they keep failing
-    under the plain policy."""
+    under the plain policy. Returns the control manifest (None when its engine failed to
+    start), whose runs also vote on which side of a divergence is wrong."""
     from .attribution import attribute, control_args
     from .profile import load_profile
     cfg, manifest = run.cfg, run.manifest
@@ -523,7 +532,7 @@ def _control_pass(run: _Run, scenarios: list[Scenario], facts, target: Target) -
             rec["error"] = f"{exc.args[0] if exc.args else exc}; root cause: {exc.root_cause}"
             run.console.print(f"[yellow]warning:[/yellow] control engine failed, divergences "
                               f"stay unattributed: {esc(rec['error'])}")
-            return
+            return None
         stack.callback(lambda: (setattr(cm, "ended_at", now_iso()), write_manifest(cpath, cm)))
         try:
             rec.update(eng.record())
@@ -541,6 +550,7 @@ def _control_pass(run: _Run, scenarios: list[Scenario], facts, target: Target) -
     manifest.summary.update(counts)
     rec["attribution"] = counts
     run.save()
+    return cm
 
 
 def _write_reports(m: Manifest, run_dir: Path) -> None:

@@ -178,6 +178,15 @@ class GoldenModel:
         return ({int(k): float(v) for k, v in ans["logprobs"].items()},
                 [(int(a), float(b)) for a, b in ans["top"]])
 
+    def force(self, prompt: list[int], tokens: list[int]) -> list[tuple[float, int, float]]:
+        """Teacher-force a whole continuation: per token of ``tokens`` (after ``prompt``),
+        (golden logprob of that token, golden top-1 id, golden logprob of the top-1), nats.
+        Raises GoldenError."""
+        if not tokens:
+            return []
+        ans = self._ask({"op": "force", "prompt": list(prompt), "tokens": list(tokens)})
+        return [(float(a), int(b), float(c)) for a, b, c in ans["forced"]]
+
     def close(self) -> None:
         """Stop the worker (closing its stdin ends it; killed after 10 s)."""
         p, self.proc = self.proc, None

@@ -14,6 +14,9 @@ request per line on stdin with one JSON line on stdout (protocol: :mod:`pleharne
 - ``{"op": "score", "prompt": [ids], "prefix": [ids], "tokens": [ids], "top_k": k}`` ->
   ``{"logprobs": {id: logprob}, "top": [[id, logprob], ...]}``: teacher forcing: the distribution
   of the next token after prompt + prefix.
+- ``{"op": "force", "prompt": [ids], "tokens": [ids]}`` -> ``{"forced": [[lp of tokens[i], top-1
+  id, lp of top-1], ... per token]}``: a whole continuation teacher-forced in one pass (the
+  half-precision noise floor, :func:`pleharness.divergence.noise_floor`).
 
 The approach follows vLLM's own model tests (tests/models/utils.py ``check_outputs_equal`` /
 ``check_logprobs_close``: transformers as the independent implementation, greedy, top-k logprobs).
@@ -72,6 +75,14 @@ def main(argv: list[str]) -> int:
                 lp, t = top(model(input_ids=ids).logits[0, -1], k)
                 ans = {"logprobs": {str(int(x)): float(lp[int(x)]) for x in req["tokens"]
                                     if 0 <= int(x) < lp.shape[-1]}, "top": t}
+            elif req["op"] == "force":
+                prompt, cont = list(req["prompt"]), list(req["tokens"])
+                ids = torch.tensor([prompt + cont], dtype=torch.long)
+                lp = torch.log_softmax(model(input_ids=ids).logits[0].float(), dim=-1)
+                rows = lp[len(prompt) - 1: len(prompt) - 1 + len(cont)]
+                best = torch.max(rows, dim=-1)
+                ans = {"forced": [[float(rows[i, t]), int(best.indices[i]), float(best.values[i])]
+                                  for i, t in enumerate(cont)]}
             else:
                 ans = {"error": f"unknown op {req.get('op')!r}"}
         except Exception as exc:  # noqa: BLE001 - answered, the worker keeps serving

@@ -34,7 +34,12 @@ def to_junit(m: Manifest) -> str:
                     [f"{c.name}: {c.detail}" for c in r.failed_checks])
                     for r in reqs_by_phase[p.name] if r.is_problem]
                 ev += [f"{c.name}: {c.detail}" for c in p.checks if c.status == "fail"]
-                f = ET.SubElement(tc, "failure", message=p.reason or "phase failed")
+                corrupt = [f"{r.id} {r.prompt_key}: corrupt reference: {c.detail}"
+                           for r in reqs_by_phase[p.name] for c in r.failed_checks
+                           if c.name == "corrupt_reference"]
+                ev = corrupt + ev  # the corrupt request first
+                f = ET.SubElement(tc, "failure", message=(corrupt[0] if corrupt else
+                                                          p.reason or "phase failed"))
                 f.text = "\n".join(ev[:100])
             elif p.status in ("not_run", "interrupted"):
                 skips += 1

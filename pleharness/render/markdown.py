@@ -10,6 +10,21 @@ from ..summary import throughput_by_concurrency
 from .text import causes, headline, next_steps
 
 
+def _side(d) -> str:
+    """'reference (golden: -3.46 vs -0.06)' / 'load (majority 1 vs 5 of 6)' / 'undecided'."""
+    ev = d.side_evidence
+    if d.corrupt_side is None or ev is None:
+        return "-"
+    if ev.method == "golden" and ev.golden_logprob_reference is not None \
+            and ev.golden_logprob_observed is not None:
+        return (f"{d.corrupt_side} (golden lp reference {ev.golden_logprob_reference:.2f}, "
+                f"this run {ev.golden_logprob_observed:.2f})")
+    if ev.method == "majority" and ev.votes_total:
+        return (f"{d.corrupt_side} (runs: reference {ev.votes_reference}, this run "
+                f"{ev.votes_observed}, of {ev.votes_total})")
+    return d.corrupt_side
+
+
 def to_markdown(m: Manifest) -> str:
     """The "Test plan and result" section a maintainer pastes into a PR: the verdict and its
     causes first, then next steps (logs, tokens, the reproduce command), then the tables."""
@@ -45,6 +60,10 @@ def to_markdown(m: Manifest) -> str:
         lines.append(f"- near-tie threshold: {o['near_tie_nats']:g} nats "
                      f"({o.get('near_tie_source', 'given')}); reference: {o.get('reference')}; "
                      f"golden classifier: {o.get('golden_classifier', 'n/a')}")
+    gt = o.get("golden_tolerance")
+    if gt:
+        lines.append(f"- golden tolerance (half precision): {gt.get('tolerance_nats')} nats "
+                     f"({gt.get('source')})")
     facts = ", ".join(f"{k}={v['value']}" for k, v in m.facts.items() if v.get("value") is not None)
     if facts:
         lines.append(f"- facts: {facts}")
@@ -79,7 +98,8 @@ def to_markdown(m: Manifest) -> str:
     if div:
         lines += ["", "### Divergences", "", "| request | phase | prompt | position | class | "
                   "classified by | reference margin (nats) | golden gap (nats) | reconverged | "
-                  "checks failed | control run |", "|---|---|---|---:|---|---|---:|---:|---|---|---|"]
+                  "checks failed | control run | corrupt side |",
+                  "|---|---|---|---:|---|---|---:|---:|---|---|---|---|"]
         for r in div:
             d = r.divergence
             mg = "-" if d.margin_nats is None else f"{d.margin_nats:.4f}"
@@ -87,7 +107,8 @@ def to_markdown(m: Manifest) -> str:
             lines.append(f"| {r.id} | {r.phase} | {r.prompt_key} | {d.position} | {d.cls}"
                          f"{'' if d.fails else ' (warning)'} | {d.classified_by or '-'} | "
                          f"{mg} | {gg} | {d.reconverged} | "
-                         f"{', '.join(d.checks_failed) or '-'} | {d.attribution or '-'} |")
+                         f"{', '.join(d.checks_failed) or '-'} | {d.attribution or '-'} | "
+                         f"{_side(d)} |")
     notes = [(r, c) for r in m.requests for c in r.checks if c.status == "note"]
     if notes:
         lines += ["", "### Model-behaviour notes (not failures)", ""]

@@ -14,9 +14,17 @@ def headline(m: Manifest) -> str:
     followed by every other kind of failure the verdict counts (check failures, request errors,
     divergences), so a FAIL never sits next to a line that reads like a pass."""
     s = m.summary
-    line = (f"{s.get('phases_completed', 0)}/{s.get('phases_planned', 0)} phases completed; "
+    lead = ""
+    for c in (s.get("corrupt_references") or [])[:3]:  # the corrupt request first
+        lead += f"corrupt reference: {c.get('evidence')}; "
+    line = lead + (f"{s.get('phases_completed', 0)}/{s.get('phases_planned', 0)} phases completed; "
             f"{s.get('hashes_matched', 0)}/{s.get('hashes_compared', 0)} token hashes matched "
             "their single-request references")
+    if s.get("corrupt_references"):
+        line += (f"; {len(s['corrupt_references'])} corrupt reference(s) (later runs judged "
+                 "against " + ", ".join(sorted({c['method'] == 'golden' and 'the golden '
+                                                'continuation' or 'the majority output'
+                                                for c in s['corrupt_references']})) + ")")
     if s.get("near_ties"):
         line += f"; {s['near_ties']} near-tie divergence(s) (warnings)"
     if s.get("hard_divergences"):
@@ -97,7 +105,13 @@ def _failing_divergence(r: RequestRecord) -> str | None:
                 g = f"gap {gap:.3f} nats" + (f" (threshold {d.threshold_nats:g})"
                                              if d.threshold_nats is not None else "")
             margin = f"golden model: {g}; {margin}"
-        return (f"parity: {_where(r)} differs from its reference at token position "
+        side = ""
+        if d.corrupt_side == "load":
+            from ..runner import side_sentence
+            side = side_sentence(d, r.prompt_key) + "; "
+        elif d.corrupt_side == "undecided" and d.side_evidence is not None:
+            side = f"undecided which side is wrong ({d.side_evidence.detail}); "
+        return (f"parity: {side}{_where(r)} differs from its reference at token position "
                 f"{d.position} ({d.cls}: {margin}; expected token "
                 f"{d.reference_token}, got {d.observed_token})")
     if r.match is False and not r.error:
@@ -119,6 +133,10 @@ def causes(m: Manifest, limit: int = 8) -> list[str]:
         out.append(line)
         if m.root_cause:
             out.append(f"root cause (engine log): {m.root_cause}")
+    for r in m.requests:  # a corrupt reference: the corrupt request first
+        for c in r.failed_checks:
+            if c.name == "corrupt_reference":
+                out.append(f"corrupt reference: {c.detail} ({_where(r)})")
     divs = [x for x in (_failing_divergence(r) for r in m.requests) if x]
     out += divs[:limit]
     if len(divs) > limit:
@@ -131,7 +149,7 @@ def causes(m: Manifest, limit: int = 8) -> list[str]:
     by_check: dict[str, list[tuple[RequestRecord, str]]] = defaultdict(list)
     for r in m.requests:
         for c in r.failed_checks:
-            if c.name != "parity":
+            if c.name not in ("parity", "corrupt_reference"):
                 by_check[c.name].append((r, c.detail))
     for name, items in sorted(by_check.items(), key=lambda kv: -len(kv[1])):
         r, detail = items[0]
