@@ -453,8 +453,14 @@ def test_seeded_samples_reproduce_and_a_reseeded_one_fails(cpu_engine_plain, tmp
     # flight gets another sample (the proxy changes its seed) and the run fails, naming it
     facts = ["--block-size", str(B), "--chunk-size", str(C), "--num-speculative-tokens", "0"]
     args = ["--scenario", "transitions", "--ladder", "4,3,2,1", "--repeats", "1"]
-    r, out, m = stress_via(cpu_engine_plain.url, tmp_path, "seeds-clean", *args, facts=facts)
+    r, out, m = stress_via(cpu_engine_plain.url, tmp_path, "seeds-clean", *args,
+                           "--engine-probe", facts=facts)
     assert r.returncode == 0, out[-3000:]
+    # issue 24 item 4: the engine probe measured that seeds reproduce alone, and that decided
+    p = m["engine_probe"]
+    assert p["status"] == "measured" and p["seeded_samples_reproduce"] is True
+    assert all(len(set(e["output_hashes"])) == 1 and e["first_divergence"] is None
+               for e in p["evidence"]["seeded_samples"]["prompts"])
     seeded = [q for q in m["requests"] if "seeded sample" in (q["note"] or "")
               and q["phase"].startswith("r1-")]
     cs = {q["concurrency"] for q in seeded}

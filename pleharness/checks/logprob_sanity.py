@@ -23,6 +23,9 @@ When logprobs were requested, at every output position:
 Params: ``tol`` (default 1e-4 nats), ``greedy_tol_nats`` (default 1e-3). Skipped when the request
 asked for no logprobs. A near-tie margin must never be taken from sentinel entries:
 :func:`real_logprob` is the predicate ``pleharness.divergence.margins`` uses.
+
+Kind: **absolute** (the engine's contract): a softmax over real logits gives finite logprobs <= 0
+whatever the model; a violation always fails, whatever the reference shows.
 """
 from __future__ import annotations
 
