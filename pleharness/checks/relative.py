@@ -76,7 +76,11 @@ def _judge_output(ctx, spec) -> tuple[list[int] | None, str, str | None]:
     from ..golden import GoldenError
     try:
         g = golden.generate(list(spec.prompt.ids), spec.max_tokens)
-    except GoldenError as exc:
+    except GoldenError as exc:  # recorded once, as the runner does: not asked again
+        ctx.golden_error = str(exc)
+        m = getattr(ctx, "manifest", None)
+        if m is not None:
+            m.run_options["golden_classifier_error"] = ctx.golden_error
         return None, "golden model", f"the golden model failed: {exc}"
     return list(g.ids), "golden model", None
 
