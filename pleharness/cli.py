@@ -278,6 +278,12 @@ GoldenOpt = Annotated[bool, typer.Option(rich_help_panel=P_REF,
     help="Classify each divergence with the golden model (transformers float32, started on "
          "the first divergence) when the model is a local folder that fits in memory: "
          "teacher-forced logprobs decide near tie vs hard.")]
+EngineProbeOpt = Annotated[bool, typer.Option(rich_help_panel=P_REF,
+    envvar="PLE_HARNESS_ENGINE_PROBE", show_envvar=True,
+    help="Measure the engine first with a few solo requests (seeded samples reproduce alone, "
+         "greedy outputs repeat alone, warm run = cold run; manifest section engine_probe) and "
+         "choose the seeded sampled requests from what was measured; off: from the "
+         "configuration (only without speculative decoding).")]
 ResultsDirOpt = Annotated[str, typer.Option(rich_help_panel=P_OUT,
     help="Where run folders are created.")]
 RunIdOpt = Annotated[Optional[str], typer.Option(rich_help_panel=P_OUT,
@@ -321,7 +327,7 @@ def _engine_config(ctx: typer.Context, o: dict) -> dict:
                         if o[name] is not None},
         profile=str(profile_path) if profile_path else None, api_key=api_key,
         near_tie_nats=o["near_tie_nats"], strict=o["strict"], golden=o["golden"],
-        results_dir=Path(o["results_dir"]), run_id=o["run_id"],
+        engine_probe=o["engine_probe"], results_dir=Path(o["results_dir"]), run_id=o["run_id"],
         invocation=_program() + sys.argv[1:])
 
 
@@ -387,6 +393,7 @@ def stress(
              "engine_args and env apply (model, python, tp, host: the engine under test's, with a "
              "warning).")] = None,
     golden: GoldenOpt = True,
+    engine_probe: EngineProbeOpt = True,
     golden_model: Annotated[Optional[str], typer.Option(rich_help_panel=P_REF,
         help="Model folder for the golden model when attaching with --url (default: the served "
              "model's root, when it is a local folder).")] = None,
@@ -530,6 +537,7 @@ def fuzz(
     near_tie_nats: NearTieOpt = None,
     strict: StrictOpt = False,
     golden: GoldenOpt = True,
+    engine_probe: EngineProbeOpt = True,
     request_timeout: Annotated[float, typer.Option(min=0.1, max=604800, rich_help_panel=P_TIME,
         help="Longest a whole request may take, seconds.")] = 600.0,
     results_dir: ResultsDirOpt = "results",

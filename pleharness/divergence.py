@@ -76,14 +76,16 @@ def margins(top_logprobs: Sequence[dict] | None) -> list[float | None] | None:
 
     Sentinel entries (-9999.0, vLLM's rendering of -inf) and non-finite ones are no candidates: a
     margin taken from them would be huge and call any divergence "hard" (or, between two
-    sentinels, 0 and call it a near tie)."""
-    from .checks.logprob_sanity import sane_top_logprobs
+    sentinels, 0 and call it a near tie). Candidates are ranked by value, never by their key
+    order in the response (:func:`pleharness.checks.logprob_sanity.ranked`: JSON objects are
+    unordered)."""
+    from .checks.logprob_sanity import ranked
 
     if top_logprobs is None:
         return None
     out: list[float | None] = []
     for top in top_logprobs:
-        vals = sorted(sane_top_logprobs(top).values(), reverse=True)
+        vals = [v for _, v in ranked(top)]
         out.append(round(vals[0] - vals[1], 6) if len(vals) >= 2 else None)
     return out
 

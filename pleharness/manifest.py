@@ -280,6 +280,8 @@ class Manifest(BaseModel):
     run_options: dict[str, Any] = Field(default_factory=dict)
     engine: dict[str, Any] = Field(default_factory=dict)
     facts: dict[str, Any] = Field(default_factory=dict)
+    # what the engine probe measured at the start of the run (pleharness.engine_probe)
+    engine_probe: dict[str, Any] = Field(default_factory=dict)
     environment: dict[str, Any] = Field(default_factory=dict)
     scenarios: list[dict[str, Any]] = Field(default_factory=list)
     references: list[ReferenceRecord] = Field(default_factory=list)

@@ -78,6 +78,7 @@ class StressConfig:
     golden: bool = True  # classify divergences with the golden model when one can be built
     golden_model: str | None = None  # model folder for the golden model (default: the served one)
     control_engine_args: list[str] = field(default_factory=list)  # appended to the engine's args
+    engine_probe: bool = True  # measure the engine first (pleharness.engine_probe)
     control_drop_args: list[str] = field(default_factory=list)  # flags removed from them
     control_profile: str | None = None  # or: the control's own engine profile (args and env)
     strict: bool = False
@@ -207,6 +208,7 @@ def run_stress(cfg: StressConfig, console: Console | None = None,
                     ctx = _context(cfg, eng, run.manifest, run.mpath, eng.facts, progress,
                                    golden=golden, reference_mode=cfg.reference_mode,
                                    references=references)
+                    _probe_engine(run, ctx)
                     _run_suite(ctx, scenarios, cfg.repeat)
                     ctx.finish_judgement()  # half precision: the measured golden tolerance
                 control = None
@@ -459,6 +461,35 @@ def _context(cfg: StressConfig, eng: Engine, manifest: Manifest, mpath: Path, fa
                       references=references if opts.reference_mode != "solo" else None)
 
 
+def _probe_engine(run: "_Run", ctx: RunContext) -> None:
+    """Measure the engine under test before the suite (:mod:`pleharness.engine_probe`) into the
+    manifest's ``engine_probe`` section, which the scenarios read to choose their requests;
+    ``--no-engine-probe``, or references taken on another engine (``--reference engine``,
+    whose requests were chosen before this engine was up), leave it unmeasured."""
+    from .engine_probe import run_probe
+    m = run.manifest
+    if not run.cfg.engine_probe:
+        m.engine_probe = {"status": "off (--no-engine-probe)"}
+    elif run.cfg.reference_mode == "engine":
+        m.engine_probe = {"status": "not run: --reference engine chose the requests on the "
+                                    "reference engine, before this engine was up"}
+    else:
+        m.engine_probe = run_probe(ctx)
+        p = m.engine_probe
+        run.console.print(
+            f"engine probe ({p['requests']} solo requests, {p['wall_s']:.1f} s): seeded samples "
+            f"reproduce {_yn(p['seeded_samples_reproduce'])}, greedy outputs repeat "
+            f"{_yn(p['greedy_repeats'])}, warm = cold {_yn(p['warm_equals_cold'])}",
+            highlight=False)
+        for w in p["warnings"]:
+            run.console.print(f"[yellow]warning:[/yellow] engine probe: {esc(w)}")
+    ctx.save()
+
+
+def _yn(v) -> str:
+    return {True: "yes", False: "NO", None: "unknown"}[v]
+
+
 def _run_suite(ctx: RunContext, scenarios: list[Scenario], repeat: int) -> None:
     """Every scenario in order, ``repeat`` times on the same engine (references are taken once)."""
     for rep in range(1, repeat + 1):
@@ -522,7 +553,10 @@ def _control_pass(run: _Run, scenarios: list[Scenario], facts, target: Target
         "added": list(cfg.control_engine_args), "profile": cfg.control_profile}
     cm = Manifest(run_id=manifest.run_id + "-control", harness=manifest.harness,
                   invocation=manifest.invocation, scenarios=manifest.scenarios,
-                  run_options={**manifest.run_options, "role": "control run"})
+                  run_options={**manifest.run_options, "role": "control run"},
+                  # the engine under test's probe: the control replays the identical schedule
+                  engine_probe={**manifest.engine_probe, "measured_on": "the engine under test"}
+                  if manifest.engine_probe else {})
     cpath = run.run_dir / "control-manifest.json"
     with contextlib.ExitStack() as stack:
         try:

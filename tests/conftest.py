@@ -10,10 +10,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def run_cli(*args: str, timeout: float = 900, env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run ``ple-harness ARGS`` with this interpreter; output captured as text."""
+    """Run ``ple-harness ARGS`` with this interpreter; output captured as text. The engine probe
+    (pleharness/engine_probe.py) is off unless a test passes ``--engine-probe`` (or sets
+    PLE_HARNESS_ENGINE_PROBE): its solo requests would shift the request numbers and prompt
+    occurrences that the engine doubles pick their faults by."""
     return subprocess.run([sys.executable, "-m", "pleharness", *args], capture_output=True,
-                          text=True, timeout=timeout, cwd=ROOT, env={**os.environ, **(env or {}),
-                                                                      "COLUMNS": "200"})
+                          text=True, timeout=timeout, cwd=ROOT,
+                          env={**os.environ, "PLE_HARNESS_ENGINE_PROBE": "0", **(env or {}),
+                               "COLUMNS": "200"})
 
 
 def load_json(path: Path) -> dict:

@@ -152,6 +152,7 @@ def test_sigterm_during_a_hung_request(tmp_path):
     with FakeEngine(behave) as eng:
         proc = subprocess.Popen([sys.executable, "-m", "pleharness", "stress", "--url", eng.url,
                                  "--results-dir", str(tmp_path), "--run-id", "term", *ARGS[:-4],
+                                 "--no-engine-probe",
                                  "--first-token-timeout", "60"], cwd=ROOT,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         end = time.monotonic() + 60

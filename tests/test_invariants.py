@@ -68,9 +68,18 @@ def test_sentinel_entries_fail_and_name_the_position():
         assert r.status == "fail" and "position 0" in r.detail, bad
 
 
-def test_unsorted_top_candidates_fail():
-    r = run("logprob_sanity", comp([5], [{5: -0.1, 9: -3.0, 4: -1.0}], [-0.1]), spec(1))
-    assert r.status == "fail" and "not sorted" in r.detail and "token 4" in r.detail
+def test_top_candidates_are_ranked_by_value_not_by_key_order():
+    # issue 24: JSON objects are unordered; a proxy that reorders keys changes nothing
+    for top in ({5: -0.1, 9: -3.0, 4: -1.0}, {9: -3.0, 4: -1.0, 5: -0.1}, {4: -1.0, 5: -0.1}):
+        r = run("logprob_sanity", comp([5], [top], [-0.1]), spec(1))
+        assert r.status == "pass", (top, r.detail)
+    # reordered keys hide no rule: greedy top-1 by value, sentinels, the emitted token's entry
+    r = run("logprob_sanity", comp([5], [{9: -0.2, 5: -2.0}], [-2.0]), spec(1))
+    assert r.status == "fail" and "greedy but emitted token 5 (-2.0000) is not top-1 (-0.2000)" \
+        in r.detail
+    r = run("logprob_sanity", comp([5], [{0: -9999.0, 5: -0.1}], [-0.1]), spec(1))
+    assert r.status == "fail" and "sentinel" in r.detail
+    assert margins([{9: -3.0, 4: -1.0, 5: -0.1}, {4: -1.0, 5: -0.1, 9: -3.0}]) == [0.9, 0.9]
 
 
 def test_emitted_token_logprob_must_equal_its_entry_and_be_listed():
@@ -444,8 +453,14 @@ def test_seeded_samples_reproduce_and_a_reseeded_one_fails(cpu_engine_plain, tmp
     # flight gets another sample (the proxy changes its seed) and the run fails, naming it
     facts = ["--block-size", str(B), "--chunk-size", str(C), "--num-speculative-tokens", "0"]
     args = ["--scenario", "transitions", "--ladder", "4,3,2,1", "--repeats", "1"]
-    r, out, m = stress_via(cpu_engine_plain.url, tmp_path, "seeds-clean", *args, facts=facts)
+    r, out, m = stress_via(cpu_engine_plain.url, tmp_path, "seeds-clean", *args,
+                           "--engine-probe", facts=facts)
     assert r.returncode == 0, out[-3000:]
+    # issue 24 item 4: the engine probe measured that seeds reproduce alone, and that decided
+    p = m["engine_probe"]
+    assert p["status"] == "measured" and p["seeded_samples_reproduce"] is True
+    assert all(len(set(e["output_hashes"])) == 1 and e["first_divergence"] is None
+               for e in p["evidence"]["seeded_samples"]["prompts"])
     seeded = [q for q in m["requests"] if "seeded sample" in (q["note"] or "")
               and q["phase"].startswith("r1-")]
     cs = {q["concurrency"] for q in seeded}

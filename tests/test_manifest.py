@@ -199,6 +199,7 @@ def test_killed_run_leaves_readable_records(tmp_path):
     with FakeEngine(lambda k, body: "never" if k == 22 else None) as eng:
         proc = subprocess.Popen([sys.executable, "-m", "pleharness", "stress", "--url", eng.url,
                                  "--results-dir", str(tmp_path), "--run-id", "killed", *RUN_ARGS,
+                                 "--no-engine-probe",
                                  "--first-token-timeout", "60"], cwd=ROOT,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         end = time.monotonic() + 90

@@ -5,6 +5,12 @@ states exactly what it asserts. ``ctx`` is the :class:`pleharness.runner.RunCont
 references), ``spec`` the :class:`pleharness.runner.RequestSpec`, ``completion`` the
 :class:`pleharness.engine.client.Completion`, ``params`` the check's parameters from the scenario.
 A check that cannot run returns status ``skip`` with the reason; it never passes silently.
+
+Each check is of one of two kinds (its ``kind`` attribute; its docstring says which):
+``absolute`` checks assert the engine's contract and always fail on a violation; ``relative``
+checks assert model behaviour and fail only when the reference passes them
+(:mod:`pleharness.checks.relative`; ``degeneration`` applies its own rules). Register one with
+``@register(name, kind="relative")``.
 """
 from __future__ import annotations
 
@@ -19,11 +25,22 @@ DEFAULT_PHASE_CHECKS = ("health_after_phase",)
 
 
 def _registrar(registry: dict[str, Callable]):
-    def register_as(name: str):
+    def register_as(name: str, kind: str = "absolute", own_rules: bool = False):
+        """Register ``fn`` as check ``name`` of ``kind``: ``absolute`` (the engine's contract:
+        a violation always fails) or ``relative`` (model behaviour: a failure is judged by the
+        reference, :mod:`pleharness.checks.relative`, unless ``own_rules``: the check judges
+        against the reference itself, as ``degeneration`` does). Raises ValueError for another
+        kind."""
+        from .relative import KINDS, RELATIVE, relative
+        if kind not in KINDS:
+            raise ValueError(f"check {name}: kind must be one of {KINDS}, not {kind!r}")
+
         def deco(fn):
-            registry[name] = fn
-            fn.check_name = name
-            return fn
+            wrapped = relative(fn) if kind == RELATIVE and not own_rules else fn
+            registry[name] = wrapped
+            wrapped.check_name = name
+            wrapped.kind = kind
+            return wrapped
         return deco
     return register_as
 

@@ -4,12 +4,16 @@ For a prompt "Count from 1 to N.": the whitespace-separated words of the output 
 with "1" ... "N" (``n`` param; default: as many numbers as fit in the output, at least 1). Words
 after N are ignored (the embedded model keeps counting when ``ignore_eos`` is on). On failure the
 first wrong position and word are reported.
+
+Kind: **relative** (model behaviour, :mod:`pleharness.checks.relative`): a load request fails only
+when its reference passes the same check; a reference or warm-up run only when the golden model's
+output passes it; otherwise the miss is a model-behaviour ``note`` (a model that does not count).
 """
 from ..manifest import CheckResult
 from . import register
 
 
-@register("counting")
+@register("counting", kind="relative")
 def check(ctx, spec, c, params) -> CheckResult:
     """The output text's first N words are "1" .. "N" (``params["n"]``; default: as many as the
     output holds). Returns pass, fail (an empty output, or the first wrong or missing word) or

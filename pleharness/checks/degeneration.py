@@ -22,6 +22,9 @@ Who judges a pattern (the verdict depends on the engine under test, never on the
 
 Runs and loops made only of EOS (``eos_token_id`` fact, from config.json) are not reported: with
 ``ignore_eos`` a model often repeats EOS itself.
+
+Kind: **relative** with its own rules (below; not :mod:`pleharness.checks.relative`'s generic
+judge), except the token-0 rule, which is absolute.
 """
 from ..manifest import CheckResult
 from . import register
@@ -73,7 +76,7 @@ def longest_loop(ids: list[int], n: int, ignore: frozenset = frozenset()) -> tup
     return best
 
 
-@register("degeneration")
+@register("degeneration", kind="relative", own_rules=True)
 def check(ctx, spec, c, params) -> CheckResult:
     """Pass, note (model behaviour) or fail for one output; see the module docstring.
 

@@ -3,6 +3,12 @@
 Params: ``regex`` (searched with re.match from the start, e.g. ``^\\s*OK`` for "Reply with OK.") or
 ``exact`` (compared with the stripped text). Text is decoded by the engine (display and this check
 only; parity always uses token IDs).
+
+Kind: **relative** (model behaviour, :mod:`pleharness.checks.relative`): a load request fails only
+when its reference passes the same check; a reference or warm-up run only when the golden model's
+output passes it; otherwise the miss is a model-behaviour ``note``. Example: a random-weight model
+answers "Reply with OK." with ``' checkmberFd 290hunk'`` in its solo reference and under load
+alike: a note, not a failure; the same model answering OK alone and ``' #'`` under load: a failure.
 """
 import re
 
@@ -10,7 +16,7 @@ from ..manifest import CheckResult
 from . import register
 
 
-@register("expected_text")
+@register("expected_text", kind="relative")
 def check(ctx, spec, c, params) -> CheckResult:
     """The output text matches ``params["regex"]`` (re.match from the start) or, stripped,
     equals ``params["exact"]``. Returns pass, fail (the text, shortened) or skip (the request

@@ -2,6 +2,8 @@
 
 A request that kills the engine core (e.g. an unsupported attention shape, shared/ENGINE_NOTES.md)
 often leaves the HTTP front end up for a moment; this catches it at the phase where it happened.
+
+Kind: **absolute** (the engine's contract).
 """
 from ..manifest import CheckResult
 from . import register_phase

@@ -8,8 +8,13 @@ When logprobs were requested, at every output position:
    clamps with ``max(logprob, -9999.0)``); a NaN/inf/-9999 entry means a NaN/-inf logit row or
    top-k taken from a corrupted or masked row (the bug pattern: one real entry, then -9999.0 on
    token ids 0, 1, 2, ...: the top-k of a row that is -inf everywhere else);
-2. the top candidates are sorted by logprob, best first (vLLM lists the emitted token first, then
-   the top-k in rank order; the emitted token is skipped when it is not one of the top-k);
+2. (no order rule) the candidates are ranked by value, never by their position in the response:
+   ``top_logprobs`` entries are JSON objects, which are unordered (RFC 8259, section 4: "An
+   object is an unordered collection of zero or more name/value pairs"), and gateways, proxies,
+   other servers and JSON libraries reorder keys; vLLM happens to list the emitted token first and
+   then the top-k best first, but nothing may depend on it (issue 24: a pass-through proxy that
+   reordered the keys, values unchanged, failed 162 clean requests). :func:`ranked` is the one
+   ranking every consumer uses (this check, ``pleharness.divergence.margins``);
 3. the emitted token is among the candidates and its ``token_logprobs`` value equals its
    candidate entry (within ``tol``);
 4. under greedy sampling (temperature 0) the emitted token is top-1: its logprob is at least the
@@ -18,6 +23,9 @@ When logprobs were requested, at every output position:
 Params: ``tol`` (default 1e-4 nats), ``greedy_tol_nats`` (default 1e-3). Skipped when the request
 asked for no logprobs. A near-tie margin must never be taken from sentinel entries:
 :func:`real_logprob` is the predicate ``pleharness.divergence.margins`` uses.
+
+Kind: **absolute** (the engine's contract): a softmax over real logits gives finite logprobs <= 0
+whatever the model; a violation always fails, whatever the reference shows.
 """
 from __future__ import annotations
 
@@ -43,25 +51,24 @@ def sane_top_logprobs(top: dict | None) -> dict:
     return {k: float(v) for k, v in (top or {}).items() if real_logprob(v)}
 
 
+def ranked(top: dict | None) -> list[tuple[int, float]]:
+    """``top``'s real entries (:func:`real_logprob`) as (token id, logprob) pairs, best first,
+    ties by token id: ranked by value, whatever the order of the keys in the response (module
+    docstring, item 2). Sentinel and non-finite entries are left out."""
+    return sorted(sane_top_logprobs(top).items(), key=lambda kv: (-kv[1], kv[0]))
+
+
 def problems_at(pos: int, top: dict, emitted: int | None, chosen_lp, greedy: bool, tol: float,
                 greedy_tol: float) -> list[str]:
-    """The rule violations at one output position (empty when sane)."""
+    """The rule violations at one output position (empty when sane): items 1, 3 and 4 of the
+    module docstring; the order of ``top``'s keys is never read (item 2)."""
     out = []
     bad = [(t, v) for t, v in top.items() if not real_logprob(v) or float(v) > tol]
     if bad:
         shown = ", ".join(f"{t}: {v}" for t, v in bad[:4])
         out.append(f"sentinel/non-finite logprob in top candidates at position {pos} ({shown})")
         return out
-    items = [(t, float(v)) for t, v in top.items()]
-    ranked = items
-    if emitted is not None and items and items[0][0] == emitted and len(items) >= 2 \
-            and items[0][1] < items[1][1] - tol:
-        ranked = items[1:]  # the emitted token listed first although it is not in the top-k
-    for (t1, v1), (t2, v2) in zip(ranked, ranked[1:]):
-        if v2 > v1 + tol:
-            out.append(f"top candidates not sorted at position {pos}: token {t2} ({v2:.4f}) "
-                       f"after token {t1} ({v1:.4f})")
-            break
+    items = ranked(top)
     if emitted is not None:
         if emitted not in top:
             out.append(f"emitted token {emitted} missing from its top candidates at position {pos}")
@@ -70,7 +77,7 @@ def problems_at(pos: int, top: dict, emitted: int | None, chosen_lp, greedy: boo
                                           or abs(float(chosen_lp) - float(top[emitted])) > tol):
                 out.append(f"emitted token {emitted} logprob {chosen_lp} != its candidate entry "
                            f"{top[emitted]} at position {pos}")
-            best = max(v for _, v in items)
+            best = items[0][1]
             if greedy and float(top[emitted]) < best - greedy_tol:
                 out.append(f"greedy but emitted token {emitted} ({float(top[emitted]):.4f}) is "
                            f"not top-1 ({best:.4f}) at position {pos}")

