@@ -98,11 +98,142 @@ def test_case_attribution_wording():
     c = Case(1, "p", 4, "C4", ["r1"], 5, {})
     assert c.attribution().startswith("not reproduced")
     c.minimal = "alone"
-    c.results = {"speculative decoding": {"vanishes": True}, "prefix caching": {"vanishes": False}}
-    assert c.attribution() == ("vanishes with speculative decoding: attributed to speculative "
-                               "decoding")
-    c.results["speculative decoding"]["vanishes"] = False
-    assert c.attribution() == "persists in every control: not explained"
+    c.results = {"speculative decoding": {"fails": False, "vanishes": True},
+                 "prefix caching": {"fails": True, "vanishes": False}}
+    assert c.attribution() == "needs speculative decoding; narrowest single change: " \
+                              "speculative decoding off; not involved: prefix caching"
+    c.results["speculative decoding"] = {"fails": True, "vanishes": False}
+    assert c.attribution() == ("persists in every control: not explained; not involved: "
+                               "speculative decoding, prefix caching")
+
+
+def gpu_manifest(k=3):
+    m = Manifest(run_id="g", facts={"num_speculative_tokens": {"value": k},
+                                    "prefix_caching": {"value": True},
+                                    "max_num_batched_tokens": {"value": 256},
+                                    "max_model_len": {"value": 1024},
+                                    "block_size": {"value": 32}})
+    m.engine = {"mode": "launched", "launch": {"engine_args": [
+        "--speculative-config", '{"method": "ngram", "num_speculative_tokens": %d}' % k]}}
+    m.environment = {"gpus": [{"name": "H200"}]}
+    return m
+
+
+def outcome(case, **fails):
+    """Constructed replay results: suspect name -> fails (True/False)."""
+    case.results = {n: {"fails": f, "vanishes": not f} for n, f in fails.items()}
+    return case
+
+
+def test_relations_and_narrowest_change():
+    from pleharness.explain import narrow_down
+    m = gpu_manifest()
+    sus = {s.name: s for s in suspects_for(m)}
+    assert sus["FULL CUDA graphs"].within == "CUDA graphs"
+    assert sus["FULL CUDA graphs"].feature == "CUDA graphs"
+    assert sus["FULL CUDA graphs"].change == "cudagraph_mode=PIECEWISE"
+    c = Case(1, "p", 4, "C4", ["r1"], 1, {}, minimal="alone", prompt_len=4)
+    # the issue-23 defect: needs speculative decoding AND FULL graphs; PIECEWISE is enough
+    outcome(c, **{"speculative decoding": False, "prefix caching": True, "chunked prefill": True,
+                  "CUDA graphs": False, "FULL CUDA graphs": False})
+    n = narrow_down(c, list(sus.values()))
+    assert [k["suspect"] for k in n["conditions"]] == ["speculative decoding", "FULL CUDA graphs"]
+    assert n["narrowest"] == ["FULL CUDA graphs"]
+    assert n["not_involved"] == ["prefix caching", "chunked prefill"]
+    assert n["interaction"] is None and n["inconsistent"] == []
+    assert n["summary"] == (
+        "needs speculative decoding AND FULL CUDA graphs (interaction; 2x2 both-off cell not "
+        "run); narrowest single change: cudagraph_mode=PIECEWISE; not involved: prefix caching, "
+        "chunked prefill")
+    # only --enforce-eager helps: the condition is CUDA graphs, PIECEWISE is not enough
+    outcome(c, **{"speculative decoding": True, "prefix caching": True, "chunked prefill": True,
+                  "CUDA graphs": False, "FULL CUDA graphs": True})
+    n = narrow_down(c, list(sus.values()))
+    assert n["conditions"] == [{"feature": "CUDA graphs", "suspect": "CUDA graphs",
+                                "change": "--enforce-eager"}]
+    assert n["narrowest"] == ["CUDA graphs"] and n["summary"].startswith("needs CUDA graphs;")
+    # a narrower change that vanishes while its broader one does not is said to be inconsistent
+    outcome(c, **{"CUDA graphs": True, "FULL CUDA graphs": False})
+    assert narrow_down(c, list(sus.values()))["inconsistent"] == [
+        "vanishes with cudagraph_mode=PIECEWISE but not with --enforce-eager"]
+    # a skipped suspect is "not tested", never "not involved"
+    c.results = {"speculative decoding": {"skipped": "budget"}}
+    n = narrow_down(c, [sus["speculative decoding"]])
+    assert n["untested"] == ["speculative decoding"] and n["not_involved"] == []
+    assert n["summary"].startswith("persists in every control that ran (some skipped")
+
+
+def test_follow_ups_two_by_two_and_numeric_variants():
+    from pleharness.explain import follow_ups, narrow_down
+    m = gpu_manifest()
+    sus = suspects_for(m)
+    c = Case(1, "p", 4, "C4", ["r1"], 1, {}, minimal="alone", prompt_len=4)
+    outcome(c, **{"speculative decoding": False, "prefix caching": True, "chunked prefill": True,
+                  "CUDA graphs": False, "FULL CUDA graphs": False})
+    more = follow_ups(m, sus, [c])
+    assert [s.name for s in more] == ["speculative decoding + FULL CUDA graphs off",
+                                      "num_speculative_tokens=2", "num_speculative_tokens=4"]
+    cell, k2, k4 = more
+    assert cell.combines == ["speculative decoding", "FULL CUDA graphs"]
+    assert control_args(m.engine["launch"]["engine_args"], cell.drop, cell.add) == [
+        '--compilation-config={"cudagraph_mode": "PIECEWISE"}']
+    assert k2.within == "speculative decoding" and k2.setting["to"] == 2
+    assert json.loads(k2.add[0].split("=", 1)[1]) == {"method": "ngram",
+                                                      "num_speculative_tokens": 2}
+    # 2x2 confirmed (both off: passes), the trigger L = 1 + k moves with k
+    c.results[cell.name] = {"fails": False, "vanishes": True}
+    c.results[k2.name] = {"fails": False, "length": 4, "new_length": 3,
+                          "fails_at_new_length": True, "vanishes": False,
+                          "formula": "q = 1 + k = 4"}
+    c.results[k4.name] = {"fails": False, "length": 4, "new_length": 5,
+                          "fails_at_new_length": True, "vanishes": False,
+                          "formula": "q = 1 + k = 4"}
+    n = narrow_down(c, sus + more)
+    assert n["interaction"] == {"features": ["speculative decoding", "FULL CUDA graphs"],
+                                "confirmed": True, "cell": cell.name}
+    assert n["narrowest"] == ["FULL CUDA graphs"]  # k moving the trigger is no fix
+    (st,) = n["numeric"]
+    assert st["moves"] is True and [(p["value"], p["length"]) for p in st["points"]] == [
+        (2, 3), (3, 4), (4, 5)]
+    assert n["summary"] == (
+        "needs speculative decoding AND FULL CUDA graphs (interaction; 2x2: fails only with "
+        "both on); narrowest single change: cudagraph_mode=PIECEWISE; not involved: prefix "
+        "caching, chunked prefill; the trigger moves with k: L=3 at k=2, L=4 at k=3, L=5 at k=4 "
+        "(q = 1 + k = 4)")
+    # the same prompt still failing at k=2: the trigger does not move
+    c.results[k2.name].update(fails=True)
+    assert narrow_down(c, sus + more)["numeric"][0]["moves"] is False
+    # a 2x2 that also fails with both off does not add up
+    c.results[cell.name] = {"fails": True, "vanishes": False}
+    assert "ALSO FAILS with both off" in narrow_down(c, sus + more)["summary"]
+    # chunked prefill needed: chunk budgets C/2 and 2C; prefix caching: block size B/2
+    outcome(c, **{"chunked prefill": False, "prefix caching": False})
+    assert [s.name for s in follow_ups(m, sus, [c])] == [
+        "prefix caching + chunked prefill off", "block_size=16",
+        "max_num_batched_tokens=128", "max_num_batched_tokens=512"]
+    # a chunk budget that vanishes is narrower than turning chunking off
+    c.results = {"chunked prefill": {"fails": False, "vanishes": True},
+                 "max_num_batched_tokens=512": {"fails": False, "vanishes": True,
+                                                "length": 4, "new_length": 4}}
+    allsus = sus + follow_ups(m, sus, [c])
+    assert narrow_down(c, allsus)["narrowest"] == ["max_num_batched_tokens=512"]
+    # nothing reproduced: no follow-ups
+    c.minimal = None
+    assert follow_ups(m, sus, [c]) == []
+
+
+def test_rederive_length_and_resize():
+    from pleharness.explain import rederive_length, resize_prompt
+    f = {"num_speculative_tokens": 3, "block_size": 32, "max_num_batched_tokens": 256}
+    assert rederive_length(f, 4, "num_speculative_tokens", 2) == (3, "q = 1 + k = 4")
+    assert rederive_length(f, 5, "num_speculative_tokens", 2) == (4, "q = 1 + k = 4 + 1 (control)")
+    assert rederive_length(f, 68, "num_speculative_tokens", 4) == (69, "n*B + q = 2*32 + 4")
+    assert rederive_length(f, 260, "max_num_batched_tokens", 128) == (132, "n*C + q = 1*256 + 4")
+    assert rederive_length(f, 517, "max_num_batched_tokens", 128) == (261, "n*C + q = 2*256 + 4 + 1 (control)")
+    assert rederive_length(f, 41, "num_speculative_tokens", 2) is None  # no formula gives 41
+    ids = [1, 2, 3, 4, 5, 6]
+    assert resize_prompt(ids, 4) == [1, 2, 5, 6] and resize_prompt(ids, 6) == ids
+    assert resize_prompt(ids, 8) == [1, 2, 3, 4, 4, 4, 5, 6] and resize_prompt(ids, 1) == [1]
 
 
 # -- end to end: a fault that follows a launch flag, in front of the real CPU engine -----------
