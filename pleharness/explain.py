@@ -15,11 +15,25 @@ configuration under test, then replayed on engines that each switch one suspect 
    budget of max_model_len tokens, so any prompt prefills in one step), and on GPUs CUDA graphs
    (``--enforce-eager``) and FULL graphs (``--compilation-config {"cudagraph_mode": "PIECEWISE"}``);
    plus every ``--suspect ARG`` (an engine argument appended to the launch).
-3. **Verdict per case**: "vanishes with X: attributed to X" for each suspect whose engine no longer
-   fails it; "persists in every control: not explained" when none does.
+   Suspects know their relations: FULL CUDA graphs (PIECEWISE) is *within* CUDA graphs
+   (``--enforce-eager``); a chunk budget within chunked prefill; k within speculative decoding.
+3. **Second round** (from the first round's results, budget permitting): for every two features a
+   case needs, the fourth cell of their 2x2 table (both off); for every feature a case needs that
+   has a numeric setting (num_speculative_tokens k, max_num_batched_tokens C, block size B), one
+   or two other values (k - 1 and k + 1; C / 2 and 2 C; B / 2 or 2 B), each replaying the case as it is
+   and with its prompt resized to the boundary length re-derived for the new value (L = 1 + k:
+   L = 4 at k = 3 becomes L = 3 at k = 2; :func:`rederive_length`).
+4. **Diagnosis per case** (:func:`narrow_down`), as a maintainer writes it in a PR: every
+   condition it needs (vanishes when X is off and also when Y is off: "needs X AND Y", an
+   interaction, with what the 2x2 table says), the narrowest single change that removes it
+   (``cudagraph_mode=PIECEWISE`` rather than ``--enforce-eager``), what is not involved (features
+   whose switching off leaves it failing) and whether the trigger moves with a numeric setting
+   ("the trigger moves with k: L=3 at k=2, L=4 at k=3, L=5 at k=4"); "persists in every control:
+   not explained" when nothing removes it.
 
-One engine per configuration serves all cases (launches = 1 + suspects; each is printed before it
-starts). ``budget_s`` caps the time: configurations not started in time are reported as skipped.
+One engine per configuration serves all cases (launches = 1 + suspects, then the second round's;
+each is printed before it starts). ``budget_s`` caps the time: configurations not started in time
+are reported as skipped.
 Outputs in ``RUN/explain/``: ``explain.json``, ``explain.md``, ``junit.xml`` (a test case per
 divergence; the failure message names the suspect) and ``repro-N.toml`` for each case: a
 ``replay`` scenario file that ``ple-harness stress --scenario FILE`` replays.
@@ -581,7 +595,7 @@ def explain(run: Path, *, suspects_extra: Sequence[str] = (), suspects_drop: Seq
     configs: list[Suspect | None] = [None, *suspects]
     first_round = len(configs)
     n = 0
-    while n < len(configs):
+    while n <= len(configs):
         if n == first_round:  # the second round: 2x2 cells and numeric settings
             more = follow_ups(m, suspects, cases)
             report["suspects"] += [s.__dict__ for s in more]

@@ -309,12 +309,16 @@ def test_explain_attributes_the_divergence_to_its_flag(cpu_engine, spec_fault_ru
         assert c["baseline"]["alone"]["fails"] is False
         assert c["controls"]["speculative decoding"]["vanishes"] is True
         assert c["controls"]["prefix caching"]["vanishes"] is False
-        assert c["attribution"] == ("vanishes with speculative decoding: attributed to "
-                                    "speculative decoding")
+        assert c["attribution"].startswith(
+            "needs speculative decoding; narrowest single change: no --speculative-config; not "
+            "involved: prefix caching, chunked prefill")
+        assert c["narrowing"]["conditions"] == [{"feature": "speculative decoding",
+                                                 "suspect": "speculative decoding",
+                                                 "change": "no --speculative-config"}]
     junit = ET.parse(run / "explain" / "junit.xml").getroot()
     fails = junit.findall(".//failure")
     assert len(fails) == len(rep["cases"]) and "speculative decoding" in fails[0].get("message")
-    assert "attributed to speculative decoding" in (run / "explain" / "explain.md").read_text()
+    assert "needs speculative decoding" in (run / "explain" / "explain.md").read_text()
     # the one-file reproducer replays the failure
     repro = run / rep["cases"][0]["repro"]
     rr = run_cli("stress", "--engine-python", FAKE_PY, "--engine-profile",
@@ -324,6 +328,101 @@ def test_explain_attributes_the_divergence_to_its_flag(cpu_engine, spec_fault_ru
     assert rr.returncode == 1, (rr.stdout + rr.stderr)[-3000:]
     rm = load_json(tmp / "replayed" / "manifest.json")
     assert rm["scenarios"][0]["kind"] == "replay" and rm["summary"]["hard_divergences"] >= 1
+
+
+LENGTH_SCENARIO = """kind = "replay"
+description = "prompts of 3, 4 and 5 tokens (q - 1, q, q + 1 at k = 3), one at a time"
+[[params.phases]]
+name = "C1-lengths"
+concurrency = 1
+[[params.phases.requests]]
+prompt = [11, 12, 13]
+max_tokens = 8
+[[params.phases.requests]]
+prompt = [21, 22, 23, 24]
+max_tokens = 8
+[[params.phases.requests]]
+prompt = [31, 32, 33, 34, 35]
+max_tokens = 8
+"""
+TWO_FLAGS = "--speculative-config,--max-num-batched-tokens=256"
+
+
+def explain_fake(engine, run, when, length=""):
+    env = {**fault_env(engine, when, mode="load"), "PLE_FAULT_LEN": length}
+    e = run_cli("explain", str(run), "--tries", "1", env=env, timeout=900)
+    assert e.returncode == 0, (e.stdout + e.stderr)[-3000:]
+    return json.loads((run / "explain" / "explain.json").read_text()), e.stderr
+
+
+@pytest.fixture(scope="module")
+def two_flag_run(cpu_engine, tmp_path_factory):
+    """A run of three short prompts whose engine corrupts position 5 of every run of a prompt
+    after its first two (deterministic) only while --speculative-config AND a chunk budget of
+    256 are both in its launch arguments."""
+    tmp = tmp_path_factory.mktemp("narrow")
+    (tmp / "lengths.toml").write_text(LENGTH_SCENARIO)
+    r = run_cli("stress", "--engine-python", FAKE_PY, "--engine-profile",
+                "profiles/cpu-ngram.toml", "--scenario", str(tmp / "lengths.toml"),
+                "--results-dir", str(tmp), "--run-id", "two", timeout=900,
+                env=fault_env(cpu_engine, TWO_FLAGS, mode="load"))
+    m = load_json(tmp / "two" / "manifest.json")
+    assert r.returncode == 1 and m["summary"]["hard_divergences"] == 3, (r.stdout + r.stderr)[-3000:]
+    return tmp / "two"
+
+
+@pytest.mark.engine
+def test_explain_names_an_interaction_and_the_narrowest_change(cpu_engine, two_flag_run):
+    rep, err = explain_fake(cpu_engine, two_flag_run, TWO_FLAGS)
+    assert [c["prompt_len"] for c in rep["cases"]] == [3, 4, 5]
+    for c in rep["cases"]:
+        n = c["narrowing"]
+        assert [k["suspect"] for k in n["conditions"]] == ["speculative decoding",
+                                                           "chunked prefill"]
+        assert n["interaction"] == {"features": ["speculative decoding", "chunked prefill"],
+                                    "confirmed": True,
+                                    "cell": "speculative decoding + chunked prefill off"}
+        # a chunk budget other than 256 removes it: narrower than turning chunking off
+        assert n["narrowest"] == ["max_num_batched_tokens=128", "max_num_batched_tokens=512"]
+        assert n["not_involved"] == ["prefix caching"]
+        k = next(st for st in n["numeric"] if st["symbol"] == "k")
+        assert k["moves"] is False  # the fault ignores k: the same prompt fails at k = 2, 4
+        assert c["attribution"].startswith(
+            "needs speculative decoding AND chunked prefill (interaction; 2x2: fails only with "
+            "both on); narrowest single change: max_num_batched_tokens=128 or "
+            "max_num_batched_tokens=512; not involved: prefix caching")
+    assert "second round: 5 more launch(es)" in err
+    md = (two_flag_run / "explain" / "explain.md").read_text()
+    assert "| **speculative decoding off** | passes | passes |" in md
+
+
+@pytest.mark.engine
+def test_explain_shows_the_trigger_moving_with_k(cpu_engine, two_flag_run):
+    # the engine now corrupts only prompts of length 1 + k: at k = 3 only the 4-token prompt
+    rep, _ = explain_fake(cpu_engine, two_flag_run, "--speculative-config", length="1+k")
+    c3, c4, c5 = rep["cases"]
+    assert c3["minimal_case"] is None and c5["minimal_case"] is None
+    n = c4["narrowing"]
+    assert [k["suspect"] for k in n["conditions"]] == ["speculative decoding"]
+    (st,) = n["numeric"]
+    assert st["moves"] is True and st["formula"] == "q = 1 + k = 4"
+    assert [(p["value"], p["length"], p["fails"]) for p in st["points"]] == [
+        (2, 3, True), (3, 4, True), (4, 5, True)]
+    assert c4["controls"]["num_speculative_tokens=2"]["fails"] is False  # L = 4 passes at k = 2
+    assert c4["attribution"] == (
+        "needs speculative decoding; narrowest single change: no --speculative-config; not "
+        "involved: prefix caching, chunked prefill; the trigger moves with k: L=3 at k=2, L=4 "
+        "at k=3, L=5 at k=4 (q = 1 + k = 4)")
+
+
+@pytest.mark.engine
+def test_explain_on_the_clean_engine_attributes_nothing(cpu_engine, two_flag_run):
+    rep, err = explain_fake(cpu_engine, two_flag_run, "never")
+    assert len(rep["launches"]) == 1 and "second round" not in err
+    for c in rep["cases"]:
+        assert c["minimal_case"] is None and c["controls"] == {}
+        assert c["narrowing"]["conditions"] == [] and c["narrowing"]["narrowest"] == []
+        assert c["attribution"] == "not reproduced on the configuration under test"
 
 
 def test_explain_refuses_attached_runs(tmp_path):
