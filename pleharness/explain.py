@@ -368,10 +368,12 @@ def narrow_down(case: "Case", suspects: Sequence[Suspect]) -> dict[str, Any]:
             continue
         st = settings.setdefault(s.setting["fact"], {
             "fact": s.setting["fact"], "symbol": s.setting["symbol"], "formula": r.get("formula"),
-            "points": [{"value": s.setting["from"], "length": case.prompt_len, "fails": True}],
+            "points": [{"value": s.setting["from"], "length": case.prompt_len, "fails": True,
+                        "fails_as_run": True}],
             "old_length_fails": []})
         st["points"].append({"value": s.setting["to"], "length": r.get("new_length"),
-                             "fails": r.get("fails_at_new_length", r["fails"])})
+                             "fails": r.get("fails_at_new_length", r["fails"]),
+                             "fails_as_run": r["fails"]})
         st["old_length_fails"].append(r["fails"])
     for st in settings.values():
         moved = [p for p in st["points"][1:] if p["length"] != case.prompt_len]
@@ -694,8 +696,17 @@ def render(report: dict[str, Any], console: Console) -> None:
                   str(c.get("prompt_len")), escape(", ".join(c["requests"][:4])),
                   escape(c["minimal_case"] or "-"), *cells)
     console.print(t)
+    for text, cs in _by_diagnosis(report):
+        console.print(f"case{'s' if len(cs) > 1 else ''} "
+                      f"{', '.join(str(c['case']) for c in cs)}: {escape(text)}", highlight=False)
+
+
+def _by_diagnosis(report: dict[str, Any]) -> list[tuple[str, list[dict[str, Any]]]]:
+    """The cases grouped by their (identical) diagnosis, in case order."""
+    groups: dict[str, list[dict[str, Any]]] = {}
     for c in report["cases"]:
-        console.print(f"case {c['case']}: {escape(c['attribution'])}", highlight=False)
+        groups.setdefault(c["attribution"], []).append(c)
+    return list(groups.items())
 
 
 def _two_by_two_md(c: dict[str, Any]) -> list[str]:
@@ -717,9 +728,11 @@ def _numeric_md(c: dict[str, Any]) -> list[str]:
     for st in (c.get("narrowing") or {}).get("numeric", []):
         out += ["", f"Trigger length against {st['fact']}, case {c['case']}"
                     + (f" (L from {st['formula']})" if st.get("formula") else "") + ":", "",
-                f"| {st['symbol']} | L | result |", "|---:|---:|---|"]
-        out += [f"| {p['value']} | {p['length']} | {'fails' if p['fails'] else 'passes'} |"
-                for p in st["points"]]
+                f"| {st['symbol']} | re-derived L | result | the prompt as run (L="
+                f"{c.get('prompt_len')}) |", "|---:|---:|---|---|"]
+        word = {True: "fails", False: "passes"}
+        out += [f"| {p['value']} | {p['length']} | {word[p['fails']]} | "
+                f"{word[p.get('fails_as_run', p['fails'])]} |" for p in st["points"]]
     return out
 
 
@@ -730,10 +743,10 @@ def to_markdown(report: dict[str, Any]) -> str:
     lines = [f"## Attribution (`ple-harness explain {report['run_id']}`)", "",
              f"Engine launches: {len(report['launches'])}; tries per replay: {report['tries']}; "
              f"{report.get('elapsed_s', 0)} s.", ""]
-    for c in report["cases"]:
-        lines.append(f"- **case {c['case']}** ({c['phase']}, C{c['concurrency']}, L="
-                     f"{c.get('prompt_len')}, {', '.join(c['requests'][:4])}): "
-                     f"{c['attribution']}")
+    for text, cs in _by_diagnosis(report):
+        lines.append(f"- **case{'s' if len(cs) > 1 else ''} "
+                     f"{', '.join(str(c['case']) for c in cs)}** (L="
+                     f"{', '.join(str(c.get('prompt_len')) for c in cs)}): {text}")
     lines += ["", "| case | phase | C | L | requests | minimal case | " + " | ".join(sus) +
               " | reproducer |",
               "|---:|---|---:|---:|---|---|" + "---|" * len(sus) + "---|"]

@@ -1,5 +1,6 @@
 """Attribution: control runs over the same schedule, and `ple-harness explain`."""
 import json
+import shutil
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -301,8 +302,10 @@ def test_explain_attributes_the_divergence_to_its_flag(cpu_engine, spec_fault_ru
     assert e.returncode == 0, (e.stdout + e.stderr)[-3000:]
     rep = json.loads((run / "explain" / "explain.json").read_text())
     assert "4 engine launch(es) planned" in e.stderr
+    # the first round, then the second: other values of k (speculative decoding is needed)
     assert [s["name"] for s in rep["suspects"]] == ["speculative decoding", "prefix caching",
-                                                    "chunked prefill"]
+                                                    "chunked prefill", "num_speculative_tokens=2",
+                                                    "num_speculative_tokens=4"]
     assert rep["cases"]
     for c in rep["cases"]:
         assert c["minimal_case"] == "with its phase companions"  # alone it never fails
@@ -352,6 +355,10 @@ def explain_fake(engine, run, when, length=""):
     env = {**fault_env(engine, when, mode="load"), "PLE_FAULT_LEN": length}
     e = run_cli("explain", str(run), "--tries", "1", env=env, timeout=900)
     assert e.returncode == 0, (e.stdout + e.stderr)[-3000:]
+    # kept per fault (the tests share one run; docs/attribution.md quotes these reports)
+    keep = run / f"explain-{when.replace(',', '+').replace('=', '')}-{length or 'any'}"
+    shutil.copytree(run / "explain", keep, dirs_exist_ok=True)
+    (keep / "console.txt").write_text(e.stderr)
     return json.loads((run / "explain" / "explain.json").read_text()), e.stderr
 
 
