@@ -398,9 +398,13 @@ def _numeric_text(st: dict[str, Any]) -> str:
     if st["moves"] is False:
         return (f"the trigger does not move with {st['symbol']}: the same prompt still fails at "
                 f"{st['symbol']}=" + ", ".join(str(p["value"]) for p in st["points"]))
-    return f"{st['symbol']} changes it: " + ", ".join(
-        f"{st['symbol']}={p['value']}: L={p['length']} {'fails' if p['fails'] else 'passes'}"
-        for p in st["points"])
+    sym = st["symbol"]
+    same = len({p["length"] for p in st["points"]}) == 1
+    val = lambda ps: ", ".join(  # noqa: E731
+        str(p["value"]) + ("" if same else f" (L={p['length']})") for p in ps)
+    return (f"fails only at {sym}={val([p for p in st['points'] if p['fails']])}, passes at "
+            f"{sym}={val([p for p in st['points'] if not p['fails']])}"
+            + (f" (the same prompt, L={st['points'][0]['length']})" if same else ""))
 
 
 def _summary(n: dict[str, Any], by_name: dict[str, Suspect]) -> str:
@@ -609,8 +613,8 @@ def explain(run: Path, *, suspects_extra: Sequence[str] = (), suspects_drop: Seq
             break
         sus = configs[n]
         n += 1
-        label = "under test" if sus is None else f"without {sus.name}" if not (
-            sus.setting or sus.combines) else sus.change
+        label = ("under test" if sus is None else sus.name if sus.combines else
+                 f"with {sus.change}" if sus.setting else f"without {sus.name}")
         todo = [c for c in cases if sus is None or _applies(sus, c, suspects)]
         if not todo:
             if sus is None:

@@ -204,6 +204,12 @@ def test_follow_ups_two_by_two_and_numeric_variants():
     # the same prompt still failing at k=2: the trigger does not move
     c.results[k2.name].update(fails=True)
     assert narrow_down(c, sus + more)["numeric"][0]["moves"] is False
+    # only k = 3 fails (neither the old nor the re-derived length at k = 2, 4): no movement
+    for kv in (k2, k4):
+        c.results[kv.name].update(fails=False, fails_at_new_length=False)
+    n = narrow_down(c, sus + more)
+    assert n["numeric"][0]["moves"] is None
+    assert n["summary"].endswith("fails only at k=3 (L=4), passes at k=2 (L=3), 4 (L=5)")
     # a 2x2 that also fails with both off does not add up
     c.results[cell.name] = {"fails": True, "vanishes": False}
     assert "ALSO FAILS with both off" in narrow_down(c, sus + more)["summary"]
@@ -398,6 +404,9 @@ def test_explain_names_an_interaction_and_the_narrowest_change(cpu_engine, two_f
             "needs speculative decoding AND chunked prefill (interaction; 2x2: fails only with "
             "both on); narrowest single change: max_num_batched_tokens=128 or "
             "max_num_batched_tokens=512; not involved: prefix caching")
+        assert c["attribution"].endswith(
+            "the trigger does not move with k: the same prompt still fails at k=2, 3, 4; fails "
+            f"only at C=256, passes at C=128, 512 (the same prompt, L={c['prompt_len']})")
     assert "second round: 5 more launch(es)" in err
     md = (two_flag_run / "explain" / "explain.md").read_text()
     assert "| **speculative decoding off** | passes | passes |" in md
