@@ -808,8 +808,10 @@ def explain(
     """Which engine feature causes each failing divergence of a finished (launched) run.
 
     Replays the smallest failing case on engines that each switch one suspect off (speculative
-    decoding, prefix caching, chunked prefill, CUDA graphs, ...); writes RUN/explain/ (table,
-    JUnit, reproducers). Exit 0 when done (the table is the result), 2 usage error, 3 engine
+    decoding, prefix caching, chunked prefill, CUDA graphs, ...), then the 2x2 table of two
+    features it needs together and other values of k, the chunk budget or the block size; names
+    every condition it needs, the narrowest single change and what is not involved; writes
+    RUN/explain/ (table, diagnosis, JUnit, reproducers). Exit 0 when done (the table is the result), 2 usage error, 3 engine
     failure."""
     from .explain import explain as run_explain
     _raise_all(_engine_arg_problems(list(suspect or []), "--suspect"))

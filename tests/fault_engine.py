@@ -6,8 +6,13 @@ planting a fault only when a chosen flag is among its launch arguments (control 
 Used through ``tests/fakepy/python`` as ``--engine-python``. Environment:
 
 - ``PLE_FAULT_UPSTREAM``: base URL of the real engine (the tests' session engine);
-- ``PLE_FAULT_WHEN``: the flag that turns the fault on (e.g. ``--speculative-config``), or
-  ``always``;
+- ``PLE_FAULT_WHEN``: when the fault is on: ``always``, ``never``, or comma-separated conditions
+  on the launch arguments that must all hold: ``--flag`` (present) or ``--flag=VALUE`` (present
+  with exactly that value, in the ``--flag VALUE`` or ``--flag=VALUE`` form), e.g.
+  ``--speculative-config,--max-num-batched-tokens=256`` (a fault that needs two features);
+- ``PLE_FAULT_LEN``: optionally, only prompts of this many tokens are corrupted: an integer, or
+  ``1+k`` with k the ``num_speculative_tokens`` of the launch's ``--speculative-config`` (a fault
+  keyed to the speculative decoding step; off when the launch has no speculative config);
 - ``PLE_REAL_PYTHON``: the real interpreter, for every other use of this "python" (``-c`` probes,
   the golden worker).
 
@@ -25,6 +30,42 @@ import threading
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
+def arg_value(args, flag):
+    """The value of ``flag`` in ``args`` (``--flag V`` or ``--flag=V``; "" for a bare flag), or
+    None when absent (the last occurrence wins, as in vLLM's argparse)."""
+    val = None
+    for i, a in enumerate(args):
+        name, eq, v = a.partition("=")
+        if name == flag:
+            val = v if eq else (args[i + 1] if i + 1 < len(args)
+                                and not args[i + 1].startswith("--") else "")
+    return val
+
+
+def launch_matches(when, args) -> bool:
+    """PLE_FAULT_WHEN (module docstring) against the launch arguments."""
+    if when in ("always", "never"):
+        return when == "always"
+    for cond in filter(None, (c.strip() for c in when.split(","))):
+        flag, eq, want = cond.partition("=")
+        got = arg_value(args, flag)
+        if got is None or (eq and got != want):
+            return False
+    return True
+
+
+def fault_len(spec, args):
+    """PLE_FAULT_LEN (module docstring) -> the corrupted prompt length, or None (any length);
+    -1 (no prompt matches) for ``1+k`` without a speculative config."""
+    if not spec:
+        return None
+    if spec.replace(" ", "") == "1+k":
+        import json
+        cfg = arg_value(args, "--speculative-config")
+        return 1 + int(json.loads(cfg)["num_speculative_tokens"]) if cfg else -1
+    return int(spec)
+
+
 def main(argv):
     real = os.environ["PLE_REAL_PYTHON"]
     if len(argv) < 3 or argv[1] != "-m" or not argv[2].startswith("vllm.entrypoints"):
@@ -39,7 +80,8 @@ def main(argv):
         elif a == "--host":
             host = args[i + 1]
     when = os.environ.get("PLE_FAULT_WHEN", "always")
-    active = when == "always" or any(a.split("=", 1)[0] == when for a in args)
+    active = launch_matches(when, args)
+    want_len = fault_len(os.environ.get("PLE_FAULT_LEN", ""), args)
     need = int(os.environ.get("PLE_FAULT_MIN_IN_FLIGHT", "2"))
     vocab = int(os.environ.get("PLE_FAULT_VOCAB", "793"))
 
@@ -50,7 +92,10 @@ def main(argv):
     def hit(ctx) -> bool:
         """crowded: >= ``need`` requests in flight now (timing-dependent, like a batch-size bug);
         load: every run of a prompt after its first two (its cold and warm single-request runs),
-        deterministic, so both configurations corrupt exactly the same requests."""
+        deterministic, so both configurations corrupt exactly the same requests. With
+        ``PLE_FAULT_LEN``, only prompts of that length."""
+        if want_len is not None and len(ctx.body.get("prompt") or []) != want_len:
+            return False
         if mode == "load":
             if "occurrence" not in ctx.state:
                 key = (tuple(ctx.body.get("prompt") or []), ctx.body.get("max_tokens"))
@@ -78,7 +123,7 @@ def main(argv):
 
     proxy = FaultProxy(os.environ["PLE_FAULT_UPSTREAM"], Busy() if active else Fault(), host, port)
     print(f"fault engine on {host}:{port}, fault {'ON' if active else 'off'} "
-          f"(when {when}), args {args}", flush=True)
+          f"(when {when}, prompt length {want_len}), args {args}", flush=True)
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     with proxy:

@@ -1,5 +1,6 @@
 """Attribution: control runs over the same schedule, and `ple-harness explain`."""
 import json
+import shutil
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -98,11 +99,148 @@ def test_case_attribution_wording():
     c = Case(1, "p", 4, "C4", ["r1"], 5, {})
     assert c.attribution().startswith("not reproduced")
     c.minimal = "alone"
-    c.results = {"speculative decoding": {"vanishes": True}, "prefix caching": {"vanishes": False}}
-    assert c.attribution() == ("vanishes with speculative decoding: attributed to speculative "
-                               "decoding")
-    c.results["speculative decoding"]["vanishes"] = False
-    assert c.attribution() == "persists in every control: not explained"
+    c.results = {"speculative decoding": {"fails": False, "vanishes": True},
+                 "prefix caching": {"fails": True, "vanishes": False}}
+    assert c.attribution() == "needs speculative decoding; narrowest single change: " \
+                              "speculative decoding off; not involved: prefix caching"
+    c.results["speculative decoding"] = {"fails": True, "vanishes": False}
+    assert c.attribution() == ("persists in every control: not explained; not involved: "
+                               "speculative decoding, prefix caching")
+
+
+def gpu_manifest(k=3):
+    m = Manifest(run_id="g", facts={"num_speculative_tokens": {"value": k},
+                                    "prefix_caching": {"value": True},
+                                    "max_num_batched_tokens": {"value": 256},
+                                    "max_model_len": {"value": 1024},
+                                    "block_size": {"value": 32}})
+    m.engine = {"mode": "launched", "launch": {"engine_args": [
+        "--speculative-config", '{"method": "ngram", "num_speculative_tokens": %d}' % k]}}
+    m.environment = {"gpus": [{"name": "H200"}]}
+    return m
+
+
+def outcome(case, **fails):
+    """Constructed replay results: suspect name -> fails (True/False)."""
+    case.results = {n: {"fails": f, "vanishes": not f} for n, f in fails.items()}
+    return case
+
+
+def test_relations_and_narrowest_change():
+    from pleharness.explain import narrow_down
+    m = gpu_manifest()
+    sus = {s.name: s for s in suspects_for(m)}
+    assert sus["FULL CUDA graphs"].within == "CUDA graphs"
+    assert sus["FULL CUDA graphs"].feature == "CUDA graphs"
+    assert sus["FULL CUDA graphs"].change == "cudagraph_mode=PIECEWISE"
+    c = Case(1, "p", 4, "C4", ["r1"], 1, {}, minimal="alone", prompt_len=4)
+    # the issue-23 defect: needs speculative decoding AND FULL graphs; PIECEWISE is enough
+    outcome(c, **{"speculative decoding": False, "prefix caching": True, "chunked prefill": True,
+                  "CUDA graphs": False, "FULL CUDA graphs": False})
+    n = narrow_down(c, list(sus.values()))
+    assert [k["suspect"] for k in n["conditions"]] == ["speculative decoding", "FULL CUDA graphs"]
+    assert n["narrowest"] == ["FULL CUDA graphs"]
+    assert n["not_involved"] == ["prefix caching", "chunked prefill"]
+    assert n["interaction"] is None and n["inconsistent"] == []
+    assert n["summary"] == (
+        "needs speculative decoding AND FULL CUDA graphs (interaction; 2x2 both-off cell not "
+        "run); narrowest single change: cudagraph_mode=PIECEWISE; not involved: prefix caching, "
+        "chunked prefill")
+    # only --enforce-eager helps: the condition is CUDA graphs, PIECEWISE is not enough
+    outcome(c, **{"speculative decoding": True, "prefix caching": True, "chunked prefill": True,
+                  "CUDA graphs": False, "FULL CUDA graphs": True})
+    n = narrow_down(c, list(sus.values()))
+    assert n["conditions"] == [{"feature": "CUDA graphs", "suspect": "CUDA graphs",
+                                "change": "--enforce-eager"}]
+    assert n["narrowest"] == ["CUDA graphs"] and n["summary"].startswith("needs CUDA graphs;")
+    # a narrower change that vanishes while its broader one does not is said to be inconsistent
+    outcome(c, **{"CUDA graphs": True, "FULL CUDA graphs": False})
+    assert narrow_down(c, list(sus.values()))["inconsistent"] == [
+        "vanishes with cudagraph_mode=PIECEWISE but not with --enforce-eager"]
+    # a skipped suspect is "not tested", never "not involved"
+    c.results = {"speculative decoding": {"skipped": "budget"}}
+    n = narrow_down(c, [sus["speculative decoding"]])
+    assert n["untested"] == ["speculative decoding"] and n["not_involved"] == []
+    assert n["summary"].startswith("persists in every control that ran (some skipped")
+
+
+def test_follow_ups_two_by_two_and_numeric_variants():
+    from pleharness.explain import follow_ups, narrow_down
+    m = gpu_manifest()
+    sus = suspects_for(m)
+    c = Case(1, "p", 4, "C4", ["r1"], 1, {}, minimal="alone", prompt_len=4)
+    outcome(c, **{"speculative decoding": False, "prefix caching": True, "chunked prefill": True,
+                  "CUDA graphs": False, "FULL CUDA graphs": False})
+    more = follow_ups(m, sus, [c])
+    assert [s.name for s in more] == ["speculative decoding + FULL CUDA graphs off",
+                                      "num_speculative_tokens=2", "num_speculative_tokens=4"]
+    cell, k2, k4 = more
+    assert cell.combines == ["speculative decoding", "FULL CUDA graphs"]
+    assert control_args(m.engine["launch"]["engine_args"], cell.drop, cell.add) == [
+        '--compilation-config={"cudagraph_mode": "PIECEWISE"}']
+    assert k2.within == "speculative decoding" and k2.setting["to"] == 2
+    assert json.loads(k2.add[0].split("=", 1)[1]) == {"method": "ngram",
+                                                      "num_speculative_tokens": 2}
+    # 2x2 confirmed (both off: passes), the trigger L = 1 + k moves with k
+    c.results[cell.name] = {"fails": False, "vanishes": True}
+    c.results[k2.name] = {"fails": False, "length": 4, "new_length": 3,
+                          "fails_at_new_length": True, "vanishes": False,
+                          "formula": "q = 1 + k = 4"}
+    c.results[k4.name] = {"fails": False, "length": 4, "new_length": 5,
+                          "fails_at_new_length": True, "vanishes": False,
+                          "formula": "q = 1 + k = 4"}
+    n = narrow_down(c, sus + more)
+    assert n["interaction"] == {"features": ["speculative decoding", "FULL CUDA graphs"],
+                                "confirmed": True, "cell": cell.name}
+    assert n["narrowest"] == ["FULL CUDA graphs"]  # k moving the trigger is no fix
+    (st,) = n["numeric"]
+    assert st["moves"] is True and [(p["value"], p["length"]) for p in st["points"]] == [
+        (2, 3), (3, 4), (4, 5)]
+    assert n["summary"] == (
+        "needs speculative decoding AND FULL CUDA graphs (interaction; 2x2: fails only with "
+        "both on); narrowest single change: cudagraph_mode=PIECEWISE; not involved: prefix "
+        "caching, chunked prefill; the trigger moves with k: L=3 at k=2, L=4 at k=3, L=5 at k=4 "
+        "(q = 1 + k = 4)")
+    # the same prompt still failing at k=2: the trigger does not move
+    c.results[k2.name].update(fails=True)
+    assert narrow_down(c, sus + more)["numeric"][0]["moves"] is False
+    # only k = 3 fails (neither the old nor the re-derived length at k = 2, 4): no movement
+    for kv in (k2, k4):
+        c.results[kv.name].update(fails=False, fails_at_new_length=False)
+    n = narrow_down(c, sus + more)
+    assert n["numeric"][0]["moves"] is None
+    assert n["summary"].endswith("fails only at k=3 (L=4), passes at k=2 (L=3), 4 (L=5)")
+    # a 2x2 that also fails with both off does not add up
+    c.results[cell.name] = {"fails": True, "vanishes": False}
+    assert "ALSO FAILS with both off" in narrow_down(c, sus + more)["summary"]
+    # chunked prefill needed: chunk budgets C/2 and 2C; prefix caching: block size B/2
+    outcome(c, **{"chunked prefill": False, "prefix caching": False})
+    assert [s.name for s in follow_ups(m, sus, [c])] == [
+        "prefix caching + chunked prefill off", "block_size=16",
+        "max_num_batched_tokens=128", "max_num_batched_tokens=512"]
+    # a chunk budget that vanishes is narrower than turning chunking off
+    c.results = {"chunked prefill": {"fails": False, "vanishes": True},
+                 "max_num_batched_tokens=512": {"fails": False, "vanishes": True,
+                                                "length": 4, "new_length": 4}}
+    allsus = sus + follow_ups(m, sus, [c])
+    assert narrow_down(c, allsus)["narrowest"] == ["max_num_batched_tokens=512"]
+    # nothing reproduced: no follow-ups
+    c.minimal = None
+    assert follow_ups(m, sus, [c]) == []
+
+
+def test_rederive_length_and_resize():
+    from pleharness.explain import rederive_length, resize_prompt
+    f = {"num_speculative_tokens": 3, "block_size": 32, "max_num_batched_tokens": 256}
+    assert rederive_length(f, 4, "num_speculative_tokens", 2) == (3, "q = 1 + k = 4")
+    assert rederive_length(f, 5, "num_speculative_tokens", 2) == (4, "q = 1 + k = 4 + 1 (control)")
+    assert rederive_length(f, 68, "num_speculative_tokens", 4) == (69, "n*B + q = 2*32 + 4")
+    assert rederive_length(f, 260, "max_num_batched_tokens", 128) == (132, "n*C + q = 1*256 + 4")
+    assert rederive_length(f, 517, "max_num_batched_tokens", 128) == (261, "n*C + q = 2*256 + 4 + 1 (control)")
+    assert rederive_length(f, 41, "num_speculative_tokens", 2) is None  # no formula gives 41
+    ids = [1, 2, 3, 4, 5, 6]
+    assert resize_prompt(ids, 4) == [1, 2, 5, 6] and resize_prompt(ids, 6) == ids
+    assert resize_prompt(ids, 8) == [1, 2, 3, 4, 4, 4, 5, 6] and resize_prompt(ids, 1) == [1]
 
 
 # -- end to end: a fault that follows a launch flag, in front of the real CPU engine -----------
@@ -170,20 +308,26 @@ def test_explain_attributes_the_divergence_to_its_flag(cpu_engine, spec_fault_ru
     assert e.returncode == 0, (e.stdout + e.stderr)[-3000:]
     rep = json.loads((run / "explain" / "explain.json").read_text())
     assert "4 engine launch(es) planned" in e.stderr
+    # the first round, then the second: other values of k (speculative decoding is needed)
     assert [s["name"] for s in rep["suspects"]] == ["speculative decoding", "prefix caching",
-                                                    "chunked prefill"]
+                                                    "chunked prefill", "num_speculative_tokens=2",
+                                                    "num_speculative_tokens=4"]
     assert rep["cases"]
     for c in rep["cases"]:
         assert c["minimal_case"] == "with its phase companions"  # alone it never fails
         assert c["baseline"]["alone"]["fails"] is False
         assert c["controls"]["speculative decoding"]["vanishes"] is True
         assert c["controls"]["prefix caching"]["vanishes"] is False
-        assert c["attribution"] == ("vanishes with speculative decoding: attributed to "
-                                    "speculative decoding")
+        assert c["attribution"].startswith(
+            "needs speculative decoding; narrowest single change: no --speculative-config; not "
+            "involved: prefix caching, chunked prefill")
+        assert c["narrowing"]["conditions"] == [{"feature": "speculative decoding",
+                                                 "suspect": "speculative decoding",
+                                                 "change": "no --speculative-config"}]
     junit = ET.parse(run / "explain" / "junit.xml").getroot()
     fails = junit.findall(".//failure")
     assert len(fails) == len(rep["cases"]) and "speculative decoding" in fails[0].get("message")
-    assert "attributed to speculative decoding" in (run / "explain" / "explain.md").read_text()
+    assert "needs speculative decoding" in (run / "explain" / "explain.md").read_text()
     # the one-file reproducer replays the failure
     repro = run / rep["cases"][0]["repro"]
     rr = run_cli("stress", "--engine-python", FAKE_PY, "--engine-profile",
@@ -193,6 +337,108 @@ def test_explain_attributes_the_divergence_to_its_flag(cpu_engine, spec_fault_ru
     assert rr.returncode == 1, (rr.stdout + rr.stderr)[-3000:]
     rm = load_json(tmp / "replayed" / "manifest.json")
     assert rm["scenarios"][0]["kind"] == "replay" and rm["summary"]["hard_divergences"] >= 1
+
+
+LENGTH_SCENARIO = """kind = "replay"
+description = "prompts of 3, 4 and 5 tokens (q - 1, q, q + 1 at k = 3), one at a time"
+[[params.phases]]
+name = "C1-lengths"
+concurrency = 1
+[[params.phases.requests]]
+prompt = [11, 12, 13]
+max_tokens = 8
+[[params.phases.requests]]
+prompt = [21, 22, 23, 24]
+max_tokens = 8
+[[params.phases.requests]]
+prompt = [31, 32, 33, 34, 35]
+max_tokens = 8
+"""
+TWO_FLAGS = "--speculative-config,--max-num-batched-tokens=256"
+
+
+def explain_fake(engine, run, when, length=""):
+    env = {**fault_env(engine, when, mode="load"), "PLE_FAULT_LEN": length}
+    e = run_cli("explain", str(run), "--tries", "1", env=env, timeout=900)
+    assert e.returncode == 0, (e.stdout + e.stderr)[-3000:]
+    # kept per fault (the tests share one run; docs/attribution.md quotes these reports)
+    keep = run / f"explain-{when.replace(',', '+').replace('=', '')}-{length or 'any'}"
+    shutil.copytree(run / "explain", keep, dirs_exist_ok=True)
+    (keep / "console.txt").write_text(e.stderr)
+    return json.loads((run / "explain" / "explain.json").read_text()), e.stderr
+
+
+@pytest.fixture(scope="module")
+def two_flag_run(cpu_engine, tmp_path_factory):
+    """A run of three short prompts whose engine corrupts position 5 of every run of a prompt
+    after its first two (deterministic) only while --speculative-config AND a chunk budget of
+    256 are both in its launch arguments."""
+    tmp = tmp_path_factory.mktemp("narrow")
+    (tmp / "lengths.toml").write_text(LENGTH_SCENARIO)
+    r = run_cli("stress", "--engine-python", FAKE_PY, "--engine-profile",
+                "profiles/cpu-ngram.toml", "--scenario", str(tmp / "lengths.toml"),
+                "--results-dir", str(tmp), "--run-id", "two", timeout=900,
+                env=fault_env(cpu_engine, TWO_FLAGS, mode="load"))
+    m = load_json(tmp / "two" / "manifest.json")
+    assert r.returncode == 1 and m["summary"]["hard_divergences"] == 3, (r.stdout + r.stderr)[-3000:]
+    return tmp / "two"
+
+
+@pytest.mark.engine
+def test_explain_names_an_interaction_and_the_narrowest_change(cpu_engine, two_flag_run):
+    rep, err = explain_fake(cpu_engine, two_flag_run, TWO_FLAGS)
+    assert [c["prompt_len"] for c in rep["cases"]] == [3, 4, 5]
+    for c in rep["cases"]:
+        n = c["narrowing"]
+        assert [k["suspect"] for k in n["conditions"]] == ["speculative decoding",
+                                                           "chunked prefill"]
+        assert n["interaction"] == {"features": ["speculative decoding", "chunked prefill"],
+                                    "confirmed": True,
+                                    "cell": "speculative decoding + chunked prefill off"}
+        # a chunk budget other than 256 removes it: narrower than turning chunking off
+        assert n["narrowest"] == ["max_num_batched_tokens=128", "max_num_batched_tokens=512"]
+        assert n["not_involved"] == ["prefix caching"]
+        k = next(st for st in n["numeric"] if st["symbol"] == "k")
+        assert k["moves"] is False  # the fault ignores k: the same prompt fails at k = 2, 4
+        assert c["attribution"].startswith(
+            "needs speculative decoding AND chunked prefill (interaction; 2x2: fails only with "
+            "both on); narrowest single change: max_num_batched_tokens=128 or "
+            "max_num_batched_tokens=512; not involved: prefix caching")
+        assert c["attribution"].endswith(
+            "the trigger does not move with k: the same prompt still fails at k=2, 3, 4; fails "
+            f"only at C=256, passes at C=128, 512 (the same prompt, L={c['prompt_len']})")
+    assert "second round: 5 more launch(es)" in err
+    md = (two_flag_run / "explain" / "explain.md").read_text()
+    assert "| **speculative decoding off** | passes | passes |" in md
+
+
+@pytest.mark.engine
+def test_explain_shows_the_trigger_moving_with_k(cpu_engine, two_flag_run):
+    # the engine now corrupts only prompts of length 1 + k: at k = 3 only the 4-token prompt
+    rep, _ = explain_fake(cpu_engine, two_flag_run, "--speculative-config", length="1+k")
+    c3, c4, c5 = rep["cases"]
+    assert c3["minimal_case"] is None and c5["minimal_case"] is None
+    n = c4["narrowing"]
+    assert [k["suspect"] for k in n["conditions"]] == ["speculative decoding"]
+    (st,) = n["numeric"]
+    assert st["moves"] is True and st["formula"] == "q = 1 + k = 4"
+    assert [(p["value"], p["length"], p["fails"]) for p in st["points"]] == [
+        (2, 3, True), (3, 4, True), (4, 5, True)]
+    assert c4["controls"]["num_speculative_tokens=2"]["fails"] is False  # L = 4 passes at k = 2
+    assert c4["attribution"] == (
+        "needs speculative decoding; narrowest single change: no --speculative-config; not "
+        "involved: prefix caching, chunked prefill; the trigger moves with k: L=3 at k=2, L=4 "
+        "at k=3, L=5 at k=4 (q = 1 + k = 4)")
+
+
+@pytest.mark.engine
+def test_explain_on_the_clean_engine_attributes_nothing(cpu_engine, two_flag_run):
+    rep, err = explain_fake(cpu_engine, two_flag_run, "never")
+    assert len(rep["launches"]) == 1 and "second round" not in err
+    for c in rep["cases"]:
+        assert c["minimal_case"] is None and c["controls"] == {}
+        assert c["narrowing"]["conditions"] == [] and c["narrowing"]["narrowest"] == []
+        assert c["attribution"] == "not reproduced on the configuration under test"
 
 
 def test_explain_refuses_attached_runs(tmp_path):
