@@ -642,6 +642,12 @@ def report(
     raise typer.Exit(0 if exit_zero else code)
 
 
+def _run_path(p: Path) -> Path:
+    """A run argument as the resolved manifest file (folder or manifest.json)."""
+    p = p.resolve()
+    return p / "manifest.json" if p.is_dir() else p
+
+
 @app.command("compare")
 def compare_cmd(
     base: Annotated[Path, typer.Argument(help="BASE run folder or manifest.")],
@@ -675,7 +681,8 @@ def compare_cmd(
         threshold = threshold or g.thresholds
 
     b, h = load(base), load(head)
-    res = compare(b, h, min_throughput_ratio, min_phase_ratio, threshold)
+    same = _run_path(base) == _run_path(head)
+    res = compare(b, h, min_throughput_ratio, min_phase_ratio, threshold, same_run=same)
     t = Table(title="decode throughput per concurrency (median over repeats, tok/s)")
     for col in ("C", "BASE", "HEAD", "HEAD/BASE"):
         t.add_column(col, justify="right")
@@ -687,9 +694,16 @@ def compare_cmd(
         worst = sorted(res.phase_ratios.items(), key=lambda kv: kv[1])[:5]
         console.print("lowest per-phase ratios: " + ", ".join(f"{escape(n)} {r:.3f}"
                                                               for n, r in worst))
-    for mm in res.parity_mismatches[:20]:
+    from .compare import MISMATCHES_SHOWN
+    for mm in res.parity_mismatches[:MISMATCHES_SHOWN]:
         console.print(f"[red]parity:[/red] {escape(str(mm['prompt']))} (max_tokens "
-                      f"{mm['max_tokens']}): BASE {mm['base']} vs HEAD {mm['head']}")
+                      f"{mm['max_tokens']}): {escape(mm['detail'])}; output hashes BASE "
+                      f"{', '.join(mm['base'])} vs HEAD {', '.join(mm['head'])}")
+    if len(res.parity_mismatches) > MISMATCHES_SHOWN:
+        console.print(f"... and {len(res.parity_mismatches) - MISMATCHES_SHOWN} more parity "
+                      "mismatches not shown")
+    for w in res.warnings:
+        console.print(f"[yellow]warning:[/yellow] {escape(w)}")
     if res.only_in_one:
         console.print(f"{res.only_in_one} prompt(s) issued by only one of the runs (not compared)")
     for label, verdict, why in (("HEAD", res.head_verdict, res.head_causes),

@@ -1,0 +1,145 @@
+"""Issue 25: gates that cannot lie. One section per item of the issue, each with the issue's own
+inputs (the committed GPU manifests under docs/gpu-runs/, the flags it quotes)."""
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, run_cli
+from pleharness.compare import compare
+from pleharness.manifest import load_manifest
+from pleharness.parity import token_hash
+
+GPU = ROOT / "docs" / "gpu-runs"
+GPU_RUNS = sorted(p.parent for p in GPU.glob("*/manifest.json"))
+FAILED_ON_THEIR_OWN = {"2026-11-29-d-random-weights-cold-reference",
+                       "2026-11-29-e-random-weights-no-prefix-cache",
+                       "2026-11-29-f-random-weights-warm-reference"}
+
+
+# -- 1. compare judges near ties as the run does ---------------------------------------------
+def test_committed_gpu_runs_have_eight_manifests():
+    assert len(GPU_RUNS) == 8, GPU_RUNS
+
+
+@pytest.mark.parametrize("run", GPU_RUNS, ids=lambda p: p.name)
+def test_compare_of_each_committed_gpu_run_with_itself(run):
+    """The same folder twice: token parity passes (near ties included: d, e, f, g), with a
+    warning that it is the same run; the exit code is 0 unless the run failed on its own (d, e,
+    f: random weights, failed checks), and the last line agrees with it."""
+    r = run_cli("compare", str(run), str(run), timeout=120)
+    out = r.stdout
+    assert "PASS token parity" in out and "FAIL token parity" not in out, out[-3000:]
+    assert "warning: BASE and HEAD are the same run" in out
+    last = out.strip().splitlines()[-1]
+    if run.name in FAILED_ON_THEIR_OWN:
+        assert r.returncode == 1, out[-2000:]
+        fails = [x for x in out.splitlines() if x.startswith("FAIL")]
+        assert len(fails) == 1 and fails[0].startswith("FAIL HEAD verdict"), fails
+        assert last.startswith("verdict: fail (HEAD failed its own run and BASE failed too")
+    else:
+        assert r.returncode == 0, out[-2000:]
+        assert last == "verdict: pass (HEAD passed and matches BASE)"
+
+
+def test_g_with_itself_keeps_the_near_tie_as_a_warning():
+    g = GPU / "2026-11-30-g-random-ngram-control"
+    r = run_cli("compare", str(g), str(g))
+    assert r.returncode == 0, r.stdout
+    assert "warning: parity: p5-len216 (max_tokens 32): identical, with 1 output(s) that differ " \
+           "from their reference only by divergences their own run tolerated (also_in_control)" \
+        in r.stdout
+    assert "PASS token parity: 8 prompts identical (1 with near-tie warnings)" in r.stdout
+
+
+def test_a_vs_c_tp1_vs_tp2_both_passing_passes():
+    """The one "differing" prompt of a vs c was a warmup output, which neither run judges."""
+    r = run_cli("compare", str(GPU / "2026-11-29-a-default-tp1"),
+                str(GPU / "2026-11-29-c-default-tp2"))
+    assert r.returncode == 0, r.stdout
+    assert "p2-len202" not in r.stdout
+    assert r.stdout.strip().splitlines()[-1] == "verdict: pass (HEAD passed and matches BASE)"
+
+
+def _flip(m, ref, pos: int, new_tok: int):
+    """HEAD = ``m`` whose outputs for ``ref``'s prompt take ``new_tok`` at ``pos`` (and keep the
+    rest): the reference and every request of that prompt, consistently."""
+    ids = list(ref.output_ids)
+    ids[pos] = new_tok
+    h = token_hash(ids)
+    for r in m.references:
+        if (r.prompt_hash, r.max_tokens) == (ref.prompt_hash, ref.max_tokens):
+            r.output_ids, r.output_hash = ids, h
+    for q in m.requests:
+        if (q.prompt_hash, q.max_tokens) == (ref.prompt_hash, ref.max_tokens) and q.output_hash:
+            q.output_hash = h
+            q.reference_hash = h
+
+
+def _margin_position(m, below: bool):
+    thr = m.run_options["near_tie_nats"]
+    for ref in m.references:
+        for i, x in enumerate(ref.margins or []):
+            if x is not None and ((x < thr) if below else (x >= 1.0)):
+                return ref, i
+    raise AssertionError("no such position in the committed run")
+
+
+@pytest.mark.parametrize("below", [True, False], ids=["near-tie", "hard"])
+def test_a_difference_across_runs_is_classified_by_the_reference_margin(below):
+    a = GPU / "2026-11-29-a-default-tp1"
+    base, head = load_manifest(a), load_manifest(a)
+    ref, pos = _margin_position(base, below)
+    href = next(r for r in head.references if r.prompt_hash == ref.prompt_hash
+                and r.max_tokens == ref.max_tokens)
+    _flip(head, href, pos, (ref.output_ids[pos] + 1) % 700)
+    res = compare(base, head)
+    if below:
+        assert res.passed, res.gate_failures
+        assert any(f"differ by a near tie, first divergent position {pos} " in w
+                   for w in res.warnings), res.warnings
+    else:
+        assert not res.passed
+        (mm,) = res.parity_mismatches
+        assert mm["first_divergence"] == pos
+        assert mm["detail"].startswith(f"first divergent position {pos} (BASE token "
+                                       f"{ref.output_ids[pos]}, HEAD token "
+                                       f"{(ref.output_ids[pos] + 1) % 700}; hard: margin")
+        assert res.diagnosis == ("HEAD passed its own run but missed token parity against BASE; "
+                                 "BASE passed its own run")
+
+
+def test_more_mismatches_than_shown_are_counted(tmp_path):
+    a = GPU / "2026-11-29-a-default-tp1"
+    m = json.loads((a / "manifest.json").read_text())
+    for q in m["requests"]:
+        if q.get("output_hash") and q["phase"] != "warmup":
+            q["output_hash"] = "f" * 63 + "0"
+    for r in m["references"]:
+        r["output_hash"] = token_hash(r["output_ids"] + [5])
+    (tmp_path / "head.json").write_text(json.dumps(m))
+    r = run_cli("compare", str(a), str(tmp_path / "head.json"))
+    assert r.returncode == 1
+    n = int(next(x for x in r.stdout.splitlines() if x.startswith("FAIL token parity"))
+            .split()[3])
+    assert n > 20
+    assert r.stdout.count("parity: ") - r.stdout.count("token parity: ") == 20
+    assert f"... and {n - 20} more parity mismatches not shown" in r.stdout
+
+
+def test_last_line_never_contradicts_the_exit_code():
+    """M21: failing d as BASE, passing a as HEAD: exit 1, and the last line does not say "fixed by
+    this change"; the models differ (a: the embedded model, d: random weights) and it says so."""
+    r = run_cli("compare", str(GPU / "2026-11-29-d-random-weights-cold-reference"),
+                str(GPU / "2026-11-29-a-default-tp1"))
+    assert r.returncode == 1
+    last = r.stdout.strip().splitlines()[-1]
+    assert last.startswith("verdict: fail (BASE and HEAD serve different models")
+    assert "fixed by this change" not in r.stdout
+
+
+def test_threshold_c0_is_a_usage_error():
+    a = str(GPU / "2026-11-29-a-default-tp1")
+    r = run_cli("compare", a, a, "--threshold", "C0>=1")
+    assert r.returncode == 2 and r.stderr.startswith("error: --threshold 'C0>=1'"), r.stderr
