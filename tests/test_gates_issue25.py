@@ -143,3 +143,27 @@ def test_threshold_c0_is_a_usage_error():
     a = str(GPU / "2026-11-29-a-default-tp1")
     r = run_cli("compare", a, a, "--threshold", "C0>=1")
     assert r.returncode == 2 and r.stderr.startswith("error: --threshold 'C0>=1'"), r.stderr
+
+
+# -- 4. every manifest schema ever written renders in every format ---------------------------
+@pytest.mark.parametrize("run", GPU_RUNS, ids=lambda p: p.name)
+def test_every_committed_gpu_manifest_renders_in_every_format(run, tmp_path):
+    """R17/R20: markdown crashed (exit 4) on the schema-1 manifests a, b, c, d, f. Every format
+    now exits with the run's own exit code and prints its table sections."""
+    code = json.loads((run / "manifest.json").read_text())["exit_code"]
+    for fmt in ("console", "markdown", "junit"):
+        r = run_cli("report", str(run), "--format", fmt, timeout=120)
+        assert r.returncode == code, (fmt, r.stderr[-2000:])
+        assert "internal error" not in r.stderr and r.stdout, fmt
+    md = run_cli("report", str(run), "-f", "markdown").stdout
+    if "boundary" in {s["kind"] for s in load_manifest(run, with_requests=False).scenarios}:
+        assert "does not fit" not in md and "oundary" in md
+
+
+def test_a_table_row_of_an_unknown_shape_is_named_not_a_crash(tmp_path):
+    m = json.loads((GPU / "2026-11-29-a-default-tp1" / "manifest.json").read_text())
+    m["tables"]["boundary"][0] = {"length": "garbage"}
+    (tmp_path / "m.json").write_text(json.dumps(m))
+    r = run_cli("report", str(tmp_path / "m.json"), "-f", "markdown")
+    assert r.returncode == 0, r.stderr
+    assert "(this manifest's boundary table does not fit this ple-harness's row model" in r.stdout
