@@ -17,12 +17,55 @@ from typing import Annotated, Optional
 from urllib.parse import urlsplit
 
 import typer
+import typer.core
 from rich.console import Console
 from rich.markup import escape
 
 from . import __version__
 from .engine.client import Timeouts
 from .errors import EXIT_INTERNAL, HarnessError, UsageError, write_crash_log
+
+# options whose empty value has its own, more specific usage error
+EMPTY_CHECKED_ELSEWHERE = {"--url", "--results-dir", "--run-id", "--ladder", "--plot", "--suite"}
+
+
+def empty_option_values(command, args: list[str]) -> list[str]:
+    """The options of ``command`` (a click command) given an empty or blank value in ``args``
+    (``--model ''``, ``--model=``): an unset variable in a CI job (``--model "$MODEL_DIR"``) must
+    not turn into a default (issue 25). Returns one problem line per option; flags that take no
+    value, and the options of :data:`EMPTY_CHECKED_ELSEWHERE`, are not looked at."""
+    takes_value = {}
+    for prm in command.params:
+        if getattr(prm, "param_type_name", "") == "option" and not prm.is_flag and not prm.count:
+            for name in prm.opts + prm.secondary_opts:
+                takes_value[name] = prm.opts[0] if prm.opts else name
+    out, i = [], 0
+    while i < len(args):
+        a = args[i]
+        if a == "--":
+            break
+        flag, value = (a.split("=", 1) + [None])[:2] if a.startswith("--") else (a, None)
+        if flag in takes_value:
+            if value is None:
+                value = args[i + 1] if i + 1 < len(args) else None
+                i += 1
+            main = takes_value[flag]
+            if value is not None and value.strip() == "" and main not in EMPTY_CHECKED_ELSEWHERE:
+                out.append(f"{main} {value!r}: an empty value (an unset variable in a CI job?): "
+                           "give a value or leave the option out")
+        i += 1
+    return list(dict.fromkeys(out))
+
+
+class _Command(typer.core.TyperCommand):
+    """Every command refuses empty option values before anything else (:func:`empty_option_values`)."""
+
+    def parse_args(self, ctx, args):
+        problems = empty_option_values(self, list(args))
+        if problems:
+            _raise_all(problems)
+        return super().parse_args(ctx, args)
+
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   context_settings={"help_option_names": ["-h", "--help"]},
@@ -325,7 +368,7 @@ def _engine_config(ctx: typer.Context, o: dict) -> dict:
         invocation=_program() + sys.argv[1:])
 
 
-@app.command()
+@app.command(cls=_Command)
 def stress(
     ctx: typer.Context,
     model: ModelOpt = None,
@@ -477,7 +520,7 @@ def _check_plot_path(plot: str) -> Path:
 P_FUZZ = "Search budget and reproducibility"
 
 
-@app.command()
+@app.command(cls=_Command)
 def fuzz(
     ctx: typer.Context,
     max_examples: Annotated[int, typer.Option(min=1, max=1_000_000, rich_help_panel=P_FUZZ,
@@ -559,7 +602,7 @@ def fuzz(
     raise typer.Exit(run_stress(cfg, console, err_console))
 
 
-@app.command()
+@app.command(cls=_Command)
 def facts(
     url: Annotated[Optional[str], typer.Option(help="Read a running server at this base URL.")] = None,
     model: Annotated[Optional[str], typer.Option(help="Launch this local model (default: the "
@@ -600,7 +643,7 @@ def facts(
     raise typer.Exit(run_facts(cfg, console))
 
 
-@app.command()
+@app.command(cls=_Command)
 def report(
     run: Annotated[Path, typer.Argument(help="Run folder or manifest.json.")],
     format: Annotated[ReportFormat, typer.Option("--format", "-f",
@@ -648,7 +691,7 @@ def _run_path(p: Path) -> Path:
     return p / "manifest.json" if p.is_dir() else p
 
 
-@app.command("compare")
+@app.command("compare", cls=_Command)
 def compare_cmd(
     base: Annotated[Path, typer.Argument(help="BASE run folder or manifest.")],
     head: Annotated[Path, typer.Argument(help="HEAD run folder or manifest.")],
@@ -719,7 +762,7 @@ def compare_cmd(
     raise typer.Exit(0 if res.passed else 1)
 
 
-@app.command()
+@app.command(cls=_Command)
 def scenarios():
     """List the shipped scenarios with a one-line description each."""
     from .scenarios import REGISTRY, scenario_dirs
@@ -762,7 +805,7 @@ def write_json_result(path: Path, result: dict, flag: str = "--json") -> None:
         raise UsageError(f"{flag} {str(path)!r}: cannot write: {exc.strerror or exc}") from None
 
 
-@app.command()
+@app.command(cls=_Command)
 def probe(
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the result as JSON "
                                                       "to this path.")] = None,
@@ -785,7 +828,7 @@ def probe(
     raise typer.Exit(1 if result.get("status") == "failed" else 0)
 
 
-@app.command()
+@app.command(cls=_Command)
 def explain(
     run: Annotated[Path, typer.Argument(help="Run folder (or manifest.json) of a launched run.")],
     suspect: Annotated[Optional[list[str]], typer.Option(
@@ -824,7 +867,7 @@ def explain(
                 console=err_console)
 
 
-@app.command("build-model")
+@app.command("build-model", cls=_Command)
 def build_model(
     engine_python: Annotated[Optional[str], typer.Option(
         help="Python with torch, transformers and tokenizers (for --verify). Default: this "

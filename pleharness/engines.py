@@ -110,6 +110,9 @@ def resolve_target(*, url: str | None, model: str | None, python: str, tp: int =
             env = {**EMBEDDED_ENV, **env}
         elif not Path(model).exists():
             raise UsageError(f"model path {model} does not exist")
+        elif not Path(model).is_dir():
+            raise UsageError(f"--model {model}: a file, not a model folder (expected a folder "
+                             "with config.json and the weights)")
     elif not EngineClient(url, api_key=api_key).health(timeout=10):
         raise UsageError(f"no engine answers GET {url.rstrip('/')}/health with 200 "
                          "(is the server running and the URL right?)")

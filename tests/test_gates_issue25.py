@@ -2,6 +2,7 @@
 inputs (the committed GPU manifests under docs/gpu-runs/, the flags it quotes)."""
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -167,3 +168,57 @@ def test_a_table_row_of_an_unknown_shape_is_named_not_a_crash(tmp_path):
     r = run_cli("report", str(tmp_path / "m.json"), "-f", "markdown")
     assert r.returncode == 0, r.stderr
     assert "(this manifest's boundary table does not fit this ple-harness's row model" in r.stdout
+
+
+# -- 3. empty values are usage errors, not defaults -------------------------------------------
+DEAD = "http://127.0.0.1:9"
+
+
+@pytest.mark.parametrize("argv", [
+    ["stress", "--model", ""], ["stress", "--model="], ["stress", "--engine-python", ""],
+    ["stress", "--host", ""], ["stress", "--api-key-env", ""], ["stress", "--engine-profile", ""],
+    ["stress", "--control-profile", ""], ["stress", "--golden-model", ""],
+    ["stress", "--engine-arg", ""], ["fuzz", "--model", ""], ["fuzz", "--engine-python", ""],
+    ["facts", "--model", ""], ["facts", "--engine-python", ""], ["facts", "--engine-profile", ""],
+    ["build-model", "--engine-python", ""],
+])
+def test_an_empty_value_is_a_usage_error_naming_the_flag(argv):
+    r = run_cli(*argv, timeout=60)
+    flag = argv[1].split("=")[0]
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.startswith(f"error: {flag} '': an empty value (an unset variable in a CI "
+                               "job?)"), r.stderr
+    assert r.stdout == ""
+
+
+def test_several_empty_values_are_listed_together():
+    r = run_cli("stress", "--model", "", "--host", " ", "--url", DEAD)
+    assert r.returncode == 2
+    assert "2 problems with the options" in r.stderr
+    assert "--model ''" in r.stderr and "--host ' '" in r.stderr
+
+
+@pytest.mark.parametrize("text, key", [
+    ("", None), ('model = ""\n', "model"), ('python = " "\n', "python"),
+    ('host = ""\n', "host"), ('engine_args = [""]\n', "engine_args"),
+    ('[env]\n"" = "x"\n', "env"),
+])
+def test_an_empty_profile_or_empty_profile_value_is_a_usage_error(tmp_path, text, key):
+    p = tmp_path / "p.toml"
+    p.write_text(text)
+    r = run_cli("stress", "--engine-profile", str(p), "--engine-python", "/bin/false")
+    assert r.returncode == 2, r.stdout + r.stderr
+    if key is None:
+        assert r.stderr.startswith(f"error: {p}: an empty engine profile (no keys)"), r.stderr
+    else:
+        assert r.stderr.startswith(f"error: {p}: {key}"), r.stderr
+        assert "empty" in r.stderr
+
+
+def test_a_regular_file_as_model_is_a_usage_error(tmp_path):
+    f = tmp_path / "hostname"
+    f.write_text("x\n")
+    r = run_cli("stress", "--model", str(f), "--engine-python", sys.executable,
+                "--results-dir", str(tmp_path / "res"), timeout=60)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"--model {f}: a file, not a model folder" in r.stderr
