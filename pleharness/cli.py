@@ -207,6 +207,7 @@ LAUNCH_ONLY = [("model", "--model"), ("engine_profile", "--engine-profile"), ("t
                ("engine_env", "--engine-env"), ("host", "--host"), ("port", "--port"),
                ("start_timeout", "--start-timeout"),
                ("reference_engine_arg", "--reference-engine-arg"),
+               ("reference_drop_arg", "--reference-drop-arg"),
                ("control_engine_arg", "--control-engine-arg"),
                ("control_drop_arg", "--control-drop-arg"), ("control_profile", "--control-profile")]
 ATTACH_FACTS = [("block_size", "--block-size", "--engine-arg --block-size=N"),
@@ -247,8 +248,10 @@ def _stress_option_problems(ctx: typer.Context, p: dict) -> list[str]:
                 out.append(f"{flag} is for attaching with --url only: it would override the "
                            f"launched engine's real value; a launched engine takes it from "
                            f"{how}")
-        if _given(ctx, "reference_engine_arg") and p.get("reference") != "engine":
-            out.append("--reference-engine-arg is ignored without --reference engine")
+        for name, flag in (("reference_engine_arg", "--reference-engine-arg"),
+                           ("reference_drop_arg", "--reference-drop-arg")):
+            if _given(ctx, name) and p.get("reference") != "engine":
+                out.append(f"{flag} is ignored without --reference engine")
     if p["results_dir"].strip() == "":
         out.append("--results-dir '': expected a folder path (e.g. results)")
     if p.get("suite") is not None and p.get("scenario"):
@@ -413,8 +416,9 @@ def stress(
         help="Deprecated spelling of --suite-repeats.")] = None,
     reference: Annotated[str, typer.Option(rich_help_panel=P_REF,
         help="Where single-request references come from: 'solo' (this engine, one request at a "
-             "time, before the load), 'engine' (a second launch with --reference-engine-arg, run "
-             "first and stopped), 'golden' (transformers in float32 on the same weights: an "
+             "time, before the load), 'engine' (a second launch of the engine under test's "
+             "configuration changed by --reference-engine-arg / --reference-drop-arg, run first "
+             "and stopped), 'golden' (transformers in float32 on the same weights: an "
              "implementation independent of vLLM; the engine's own solo runs are compared with "
              "it too), or 'manifest:PATH' (a previous run's references).")] = "solo",
     control_engine_arg: Annotated[Optional[list[str]], typer.Option(rich_help_panel=P_CTRL,
@@ -424,7 +428,9 @@ def stress(
              "e.g. --control-engine-arg=--enforce-eager.")] = None,
     control_drop_arg: Annotated[Optional[list[str]], typer.Option(rich_help_panel=P_CTRL,
         help="Control run: remove this flag (and its value) from the engine's arguments, e.g. "
-             "--control-drop-arg=--speculative-config (repeatable).")] = None,
+             "--control-drop-arg=--speculative-config (repeatable; _ and - are the same, as in "
+             "vLLM). A flag not among them, or a control identical to the engine under test, is "
+             "a usage error.")] = None,
     control_profile: Annotated[Optional[Path], typer.Option(rich_help_panel=P_CTRL,
         help="Control run: the control engine's own profile, a path or a shipped name; only its "
              "engine_args and env apply (model, python, tp, host: the engine under test's, with a "
@@ -434,8 +440,14 @@ def stress(
         help="Model folder for the golden model when attaching with --url (default: the served "
              "model's root, when it is a local folder).")] = None,
     reference_engine_arg: Annotated[Optional[list[str]], typer.Option(rich_help_panel=P_REF,
-        help="Argument of the reference engine (--reference engine), repeatable, e.g. "
-             "--reference-engine-arg=--enforce-eager.")] = None,
+        help="--reference engine: an argument added to the reference engine, repeatable, e.g. "
+             "--reference-engine-arg=--enforce-eager. The reference engine inherits the engine "
+             "under test's model, python, tp, env and arguments (profile engine_args, then "
+             "--engine-arg); only the port differs. One identical to the engine under test is "
+             "a usage error.")] = None,
+    reference_drop_arg: Annotated[Optional[list[str]], typer.Option(rich_help_panel=P_REF,
+        help="--reference engine: remove this flag (and its value) from the inherited "
+             "arguments, e.g. --reference-drop-arg=--speculative-config (repeatable).")] = None,
     reference_cache_state: Annotated[CacheState, typer.Option(rich_help_panel=P_REF,
         help="warm: run each reference prompt alone twice, judge the second (prefix-cached) "
              "run against the first, keep the second; cold: keep the first run.")] = CacheState.warm,
@@ -481,7 +493,8 @@ def stress(
         repeat=(repeat_old or suite_repeats) if explicit_repeats or not suite_def
         else suite_def.repeat,
         on_timeout=on_timeout.value, reference=reference,
-        reference_engine_args=list(reference_engine_arg or []), logprobs=logprobs,
+        reference_engine_args=list(reference_engine_arg or []),
+        reference_drop_args=list(reference_drop_arg or []), logprobs=logprobs,
         golden_model=golden_model, control_engine_args=list(control_engine_arg or []),
         control_drop_args=list(control_drop_arg or []),
         control_profile=str(control_profile_path) if control_profile_path else None,

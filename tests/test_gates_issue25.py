@@ -222,3 +222,82 @@ def test_a_regular_file_as_model_is_a_usage_error(tmp_path):
                 "--results-dir", str(tmp_path / "res"), timeout=60)
     assert r.returncode == 2, r.stdout + r.stderr
     assert f"--model {f}: a file, not a model folder" in r.stderr
+
+
+# -- 2. a control or reference engine identical to the engine under test ----------------------
+FAKE_PY = str(ROOT / "tests" / "fakepy" / "python")
+
+
+def stress_fake(tmp_path, *args):
+    """``stress`` launching the engine double: every case here must stop with a usage error
+    before anything is launched or a run folder exists."""
+    res = tmp_path / "res"
+    r = run_cli("stress", "--engine-python", FAKE_PY, "--results-dir", str(res), *args,
+                env={"PLE_REAL_PYTHON": sys.executable}, timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert not res.exists(), "nothing is created for a usage error"
+    return r.stderr
+
+
+def test_control_drop_of_a_flag_not_in_the_args_is_a_usage_error(tmp_path):
+    err = stress_fake(tmp_path, "--control-drop-arg=--no-such-flag")
+    assert err.startswith("error: --control-drop-arg=--no-such-flag: not among the engine under "
+                          "test's arguments (--block-size 32 --max-num-batched-tokens 256 "
+                          "--dtype float32), so dropping it changes nothing"), err
+
+
+def test_control_profile_equal_to_engine_profile_is_a_usage_error(tmp_path):
+    err = stress_fake(tmp_path, "--engine-profile", "cpu-ngram", "--control-profile", "cpu-ngram")
+    line = err.splitlines()[-1]
+    assert line.startswith(f"error: --control-profile {ROOT / 'profiles' / 'cpu-ngram.toml'}: "
+                           "the control engine would be identical to the engine under test"), err
+
+
+def test_control_arg_that_repeats_an_engine_arg_is_a_usage_error(tmp_path):
+    err = stress_fake(tmp_path, "--control-engine-arg=--dtype=float32")
+    assert err.startswith("error: --control-engine-arg --dtype=float32: the control engine would "
+                          "be identical to the engine under test"), err
+
+
+def test_reference_engine_without_a_change_is_a_usage_error(tmp_path):
+    err = stress_fake(tmp_path, "--reference", "engine")
+    assert err.startswith("error: --reference engine without --reference-engine-arg or "
+                          "--reference-drop-arg: the reference engine would be identical to the "
+                          "engine under test"), err
+    err = stress_fake(tmp_path, "--reference", "engine", "--reference-drop-arg=--enforce-eager")
+    assert err.startswith("error: --reference-drop-arg=--enforce-eager: not among the engine "
+                          "under test's arguments"), err
+
+
+def test_underscore_spelling_drops_the_flag_as_vllm_reads_it():
+    """C20: --control-drop-arg=--speculative_config on cpu-ngram. vLLM's parser reads
+    --speculative_config as --speculative-config, so the drop now removes it and the control
+    differs (it is no longer silently identical)."""
+    from pleharness.attribution import control_args, unused_drops
+    from pleharness.profile import load_profile
+    args = load_profile(ROOT / "profiles" / "cpu-ngram.toml").engine_args
+    out = control_args(args, ["--speculative_config"])
+    assert "--speculative-config" not in out and len(out) == len(args) - 2
+    assert unused_drops(args, ["--speculative_config"]) == []
+    assert unused_drops(args, ["--speculative-configs"]) == ["--speculative-configs"]
+
+
+def test_reference_engine_inherits_the_engine_arguments():
+    from pleharness.engines import Target
+    from pleharness.stress import StressConfig, _reference_config, second_engine_problems
+    t = Target(url=None, model_path="/m", served_name=None, python="py",
+               engine_args=["--max-num-seqs", "8", "--speculative-config", "{}", "--dtype=float32"],
+               engine_env={"A": "1"})
+    cfg = StressConfig(reference="engine", reference_drop_args=["--speculative-config"],
+                       reference_engine_args=["--enforce-eager"])
+    args, env = _reference_config(cfg, t)
+    assert args == ["--max-num-seqs", "8", "--dtype=float32", "--enforce-eager"] and env == {"A": "1"}
+    assert second_engine_problems(cfg, t) == []
+
+
+def test_help_states_what_the_reference_engine_inherits():
+    out = run_cli("stress", "--help").stdout
+    flat = " ".join(out.replace("│", " ").split())
+    assert "The reference engine inherits the engine under test's model, python, tp, env and " \
+           "arguments" in flat, flat
+    assert "--reference-drop-arg" in out
