@@ -24,6 +24,7 @@ from rich.markup import escape
 from . import __version__
 from .engine.client import Timeouts
 from .errors import EXIT_INTERNAL, HarnessError, UsageError, write_crash_log
+from .redact import redact_argv, redact_url
 
 # options whose empty value has its own, more specific usage error
 EMPTY_CHECKED_ELSEWHERE = {"--url", "--results-dir", "--run-id", "--ladder", "--plot", "--suite"}
@@ -167,18 +168,20 @@ def _engine_arg_problems(args: list[str], where: str) -> list[str]:
 
 
 def _check_url(url: str) -> str | None:
+    """A usage-error line for a malformed --url (its password redacted), or None."""
+    shown = redact_url(url)
     try:
         parts = urlsplit(url)
         parts.hostname
     except ValueError as exc:
-        return f"--url {url!r}: not a valid URL ({exc})"
+        return f"--url {shown!r}: not a valid URL ({exc})"
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        return (f"--url {url!r}: expected an http:// or https:// URL with a host, e.g. "
+        return (f"--url {shown!r}: expected an http:// or https:// URL with a host, e.g. "
                 "http://127.0.0.1:8000")
     try:
         parts.port
     except ValueError:
-        return f"--url {url!r}: the port is not a number between 0 and 65535"
+        return f"--url {shown!r}: the port is not a number between 0 and 65535"
     return None
 
 
@@ -368,7 +371,7 @@ def _engine_config(ctx: typer.Context, o: dict) -> dict:
         profile=str(profile_path) if profile_path else None, api_key=api_key,
         near_tie_nats=o["near_tie_nats"], strict=o["strict"], golden=o["golden"],
         results_dir=Path(o["results_dir"]), run_id=o["run_id"],
-        invocation=_program() + sys.argv[1:])
+        invocation=redact_argv(_program() + sys.argv[1:]))
 
 
 @app.command(cls=_Command)

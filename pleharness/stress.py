@@ -27,6 +27,7 @@ from .engines import (EMBEDDED_ENGINE_ARGS, EMBEDDED_ENV, Engine, Target,  # noq
 from .environment import environment_info, gpu_inventory, harness_info
 from .errors import EXIT_INTERNAL, EngineError, HarnessError, UsageError, write_crash_log
 from .manifest import Manifest, now_iso, write_manifest
+from .redact import redact_argv, redact_url
 from .render import headline, render
 from .runner import (EXIT_ENGINE, EXIT_FAIL, EXIT_OK, RequestTimeoutAbort, RunContext,
                      RunOptions, new_run_dir)
@@ -388,13 +389,13 @@ def _engine_under_test(run: _Run, stack: contextlib.ExitStack, scenarios: list[S
                                                                      cfg.profile),
                          "engine_log": "engine.log", "launcher_log": "launcher.log"})
     else:
-        m.engine.update({"mode": "attached", "url": cfg.url})
+        m.engine.update({"mode": "attached", "url": redact_url(cfg.url)})
     eng = run.engine(stack, target)
     run.ready = True
     if eng.server is not None:
         m.engine["command"] = eng.server.command
         m.engine["ready_s"] = round(eng.server.ready_s or 0, 3)
-    m.engine.update({"url": eng.server.url if eng.server else cfg.url, "model": eng.client.model,
+    m.engine.update({"url": eng.server.url if eng.server else redact_url(cfg.url), "model": eng.client.model,
                      "version": eng.version, "max_model_len": eng.card.get("max_model_len"),
                      "model_root": eng.card.get("root")})
     eng.facts.record(m, run.console)
@@ -603,7 +604,8 @@ def _control_pass(run: _Run, scenarios: list[Scenario], facts, target: Target) -
         stack.callback(lambda: (setattr(cm, "ended_at", now_iso()), write_manifest(cpath, cm)))
         try:
             rec.update(eng.record())
-            cm.engine = {"mode": "launched", "command": eng.server.command, "url": eng.server.url}
+            cm.engine = {"mode": "launched", "command": redact_argv(eng.server.command),
+                         "url": eng.server.url}
             with _progress(run.console) as progress:
                 ctx = _context(cfg, eng, cm, cpath, facts, progress)
                 _run_suite(ctx, scenarios, cfg.repeat)

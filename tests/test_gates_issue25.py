@@ -301,3 +301,69 @@ def test_help_states_what_the_reference_engine_inherits():
     assert "The reference engine inherits the engine under test's model, python, tp, env and " \
            "arguments" in flat, flat
     assert "--reference-drop-arg" in out
+
+
+# -- 5. one redaction rule; run outputs 0600 / 0700 -------------------------------------------
+SECRETS = ["--engine-arg=--api-key=sk-ENGINEARG-SECRET-42",
+           "--engine-env", "OPENAI_API_KEY=sk-ENVKEY-SECRET-43",
+           "--engine-env", "DB_URL=postgres://u:pw-SECRET-44@h/db",
+           "--engine-env=PLAIN_NAME=value-SECRET-47",
+           "--control-engine-arg=--api-key", "--control-engine-arg=sk-TWO-TOKEN-SECRET-45"]
+
+
+def test_no_secret_reaches_any_file_or_the_console(tmp_path):
+    """E09/E10 and the two-token form: the engine double exits before it is ready (exit 3), after
+    the run folder, launcher.log, engine.log, manifest.json, summary.md and junit.xml exist."""
+    res = tmp_path / "res"
+    r = run_cli("stress", *SECRETS, "--engine-python", FAKE_PY, "--results-dir", str(res),
+                "--run-id", "leak", "--start-timeout", "30",
+                env={"PLE_REAL_PYTHON": sys.executable, "PLE_FAULT_UPSTREAM": ""}, timeout=300)
+    assert r.returncode == 3, r.stdout + r.stderr
+    run = res / "leak"
+    names = {p.name for p in run.iterdir()}
+    assert {"manifest.json", "summary.md", "junit.xml", "launcher.log", "engine.log"} <= names
+    assert "SECRET" not in r.stdout + r.stderr
+    for p in run.iterdir():
+        text = p.read_text(errors="replace")
+        if p.name != "engine.log":  # the engine's own output is the engine's (0600 below)
+            assert "SECRET" not in text, (p.name, [x for x in text.split() if "SECRET" in x])
+    m = json.loads((run / "manifest.json").read_text())
+    inv = m["invocation"]
+    assert "OPENAI_API_KEY=<redacted>" in inv and "DB_URL=<redacted>" in inv
+    assert "--engine-env=PLAIN_NAME=<redacted>" in inv
+    assert "--engine-arg=--api-key=<redacted>" in inv
+    assert inv[inv.index("--control-engine-arg=--api-key") + 1] == "--control-engine-arg=<redacted>"
+    assert "--engine-python" in inv and FAKE_PY in inv, "the rest stays as it was run"
+    assert "--api-key=<redacted>" in m["engine"]["launch"]["engine_args"]
+    assert "<redacted>" in (run / "launcher.log").read_text()
+    summary = (run / "summary.md").read_text()
+    assert "OPENAI_API_KEY=<redacted>" in summary
+    # one mode for every run output: the folder 0700, every file 0600
+    assert run.stat().st_mode & 0o777 == 0o700
+    modes = {p.name: oct(p.stat().st_mode & 0o777) for p in run.iterdir()}
+    assert set(modes.values()) == {"0o600"}, modes
+
+
+def test_a_url_password_is_not_echoed():
+    r = run_cli("stress", "--url", "http://user:pw-SECRET-46@127.0.0.1:9")
+    assert r.returncode == 2
+    assert "SECRET" not in r.stdout + r.stderr and "user:<redacted>@127.0.0.1:9" in r.stderr
+    r = run_cli("stress", "--url", "ftp://user:pw-SECRET-46@127.0.0.1:9")
+    assert r.returncode == 2 and "SECRET" not in r.stderr
+
+
+def test_redaction_rule_on_engine_command_lines():
+    from pleharness.redact import redact_argv, redact_env
+    cmd = ["py", "-m", "vllm.entrypoints.openai.api_server", "--model", "m", "--api-key", "k1",
+           "--api-key=k2", "--hf-token", "k3", "--max-num-seqs", "8"]
+    assert redact_argv(cmd) == ["py", "-m", "vllm.entrypoints.openai.api_server", "--model", "m",
+                                "--api-key", "<redacted>", "--api-key=<redacted>", "--hf-token",
+                                "<redacted>", "--max-num-seqs", "8"]
+    assert redact_argv(["--api-key-env", "MY_KEY"]) == ["--api-key-env", "MY_KEY"]
+    assert redact_env({"HF_TOKEN": "t", "DB": "mysql://a:b@c/d", "X": "1", "VLLM_API_KEY": "k",
+                       "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_URL": "http://a:b@c"}) == \
+        {"HF_TOKEN": "<redacted>", "DB": "<redacted>", "X": "<redacted>",
+         "VLLM_API_KEY": "<redacted>", "VLLM_CPU_KVCACHE_SPACE": "1",
+         "VLLM_URL": "http://a:<redacted>@c"}
+    assert redact_argv(["--engine-env", "VLLM_CPU_KVCACHE_SPACE=1", "--engine-env=DB=x"]) == \
+        ["--engine-env", "VLLM_CPU_KVCACHE_SPACE=1", "--engine-env=DB=<redacted>"]
