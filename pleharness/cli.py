@@ -839,6 +839,13 @@ def probe(
         check_json_path(json_path)
     result = run_probe(selftest=True, timings=not quick, replays=100 if quick else replays)
     render(result, console)
+    if result.get("status") == "unavailable" and "PyTorch" in str(result.get("reason")):
+        here = Path(__file__).resolve().parent.parent
+        err_console.print(
+            f"note: the probe runs in this Python ({escape(sys.executable)}), which has no "
+            "usable PyTorch (a pip install of ple-harness needs none). Run it with the engine's "
+            f"Python, where PyTorch and CUDA are: PYTHONPATH={escape(str(here))} "
+            "ENGINE_PYTHON -m pleharness.probe")
     if json_path:
         write_json_result(json_path, result)
     raise typer.Exit(1 if result.get("status") == "failed" else 0)
