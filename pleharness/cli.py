@@ -130,8 +130,12 @@ def warn(text: str) -> None:
 def _parse_ladder(text: str) -> list[int]:
     """'4,3,2,1' (also 'C4>C3') -> [4, 3, 2, 1]; each level 1..1024, else a usage error naming
     the flag."""
+    items = text.replace(">", ",").replace("C", "").split(",")
+    if text.strip() and any(not x.strip() for x in items):
+        raise UsageError(f"--ladder {text!r}: an empty level between commas; expected "
+                         "comma-separated concurrency levels, e.g. 4,3,2,1")
     try:
-        levels = [int(x) for x in text.replace(">", ",").replace("C", "").split(",") if x.strip()]
+        levels = [int(x) for x in items if x.strip()]
     except ValueError:
         raise UsageError(f"--ladder {text!r}: expected comma-separated concurrency levels, "
                          "e.g. 4,3,2,1") from None
@@ -317,7 +321,7 @@ DtypeOpt = Annotated[Optional[str], typer.Option(rich_help_panel=P_ATTACH,
 ApiKeyEnvOpt = Annotated[Optional[str], typer.Option(rich_help_panel=P_ATTACH,
     help="Name of an environment variable holding an API key: sent as a Bearer token and "
          "given to a launched engine (VLLM_API_KEY); never written anywhere.")]
-NearTieOpt = Annotated[Optional[float], typer.Option(min=0.0, rich_help_panel=P_REF,
+NearTieOpt = Annotated[Optional[float], typer.Option(min=0.0, max=100.0, rich_help_panel=P_REF,
     help="A divergence whose top-1/top-2 gap is below this (nats) is a near tie (warning), "
          "else hard (failure). Default: from the serving dtype: bfloat16 0.5, float16 "
          "0.0625, float32 0.01 (see pleharness/divergence.py).")]
@@ -645,9 +649,18 @@ def facts(
     from .factsjob import FactsConfig, run_facts
     from .profile import EngineProfile, load_profile
 
-    prof = load_profile(engine_profile) if engine_profile else EngineProfile()
-    if url and (model or engine_profile):
-        raise UsageError("--url cannot be combined with --model or --engine-profile")
+    if url is not None:
+        problems = [p for p in [_check_url(url)] if p]
+        launch = [f for f, v in (("--model", model), ("--engine-profile", engine_profile),
+                                 ("--tp", tp), ("--engine-python", engine_python),
+                                 ("--engine-arg", engine_arg), ("--engine-env", engine_env))
+                  if v]
+        if launch:
+            problems.append(f"{', '.join(launch)}: launch option(s), but --url reads a running "
+                            "engine that the harness does not start (drop them, or drop --url)")
+        _raise_all(problems)
+    profile_path = _find_profile(engine_profile) if engine_profile else None  # as stress finds it
+    prof = load_profile(profile_path) if profile_path else EngineProfile()
     cfg = FactsConfig(url=url, model=model or prof.model, tp=tp or prof.tp or 1,
                       engine_python=engine_python or prof.python or sys.executable,
                       engine_args=prof.engine_args + list(engine_arg or []),
@@ -906,6 +919,9 @@ def build_model(
     The path goes to stdout, notes to stderr; with --verify, also whether its recipe reproduces
     the pinned weights on this machine."""
     from .model import WEIGHTS_SHA256, ensure_embedded_model, rebuild
+    if engine_python is not None and not verify:
+        raise UsageError("--engine-python is used only with --verify (the retraining); without "
+                         "it the pinned digests are checked in this Python")
     path = ensure_embedded_model()
     print(path)
     err = err_console

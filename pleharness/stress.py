@@ -114,6 +114,9 @@ class StressConfig:
             (self.control and self.url is not None,
              "--control-engine-arg / --control-drop-arg / --control-profile need a launched "
              "engine (not --url): the harness launches the control"),
+            (self.golden_model is not None and not Path(self.golden_model).is_dir(),
+             f"--golden-model {self.golden_model}: not a model folder (checked before the "
+             "engine, so that a typo does not cost an engine start)"),
         ):
             if bad:
                 raise UsageError(msg)

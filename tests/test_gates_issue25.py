@@ -367,3 +367,33 @@ def test_redaction_rule_on_engine_command_lines():
          "VLLM_URL": "http://a:<redacted>@c"}
     assert redact_argv(["--engine-env", "VLLM_CPU_KVCACHE_SPACE=1", "--engine-env=DB=x"]) == \
         ["--engine-env", "VLLM_CPU_KVCACHE_SPACE=1", "--engine-env=DB=<redacted>"]
+
+
+# -- the review's other "silently accepted" / "wrong" rows ------------------------------------
+@pytest.mark.parametrize("argv, msg", [
+    (["stress", "--ladder", "4,,1", "--url", DEAD], "--ladder '4,,1': an empty level"),  # N25
+    (["stress", "--near-tie-nats", "inf", "--url", DEAD], "--near-tie-nats"),  # N03
+    (["stress", "--near-tie-nats", "1e308", "--url", DEAD], "--near-tie-nats"),  # N24
+    (["stress", "--golden-model", "/nonexistent", "--url", DEAD],
+     "--golden-model /nonexistent: not a model folder"),  # E13
+    (["build-model", "--engine-python", "/nonexistent/python"],
+     "--engine-python is used only with --verify"),  # X11
+    (["facts", "--url", "ftp://127.0.0.1:9"], "--url 'ftp://127.0.0.1:9': expected an http://"),
+    (["facts", "--url", DEAD, "--tp", "4", "--engine-arg=--enforce-eager"],
+     "--tp, --engine-arg: launch option(s), but --url reads a running engine"),  # C15
+    (["stress", "--run-id", "a\nb", "--engine-python", sys.executable, "--results-dir",
+      "/tmp/ple-h5-never-created"], "no control characters"),  # D09
+])
+def test_review_rows_now_refused(argv, msg):
+    r = run_cli(*argv, timeout=60)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert msg in r.stderr, r.stderr
+
+
+def test_facts_finds_a_shipped_profile_by_name(tmp_path):
+    """P15: facts --engine-profile cpu-ngram finds the shipped profile as stress does (it gets as
+    far as the engine's Python)."""
+    r = run_cli("facts", "--engine-profile", "cpu-ngram", "--engine-python", "/nonexistent/py",
+                "--results-dir", str(tmp_path), timeout=60)
+    assert r.returncode == 2 and "engine profile cpu-ngram not found" not in r.stderr, r.stderr
+    assert "/nonexistent/py" in r.stderr
