@@ -736,8 +736,11 @@ def compare_cmd(
     """Compare two runs: HEAD's own verdict, per-request token parity, throughput ratios, gates.
 
     Fails when HEAD failed on its own (and says whether BASE failed too: "broken before" vs
-    "broken by this change"), when either run did not complete, on any token difference, and on a
-    missed throughput gate. Exit 0 pass, 1 fail, 2 usage error (a run cannot be read, bad gate).
+    "broken by this change"), when either run did not complete, when they serve different
+    models, on a token difference that is not a near tie (judged as the runs judge their own:
+    outputs a run tolerated, near ties or also_in_control, are warnings), and on a missed
+    throughput gate. The same run twice passes with a warning. The last line agrees with the
+    exit code. Exit 0 pass, 1 fail, 2 usage error (a run cannot be read, bad gate).
     """
     from rich.table import Table
 
