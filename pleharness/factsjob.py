@@ -17,10 +17,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from .redact import redact_argv
 from .engine.facts import EngineFacts
 from .engine.launch import redact_env
 from .engines import resolve_target, start_or_attach
+from .redact import redact_argv
 
 # which derived schedules need which fact (printed for facts that stayed unknown)
 NEEDED_BY = {
