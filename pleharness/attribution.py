@@ -40,22 +40,59 @@ def twin_key(r: RequestRecord) -> tuple[str, int, int]:
     return (r.prompt_hash, r.max_tokens, r.concurrency)
 
 
+def flag_name(arg: str) -> str:
+    """An engine argument's flag as vLLM's parser reads it: ``--speculative_config=...`` ->
+    ``--speculative-config`` (vLLM's FlexibleArgumentParser turns ``_`` into ``-`` in long
+    options); a value (no leading ``--``) is returned unchanged."""
+    if not arg.startswith("--"):
+        return arg
+    return "--" + arg[2:].split("=", 1)[0].replace("_", "-")
+
+
 def control_args(engine_args: Sequence[str], drop: Sequence[str] = (),
                  add: Sequence[str] = ()) -> list[str]:
     """The control engine's arguments: ``engine_args`` without the flags in ``drop`` (each with
-    its value, in the ``--flag value`` or ``--flag=value`` form), then ``add`` appended (later
-    flags win in vLLM's argparse)."""
+    its value, in the ``--flag value`` or ``--flag=value`` form; ``_`` and ``-`` in a flag name
+    are the same flag, as in vLLM's parser), then ``add`` appended (later flags win in vLLM's
+    argparse)."""
     out, i, args = [], 0, list(engine_args)
-    drop = set(drop)
+    drop = {flag_name(d) for d in drop}
     while i < len(args):
         a = args[i]
-        flag = a.split("=", 1)[0]
-        if flag in drop:
+        if flag_name(a) in drop:
             i += 1 if "=" in a or i + 1 >= len(args) or args[i + 1].startswith("--") else 2
             continue
         out.append(a)
         i += 1
     return out + list(add)
+
+
+def unused_drops(engine_args: Sequence[str], drop: Sequence[str]) -> list[str]:
+    """The flags of ``drop`` that are not among ``engine_args`` (dropping them changes nothing)."""
+    present = {flag_name(a) for a in engine_args if a.startswith("--")}
+    return [d for d in drop if flag_name(d) not in present]
+
+
+def effective_config(args: Sequence[str], env: dict[str, str]) -> tuple[dict, dict]:
+    """What an engine launch amounts to: {flag: value} as vLLM's parser ends up with it (later
+    occurrences win, ``_`` = ``-`` in names, bare flags True) and the environment. Two launches
+    with equal results serve the same configuration."""
+    from .engine.facts import parse_engine_args
+    parsed = parse_engine_args(list(args))
+    return {flag_name(k): v for k, v in parsed.items()}, dict(env)
+
+
+def same_config_problem(flag_hint: str, what: str, args: Sequence[str], env: dict[str, str],
+                        target_args: Sequence[str], target_env: dict[str, str]) -> str | None:
+    """A usage-error line when the ``what`` engine (control, reference) launched with ``args`` /
+    ``env`` would serve exactly the engine under test's configuration; ``flag_hint`` names the
+    option(s) that changed nothing. None when they differ."""
+    if effective_config(args, env) != effective_config(target_args, target_env):
+        return None
+    return (f"{flag_hint}: the {what} engine would be identical to the engine under test (same "
+            "model, python, tp, arguments and environment after the profile, --engine-arg and "
+            f"drops are applied), so it could attribute nothing; change a flag that is among the "
+            f"engine's arguments ({' '.join(target_args) or 'none'})")
 
 
 def attribute(main: Manifest, control: Manifest) -> dict[str, int]:

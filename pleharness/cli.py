@@ -17,12 +17,56 @@ from typing import Annotated, Optional
 from urllib.parse import urlsplit
 
 import typer
+import typer.core
 from rich.console import Console
 from rich.markup import escape
 
 from . import __version__
 from .engine.client import Timeouts
 from .errors import EXIT_INTERNAL, HarnessError, UsageError, write_crash_log
+from .redact import redact_argv, redact_url
+
+# options whose empty value has its own, more specific usage error
+EMPTY_CHECKED_ELSEWHERE = {"--url", "--results-dir", "--run-id", "--ladder", "--plot", "--suite"}
+
+
+def empty_option_values(command, args: list[str]) -> list[str]:
+    """The options of ``command`` (a click command) given an empty or blank value in ``args``
+    (``--model ''``, ``--model=``): an unset variable in a CI job (``--model "$MODEL_DIR"``) must
+    not turn into a default (issue 25). Returns one problem line per option; flags that take no
+    value, and the options of :data:`EMPTY_CHECKED_ELSEWHERE`, are not looked at."""
+    takes_value = {}
+    for prm in command.params:
+        if getattr(prm, "param_type_name", "") == "option" and not prm.is_flag and not prm.count:
+            for name in prm.opts + prm.secondary_opts:
+                takes_value[name] = prm.opts[0] if prm.opts else name
+    out, i = [], 0
+    while i < len(args):
+        a = args[i]
+        if a == "--":
+            break
+        flag, value = (a.split("=", 1) + [None])[:2] if a.startswith("--") else (a, None)
+        if flag in takes_value:
+            if value is None:
+                value = args[i + 1] if i + 1 < len(args) else None
+                i += 1
+            main = takes_value[flag]
+            if value is not None and value.strip() == "" and main not in EMPTY_CHECKED_ELSEWHERE:
+                out.append(f"{main} {value!r}: an empty value (an unset variable in a CI job?): "
+                           "give a value or leave the option out")
+        i += 1
+    return list(dict.fromkeys(out))
+
+
+class _Command(typer.core.TyperCommand):
+    """Every command refuses empty option values before anything else (:func:`empty_option_values`)."""
+
+    def parse_args(self, ctx, args):
+        problems = empty_option_values(self, list(args))
+        if problems:
+            _raise_all(problems)
+        return super().parse_args(ctx, args)
+
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   context_settings={"help_option_names": ["-h", "--help"]},
@@ -86,8 +130,12 @@ def warn(text: str) -> None:
 def _parse_ladder(text: str) -> list[int]:
     """'4,3,2,1' (also 'C4>C3') -> [4, 3, 2, 1]; each level 1..1024, else a usage error naming
     the flag."""
+    items = text.replace(">", ",").replace("C", "").split(",")
+    if text.strip() and any(not x.strip() for x in items):
+        raise UsageError(f"--ladder {text!r}: an empty level between commas; expected "
+                         "comma-separated concurrency levels, e.g. 4,3,2,1")
     try:
-        levels = [int(x) for x in text.replace(">", ",").replace("C", "").split(",") if x.strip()]
+        levels = [int(x) for x in items if x.strip()]
     except ValueError:
         raise UsageError(f"--ladder {text!r}: expected comma-separated concurrency levels, "
                          "e.g. 4,3,2,1") from None
@@ -124,18 +172,20 @@ def _engine_arg_problems(args: list[str], where: str) -> list[str]:
 
 
 def _check_url(url: str) -> str | None:
+    """A usage-error line for a malformed --url (its password redacted), or None."""
+    shown = redact_url(url)
     try:
         parts = urlsplit(url)
         parts.hostname
     except ValueError as exc:
-        return f"--url {url!r}: not a valid URL ({exc})"
+        return f"--url {shown!r}: not a valid URL ({exc})"
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        return (f"--url {url!r}: expected an http:// or https:// URL with a host, e.g. "
+        return (f"--url {shown!r}: expected an http:// or https:// URL with a host, e.g. "
                 "http://127.0.0.1:8000")
     try:
         parts.port
     except ValueError:
-        return f"--url {url!r}: the port is not a number between 0 and 65535"
+        return f"--url {shown!r}: the port is not a number between 0 and 65535"
     return None
 
 
@@ -164,6 +214,7 @@ LAUNCH_ONLY = [("model", "--model"), ("engine_profile", "--engine-profile"), ("t
                ("engine_env", "--engine-env"), ("host", "--host"), ("port", "--port"),
                ("start_timeout", "--start-timeout"),
                ("reference_engine_arg", "--reference-engine-arg"),
+               ("reference_drop_arg", "--reference-drop-arg"),
                ("control_engine_arg", "--control-engine-arg"),
                ("control_drop_arg", "--control-drop-arg"), ("control_profile", "--control-profile")]
 ATTACH_FACTS = [("block_size", "--block-size", "--engine-arg --block-size=N"),
@@ -204,8 +255,10 @@ def _stress_option_problems(ctx: typer.Context, p: dict) -> list[str]:
                 out.append(f"{flag} is for attaching with --url only: it would override the "
                            f"launched engine's real value; a launched engine takes it from "
                            f"{how}")
-        if _given(ctx, "reference_engine_arg") and p.get("reference") != "engine":
-            out.append("--reference-engine-arg is ignored without --reference engine")
+        for name, flag in (("reference_engine_arg", "--reference-engine-arg"),
+                           ("reference_drop_arg", "--reference-drop-arg")):
+            if _given(ctx, name) and p.get("reference") != "engine":
+                out.append(f"{flag} is ignored without --reference engine")
     if p["results_dir"].strip() == "":
         out.append("--results-dir '': expected a folder path (e.g. results)")
     if p.get("suite") is not None and p.get("scenario"):
@@ -268,7 +321,7 @@ DtypeOpt = Annotated[Optional[str], typer.Option(rich_help_panel=P_ATTACH,
 ApiKeyEnvOpt = Annotated[Optional[str], typer.Option(rich_help_panel=P_ATTACH,
     help="Name of an environment variable holding an API key: sent as a Bearer token and "
          "given to a launched engine (VLLM_API_KEY); never written anywhere.")]
-NearTieOpt = Annotated[Optional[float], typer.Option(min=0.0, rich_help_panel=P_REF,
+NearTieOpt = Annotated[Optional[float], typer.Option(min=0.0, max=100.0, rich_help_panel=P_REF,
     help="A divergence whose top-1/top-2 gap is below this (nats) is a near tie (warning), "
          "else hard (failure). Default: from the serving dtype: bfloat16 0.5, float16 "
          "0.0625, float32 0.01 (see pleharness/divergence.py).")]
@@ -328,10 +381,10 @@ def _engine_config(ctx: typer.Context, o: dict) -> dict:
         profile=str(profile_path) if profile_path else None, api_key=api_key,
         near_tie_nats=o["near_tie_nats"], strict=o["strict"], golden=o["golden"],
         engine_probe=o["engine_probe"], results_dir=Path(o["results_dir"]), run_id=o["run_id"],
-        invocation=_program() + sys.argv[1:])
+        invocation=redact_argv(_program() + sys.argv[1:]))
 
 
-@app.command()
+@app.command(cls=_Command)
 def stress(
     ctx: typer.Context,
     model: ModelOpt = None,
@@ -376,8 +429,9 @@ def stress(
         help="Deprecated spelling of --suite-repeats.")] = None,
     reference: Annotated[str, typer.Option(rich_help_panel=P_REF,
         help="Where single-request references come from: 'solo' (this engine, one request at a "
-             "time, before the load), 'engine' (a second launch with --reference-engine-arg, run "
-             "first and stopped), 'golden' (transformers in float32 on the same weights: an "
+             "time, before the load), 'engine' (a second launch of the engine under test's "
+             "configuration changed by --reference-engine-arg / --reference-drop-arg, run first "
+             "and stopped), 'golden' (transformers in float32 on the same weights: an "
              "implementation independent of vLLM; the engine's own solo runs are compared with "
              "it too), or 'manifest:PATH' (a previous run's references).")] = "solo",
     control_engine_arg: Annotated[Optional[list[str]], typer.Option(rich_help_panel=P_CTRL,
@@ -387,7 +441,9 @@ def stress(
              "e.g. --control-engine-arg=--enforce-eager.")] = None,
     control_drop_arg: Annotated[Optional[list[str]], typer.Option(rich_help_panel=P_CTRL,
         help="Control run: remove this flag (and its value) from the engine's arguments, e.g. "
-             "--control-drop-arg=--speculative-config (repeatable).")] = None,
+             "--control-drop-arg=--speculative-config (repeatable; _ and - are the same, as in "
+             "vLLM). A flag not among them, or a control identical to the engine under test, is "
+             "a usage error.")] = None,
     control_profile: Annotated[Optional[Path], typer.Option(rich_help_panel=P_CTRL,
         help="Control run: the control engine's own profile, a path or a shipped name; only its "
              "engine_args and env apply (model, python, tp, host: the engine under test's, with a "
@@ -398,8 +454,14 @@ def stress(
         help="Model folder for the golden model when attaching with --url (default: the served "
              "model's root, when it is a local folder).")] = None,
     reference_engine_arg: Annotated[Optional[list[str]], typer.Option(rich_help_panel=P_REF,
-        help="Argument of the reference engine (--reference engine), repeatable, e.g. "
-             "--reference-engine-arg=--enforce-eager.")] = None,
+        help="--reference engine: an argument added to the reference engine, repeatable, e.g. "
+             "--reference-engine-arg=--enforce-eager. The reference engine inherits the engine "
+             "under test's model, python, tp, env and arguments (profile engine_args, then "
+             "--engine-arg); only the port differs. One identical to the engine under test is "
+             "a usage error.")] = None,
+    reference_drop_arg: Annotated[Optional[list[str]], typer.Option(rich_help_panel=P_REF,
+        help="--reference engine: remove this flag (and its value) from the inherited "
+             "arguments, e.g. --reference-drop-arg=--speculative-config (repeatable).")] = None,
     reference_cache_state: Annotated[CacheState, typer.Option(rich_help_panel=P_REF,
         help="warm: run each reference prompt alone twice, judge the second (prefix-cached) "
              "run against the first, keep the second; cold: keep the first run.")] = CacheState.warm,
@@ -445,7 +507,8 @@ def stress(
         repeat=(repeat_old or suite_repeats) if explicit_repeats or not suite_def
         else suite_def.repeat,
         on_timeout=on_timeout.value, reference=reference,
-        reference_engine_args=list(reference_engine_arg or []), logprobs=logprobs,
+        reference_engine_args=list(reference_engine_arg or []),
+        reference_drop_args=list(reference_drop_arg or []), logprobs=logprobs,
         golden_model=golden_model, control_engine_args=list(control_engine_arg or []),
         control_drop_args=list(control_drop_arg or []),
         control_profile=str(control_profile_path) if control_profile_path else None,
@@ -484,7 +547,7 @@ def _check_plot_path(plot: str) -> Path:
 P_FUZZ = "Search budget and reproducibility"
 
 
-@app.command()
+@app.command(cls=_Command)
 def fuzz(
     ctx: typer.Context,
     max_examples: Annotated[int, typer.Option(min=1, max=1_000_000, rich_help_panel=P_FUZZ,
@@ -567,7 +630,7 @@ def fuzz(
     raise typer.Exit(run_stress(cfg, console, err_console))
 
 
-@app.command()
+@app.command(cls=_Command)
 def facts(
     url: Annotated[Optional[str], typer.Option(help="Read a running server at this base URL.")] = None,
     model: Annotated[Optional[str], typer.Option(help="Launch this local model (default: the "
@@ -594,9 +657,18 @@ def facts(
     from .factsjob import FactsConfig, run_facts
     from .profile import EngineProfile, load_profile
 
-    prof = load_profile(engine_profile) if engine_profile else EngineProfile()
-    if url and (model or engine_profile):
-        raise UsageError("--url cannot be combined with --model or --engine-profile")
+    if url is not None:
+        problems = [p for p in [_check_url(url)] if p]
+        launch = [f for f, v in (("--model", model), ("--engine-profile", engine_profile),
+                                 ("--tp", tp), ("--engine-python", engine_python),
+                                 ("--engine-arg", engine_arg), ("--engine-env", engine_env))
+                  if v]
+        if launch:
+            problems.append(f"{', '.join(launch)}: launch option(s), but --url reads a running "
+                            "engine that the harness does not start (drop them, or drop --url)")
+        _raise_all(problems)
+    profile_path = _find_profile(engine_profile) if engine_profile else None  # as stress finds it
+    prof = load_profile(profile_path) if profile_path else EngineProfile()
     cfg = FactsConfig(url=url, model=model or prof.model, tp=tp or prof.tp or 1,
                       engine_python=engine_python or prof.python or sys.executable,
                       engine_args=prof.engine_args + list(engine_arg or []),
@@ -608,7 +680,7 @@ def facts(
     raise typer.Exit(run_facts(cfg, console))
 
 
-@app.command()
+@app.command(cls=_Command)
 def report(
     run: Annotated[Path, typer.Argument(help="Run folder or manifest.json.")],
     format: Annotated[ReportFormat, typer.Option("--format", "-f",
@@ -650,7 +722,13 @@ def report(
     raise typer.Exit(0 if exit_zero else code)
 
 
-@app.command("compare")
+def _run_path(p: Path) -> Path:
+    """A run argument as the resolved manifest file (folder or manifest.json)."""
+    p = p.resolve()
+    return p / "manifest.json" if p.is_dir() else p
+
+
+@app.command("compare", cls=_Command)
 def compare_cmd(
     base: Annotated[Path, typer.Argument(help="BASE run folder or manifest.")],
     head: Annotated[Path, typer.Argument(help="HEAD run folder or manifest.")],
@@ -668,8 +746,11 @@ def compare_cmd(
     """Compare two runs: HEAD's own verdict, per-request token parity, throughput ratios, gates.
 
     Fails when HEAD failed on its own (and says whether BASE failed too: "broken before" vs
-    "broken by this change"), when either run did not complete, on any token difference, and on a
-    missed throughput gate. Exit 0 pass, 1 fail, 2 usage error (a run cannot be read, bad gate).
+    "broken by this change"), when either run did not complete, when they serve different
+    models, on a token difference that is not a near tie (judged as the runs judge their own:
+    outputs a run tolerated, near ties or also_in_control, are warnings), and on a missed
+    throughput gate. The same run twice passes with a warning. The last line agrees with the
+    exit code. Exit 0 pass, 1 fail, 2 usage error (a run cannot be read, bad gate).
     """
     from rich.table import Table
 
@@ -685,7 +766,8 @@ def compare_cmd(
         threshold = threshold or g.thresholds
 
     b, h = load(base), load(head)
-    res = compare(b, h, min_throughput_ratio, min_phase_ratio, threshold)
+    same = _run_path(base) == _run_path(head)
+    res = compare(b, h, min_throughput_ratio, min_phase_ratio, threshold, same_run=same)
     t = Table(title="decode throughput per concurrency (median over repeats, tok/s)")
     for col in ("C", "BASE", "HEAD", "HEAD/BASE"):
         t.add_column(col, justify="right")
@@ -697,9 +779,16 @@ def compare_cmd(
         worst = sorted(res.phase_ratios.items(), key=lambda kv: kv[1])[:5]
         console.print("lowest per-phase ratios: " + ", ".join(f"{escape(n)} {r:.3f}"
                                                               for n, r in worst))
-    for mm in res.parity_mismatches[:20]:
+    from .compare import MISMATCHES_SHOWN
+    for mm in res.parity_mismatches[:MISMATCHES_SHOWN]:
         console.print(f"[red]parity:[/red] {escape(str(mm['prompt']))} (max_tokens "
-                      f"{mm['max_tokens']}): BASE {mm['base']} vs HEAD {mm['head']}")
+                      f"{mm['max_tokens']}): {escape(mm['detail'])}; output hashes BASE "
+                      f"{', '.join(mm['base'])} vs HEAD {', '.join(mm['head'])}")
+    if len(res.parity_mismatches) > MISMATCHES_SHOWN:
+        console.print(f"... and {len(res.parity_mismatches) - MISMATCHES_SHOWN} more parity "
+                      "mismatches not shown")
+    for w in res.warnings:
+        console.print(f"[yellow]warning:[/yellow] {escape(w)}")
     if res.only_in_one:
         console.print(f"{res.only_in_one} prompt(s) issued by only one of the runs (not compared)")
     for label, verdict, why in (("HEAD", res.head_verdict, res.head_causes),
@@ -715,7 +804,7 @@ def compare_cmd(
     raise typer.Exit(0 if res.passed else 1)
 
 
-@app.command()
+@app.command(cls=_Command)
 def scenarios():
     """List the shipped scenarios with a one-line description each."""
     from .scenarios import REGISTRY, scenario_dirs
@@ -758,7 +847,7 @@ def write_json_result(path: Path, result: dict, flag: str = "--json") -> None:
         raise UsageError(f"{flag} {str(path)!r}: cannot write: {exc.strerror or exc}") from None
 
 
-@app.command()
+@app.command(cls=_Command)
 def probe(
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the result as JSON "
                                                       "to this path.")] = None,
@@ -776,12 +865,19 @@ def probe(
         check_json_path(json_path)
     result = run_probe(selftest=True, timings=not quick, replays=100 if quick else replays)
     render(result, console)
+    if result.get("status") == "unavailable" and "PyTorch" in str(result.get("reason")):
+        here = Path(__file__).resolve().parent.parent
+        err_console.print(
+            f"note: the probe runs in this Python ({escape(sys.executable)}), which has no "
+            "usable PyTorch (a pip install of ple-harness needs none). Run it with the engine's "
+            f"Python, where PyTorch and CUDA are: PYTHONPATH={escape(str(here))} "
+            "ENGINE_PYTHON -m pleharness.probe")
     if json_path:
         write_json_result(json_path, result)
     raise typer.Exit(1 if result.get("status") == "failed" else 0)
 
 
-@app.command()
+@app.command(cls=_Command)
 def explain(
     run: Annotated[Path, typer.Argument(help="Run folder (or manifest.json) of a launched run.")],
     suspect: Annotated[Optional[list[str]], typer.Option(
@@ -822,7 +918,7 @@ def explain(
                 console=err_console)
 
 
-@app.command("build-model")
+@app.command("build-model", cls=_Command)
 def build_model(
     engine_python: Annotated[Optional[str], typer.Option(
         help="Python with torch, transformers and tokenizers (for --verify). Default: this "
@@ -838,6 +934,9 @@ def build_model(
     The path goes to stdout, notes to stderr; with --verify, also whether its recipe reproduces
     the pinned weights on this machine."""
     from .model import WEIGHTS_SHA256, ensure_embedded_model, rebuild
+    if engine_python is not None and not verify:
+        raise UsageError("--engine-python is used only with --verify (the retraining); without "
+                         "it the pinned digests are checked in this Python")
     path = ensure_embedded_model()
     print(path)
     err = err_console

@@ -1,7 +1,10 @@
 """``ple-harness compare BASE HEAD``: token parity across two runs, throughput ratios, gates.
 
-Parity: for every (prompt hash, max_tokens) that both runs issued, the set of output token hashes
-each run produced (references and load requests) must be the same single hash. Throughput: per
+Parity: for every (prompt hash, max_tokens) that both runs issued, the output token hashes each
+run stands behind (references and judged requests, less the outputs its own run tolerated as near
+ties or ``also_in_control``) must be the same; a hash in only one run is classified against the
+other run's reference by that reference's margin, as a run classifies its own divergences
+(:func:`compare`). Throughput: per
 phase (by name) and per concurrency (median over repeats, see
 :func:`pleharness.summary.throughput_by_concurrency`), as HEAD / BASE ratios.
 
@@ -32,7 +35,7 @@ from .manifest import Manifest, load_manifest
 from .summary import throughput_by_concurrency
 
 OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}
-THRESHOLD = re.compile(r"^\s*C(\d+)\s*(>=|<=|>|<)\s*(\d+(?:\.\d*)?|\.\d+)\s*$")
+THRESHOLD = re.compile(r"^\s*C([1-9]\d*)\s*(>=|<=|>|<)\s*(\d+(?:\.\d*)?|\.\d+)\s*$")
 
 
 @dataclass
@@ -50,6 +53,8 @@ class Comparison:
     head_verdict: str | None = None
     base_causes: list[str] = field(default_factory=list)
     head_causes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # do not fail (near ties, same run)
+    models_differ: str | None = None  # "BASE ..., HEAD ...": the runs served different models
 
     @property
     def passed(self) -> bool:
@@ -57,49 +62,144 @@ class Comparison:
 
     @property
     def diagnosis(self) -> str:
-        """One line for a pre-merge job: whose fault a failure is.
+        """One line for a pre-merge job, consistent with the exit code (the CLI prints it after
+        "verdict: pass" or "verdict: fail"): whose fault a failure is.
 
-        "HEAD passed", "broken by this change" (HEAD failed, BASE passed), "broken before this
-        change" (both failed) or "fixed by this change" (BASE failed, HEAD passed)."""
+        pass: "HEAD passed and matches BASE" (BASE failed: "fixed by this change"). fail: "HEAD
+        failed its own run, BASE passed: broken by this change", "... BASE failed too: broken
+        before this change", or, when HEAD passed its own run, the gates it missed against BASE
+        (and whether BASE passed its own)."""
         head_ok = self.head_verdict == "pass"
         base_ok = self.base_verdict == "pass"
-        if head_ok:
-            return ("HEAD passed; BASE failed: fixed by this change" if not base_ok
-                    else "HEAD and BASE passed their own runs")
-        if base_ok:
-            return "HEAD failed its own run, BASE passed: broken by this change"
-        return (f"HEAD failed its own run and BASE failed too ({self.base_verdict}): broken "
-                "before this change")
+        if self.models_differ and not self.passed:
+            return (f"BASE and HEAD serve different models ({self.models_differ}): compare runs "
+                    "of the same model")
+        if self.passed:
+            return ("HEAD passed and matches BASE; BASE failed its own run: fixed by this "
+                    "change" if not base_ok else "HEAD passed and matches BASE")
+        if not head_ok:
+            if base_ok:
+                return "HEAD failed its own run, BASE passed: broken by this change"
+            return (f"HEAD failed its own run and BASE failed too ({self.base_verdict}): "
+                    "broken before this change")
+        gates = sorted({g.split(":", 1)[0].split(" ", 1)[0] if g.startswith("--")
+                        else g.split(":", 1)[0] for g in self.gate_failures})
+        base = "BASE passed its own run" if base_ok else \
+            f"BASE failed its own run ({self.base_verdict}), so BASE may be the one that is wrong"
+        return f"HEAD passed its own run but missed {', '.join(gates)} against BASE; {base}"
 
 
 def parse_threshold(text: str) -> tuple[str, str, float]:
-    """'C4>=62.985' -> ('C4', '>=', 62.985). Raises UsageError on other forms."""
+    """'C4>=62.985' -> ('C4', '>=', 62.985). Raises UsageError on other forms (C0 included: a
+    concurrency is at least 1)."""
     m = THRESHOLD.match(text)
     if not m:
-        raise UsageError(f"--threshold {text!r}: expected e.g. 'C4>=62.985' (C<concurrency>, one of "
-                         ">= > <= <, decode tok/s)")
+        raise UsageError(f"--threshold {text!r}: expected e.g. 'C4>=62.985' (C<concurrency "
+                         ">= 1>, one of >= > <= <, decode tok/s)")
     return f"C{m.group(1)}", m.group(2), float(m.group(3))
 
 
+MISMATCHES_SHOWN = 20  # parity lines printed; the rest are counted ("... and N more")
+
+
 def _outputs(m: Manifest) -> dict[tuple[str, int], dict]:
-    out: dict[tuple[str, int], dict] = defaultdict(lambda: {"hashes": set(), "prompt": None})
+    """Per (prompt hash, max_tokens): every output hash the run produced (``hashes``), the ones
+    that appear only as outputs its own run tolerated (``tolerated``: a near tie or
+    ``also_in_control``, with that divergence), the token IDs known per hash (``ids``) and the
+    run's references (``refs``). Warmup outputs are left out: the run does not judge them
+    (no reference, no token IDs kept)."""
+    warm = {p.name for p in m.phases if p.role == "warmup"}
+    out: dict[tuple[str, int], dict] = defaultdict(
+        lambda: {"hashes": set(), "strict": set(), "tolerated": {}, "ids": {}, "refs": [],
+                 "prompt": None})
     for r in m.references:
         e = out[(r.prompt_hash, r.max_tokens)]
         e["hashes"].add(r.output_hash)
+        e["strict"].add(r.output_hash)
+        e["refs"].append(r)
+        if r.output_ids:
+            e["ids"].setdefault(r.output_hash, r.output_ids)
         e["prompt"] = r.prompt_key
     for q in m.requests:
-        if q.output_hash and not q.error:
-            e = out[(q.prompt_hash, q.max_tokens)]
-            e["hashes"].add(q.output_hash)
-            e["prompt"] = e["prompt"] or q.prompt_key
+        if not q.output_hash or q.error or q.phase in warm or q.phase == "warmup":
+            continue
+        e = out[(q.prompt_hash, q.max_tokens)]
+        e["hashes"].add(q.output_hash)
+        if q.tolerated:
+            e["tolerated"].setdefault(q.output_hash, q.divergence)
+        else:
+            e["strict"].add(q.output_hash)
+        if q.output_ids:
+            e["ids"].setdefault(q.output_hash, q.output_ids)
+        e["prompt"] = e["prompt"] or q.prompt_key
     return out
 
 
+def _core(e: dict) -> set[str]:
+    """The hashes a run stands behind for one prompt: all of them except those seen only as
+    outputs its own run tolerated (near ties, ``also_in_control``)."""
+    return e["hashes"] - (set(e["tolerated"]) - e["strict"])
+
+
+def _cross_run(ref_side: dict, other: dict, other_hash: str, threshold: float, strict: bool):
+    """Classify one output hash of one run against the other run's reference as the run would
+    (:func:`pleharness.divergence.analyse`, engine margin of that reference at the first
+    divergent position). Returns (Divergence or None when token IDs are missing, tolerated)."""
+    from .divergence import analyse, first_divergence
+    ids = other["ids"].get(other_hash)
+    refs = [r for r in ref_side["refs"] if r.output_ids] or []
+    if ids is None or not refs:
+        return None, False
+    ref = next((r for r in refs if r.cache_state == "cold"), refs[0])
+    pos = first_divergence(ref.output_ids, ids)
+    if pos is None:
+        return None, False
+    other_ref = next((r for r in other["refs"] if r.output_hash == other_hash), None)
+    rtop = ref.top_ids[pos] if ref.top_ids and pos < len(ref.top_ids) else None
+    otop = (other_ref.top_ids[pos] if other_ref is not None and other_ref.top_ids
+            and pos < len(other_ref.top_ids) else None)
+    d = analyse(ref.output_ids, ids, pos, ref.margins, threshold, reference_top=rtop,
+                observed_top=otop)
+    return d, d.cls == "near_tie" and not strict
+
+
+def _describe(d) -> str:
+    if d is None:
+        return "first divergent position unknown (the runs kept no token IDs for it)"
+    m = "no margin" if d.margin_nats is None else f"margin {d.margin_nats:.3f} nats"
+    return (f"first divergent position {d.position} (BASE token {d.reference_token}, HEAD token "
+            f"{d.observed_token}; {d.cls}: {m}, threshold {d.threshold_nats:g})")
+
+
+def _model_id(m: Manifest) -> str | None:
+    dig = (m.engine.get("model_digest") or {}).get("weights_sha256")
+    if dig:
+        return f"weights SHA256 {dig[:16]}"
+    name = m.engine.get("model_root") or m.engine.get("model")
+    return f"model {name}" if name else None
+
+
 def compare(base: Manifest, head: Manifest, min_throughput_ratio: float | None = None,
-            min_phase_ratio: float | None = None, thresholds: list[str] | None = None) -> Comparison:
-    """Compare HEAD with BASE: both runs' own verdicts, token parity, throughput gates."""
+            min_phase_ratio: float | None = None, thresholds: list[str] | None = None,
+            same_run: bool = False) -> Comparison:
+    """Compare HEAD with BASE: both runs' own verdicts, token parity, throughput gates.
+
+    Parity is judged as each run judged itself: per (prompt, max_tokens), the hashes a run stands
+    behind (:func:`_core`: outputs its own run tolerated as near ties or ``also_in_control`` are
+    left out, and listed in ``warnings``) must be the same in both runs. A hash present in only
+    one run is classified against the other run's reference with that reference's engine margin
+    (:func:`pleharness.divergence.analyse`, threshold: HEAD's ``run_options.near_tie_nats``, or
+    the dtype default); a near tie is a warning unless either run used ``--strict``. Each
+    mismatch gives the first divergent token position where token IDs were kept. Two runs that
+    serve different models fail the parity gate (nothing to compare). ``same_run``: BASE and
+    HEAD are the same folder (a warning; it passes when HEAD passed).
+    """
+    from .divergence import DEFAULT_NEAR_TIE_NATS
     from .render import causes
     res = Comparison()
+    if same_run:
+        res.warnings.append("BASE and HEAD are the same run: the comparison only re-checks HEAD's "
+                            "own verdict and completeness")
     for label, m in (("BASE", base), ("HEAD", head)):
         if m.status != "complete":
             res.gate_failures.append(f"run status: {label} ({m.run_id}) is {m.status!r}, not "
@@ -112,25 +212,62 @@ def compare(base: Manifest, head: Manifest, min_throughput_ratio: float | None =
                                     f"{res.head_verdict!r} on its own: {why}")
     else:
         res.gates_passed.insert(0, f"HEAD verdict: HEAD ({head.run_id}) passed on its own")
+    bm, hm = _model_id(base), _model_id(head)
+    models_differ = bm is not None and hm is not None and bm != hm
+    threshold = head.run_options.get("near_tie_nats") or base.run_options.get("near_tie_nats")
+    threshold = float(threshold) if threshold is not None else DEFAULT_NEAR_TIE_NATS
+    strict = bool(head.run_options.get("strict") or base.run_options.get("strict"))
     bo, ho = _outputs(base), _outputs(head)
     for key in sorted(set(bo) | set(ho)):
         if key not in bo or key not in ho:
             res.only_in_one += 1
             continue
         res.parity_compared += 1
-        if bo[key]["hashes"] != ho[key]["hashes"] or len(ho[key]["hashes"]) != 1:
-            res.parity_mismatches.append({
-                "prompt": ho[key]["prompt"], "prompt_hash": key[0][:12], "max_tokens": key[1],
-                "base": sorted(h[:12] for h in bo[key]["hashes"]),
-                "head": sorted(h[:12] for h in ho[key]["hashes"])})
-    if res.parity_compared == 0:
+        b, h = bo[key], ho[key]
+        name = f"{h['prompt'] or b['prompt']} (max_tokens {key[1]})"
+        bc, hc = _core(b), _core(h)
+        if bc == hc:
+            extra = set(b["tolerated"]) | set(h["tolerated"])
+            if extra:
+                kinds = sorted({d.attribution if d.attribution == "also_in_control" else d.cls
+                                for e in (b, h) for d in e["tolerated"].values()})
+                res.warnings.append(f"parity: {name}: identical, with {len(extra)} output(s) "
+                                    "that differ from their reference only by divergences their "
+                                    f"own run tolerated ({', '.join(kinds)})")
+            continue
+        found, bad = [], []
+        for label, ref_side, other, hashes in (("HEAD", b, h, hc - bc), ("BASE", h, b, bc - hc)):
+            for x in sorted(hashes):
+                d, ok = _cross_run(ref_side, other, x, threshold, strict)
+                if d is not None and label == "BASE":  # say it from BASE to HEAD
+                    d = d.model_copy(update={"reference_token": d.observed_token,
+                                             "observed_token": d.reference_token})
+                (found if ok else bad).append((label, x, d))
+        if not bad:
+            res.warnings.append(f"parity: {name}: BASE and HEAD differ by a near tie, "
+                                f"{_describe(found[0][2])}")
+            continue
+        label, x, d = bad[0]
+        res.parity_mismatches.append({
+            "prompt": h["prompt"] or b["prompt"], "prompt_hash": key[0][:12],
+            "max_tokens": key[1], "base": sorted(v[:12] for v in bc),
+            "head": sorted(v[:12] for v in hc),
+            "first_divergence": None if d is None else d.position,
+            "detail": _describe(d)})
+    if models_differ:
+        res.models_differ = f"BASE {bm}, HEAD {hm}"
+        res.gate_failures.append(f"token parity: BASE and HEAD serve different models (BASE {bm}, "
+                                 f"HEAD {hm}): their tokens cannot be compared")
+    elif res.parity_compared == 0:
         res.gate_failures.append("token parity: no prompt was issued by both runs (nothing "
                                  "compared)")
     elif res.parity_mismatches:
         res.gate_failures.append(f"token parity: {len(res.parity_mismatches)} of "
                                  f"{res.parity_compared} prompts differ between BASE and HEAD")
     else:
-        res.gates_passed.append(f"token parity: {res.parity_compared} prompts identical")
+        warned = sum(1 for w in res.warnings if w.startswith("parity:"))
+        res.gates_passed.append(f"token parity: {res.parity_compared} prompts identical"
+                                + (f" ({warned} with near-tie warnings)" if warned else ""))
     bp = {p.name: p for p in base.phases if p.counts_for_throughput and p.decode_tok_per_s}
     for p in head.phases:
         if p.counts_for_throughput and p.decode_tok_per_s and p.name in bp:

@@ -22,6 +22,7 @@ from .engine.client import EngineClient, Timeouts
 from .engine.facts import EngineFacts, gather_facts, parse_engine_args
 from .engine.launch import EngineServer, LaunchSpec, engine_python_check, redact_env
 from .errors import EngineError, UsageError
+from .redact import redact_argv, redact_url
 
 # Engine arguments added when the embedded model is launched: block size 32 is valid on the CPU
 # attention backend (which refuses 16) and on GPUs.
@@ -110,8 +111,11 @@ def resolve_target(*, url: str | None, model: str | None, python: str, tp: int =
             env = {**EMBEDDED_ENV, **env}
         elif not Path(model).exists():
             raise UsageError(f"model path {model} does not exist")
+        elif not Path(model).is_dir():
+            raise UsageError(f"--model {model}: a file, not a model folder (expected a folder "
+                             "with config.json and the weights)")
     elif not EngineClient(url, api_key=api_key).health(timeout=10):
-        raise UsageError(f"no engine answers GET {url.rstrip('/')}/health with 200 "
+        raise UsageError(f"no engine answers GET {redact_url(url.rstrip('/'))}/health with 200 "
                          "(is the server running and the URL right?)")
     return Target(url=url, model_path=model, served_name=served_name, python=python, tp=tp,
                   engine_args=args, engine_env=env, base_args=base, host=host, port=port,
@@ -131,7 +135,7 @@ class Engine(NamedTuple):
     def record(self) -> dict[str, Any]:
         """Manifest fields of a launched engine: command, version, ready_s (seconds, 3 places)."""
         srv = self.server
-        return {"command": srv.command if srv else None, "version": self.version,
+        return {"command": redact_argv(srv.command) if srv else None, "version": self.version,
                 "ready_s": round(srv.ready_s or 0, 3) if srv else None}
 
 
@@ -139,7 +143,7 @@ def launch_record(spec: LaunchSpec, profile: str | None = None) -> dict[str, Any
     """The manifest's record of a launch: model, python, tp, engine_args, env (secrets redacted,
     :func:`pleharness.engine.launch.redact_env`), host, profile."""
     return {"model": spec.model, "python": spec.python, "tp": spec.tp,
-            "engine_args": list(spec.engine_args), "env": redact_env(spec.env),
+            "engine_args": redact_argv(spec.engine_args), "env": redact_env(spec.env),
             "host": spec.host, "profile": profile}
 
 
@@ -183,7 +187,7 @@ def start_or_attach(stack: contextlib.ExitStack, target: Target, console: Consol
     url = server.url if server is not None else target.url
     client = EngineClient(url, target.served_name, target.api_key, timeouts or Timeouts())
     if not client.health(timeout=10):
-        raise EngineError(f"no engine answers /health with 200 at {url}")
+        raise EngineError(f"no engine answers /health with 200 at {redact_url(url)}")
     client.resolve_model()
     card = client.model_card()
     facts = None

@@ -22,7 +22,9 @@ def write_crash_log(text: str, directory=None) -> str:
     try:
         if directory is not None:
             path = Path(directory) / "harness-error.log"
-            path.write_text(text)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # like the manifest
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
             return str(path)
     except OSError:
         pass

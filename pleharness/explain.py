@@ -59,6 +59,7 @@ from .engine.client import EngineClient
 from .errors import EngineError, UsageError
 from .engine.launch import EngineServer, LaunchSpec
 from .manifest import Manifest, load_manifest, write_atomic
+from .redact import redact_argv
 from .divergence import first_divergence
 from .parity import token_hash
 
@@ -644,7 +645,7 @@ def explain(run: Path, *, suspects_extra: Sequence[str] = (), suspects_drop: Seq
             client = EngineClient(srv.url, spec.served_model_name)
             client.resolve_model()
             rp = _Replayer(client)
-            report["launches"].append({"config": label, "command": srv.command,
+            report["launches"].append({"config": label, "command": redact_argv(srv.command),
                                        "ready_s": round(srv.ready_s or 0, 1)})
             for c in todo:
                 if sus is None:

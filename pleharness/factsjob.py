@@ -20,6 +20,7 @@ from rich.table import Table
 from .engine.facts import EngineFacts
 from .engine.launch import redact_env
 from .engines import resolve_target, start_or_attach
+from .redact import redact_argv
 
 # which derived schedules need which fact (printed for facts that stayed unknown)
 NEEDED_BY = {
@@ -73,7 +74,7 @@ def run_facts(cfg: FactsConfig, console: Console) -> int:
     render_facts(facts, console, title=f"engine facts: vLLM {version} at {url}")
     if cfg.json_path:
         out = {"url": url, "version": version, "mode": "launched" if server else "attached",
-               "command": server.command if server else None,
+               "command": redact_argv(server.command) if server else None,
                "launch_env": redact_env(server.spec.env) if server else None,
                "facts": facts.to_dict(), "conflicts": facts.conflicts,
                "sources_read": facts.notes}

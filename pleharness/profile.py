@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from .errors import UsageError
 from .tomlfile import read_toml, validate
 
 
@@ -30,7 +31,33 @@ class EngineProfile(BaseModel):
     engine_args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
 
+    @field_validator("model", "python", "served_model_name", "host")
+    @classmethod
+    def _not_empty(cls, v: str | None) -> str | None:
+        if v is not None and not v.strip():
+            raise ValueError("an empty string: give a value or leave the key out")
+        return v
+
+    @field_validator("engine_args")
+    @classmethod
+    def _no_empty_arg(cls, v: list[str]) -> list[str]:
+        if any(not a.strip() for a in v):
+            raise ValueError("an empty argument")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
+        if any(not k.strip() for k in v):
+            raise ValueError("an empty variable name")
+        return v
+
 
 def load_profile(path: str | Path) -> EngineProfile:
     """Read and validate a profile. Raises UsageError naming the file (and line or key)."""
-    return validate(EngineProfile, read_toml(Path(path), "engine profile"), str(path))
+    data = read_toml(Path(path), "engine profile")
+    if not data:
+        raise UsageError(f"{path}: an empty engine profile (no keys): a profile that sets nothing "
+                         "would launch the defaults (the embedded tiny model); give at least one "
+                         "key or leave --engine-profile out")
+    return validate(EngineProfile, data, str(path))

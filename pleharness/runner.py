@@ -36,9 +36,10 @@ def new_run_dir(results_dir: Path, run_id: str | None = None) -> tuple[str, Path
     Raises UsageError when the folder cannot be created or ``run_id`` exists already.
     """
     if run_id is not None and (not run_id or "/" in run_id or run_id in (".", "..")
-                               or "\\" in run_id or run_id.startswith(".")):
+                               or "\\" in run_id or run_id.startswith(".")
+                               or any(not c.isprintable() for c in run_id)):
         raise UsageError(f"--run-id {run_id!r}: a plain folder name is needed (no '/', no "
-                         "leading '.')")
+                         "leading '.', no control characters such as a newline)")
     try:
         results_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -47,7 +48,7 @@ def new_run_dir(results_dir: Path, run_id: str | None = None) -> tuple[str, Path
         rid = run_id or datetime.now().strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
         d = results_dir / rid
         try:
-            d.mkdir()
+            d.mkdir(mode=0o700)  # owner only, like every file the run writes (issue 25)
             return rid, d
         except FileExistsError:
             if run_id:

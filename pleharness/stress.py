@@ -27,6 +27,7 @@ from .engines import (EMBEDDED_ENGINE_ARGS, EMBEDDED_ENV, Engine, Target,  # noq
 from .environment import environment_info, gpu_inventory, harness_info
 from .errors import EXIT_INTERNAL, EngineError, HarnessError, UsageError, write_crash_log
 from .manifest import Manifest, now_iso, write_manifest
+from .redact import redact_argv, redact_url
 from .render import headline, render
 from .runner import (EXIT_ENGINE, EXIT_FAIL, EXIT_OK, RequestTimeoutAbort, RunContext,
                      RunOptions, new_run_dir)
@@ -71,7 +72,8 @@ class StressConfig:
     on_timeout: str = "continue"
     gpu_memory_tolerance_mib: float = 1024.0
     reference: str = "solo"
-    reference_engine_args: list[str] = field(default_factory=list)
+    reference_engine_args: list[str] = field(default_factory=list)  # appended to the engine's
+    reference_drop_args: list[str] = field(default_factory=list)  # flags removed from them
     repeat: int = 1
     logprobs: int = 2
     near_tie_nats: float | None = None  # None: derived from the serving dtype (divergence.py)
@@ -113,6 +115,9 @@ class StressConfig:
             (self.control and self.url is not None,
              "--control-engine-arg / --control-drop-arg / --control-profile need a launched "
              "engine (not --url): the harness launches the control"),
+            (self.golden_model is not None and not Path(self.golden_model).is_dir(),
+             f"--golden-model {self.golden_model}: not a model folder (checked before the "
+             "engine, so that a typo does not cost an engine start)"),
         ):
             if bad:
                 raise UsageError(msg)
@@ -184,6 +189,7 @@ def run_stress(cfg: StressConfig, console: Console | None = None,
     references = (_load_reference_manifest(cfg.reference) if cfg.reference_mode == "manifest"
                   else {})
     target = cfg.target(console)
+    _raise_if_second_engine_is_the_same(cfg, target)  # before a run folder exists
     golden_dir = cfg.golden_model or (target.model_path if cfg.url is None else None)
     if cfg.reference_mode == "golden" and golden_dir is not None:
         from .golden import golden_problem
@@ -393,13 +399,13 @@ def _engine_under_test(run: _Run, stack: contextlib.ExitStack, scenarios: list[S
                                                                      cfg.profile),
                          "engine_log": "engine.log", "launcher_log": "launcher.log"})
     else:
-        m.engine.update({"mode": "attached", "url": cfg.url})
+        m.engine.update({"mode": "attached", "url": redact_url(cfg.url)})
     eng = run.engine(stack, target)
     run.ready = True
     if eng.server is not None:
         m.engine["command"] = eng.server.command
         m.engine["ready_s"] = round(eng.server.ready_s or 0, 3)
-    m.engine.update({"url": eng.server.url if eng.server else cfg.url, "model": eng.client.model,
+    m.engine.update({"url": eng.server.url if eng.server else redact_url(cfg.url), "model": eng.client.model,
                      "version": eng.version, "max_model_len": eng.card.get("max_model_len"),
                      "model_root": eng.card.get("root")})
     eng.facts.record(m, run.console)
@@ -499,16 +505,97 @@ def _run_suite(ctx: RunContext, scenarios: list[Scenario], repeat: int) -> None:
             ctx.ensure_engine_alive()
 
 
+REFERENCE_INHERITS = ("the engine under test's model, python, tp, host, environment and "
+                      "arguments (profile engine_args, then --engine-arg), less "
+                      "--reference-drop-arg flags, plus --reference-engine-arg values; only the "
+                      "port differs (a free one)")
+
+
+def _reference_config(cfg: StressConfig, target: Target) -> tuple[list[str], dict[str, str]]:
+    """The reference engine's (arguments, environment): see :data:`REFERENCE_INHERITS`."""
+    from .attribution import control_args
+    return (control_args(target.engine_args, cfg.reference_drop_args, cfg.reference_engine_args),
+            dict(target.engine_env))
+
+
+def _control_config(cfg: StressConfig, target: Target) -> tuple[list[str], dict[str, str]]:
+    """The control engine's (arguments, environment): the engine under test's arguments less
+    --control-drop-arg flags plus --control-engine-arg values, or --control-profile's
+    engine_args (plus --control-engine-arg) with its [env] over the engine's environment."""
+    from .attribution import control_args
+    from .profile import load_profile
+    env = dict(target.engine_env)
+    if cfg.control_profile:
+        prof = load_profile(Path(cfg.control_profile))
+        env.update(prof.env)
+        return list(prof.engine_args) + list(cfg.control_engine_args), env
+    return control_args(target.engine_args, cfg.control_drop_args, cfg.control_engine_args), env
+
+
+def second_engine_problems(cfg: StressConfig, target: Target) -> list[str]:
+    """Usage-error lines for a control or reference engine that would change nothing: a dropped
+    flag that is not among the engine's arguments, or a configuration identical to the engine
+    under test's after the profile, --engine-arg and the drops are applied (issue 25: an
+    identical control turns every deterministic corruption into ``also_in_control``)."""
+    from .attribution import same_config_problem, unused_drops
+    out: list[str] = []
+    if target.url is not None:
+        return out
+    for flag, drops, active in (("--control-drop-arg", cfg.control_drop_args, cfg.control),
+                                ("--reference-drop-arg", cfg.reference_drop_args,
+                                 cfg.reference_mode == "engine")):
+        if not active:
+            continue
+        for d in unused_drops(target.engine_args, drops):
+            out.append(f"{flag}={d}: not among the engine under test's arguments "
+                       f"({' '.join(target.engine_args) or 'none'}), so dropping it changes "
+                       "nothing")
+    if cfg.control and not out:
+        args, env = _control_config(cfg, target)
+        hint = " and ".join(x for x, v in (
+            (f"--control-profile {cfg.control_profile}", cfg.control_profile),
+            ("--control-drop-arg " + " ".join(cfg.control_drop_args), cfg.control_drop_args),
+            ("--control-engine-arg " + " ".join(cfg.control_engine_args),
+             cfg.control_engine_args)) if v)
+        p = same_config_problem(hint, "control", args, env, target.engine_args, target.engine_env)
+        if p:
+            out.append(p)
+    if cfg.reference_mode == "engine" and not out:
+        args, env = _reference_config(cfg, target)
+        given = " and ".join(x for x, v in (
+            ("--reference-drop-arg " + " ".join(cfg.reference_drop_args), cfg.reference_drop_args),
+            ("--reference-engine-arg " + " ".join(cfg.reference_engine_args),
+             cfg.reference_engine_args)) if v)
+        p = same_config_problem(given or "--reference engine without --reference-engine-arg or "
+                                "--reference-drop-arg", "reference", args, env,
+                                target.engine_args, target.engine_env)
+        if p:
+            out.append(p)
+    return out
+
+
+def _raise_if_second_engine_is_the_same(cfg: StressConfig, target: Target) -> None:
+    problems = second_engine_problems(cfg, target)
+    if len(problems) == 1:
+        raise UsageError(problems[0])
+    if problems:
+        raise UsageError(f"{len(problems)} problems with the options:\n"
+                         + "\n".join(f"  - {x}" for x in problems))
+
+
 def _reference_pass(run: _Run, scenarios: list[Scenario], target: Target) -> dict:
-    """``--reference engine``: launch the reference configuration (model, tp, environment, the
-    harness's defaults and --reference-engine-arg values; not --engine-arg), take every
-    scenario's single-request references there, stop it. The boundary lengths come from the
-    engine under test's facts (its launch arguments), not the reference engine's. Returns the
-    references by request key. Raises EngineError when the reference engine fails."""
+    """``--reference engine``: launch the reference configuration (:data:`REFERENCE_INHERITS`),
+    take every scenario's single-request references there, stop it. The boundary lengths come
+    from the engine under test's facts (its launch arguments), not the reference engine's.
+    Returns the references by request key. Raises EngineError when the reference engine fails."""
     cfg, m = run.cfg, run.manifest
-    spec = target.launch_spec(target.base_args + list(cfg.reference_engine_args))
+    args, env = _reference_config(cfg, target)
+    spec = target.launch_spec(args, env)
     m.engine["reference_engine"] = {"launch": launch_record(spec, cfg.profile),
-                                    "engine_log": "reference-engine.log"}
+                                    "engine_log": "reference-engine.log",
+                                    "inherits": REFERENCE_INHERITS,
+                                    "dropped": list(cfg.reference_drop_args),
+                                    "added": list(cfg.reference_engine_args)}
     with contextlib.ExitStack() as stack:
         # the engine under test's launch arguments first (its lengths need references); the
         # reference engine's own resolved values fill what they leave open
@@ -536,16 +623,9 @@ def _control_pass(run: _Run, scenarios: list[Scenario], facts, target: Target
     (``engine.control_engine.error``) and leaves the divergences unattributed: they keep failing
     under the plain policy. Returns the control manifest (None when its engine failed to
     start), whose runs also vote on which side of a divergence is wrong."""
-    from .attribution import attribute, control_args
-    from .profile import load_profile
+    from .attribution import attribute
     cfg, manifest = run.cfg, run.manifest
-    env = dict(target.engine_env)
-    if cfg.control_profile:
-        prof = load_profile(Path(cfg.control_profile))
-        args = list(prof.engine_args) + list(cfg.control_engine_args)
-        env.update(prof.env)
-    else:
-        args = control_args(target.engine_args, cfg.control_drop_args, cfg.control_engine_args)
+    args, env = _control_config(cfg, target)
     spec = target.launch_spec(args, env)
     rec = manifest.engine["control_engine"] = {
         "launch": launch_record(spec, cfg.profile), "engine_log": "control-engine.log",
@@ -570,7 +650,8 @@ def _control_pass(run: _Run, scenarios: list[Scenario], facts, target: Target
         stack.callback(lambda: (setattr(cm, "ended_at", now_iso()), write_manifest(cpath, cm)))
         try:
             rec.update(eng.record())
-            cm.engine = {"mode": "launched", "command": eng.server.command, "url": eng.server.url}
+            cm.engine = {"mode": "launched", "command": redact_argv(eng.server.command),
+                         "url": eng.server.url}
             with _progress(run.console) as progress:
                 ctx = _context(cfg, eng, cm, cpath, facts, progress)
                 _run_suite(ctx, scenarios, cfg.repeat)

@@ -1,5 +1,6 @@
 """Verdicts: divergence classification, reference modes, repeats, compare gates, reports."""
 import json
+import re
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -184,7 +185,8 @@ def test_compare_gates_on_doctored_head(tmp_path):
     r = run_cli("compare", str(tmp_path / "base"), str(tmp_path / "doctored.json"),
                 "--min-phase-ratio", "0.9", "--threshold", "C1>=1000000")
     assert r.returncode == 1
-    assert "FAIL token parity: 1 of 12 prompts differ between BASE and HEAD" in r.stdout
+    # warmup outputs are not judged by either run (issue 25), so fewer than the 12 issued prompts
+    assert re.search(r"FAIL token parity: 1 of \d+ prompts differ between BASE and HEAD", r.stdout)
     assert f"FAIL --min-phase-ratio 0.9: phase {ph['name']} ratio 0.800 is 0.100 below" in r.stdout
     assert "FAIL --threshold C1>=1000000: HEAD median" in r.stdout
     res = compare(load_manifest(tmp_path / "base"), Manifest.model_validate(head),

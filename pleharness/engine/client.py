@@ -368,15 +368,19 @@ class EngineClient:
         try:
             names = [m["id"] for m in self.models()]
         except (requests.RequestException, ValueError, KeyError) as exc:
-            raise EngineError(f"cannot list models at {self.base_url}/v1/models: {exc}") from None
+            from ..redact import redact_url
+            raise EngineError(redact_url(f"cannot list models at {self.base_url}/v1/models: "
+                                         f"{exc}")) from None
         if not names:
-            raise EngineError(f"{self.base_url}/v1/models lists no model")
+            from ..redact import redact_url
+            raise EngineError(redact_url(f"{self.base_url}/v1/models lists no model"))
         if self.model is None:
             self.model = names[0]
         elif self.model not in names:
             from ..errors import UsageError
-            raise UsageError(f"--served-model-name {self.model!r}: not served at {self.base_url} "
-                             f"(served: {', '.join(names)})")
+            from ..redact import redact_url
+            raise UsageError(f"--served-model-name {self.model!r}: not served at "
+                             f"{redact_url(self.base_url)} (served: {', '.join(names)})")
         return self.model
 
     def model_card(self) -> dict:

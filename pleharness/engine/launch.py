@@ -25,7 +25,8 @@ import requests
 
 from ..errors import EngineError
 
-SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD", re.IGNORECASE)
+from ..redact import SECRET_NAME, redact_argv  # noqa: F401 - SECRET_NAME kept importable here
+from ..redact import redact_env as _redact_env
 ROOT_CAUSE = re.compile(r"\b([A-Za-z_][\w.]*(Error|Exception|Exit))\b\s*:\s*\S")
 
 
@@ -70,8 +71,18 @@ def root_cause_line(log_text: str) -> str | None:
 
 
 def redact_env(env: Mapping[str, str]) -> dict[str, str]:
-    """Copy of ``env`` with values of names containing KEY, TOKEN, SECRET or PASSWORD replaced."""
-    return {k: ("<redacted>" if SECRET_NAME.search(k) else v) for k, v in env.items()}
+    """Copy of ``env`` redacted by the one rule of :mod:`pleharness.redact` (values of names
+    containing KEY, TOKEN, SECRET or PASSWORD; URL passwords in the other values)."""
+    return _redact_env(env)
+
+
+def private_file(path: Path, mode: str = "w"):
+    """Open ``path`` for writing, created 0600 (owner only) like the manifest: logs hold the
+    command line and the engine's output, and run outputs are created alike (issue 25)."""
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if mode.startswith("a") else os.O_TRUNC)
+    fd = os.open(path, flags, 0o600)
+    os.fchmod(fd, 0o600)
+    return os.fdopen(fd, mode)
 
 
 @dataclass
@@ -182,15 +193,15 @@ class EngineServer:
                                                                  "PYTHONUNBUFFERED"})}
         if self.api_key:
             chosen["VLLM_API_KEY"] = "<redacted>"
-        with open(self.launcher_log_path, "w") as f:
-            f.write("command: " + shlex.join(self.command) + "\n")
+        with private_file(self.launcher_log_path, "w") as f:
+            f.write("command: " + shlex.join(redact_argv(self.command)) + "\n")
             f.write("environment (set by the harness):\n")
             for k, v in redact_env(chosen).items():
                 f.write(f"  {k}={v}\n")
-        self._log_file = open(self.log_path, "wb")
+        self._log_file = private_file(self.log_path, "wb")
         self.proc = subprocess.Popen(self.command, stdout=self._log_file, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, env=env, start_new_session=True)
-        with open(self.launcher_log_path, "a") as f:
+        with private_file(self.launcher_log_path, "a") as f:
             f.write(f"pid {self.proc.pid} (process group {self.proc.pid})\n")
         t0 = time.monotonic()
         try:
@@ -199,7 +210,7 @@ class EngineServer:
             self.stop()
             raise
         self.ready_s = time.monotonic() - t0
-        with open(self.launcher_log_path, "a") as f:
+        with private_file(self.launcher_log_path, "a") as f:
             f.write(f"ready after {self.ready_s:.1f} s at {self.url}\n")
 
     def _headers(self) -> dict[str, str]:

@@ -119,7 +119,11 @@ class GoldenModel:
         problem = golden_problem(self.model_dir)
         if problem:
             raise GoldenError(f"golden reference unavailable: {problem}")
-        err = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        if self.log_path:
+            from ..engine.launch import private_file
+            err = private_file(self.log_path, "ab")  # 0600, like every run output
+        else:
+            err = subprocess.DEVNULL
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
                "TOKENIZERS_PARALLELISM": "false"}
         try:

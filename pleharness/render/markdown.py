@@ -93,7 +93,13 @@ def to_markdown(m: Manifest) -> str:
     from ..scenarios import REGISTRY
     for kind in dict.fromkeys(sc.get("kind") for sc in m.scenarios):  # each kind renders its own
         if kind in REGISTRY:
-            lines += REGISTRY[kind].markdown(m)
+            try:
+                lines += REGISTRY[kind].markdown(m)
+            except ValueError as exc:  # pydantic's ValidationError: a table row of another schema
+                first = str(exc).splitlines()
+                lines += ["", f"### {kind}", "", f"(this manifest's {kind} table does not fit "
+                          f"this ple-harness's row model, so it is not shown: "
+                          f"{' '.join(first[:2])})"]
     div = [r for r in m.requests if r.divergence]
     if div:
         lines += ["", "### Divergences", "", "| request | phase | prompt | position | class | "

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from pydantic import Field
+
 from ..engine import metrics
 from ..manifest import CheckResult, Manifest
 from ..request import Outcome, RequestSpec
@@ -55,7 +57,9 @@ class BoundaryRow(TableRow):
     warm: str  # = cold | DIFFERS from cold at P (class) | error: ... | not run | skipped
     prefix_cache_hit_tokens: int | float | None  # on the warm run, from /metrics
     checks_failed: list[str]  # names of checks that failed on the cold or warm run
-    facts: dict[str, str]  # fact -> "value (source)" that the formula used
+    # fact -> "value (source)" that the formula used; absent from the schema-1 manifests written
+    # before it was recorded (docs/gpu-runs/2026-11-29-*), read as {} (issue 25)
+    facts: dict[str, str] = Field(default_factory=dict)
 
 
 @register
