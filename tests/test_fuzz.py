@@ -243,11 +243,19 @@ def test_finds_and_shrinks_a_planted_length_fault(tmp_path):
     db = tmp_path / "db"
     with FakeEngine(flip_load_runs(260)) as eng:
         r, out, m = fuzz_fake(eng, tmp_path, "a", "--max-examples", "100", "--seed", "0",
-                              "--db", str(db), "--max-phases", "4", "--max-concurrency", "4")
+                              "--db", str(db), "--max-phases", "4", "--max-concurrency", "4",
+                              "--confirm-runs", "1")
     assert r.returncode == 1, out[-3000:]
     t = m["tables"]
     s = t["fuzz_summary"][0]
-    assert s["examples_to_failure"] is not None and s["confirmed"] is True
+    assert s["examples_to_failure"] is not None and s["rechecked_in_process"] is True
+    # the in-process recheck failed (judged against references cached from earlier examples),
+    # but replayed on the same attached double the repro passes: its solo runs are corrupt too
+    # by now (every run after a prompt's second), so nothing differs. Not a confirmation.
+    assert s["confirmed"] is False and s["confirmed_on_fresh_engine"] is False
+    assert s["reproduction"].startswith("0/1: not reproduced on the same engine (attached")
+    (row,) = t["reproducers"]
+    assert row["path"] == "repro.toml" and row["confirmation"]["replays"][0]["exit_code"] == 0
     # exactly the planted combination: one request, 260 tokens, the shortest max_tokens that
     # reaches the flipped position 5
     assert t["fuzz_failing"] == [{**t["fuzz_failing"][0], "phase": 1, "concurrency": 1,
@@ -256,21 +264,28 @@ def test_finds_and_shrinks_a_planted_length_fault(tmp_path):
     steps = t["fuzz_shrink_steps"]
     assert steps[-1]["schedule"] == "C1[260+6]" and steps[0]["requests"] >= steps[-1]["requests"]
     stages = {x["stage"] for x in t["fuzz_examples"]}
-    assert {"search", "confirm"} <= stages
-    assert stages <= {"search", "shrink", "delete", "delete-retry", "confirm"}
-    confirm = [x for x in t["fuzz_examples"] if x["stage"] == "confirm"]
+    assert {"search", "recheck"} <= stages
+    assert stages <= {"search", "shrink", "delete", "delete-retry", "recheck"}
+    confirm = [x for x in t["fuzz_examples"] if x["stage"] == "recheck"]
     assert len(t["fuzz_examples"]) == s["examples_run"] + len(confirm)
     assert confirm[-1]["status"] == "fail" and confirm[-1]["schedule"] == "C1[260+6]"
     assert m["verdict"] == "fail" and m["exit_code"] == 1
     repro = tmp_path / "a" / "repro.toml"
     sc = load_scenario_file(str(repro))
     assert [len(r.prompt) for ph in sc.params.phases for r in ph.requests] == [260]
+    # the repro carries the comparison that failed: the load run of phase 1, request 0, at
+    # position 5, against a single-request reference
+    (f,) = sc.params.failed
+    assert (f.phase, f.request, f.first_divergence) == (sc.params.phases[0].name, 0, 5)
+    assert f.run.startswith("load") and "single-request reference" in f.compared_with
     # the repro fails when replayed (a fresh double: its solo runs are clean again) ...
     with FakeEngine(flip_load_runs(260)) as eng:
         r = run_cli("stress", "--url", eng.url, "--scenario", str(repro), "--results-dir",
                     str(tmp_path), "--run-id", "replay", *CLI_FACTS, "--vocab-size", "600",
                     "--no-golden", timeout=300)
     assert r.returncode == 1, (r.stdout + r.stderr)[-2000:]
+    (fc,) = load_json(tmp_path / "replay" / "manifest.json")["tables"]["replay_failed_comparisons"]
+    assert fc["reproduced"] is True and "first divergence 5" in fc["here"]
     # ... and a rerun with the same database replays the failing example first
     with FakeEngine(flip_load_runs(260)) as eng:
         r, out, m2 = fuzz_fake(eng, tmp_path, "b", "--max-examples", "40", "--seed", "99",
@@ -301,12 +316,15 @@ def test_finds_and_shrinks_a_planted_insert_fault(tmp_path):
         fault = proxy.fault
         r, out, m = fuzz_fake(proxy, tmp_path, "i", "--max-examples", "150", "--seed", "3",
                               "--max-phases", "4", "--max-concurrency", "4",
-                              "--shrink-budget", "240")
+                              "--shrink-budget", "240", "--confirm-runs", "2")
     assert fault.hits, "the double never saw an insert past token 16"
     assert r.returncode == 1, out[-3000:]
     t = m["tables"]
     s = t["fuzz_summary"][0]
-    assert s["confirmed"] is True
+    # the fault does not depend on engine state: the repro fails on the same engine each time
+    assert s["confirmed"] is True and s["reproduction_rate"] == "2/2", s
+    assert s["reproduction"] == ("reproduced 2/2 on the same engine (attached with --url: no "
+                                 "fresh engine can be started)")
     rows = t["fuzz_failing"]
     assert [x["role"] for x in rows] == ["carrier", "insert"], rows
     car, ins = rows
@@ -314,7 +332,7 @@ def test_finds_and_shrinks_a_planted_insert_fault(tmp_path):
     # only lag the proxy's), so at <= 16; the carrier decode runs on after it
     assert 1 <= ins["insert_after_tokens"] <= INSERT_AT < car["max_tokens"]
     assert car["stream"] is True
-    bad = [x for x in t["fuzz_examples"] if x["stage"] == "confirm"][-1]["failing_requests"]
+    bad = [x for x in t["fuzz_examples"] if x["stage"] == "recheck"][-1]["failing_requests"]
     assert bad and all(f"len {ins['prompt_len']}," in b for b in bad)
     repro = tmp_path / "i" / "repro.toml"
     sc = load_scenario_file(str(repro))
