@@ -376,6 +376,11 @@ def schedules(space: Space):
     # phases as a list (the shrinker deletes any of them); warm repeats and copies refer to
     # earlier prompts by index, resolved after drawing
     # (min_size 0 and a filter: with min_size 1 the first element cannot be deleted)
+    # hypothesis 6.170 fails an internal assertion drawing lists(min_size=0, max_size <= 2)
+    # through a filter ('--max-phases 1' / '2' crashed with exit 4): min_size 1 there (the
+    # delete pass removes a harmless leading phase)
+    if space.max_phases <= 2:
+        return st.lists(phase(), min_size=1, max_size=space.max_phases).map(resolve)
     return st.lists(phase(), min_size=0, max_size=space.max_phases).filter(bool).map(resolve)
 
 
