@@ -146,11 +146,24 @@ def test_repro_round_trips_inserts_and_seeded_samples(tmp_path):
     assert ph.concurrency == 2  # the request and the carrier; the insert comes on top
     got = [(r.prompt, r.max_tokens, r.stream, r.temperature, r.seed, r.insert_into,
             r.insert_after_tokens) for r in ph.requests]
+    # the carrier runs 64 tokens past the insert (REPRO_RUNWAY_TOKENS): 17 + 64 = 81, not 40
     assert got == [([20, 21, 22], 2, True, 1.0, 2, None, None),
-                   ([30, 31, 32, 33], 40, True, 0.0, None, None, None),
+                   ([30, 31, 32, 33], 81, True, 0.0, None, None, None),
                    ([40, 41, 42, 43, 44], 3, False, 0.0, None, 1, 17)]
     assert sched.summary() == "C1[3s2+2] D4+40{5n+3@17}"
     assert "insert after 17 carrier tokens" in ph.requests[2].note
+    assert "max_tokens 40 in the failing run, 81 here" in ph.requests[1].note
+    # an insert that went out later than drawn (client-seen carrier position 25: one merged
+    # chunk) is written at 25; max_model_len 50 caps the carrier at 50 - 4 = 46 tokens
+    write_repro(specs, sched, path, "run1", sent=[[1, 0, 25, True]], max_model_len=50)
+    (ph,) = load_scenario_file(str(path)).params.phases
+    assert [r.max_tokens for r in ph.requests] == [2, 46, 3]
+    assert ph.requests[2].insert_after_tokens == 25 and "drawn 17" in ph.requests[2].note
+    # sent after the carrier had ended: not an insert position, the drawn one stays
+    write_repro(specs, sched, path, "run1", sent=[[1, 0, 40, False]], runway=0)
+    (ph,) = load_scenario_file(str(path)).params.phases
+    assert [r.max_tokens for r in ph.requests] == [2, 40, 3]
+    assert ph.requests[2].insert_after_tokens == 17
 
 
 @pytest.mark.parametrize("edit, msg", [
@@ -427,8 +440,9 @@ def test_engine_planted_insert_fault_is_found(cpu_engine, tmp_path):
     with proxy:
         r = run_cli("fuzz", "--url", proxy.url, "--results-dir", str(tmp_path), "--run-id", "f",
                     *CLI_FACTS, "--max-examples", "40", "--seed", "0", "--no-shrink",
-                    "--no-golden", timeout=900)
+                    "--no-golden", "--confirm-runs", "2", timeout=900)
     out = r.stdout + r.stderr
+    print("hits (request, carrier request, carrier tokens at arrival):", fault.hits)
     assert fault.hits, "the double never saw an insert past token 24"
     assert r.returncode == 1, out[-3000:]
     m = load_json(tmp_path / "f" / "manifest.json")

@@ -71,6 +71,11 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..runner import RunContext
 
 INSTRUCTION = "Reply with OK."
+# a reproducer's carrier decodes at least this many tokens past its last insert's position, so
+# the insert reaches the engine while the carrier still runs on a slower or faster machine too
+# (measured, CPU engine: an insert meant for carrier token 27 of 45 went out at client-seen
+# position 39, one merged chunk later, and reached the engine after the carrier had ended)
+REPRO_RUNWAY_TOKENS = 64
 PROMPT_SEEDS = 4  # distinct random prompts per length (small: prompts recur, references are reused)
 
 
@@ -809,8 +814,10 @@ class Fuzz(Scenario):
         if minimal is not None:
             repro = run_dir / "repro.toml"
             last = self._last_failing(examples, minimal)
+            mml = ctx.facts.get("max_model_len")
             write_repro(self.specs(ctx, minimal), minimal, repro, ctx.manifest.run_id,
-                        sent=last.get("insert_sent"), failed=last.get("failed"))
+                        sent=last.get("insert_sent"), failed=last.get("failed"),
+                        max_model_len=mml)
             summary.update(repro=str(repro), minimal_schedule=minimal.summary())
             entry = {"source": "fuzz", "path": repro.name, "schedule": minimal.summary(),
                      "summary_table": "fuzz_summary"}
@@ -820,7 +827,8 @@ class Fuzz(Scenario):
                 lrow = self._last_failing(examples, larger)
                 write_repro(self.specs(ctx, larger), larger, fb, ctx.manifest.run_id,
                             sent=lrow.get("insert_sent"), failed=lrow.get("failed"),
-                            what="first failing schedule (before shrinking)")
+                            what="first failing schedule (before shrinking)",
+                            max_model_len=mml)
                 entry.update(fallback=fb.name, fallback_schedule=larger.summary())
                 summary["repro_larger"] = str(fb)
             tables.setdefault("reproducers", []).append(entry)
@@ -845,7 +853,8 @@ class Fuzz(Scenario):
 
 def write_repro(phases: list[PhaseSpecs], sched: Schedule, path: Path, run_id: str, *,
                 sent: list | None = None, failed: list | None = None,
-                what: str = "minimal failing schedule") -> None:
+                what: str = "minimal failing schedule", max_model_len: int | None = None,
+                runway: int = REPRO_RUNWAY_TOKENS) -> None:
     """The schedule as a ``replay`` scenario file at ``path`` (token-ID prompts, max_tokens, one
     ``[[params.phases]]`` per phase with its concurrency; a carrier is a request of its phase,
     each insert names it with ``insert_into`` and ``insert_after_tokens``; seeded samples carry
@@ -857,8 +866,12 @@ def write_repro(phases: list[PhaseSpecs], sched: Schedule, path: Path, run_id: s
     the drawn one (the client sees the carrier's tokens in chunks, and a slower machine merges
     more of them into one chunk: the drawn position alone does not say how far the carrier was;
     the trigger waits on the carrier's streamed token count, never on time, so the replay sends
-    it no earlier than that). ``failed``: the failed comparisons (:meth:`Fuzz._failed`),
-    written as ``[[params.failed]]`` with the phase names of this file."""
+    it no earlier than that). A carrier with inserts decodes at least ``runway`` tokens past
+    its last insert's position (its max_tokens raised where needed, within ``max_model_len``
+    when known, and said in its note): greedy, its output is the same prefix, and the insert
+    still lands while it runs where the client sees the stream later than the engine produces
+    it. ``failed``: the failed comparisons (:meth:`Fuzz._failed`), written as
+    ``[[params.failed]]`` with the phase names of this file."""
     from ..manifest import write_atomic
     pos = {(int(p), int(j)): (int(n), bool(run)) for p, j, n, run in (sent or [])}
     lines = [f"# ple-harness fuzz {run_id}: {what} {sched.summary()}",
@@ -874,23 +887,37 @@ def write_repro(phases: list[PhaseSpecs], sched: Schedule, path: Path, run_id: s
         name = f"fuzz-p{i}-C{ph.concurrency}" + (f"-D{len(ph.inserts)}" if ph.carrier else "")
         names.append(name)
         lines += ["", "[[params.phases]]", f'name = "{name}"', f"concurrency = {n}"]
-        rows = [("", r, s, None) for r, s in zip(ph.requests, specs.requests)]
+        rows = [("", r, s, None, s.max_tokens) for r, s in zip(ph.requests, specs.requests)]
         if ph.carrier:
-            rows.append(("carrier decode, ", ph.carrier, specs.carrier, None))
+            ins = []
             for j, (x, (s, _)) in enumerate(zip(ph.inserts, specs.inserts)):
                 at, role = x.at, f"insert after {x.at} carrier tokens, "
                 seen, running = pos.get((i, j), (None, False))
                 if seen is not None and running and seen > at:
-                    at = min(seen, ph.carrier.max_tokens - 1)
+                    at = seen
                     role = (f"insert after {at} carrier tokens (drawn {x.at}; sent at "
                             f"client-seen carrier position {seen} in the failing run), ")
-                rows.append((role, x.request, s, at))
-        for role, r, s, at in rows:
+                ins.append([role, x.request, s, at])
+            cmt = specs.carrier.max_tokens
+            want = max([a for *_, a in ins], default=0) + runway if ins else cmt
+            if max_model_len:
+                want = min(want, int(max_model_len) - len(specs.carrier.prompt))
+            role = "carrier decode, "
+            if want > cmt:
+                role = (f"carrier decode (max_tokens {cmt} in the failing run, {want} here: "
+                        f"{want - max(a for *_, a in ins)} tokens past the last insert, so it "
+                        "lands while the carrier runs), ")
+                cmt = want
+            for x in ins:
+                x[3] = min(x[3], cmt - 1)
+            rows.append((role, ph.carrier, specs.carrier, None, cmt))
+            rows += [(a, b, c, d, c.max_tokens) for a, b, c, d in ins]
+        for role, r, s, at, mt in rows:
             note = (f"{role}{r.source} len {r.length} ({r.why}); max_tokens "
                     f"{r.max_tokens}").replace('"', "'")
             lines += ["", "[[params.phases.requests]]",
                       f"prompt = {json.dumps(list(s.prompt.ids))}",
-                      f"max_tokens = {s.max_tokens}", f"stream = {str(r.stream).lower()}"]
+                      f"max_tokens = {mt}", f"stream = {str(r.stream).lower()}"]
             if s.temperature > 0:
                 lines += [f"temperature = {s.temperature!r}", f"seed = {s.seed}"]
             if at is not None:
