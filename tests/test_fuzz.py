@@ -550,3 +550,28 @@ def test_few_phases_draw(n):
     def check(sched):
         assert 1 <= len(sched.phases) <= n
     check()
+
+
+def test_reproduction_verdicts_and_report_lines():
+    from pleharness.manifest import Manifest
+    from pleharness.reproduce import markdown_lines, rate_verdict
+    assert rate_verdict(3, 3) == "reproduced 3/3 on fresh engines"
+    assert rate_verdict(1, 3) == ("reproduced 1/3 on fresh engines: intermittent "
+                                  "(timing-dependent)")
+    assert rate_verdict(0, 3) == "0/3: not reproduced on fresh engines, timing-dependent"
+    assert rate_verdict(0, 3, errors=1).endswith("; 1 replay(s) ended in an error")
+    assert rate_verdict(2, 2, fresh=False) == ("reproduced 2/2 on the same engine (attached "
+                                               "with --url: no fresh engine can be started)")
+    m = Manifest(run_id="x")
+    assert markdown_lines(m) == []
+    m.tables["reproducers"] = [{"path": "repro.toml", "source": "fuzz", "schedule": "C1[3+6]",
+                                "verdict": "reproduced 3/3 on fresh engines"},
+                               {"path": "repro-2.toml", "source": "fuzz"}]
+    lines = markdown_lines(m)
+    assert "| `repro.toml` | fuzz | C1[3+6] | reproduced 3/3 on fresh engines |" in lines
+    assert any("not confirmed (--confirm-runs 0)" in x for x in lines)
+
+
+def test_confirm_runs_usage_error():
+    r = run_cli("fuzz", "--url", "http://127.0.0.1:9", "--confirm-runs", "-1")
+    assert r.returncode == 2 and "--confirm-runs" in r.stderr
