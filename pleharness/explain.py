@@ -252,7 +252,7 @@ def confirm_repros(report: dict[str, Any], m: Manifest, run_dir: Path, runs: int
     the configuration under test (:mod:`pleharness.reproduce`); each report case gets
     ``reproduction`` (the result) and ``reproduction_verdict`` ("reproduced 3/3 on fresh
     engines", "0/3: not reproduced ..."). Replays run under ``RUN/explain/confirm/``."""
-    from .reproduce import ReplayTarget, replay_reproducer
+    from .reproduce import ReplayInterrupted, ReplayTarget, replay_reproducer
     console = console or Console(stderr=True)
     o = m.run_options
     rt = ReplayTarget(launch=_launch_spec(m, None, engine_python),
@@ -263,8 +263,11 @@ def confirm_repros(report: dict[str, Any], m: Manifest, run_dir: Path, runs: int
         path = run_dir / c["repro"]
         console.print(f"confirming {escape(c['repro'])}: {runs} replay(s), each on a freshly "
                       "started engine", highlight=False)
-        res = replay_reproducer(path, rt, runs, path.parent / "confirm",
-                                log=lambda x: console.print(escape(x), highlight=False))
+        try:
+            res = replay_reproducer(path, rt, runs, path.parent / "confirm",
+                                    log=lambda x: console.print(escape(x), highlight=False))
+        except ReplayInterrupted:
+            raise KeyboardInterrupt from None
         c["reproduction"] = res
         c["reproduction_verdict"] = res["verdict"]
         console.print(f"{escape(c['repro'])}: {escape(res['verdict'])}", highlight=False)

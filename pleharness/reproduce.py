@@ -35,6 +35,15 @@ from rich.console import Console
 DEFAULT_CONFIRM_RUNS = 3
 
 
+class ReplayInterrupted(Exception):
+    """A confirmation replay was interrupted (SIGINT / SIGTERM, exit 130 / 143): the caller
+    ends its own run interrupted instead of starting the next replay."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"confirmation replay interrupted by signal {signum}")
+        self.signum = signum
+
+
 @dataclass
 class ReplayTarget:
     """Where a reproducer is replayed: ``launch`` (a :class:`~pleharness.engine.launch.LaunchSpec`
@@ -92,7 +101,8 @@ def replay_reproducer(path: Path, target: ReplayTarget, runs: int, out_dir: Path
     """Replay the scenario file ``path`` ``runs`` times (each a ``stress`` run under
     ``out_dir/<label>-<i>/``, on a fresh engine unless attached); returns the result dict of the
     module docstring. ``log`` gets one line per replay. Never raises for a replay that fails or
-    errs (that is the result); raises ValueError for ``runs`` < 1."""
+    errs (that is the result); raises ValueError for ``runs`` < 1 and ReplayInterrupted when a
+    replay was interrupted."""
     from .errors import HarnessError
     from .manifest import load_manifest
     from .stress import StressConfig, run_stress
@@ -124,6 +134,8 @@ def replay_reproducer(path: Path, target: ReplayTarget, runs: int, out_dir: Path
             code = run_stress(StressConfig(**kw), console=quiet, err_console=quiet)
         except HarnessError as exc:  # a usage error before the run folder existed
             code = exc.exit_code
+        if code in (130, 143):
+            raise ReplayInterrupted(code - 128)
         rdir = out_dir / run_id
         row = {"run": i, "exit_code": code, "reproduced": code == 1,
                "manifest": str(rdir / "manifest.json")}
