@@ -251,7 +251,9 @@ def confirm_repros(report: dict[str, Any], m: Manifest, run_dir: Path, runs: int
     """Replay every case's ``repro-N.toml`` ``runs`` times, each on a freshly started engine of
     the configuration under test (:mod:`pleharness.reproduce`); each report case gets
     ``reproduction`` (the result) and ``reproduction_verdict`` ("reproduced 3/3 on fresh
-    engines", "0/3: not reproduced ..."). Replays run under ``RUN/explain/confirm/``."""
+    engines", "0/3: not reproduced ..."). Cases whose reproducers replay the same schedule (the
+    cases of one phase, at its companions level) are replayed once and share the result
+    (``same_schedule_as``). Replays run under ``RUN/explain/confirm/``."""
     from .reproduce import ReplayInterrupted, ReplayTarget, replay_reproducer
     console = console or Console(stderr=True)
     o = m.run_options
@@ -259,8 +261,18 @@ def confirm_repros(report: dict[str, Any], m: Manifest, run_dir: Path, runs: int
                       golden=o.get("golden", True) is not False, strict=bool(o.get("strict")),
                       reference_cache_state=o.get("reference_cache_state") or "warm",
                       start_timeout_s=start_timeout_s)
+    from .scenarios import load_scenario_file
+    done: dict[str, tuple[str, dict]] = {}  # schedule key -> (repro, result)
     for c in report["cases"]:
         path = run_dir / c["repro"]
+        # cases of one phase share its schedule ("with its phase companions"): replayed once
+        key = json.dumps([ph.model_dump() for ph in load_scenario_file(str(path)).params.phases],
+                         sort_keys=True)
+        if key in done:
+            first, res = done[key]
+            c["reproduction"] = {**res, "same_schedule_as": first}
+            c["reproduction_verdict"] = f"{res['verdict']} (the schedule of {first})"
+            continue
         console.print(f"confirming {escape(c['repro'])}: {runs} replay(s), each on a freshly "
                       "started engine", highlight=False)
         try:
@@ -268,6 +280,7 @@ def confirm_repros(report: dict[str, Any], m: Manifest, run_dir: Path, runs: int
                                     log=lambda x: console.print(escape(x), highlight=False))
         except ReplayInterrupted:
             raise KeyboardInterrupt from None
+        done[key] = (c["repro"], res)
         c["reproduction"] = res
         c["reproduction_verdict"] = res["verdict"]
         console.print(f"{escape(c['repro'])}: {escape(res['verdict'])}", highlight=False)
