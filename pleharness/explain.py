@@ -266,8 +266,9 @@ def confirm_repros(report: dict[str, Any], m: Manifest, run_dir: Path, runs: int
     for c in report["cases"]:
         path = run_dir / c["repro"]
         # cases of one phase share its schedule ("with its phase companions"): replayed once
-        key = json.dumps([ph.model_dump() for ph in load_scenario_file(str(path)).params.phases],
-                         sort_keys=True)
+        key = json.dumps([[ph.concurrency, [r.model_dump() for r in ph.requests]]
+                          for ph in load_scenario_file(str(path)).params.phases],
+                         sort_keys=True)  # phase names carry the case number: not compared
         if key in done:
             first, res = done[key]
             c["reproduction"] = {**res, "same_schedule_as": first}
