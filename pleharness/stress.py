@@ -85,6 +85,7 @@ class StressConfig:
     control_profile: str | None = None  # or: the control's own engine profile (args and env)
     strict: bool = False
     reference_cache_state: str = "warm"
+    confirm_runs: int = 3  # replays of each reproducer the run writes (pleharness.reproduce)
 
     @property
     def reference_mode(self) -> str:
@@ -104,6 +105,8 @@ class StressConfig:
             (self.on_timeout not in ("continue", "abort"),
              f"--on-timeout {self.on_timeout!r}: expected continue or abort"),
             (self.repeat < 1, "--suite-repeats must be >= 1"),
+            (self.confirm_runs < 0, f"--confirm-runs {self.confirm_runs}: expected 0 (skip) or "
+                                    "more replays"),
             (self.reference_cache_state not in ("cold", "warm"),
              f"--reference-cache-state {self.reference_cache_state!r}: expected cold or warm"),
             (mode not in REFERENCE_MODES,
@@ -217,6 +220,8 @@ def run_stress(cfg: StressConfig, console: Console | None = None,
                     _probe_engine(run, ctx)
                     _run_suite(ctx, scenarios, cfg.repeat)
                     ctx.finish_judgement()  # half precision: the measured golden tolerance
+                if cfg.confirm_runs and run.manifest.tables.get("reproducers"):
+                    _confirm_reproducers(run, eng, target)
                 control = None
                 if cfg.control:
                     run.stop(eng)  # one engine at a time (one GPU)
@@ -581,6 +586,31 @@ def _raise_if_second_engine_is_the_same(cfg: StressConfig, target: Target) -> No
     if problems:
         raise UsageError(f"{len(problems)} problems with the options:\n"
                          + "\n".join(f"  - {x}" for x in problems))
+
+
+def _confirm_reproducers(run: _Run, eng: Engine, target: Target) -> None:
+    """Replay every reproducer the suite wrote (``tables["reproducers"]``) ``--confirm-runs``
+    times, each on a freshly started engine of the run's configuration (the engine under test is
+    stopped first: one engine at a time), or on the attached engine when there is no launch
+    (:mod:`pleharness.reproduce`). The rates land in the table's rows and in
+    ``summary.reproducers``."""
+    from .reproduce import ReplayInterrupted, ReplayTarget, confirm_run_reproducers
+    cfg = run.cfg
+    spec = eng.server.spec if eng.server is not None else None
+    run.stop(eng)
+    rt = ReplayTarget(launch=spec, url=None if spec is not None else cfg.url,
+                      api_key=cfg.api_key, explicit_facts=dict(cfg.explicit_facts),
+                      golden=cfg.golden, near_tie_nats=cfg.near_tie_nats, strict=cfg.strict,
+                      reference_cache_state=cfg.reference_cache_state,
+                      start_timeout_s=cfg.start_timeout_s, timeouts=cfg.timeouts)
+    try:
+        rows = confirm_run_reproducers(run.manifest, run.run_dir, rt, cfg.confirm_runs,
+                                       log=lambda x: run.console.print(esc(x), highlight=False))
+    except ReplayInterrupted as exc:
+        raise _Interrupted(exc.signum) from None
+    run.manifest.summary["reproducers"] = [{"path": r["path"], "verdict": r.get("verdict")}
+                                           for r in rows]
+    run.save()
 
 
 def _reference_pass(run: _Run, scenarios: list[Scenario], target: Target) -> dict:

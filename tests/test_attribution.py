@@ -90,6 +90,17 @@ def test_failing_cases_suspects_and_repro(tmp_path):
     assert sc.kind == "replay" and sc.params.phases[0].concurrency == 4
     assert [r.prompt for r in sc.params.phases[0].requests] == [[20, 21, 22], [30, 31, 32],
                                                                 [20, 21, 22]]
+    # the comparison that failed: without a replay on record, the run's own divergence
+    (f,) = sc.params.failed
+    assert f.first_divergence == 5 and "r1" in f.run and f.phase == sc.params.phases[0].name
+    # with the configuration-under-test replay's divergent requests: each named, vs its warm
+    # solo reference
+    case.baseline = {"with its phase companions": {"fails": True, "divergent": [
+        {"try": 2, "prompt_len": 3, "first_divergence": 6}]}}
+    write_repro(case, path, "run1")
+    (f,) = load_scenario_file(str(path)).params.failed
+    assert (f.request, f.prompt_len, f.first_divergence) == (0, 3, 6)
+    assert f.run == "load (explain replay, try 2)" and "warm single-request" in f.compared_with
     m.prompts = {}
     with pytest.raises(Exception, match="keeps no prompt IDs"):
         failing_cases(m)
@@ -302,9 +313,8 @@ def test_fault_in_both_configurations_is_also_in_control(cpu_engine, tmp_path):
 def test_explain_attributes_the_divergence_to_its_flag(cpu_engine, spec_fault_run):
     r, out, m, tmp = spec_fault_run
     run = tmp / "spec"
-    e = run_cli("explain", str(run), "--tries", "3", env=fault_env(cpu_engine,
-                                                                  "--speculative-config"),
-                timeout=900)
+    e = run_cli("explain", str(run), "--tries", "3", "--confirm-runs", "2",
+                env=fault_env(cpu_engine, "--speculative-config"), timeout=900)
     assert e.returncode == 0, (e.stdout + e.stderr)[-3000:]
     rep = json.loads((run / "explain" / "explain.json").read_text())
     assert "4 engine launch(es) planned" in e.stderr
@@ -328,8 +338,25 @@ def test_explain_attributes_the_divergence_to_its_flag(cpu_engine, spec_fault_ru
     fails = junit.findall(".//failure")
     assert len(fails) == len(rep["cases"]) and "speculative decoding" in fails[0].get("message")
     assert "needs speculative decoding" in (run / "explain" / "explain.md").read_text()
+    # each reproducer was replayed on 2 fresh launches of the configuration under test (the
+    # double in front of the session's engine) and failed both times; it names the comparison
+    for c in rep["cases"]:
+        assert c["reproduction"]["rate"] == "2/2", c["reproduction"]
+        assert c["reproduction_verdict"].startswith("reproduced 2/2 on fresh engines")
+        for x in c["reproduction"]["replays"]:
+            sub = load_json(x["manifest"])
+            assert sub["engine"]["mode"] == "launched" and sub["engine"]["command"][0] == FAKE_PY
+            assert "--speculative-config" in sub["engine"]["launch"]["engine_args"]
+    assert "reproduced 2/2 on fresh engines" in (run / "explain" / "explain.md").read_text()
+    # the cases of one phase share its schedule: replayed once (2 runs, not 2 per case)
+    firsts = [c for c in rep["cases"] if "same_schedule_as" not in c["reproduction"]]
+    assert len(firsts) == len({c["phase"] for c in rep["cases"]})
+    assert len(list((run / "explain" / "confirm").iterdir())) == 2 * len(firsts)
     # the one-file reproducer replays the failure
     repro = run / rep["cases"][0]["repro"]
+    failed = load_scenario_file(str(repro)).params.failed
+    assert failed and all(f.compared_with.startswith("its warm single-request reference")
+                          and f.first_divergence == 5 for f in failed)
     rr = run_cli("stress", "--engine-python", FAKE_PY, "--engine-profile",
                  "profiles/cpu-ngram.toml", "--scenario", str(repro), "--results-dir", str(tmp),
                  "--run-id", "replayed", env=fault_env(cpu_engine, "--speculative-config"),
@@ -337,6 +364,7 @@ def test_explain_attributes_the_divergence_to_its_flag(cpu_engine, spec_fault_ru
     assert rr.returncode == 1, (rr.stdout + rr.stderr)[-3000:]
     rm = load_json(tmp / "replayed" / "manifest.json")
     assert rm["scenarios"][0]["kind"] == "replay" and rm["summary"]["hard_divergences"] >= 1
+    assert any(x["reproduced"] for x in rm["tables"]["replay_failed_comparisons"])
 
 
 LENGTH_SCENARIO = """kind = "replay"
@@ -359,7 +387,8 @@ TWO_FLAGS = "--speculative-config,--max-num-batched-tokens=256"
 
 def explain_fake(engine, run, when, length=""):
     env = {**fault_env(engine, when, mode="load"), "PLE_FAULT_LEN": length}
-    e = run_cli("explain", str(run), "--tries", "1", env=env, timeout=900)
+    # --confirm-runs 0: reproducer confirmation is tested in test_explain_attributes_...
+    e = run_cli("explain", str(run), "--tries", "1", "--confirm-runs", "0", env=env, timeout=900)
     assert e.returncode == 0, (e.stdout + e.stderr)[-3000:]
     # kept per fault (the tests share one run; docs/attribution.md quotes these reports)
     keep = run / f"explain-{when.replace(',', '+').replace('=', '')}-{length or 'any'}"

@@ -21,6 +21,20 @@ run on the output beside the default ones, as a table {check name = {params}}, e
 ``insert_after_tokens = N`` is an *insert*: it is sent once request j of its phase (the carrier,
 streamed) has streamed N tokens (:mod:`pleharness.scenarios.inserting`); ``concurrency`` then
 counts the other requests, and the inserts come on top (what ``ple-harness fuzz`` writes).
+
+Every run of a prompt is judged, cold ones included: each distinct (prompt, max_tokens,
+sampling) runs alone first (cold; with the default warm references a second, warm run is
+compared with it), and every later run in the phases is compared with that reference, all within
+this run on this engine (no reference cached from anything that ran before it); with a golden
+model every divergence is also judged by it (and ``--reference golden`` makes the golden
+continuation the reference). Order of runs: the references (cold, then warm), then the phases
+in file order.
+
+``failed`` (optional, written by ``fuzz`` and ``explain``): the comparisons that failed where
+the reproducer came from, each ``{phase, request, run, compared_with, first_divergence,
+expected_token, observed_token, detail}`` (``phase`` a phase name of this file or
+``references``; ``request`` the index in it; ``run`` e.g. ``load`` or ``warm reference (2nd solo
+run)``). The replay says for each whether it failed again (table ``replay_failed_comparisons``).
 """
 from __future__ import annotations
 
@@ -98,10 +112,27 @@ class ReplayPhase(Params):
         return self
 
 
+class FailedComparison(Params):
+    """A comparison that failed where the reproducer came from (see the module docstring)."""
+
+    phase: str = Field(min_length=1)
+    request: int | None = Field(None, ge=0)
+    run: str = "load"
+    compared_with: str = ""
+    prompt_len: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=1)
+    first_divergence: int | None = Field(None, ge=0)
+    expected_token: int | None = None
+    observed_token: int | None = None
+    detail: str = ""
+
+
 class ReplayParams(Params):
-    """Parameters of ``replay``: the phases to replay (names unique)."""
+    """Parameters of ``replay``: the phases to replay (names unique) and, optionally, the
+    comparisons that failed where the file came from (``failed``)."""
 
     phases: list[ReplayPhase] = Field(min_length=1)
+    failed: list[FailedComparison] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _names(self):
@@ -155,14 +186,69 @@ class Replay(Scenario):
         from .inserting import run_phase_with_inserts
 
         phases = [[self._spec(r) for r in ph.requests] for ph in self.params.phases]
+        n_rec = len(ctx.manifest.requests)
         ctx.take_references([s for specs in phases for s in specs],
                             phase_name="replay-references")
+        records: dict[str, list] = {"references": list(ctx.manifest.requests[n_rec:])}
         for ph, specs in zip(self.params.phases, phases):
             ins = [(s, r.insert_after_tokens) for r, s in zip(ph.requests, specs)
                    if r.insert_into is not None]
             if not ins:
-                ctx.run_phase(ph.name, ph.concurrency, specs)
-                continue
-            carrier = specs[next(r.insert_into for r in ph.requests if r.insert_into is not None)]
-            plain = [s for r, s in zip(ph.requests, specs) if r.insert_into is None]
-            run_phase_with_inserts(ctx, ph.name, ph.concurrency, plain, carrier, ins)
+                outs = ctx.run_phase(ph.name, ph.concurrency, specs)
+            else:
+                carrier = specs[next(r.insert_into for r in ph.requests
+                                     if r.insert_into is not None)]
+                plain = [s for r, s in zip(ph.requests, specs) if r.insert_into is None]
+                outs, _ = run_phase_with_inserts(ctx, ph.name, ph.concurrency, plain, carrier,
+                                                 ins)
+            by_spec = {id(o.spec): o.record for o in outs or []}
+            records[ph.name] = [by_spec.get(id(s)) for s in specs]
+        if self.params.failed:
+            ctx.manifest.tables["replay_failed_comparisons"] = [
+                judge_failed(f, records) for f in self.params.failed]
+            ctx.save()
+
+    @classmethod
+    def markdown(cls, m) -> list[str]:
+        rows = m.tables.get("replay_failed_comparisons") or []
+        if not rows:
+            return []
+        out = ["", "### The comparisons that failed where this reproducer came from", "",
+               "| phase | request | run | compared with | there: first divergence | "
+               "here |", "|---|---:|---|---|---:|---|"]
+        for r in rows:
+            out.append(f"| {r['phase']} | {r['request'] if r['request'] is not None else '-'} "
+                       f"| {r['run']} | {r['compared_with']} | "
+                       f"{r['first_divergence'] if r['first_divergence'] is not None else '-'} "
+                       f"| {r['here']} |")
+        return out
+
+
+def judge_failed(f: FailedComparison, records: dict[str, list]) -> dict:
+    """Whether the failed comparison ``f`` failed again in this replay: ``records`` maps a
+    phase name (and ``references``: the reference phases' records, in order) to its records, a
+    phase's in file order. Returns ``f`` as a dict with ``reproduced`` (True / False / None when
+    the request is not in this replay) and ``here`` (what this replay saw)."""
+    row = f.model_dump()
+    recs = records.get(f.phase)
+    if recs is None:
+        row.update(reproduced=None, here="phase not in this replay")
+        return row
+    if f.phase == "references" or f.request is None:
+        cands = [r for r in recs if r is not None and (f.prompt_len is None or
+                                                      r.prompt_len == f.prompt_len)
+                 and (f.max_tokens is None or r.max_tokens == f.max_tokens)]
+    else:
+        cands = [recs[f.request]] if f.request < len(recs) and recs[f.request] else []
+    if not cands:
+        row.update(reproduced=None, here="request not in this replay")
+        return row
+    bad = [r for r in cands if r.is_problem]
+    if bad:
+        r = bad[0]
+        pos = r.first_divergence
+        row.update(reproduced=True, here=f"failed again ({r.id}"
+                   + (f", first divergence {pos}" if pos is not None else "") + ")")
+    else:
+        row.update(reproduced=False, here=f"passed ({', '.join(r.id for r in cands[:3])})")
+    return row

@@ -1,0 +1,215 @@
+"""Confirming a reproducer: replay it on a freshly started engine of the same configuration, N
+times, and say how often it fails (the reproduction rate).
+
+Why (shared/DESIGN.md, "A reproducer is only confirmed on a fresh engine"; issue 23): inside one
+engine process, references cached from earlier requests and the engine's state (what ran first,
+what is prefix-cached) can make a failure look reproducible that is not. A fuzz reproducer that
+was "confirmed" in the process it came from passed when replayed on a fresh engine of the same
+buggy configuration (H200, vLLM 0.26). So every reproducer the harness writes (fuzz's
+``repro.toml``, explain's ``repro-N.toml``) is replayed as its own ``ple-harness stress --scenario
+FILE`` run, each on a newly launched engine (same model, Python, arguments and environment as
+the run it came from), and judged like any run: exit 1 (a parity or check failure) is a
+reproduction, exit 0 is not, anything else (the engine failed to start, a usage error) is an
+error that counts as neither.
+
+Attached engines (``--url``): no fresh engine can be started, so the replays run on the same
+engine, and the result says so (``fresh_engine: false``).
+
+Result (a dict, stored in the manifest's ``reproducers`` table and shown in the reports)::
+
+    {"runs": 3, "reproduced": 3, "errors": 0, "fresh_engine": true,
+     "rate": "3/3", "verdict": "reproduced 3/3 on fresh engines",
+     "replays": [{"run": 1, "exit_code": 1, "reproduced": true, "manifest": "...",
+                  "failing": ["r2-... differs from its reference at token position 5"]}, ...]}
+"""
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+DEFAULT_CONFIRM_RUNS = 3
+
+
+class ReplayInterrupted(Exception):
+    """A confirmation replay was interrupted (SIGINT / SIGTERM, exit 130 / 143): the caller
+    ends its own run interrupted instead of starting the next replay."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"confirmation replay interrupted by signal {signum}")
+        self.signum = signum
+
+
+@dataclass
+class ReplayTarget:
+    """Where a reproducer is replayed: ``launch`` (a :class:`~pleharness.engine.launch.LaunchSpec`
+    started fresh for every replay) or ``url`` (an attached engine, the same one every time).
+
+    The other fields carry the judging options of the run the reproducer came from, so the
+    replay judges like it did (golden classifier on or off, near-tie threshold, strict, the
+    reference cache state, attach-only facts)."""
+
+    launch: Any = None
+    url: str | None = None
+    api_key: str | None = None
+    explicit_facts: dict[str, Any] = field(default_factory=dict)
+    golden: bool = True
+    near_tie_nats: float | None = None
+    strict: bool = False
+    reference_cache_state: str = "warm"
+    start_timeout_s: float = 900.0
+    timeouts: Any = None
+
+    @property
+    def fresh(self) -> bool:
+        """Whether each replay gets a freshly started engine (False when attached)."""
+        return self.url is None
+
+
+def rate_verdict(reproduced: int, runs: int, errors: int = 0, fresh: bool = True) -> str:
+    """The one-line reproduction verdict, e.g. ``reproduced 3/3 on fresh engines``,
+    ``reproduced 1/3 on fresh engines: intermittent (timing-dependent)``, ``0/3: not
+    reproduced on fresh engines, timing-dependent``; attached runs say ``on the same engine
+    (attached: no fresh engine can be started)``. ``errors``: replays that ended neither
+    pass nor fail (counted in the denominator, named at the end)."""
+    where = "on fresh engines" if fresh else \
+        "on the same engine (attached with --url: no fresh engine can be started)"
+    err = f"; {errors} replay(s) ended in an error" if errors else ""
+    if runs and reproduced == runs:
+        return f"reproduced {reproduced}/{runs} {where}{err}"
+    if reproduced:
+        return f"reproduced {reproduced}/{runs} {where}: intermittent (timing-dependent){err}"
+    return f"0/{runs}: not reproduced {where}, timing-dependent{err}"
+
+
+def _failing_lines(run_dir: Path) -> list[str]:
+    """The causes of a replay run's failure (its report's 'Why' lines), at most 4."""
+    from .manifest import load_manifest
+    from .render.text import causes
+    try:
+        return causes(load_manifest(run_dir))[:4]
+    except (ValueError, OSError) as exc:
+        return [f"(manifest unreadable: {exc})"]
+
+
+def replay_reproducer(path: Path, target: ReplayTarget, runs: int, out_dir: Path,
+                      log: Callable[[str], Any] = print, label: str | None = None) -> dict:
+    """Replay the scenario file ``path`` ``runs`` times (each a ``stress`` run under
+    ``out_dir/<label>-<i>/``, on a fresh engine unless attached); returns the result dict of the
+    module docstring. ``log`` gets one line per replay. Never raises for a replay that fails or
+    errs (that is the result); raises ValueError for ``runs`` < 1 and ReplayInterrupted when a
+    replay was interrupted."""
+    from .errors import HarnessError
+    from .manifest import load_manifest
+    from .stress import StressConfig, run_stress
+    if runs < 1:
+        raise ValueError("runs must be >= 1")
+    label = label or Path(path).stem
+    out_dir.mkdir(parents=True, exist_ok=True)
+    replays = []
+    for i in range(1, runs + 1):
+        run_id = f"{label}-{i}"
+        kw: dict[str, Any] = dict(
+            scenarios=[str(path)], results_dir=out_dir, run_id=run_id, golden=target.golden,
+            near_tie_nats=target.near_tie_nats, strict=target.strict,
+            reference_cache_state=target.reference_cache_state, confirm_runs=0,
+            start_timeout_s=target.start_timeout_s,
+            invocation=["ple-harness", "stress", "--scenario", str(path)])
+        if target.timeouts is not None:
+            kw["timeouts"] = target.timeouts
+        if target.url is not None:
+            kw.update(url=target.url, api_key=target.api_key,
+                      explicit_facts=dict(target.explicit_facts))
+        else:
+            sp = target.launch
+            kw.update(model=sp.model, engine_python=sp.python, tp=sp.tp,
+                      engine_args=list(sp.engine_args), engine_env=dict(sp.env),
+                      served_model_name=sp.served_model_name, host=sp.host, port=sp.port)
+        quiet = Console(file=io.StringIO(), width=200)
+        try:
+            code = run_stress(StressConfig(**kw), console=quiet, err_console=quiet)
+        except HarnessError as exc:  # a usage error before the run folder existed
+            code = exc.exit_code
+        if code in (130, 143):
+            raise ReplayInterrupted(code - 128)
+        rdir = out_dir / run_id
+        row = {"run": i, "exit_code": code, "reproduced": code == 1,
+               "manifest": str(rdir / "manifest.json")}
+        if code == 1:
+            row["failing"] = _failing_lines(rdir)
+        elif code != 0:
+            try:
+                row["error"] = load_manifest(rdir, with_requests=False).reason
+            except (ValueError, OSError):
+                row["error"] = quiet.file.getvalue()[-500:]
+        if (rdir / "manifest.json").exists():
+            try:
+                row["engine_ready_s"] = load_manifest(rdir, with_requests=False).engine.get(
+                    "ready_s")
+            except (ValueError, OSError):
+                pass
+        replays.append(row)
+        what = "reproduced" if code == 1 else "passed (not reproduced)" if code == 0 else \
+            f"error (exit {code}): {row.get('error')}"
+        log(f"  replay {i}/{runs} of {Path(path).name} "
+            f"{'on a fresh engine' if target.fresh else 'on the same engine'}: {what}")
+    n = sum(r["reproduced"] for r in replays)
+    errors = sum(1 for r in replays if r["exit_code"] not in (0, 1))
+    return {"runs": runs, "reproduced": n, "errors": errors, "fresh_engine": target.fresh,
+            "rate": f"{n}/{runs}", "verdict": rate_verdict(n, runs, errors, target.fresh),
+            "replays": replays}
+
+
+def confirm_run_reproducers(manifest, run_dir: Path, target: ReplayTarget, runs: int,
+                            log: Callable[[str], Any] = print) -> list[dict]:
+    """Confirm every reproducer a run wrote (``manifest.tables["reproducers"]``: rows with
+    ``path`` relative to ``run_dir``, ``source``, and optionally ``fallback``: a larger failing
+    schedule to try when the reproducer reproduces 0 times). Each row gets ``confirmation`` (the
+    result of :func:`replay_reproducer`), and ``fallback_confirmation`` when the fallback was
+    tried; the row's ``verdict`` is the line the reports show. Returns the rows."""
+    rows = manifest.tables.get("reproducers") or []
+    for row in rows:
+        if row.get("confirmation") is not None:
+            continue
+        path = run_dir / row["path"]
+        log(f"confirming {row['path']}: {runs} replay(s) "
+            f"{'each on a freshly started engine' if target.fresh else 'on the attached engine'}")
+        res = replay_reproducer(path, target, runs, run_dir / "confirm", log)
+        row["confirmation"] = res
+        row["verdict"] = res["verdict"]
+        if res["reproduced"] == 0 and row.get("fallback"):
+            fb = run_dir / row["fallback"]
+            log(f"  {row['path']} did not reproduce: trying the larger failing schedule "
+                f"{row['fallback']}")
+            fres = replay_reproducer(fb, target, runs, run_dir / "confirm", log)
+            row["fallback_confirmation"] = fres
+            row["verdict"] = (f"{res['verdict']}: here is the larger failing schedule "
+                              f"{row['fallback']}"
+                              + (f" ({row['fallback_schedule']})" if row.get("fallback_schedule")
+                                 else "") + f", {fres['verdict']}")
+        log(f"{row['path']}: {row['verdict']}")
+        summary = (manifest.tables.get(row.get("summary_table") or "") or [None])[0]
+        if summary is not None:  # e.g. fuzz_summary: confirmed = failed on a fresh engine
+            fb = row.get("fallback_confirmation") or {}
+            summary.update(confirmed=res["reproduced"] > 0, reproduction=row["verdict"],
+                           reproduction_rate=res["rate"],
+                           larger_reproduction_rate=fb.get("rate"),
+                           confirmed_on_fresh_engine=target.fresh)
+    return rows
+
+
+def markdown_lines(manifest) -> list[str]:
+    """summary.md lines for the run's reproducers and their confirmation ([] when none)."""
+    rows = manifest.tables.get("reproducers") or []
+    if not rows:
+        return []
+    out = ["", "### Reproducers", "", "| reproducer | from | schedule | confirmation |",
+           "|---|---|---|---|"]
+    for r in rows:
+        v = r.get("verdict") or "not confirmed (--confirm-runs 0)"
+        out.append(f"| `{r['path']}` | {r.get('source', '')} | {r.get('schedule', '')} | {v} |")
+    return out
