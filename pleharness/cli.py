@@ -450,6 +450,10 @@ def stress(
              "warning).")] = None,
     golden: GoldenOpt = True,
     engine_probe: EngineProbeOpt = True,
+    confirm_runs: Annotated[int, typer.Option(min=0, max=100, rich_help_panel=P_REF,
+        help="A reproducer a scenario writes (the fuzz kind's repro.toml) is replayed this many "
+             "times, each on a freshly started engine of the same configuration, and its "
+             "reproduction rate reported. 0: skip.")] = 3,
     golden_model: Annotated[Optional[str], typer.Option(rich_help_panel=P_REF,
         help="Model folder for the golden model when attaching with --url (default: the served "
              "model's root, when it is a local folder).")] = None,
@@ -512,7 +516,7 @@ def stress(
         golden_model=golden_model, control_engine_args=list(control_engine_arg or []),
         control_drop_args=list(control_drop_arg or []),
         control_profile=str(control_profile_path) if control_profile_path else None,
-        reference_cache_state=reference_cache_state.value,
+        reference_cache_state=reference_cache_state.value, confirm_runs=confirm_runs,
         timeouts=Timeouts(connect_timeout, first_token_timeout, between_tokens_timeout,
                           request_timeout))
     raise typer.Exit(run_stress(cfg, console, err_console))
@@ -1016,4 +1020,4 @@ def run() -> None:
 
 from .selftest_cli import selftest as _selftest  # noqa: E402 - its own module (issue 27)
 
-app.command("selftest")(_selftest)
+app.command("selftest", cls=_Command)(_selftest)

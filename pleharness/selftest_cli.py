@@ -55,7 +55,8 @@ def selftest(
     error, 3 the engine failed to start or died, 4 internal error.
     """
     o = dict(locals())
-    o.update(near_tie_nats=None, strict=False, golden=False)
+    # no engine probe: its solo requests would shift the prompt runs that fault classes key on
+    o.update(near_tie_nats=None, strict=False, golden=False, engine_probe=False)
     engine = _engine_config(ctx, o)
     from .errors import UsageError
     from .selftest import DEFAULT_SUITE, run_selftest

@@ -376,7 +376,7 @@ def test_facts_command_usage_errors():
     r = run_cli("facts", "--url", "http://127.0.0.1:1", timeout=120)
     assert r.returncode == 2 and "no engine answers" in r.stdout + r.stderr
     r = run_cli("facts", "--url", "http://127.0.0.1:1", "--model", "/x", timeout=120)
-    assert r.returncode == 2 and "cannot be combined" in r.stdout + r.stderr
+    assert r.returncode == 2 and "--url" in r.stderr and "--model" in r.stderr
 
 
 def test_dtype_hint_from_config_is_what_auto_serves(tmp_path):
