@@ -66,8 +66,10 @@ def run_job(job: dict, urls: dict[str, str], cwd, env) -> tuple[bool, list[dict]
 
 def test_premerge_job_fails_at_the_gate_for_the_right_reason(cpu_engine, tmp_path):
     job = premerge_job()
+    # PLE_HARNESS_ENGINE_PROBE=0 as in every test (conftest.run_cli): the probe's own solo
+    # requests would shift the prompt occurrences that this fault is keyed to
     env = {**os.environ, "GITHUB_STEP_SUMMARY": str(tmp_path / "step-summary.md"),
-           "COLUMNS": "200", "PYTHONPATH": str(ROOT)}
+           "COLUMNS": "200", "PYTHONPATH": str(ROOT), "PLE_HARNESS_ENGINE_PROBE": "0"}
     # HEAD's fault: token 5 of the first request that is the 4th run of its prompt (each
     # transitions prompt runs cold, warm, once in C4: the 4th run is in the C3 phase) is flipped
     flipped = {}
