@@ -97,7 +97,8 @@ def test_premerge_job_fails_at_the_gate_for_the_right_reason(cpu_engine, tmp_pat
     assert failed, "the job must fail"
     assert gate["rc"] == 1, gate["stdout"] + gate["stderr"]
     out = gate["stdout"]
-    assert "FAIL HEAD verdict: HEAD (head) is 'fail' on its own: parity: request" in out
+    # the cause names the corrupt side first (issue 23): "parity: the load run rN of prompt ..."
+    assert "FAIL HEAD verdict: HEAD (head) is 'fail' on its own: parity: the load run r" in out
     assert "FAIL token parity: " in out  # (near ties this machine may have count here too)
     assert "verdict: fail (HEAD failed its own run, BASE passed: broken by this change)" in out
     head_m = load_json(tmp_path / "results" / "head" / "manifest.json")

@@ -297,7 +297,8 @@ def test_broken_counting_in_ongoing_decode(cpu_engine, tmp_path):
     bad = failing(m, "counting")
     assert len(bad) == 1 and bad[0]["phase"] == "insert" and bad[0]["note"] == "ongoing decode"
     detail = [c for c in bad[0]["checks"] if c["name"] == "counting"][0]["detail"]
-    assert detail == "word 101 is '999', expected '101'"
+    # a relative check (issue 24): it fails because the reference passes it, and says so
+    assert detail == "word 101 is '999', expected '101'; the single-request reference passes it"
     assert bad[0]["match"] is False and bad[0]["first_divergence"] == 100
     others = [q for q in m["requests"] if q["phase"] == "insert" and q["id"] != bad[0]["id"]]
     assert others and all(q["match"] for q in others)
