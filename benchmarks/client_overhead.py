@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     from pleharness.manifest import Manifest
     from pleharness.prompts import Prompt
     from pleharness.request import RequestSpec
-    from pleharness.runner import RunContext
+    from pleharness.run.context import RunContext
 
     pin = None
     if a.pin:

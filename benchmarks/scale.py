@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))  # this tree's pleharness (as the child runs it), 
 
 CHILD = r"""
 import json, os, sys, time
-import pleharness.manifest as M, pleharness.runner as R, pleharness.stress as S
+import pleharness.manifest as M, pleharness.run.context as R, pleharness.stress as S
 log = open(sys.argv[1], "w")
 orig = M.write_manifest
 def timed(path, m):

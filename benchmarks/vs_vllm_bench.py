@@ -3,7 +3,7 @@
 The same workload (N token-ID prompts of one fixed length, fixed max_tokens, ignore_eos, greedy,
 ``return_token_ids`` on, at most C requests in flight) is driven
 
-  A. through the harness's own path: ``pleharness.runner.RunContext.run_phase`` (``EngineClient.run_batch``:
+  A. through the harness's own path: ``pleharness.run.context.RunContext.run_phase`` (``EngineClient.run_batch``:
      C requests in flight on the client's asyncio event loop, with the phase watchdog), and its figures are
      the phase record's ``decode_tok_per_s`` and ``ttft_s_median``;
   B. through ``vllm.benchmarks.serve.benchmark`` (aiohttp + asyncio, ``--max-concurrency C``,
@@ -54,7 +54,7 @@ class HarnessDriver:
         from pleharness.engine.client import EngineClient
         from pleharness.engine.facts import EngineFacts
         from pleharness.manifest import Manifest
-        from pleharness.runner import RunContext, RunOptions
+        from pleharness.run.context import RunContext, RunOptions
 
         client = EngineClient(url, model)
         client.resolve_model()

@@ -19,7 +19,7 @@ On a half-precision engine (``run_options.serving_dtype`` bfloat16 / float16) a 
 divergence that is ``also_in_control`` becomes a ``near_tie`` (``reclassified`` says why): the
 control reproduces it, so it is the dtype's numerics, never corruption (issue 24 item 3).
 The control run's requests also vote on which side of a divergence is wrong
-(:func:`pleharness.runner.judge_sides`).
+(:func:`pleharness.run.judge.judge_sides`).
 
 Batching is not perfectly repeatable: all the twins seen across the suite and its repeats
 (``--repeat N``) count, on each side, rather than one request. One twin that diverged is enough
@@ -29,7 +29,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from types import SimpleNamespace
 
 from .divergence import is_half_precision
 from .manifest import ControlEvidence, Manifest, RequestRecord
@@ -102,7 +101,7 @@ def attribute(main: Manifest, control: Manifest) -> dict[str, int]:
 
     Returns counts: {"also_in_control", "only_under_test", "no_twin"}.
     """
-    from .runner import RunContext
+    from .run.judge import refinish
 
     twins: dict[tuple, list[RequestRecord]] = defaultdict(list)
     for t in control.requests:
@@ -146,12 +145,6 @@ def attribute(main: Manifest, control: Manifest) -> dict[str, int]:
                              "only_under_test": "; only under test (every control twin matched)",
                              "no_twin": "; no control twin (unattributed)"}[cls]
         touched.add(r.phase)
-    by_phase: dict[str, list] = defaultdict(list)
-    for r in main.requests:
-        by_phase[r.phase].append(SimpleNamespace(record=r))
-    for ph in main.phases:
-        if ph.name in touched:
-            RunContext._finish_phase(ph, by_phase[ph.name])
-    if touched:
-        main.records_changed()  # the records file is rewritten once with the attributions
+    # the phases' aggregates again; the records file is rewritten once with the attributions
+    refinish(main, touched)
     return counts

@@ -63,8 +63,8 @@ def _run(ctx, spec: RequestSpec) -> tuple[list[int] | None, str | None]:
 
 
 def run_probe(ctx, prompt_seed: int | None = None) -> dict[str, Any]:
-    """Measure the three properties on ``ctx``'s engine (a :class:`pleharness.runner.RunContext`;
-    requests are sent with :meth:`~pleharness.runner.RunContext.issue`, one at a time). Returns
+    """Measure the three properties on ``ctx``'s engine (a :class:`pleharness.run.context.RunContext`;
+    requests are sent with :meth:`~pleharness.run.context.RunContext.issue`, one at a time). Returns
     the ``engine_probe`` manifest section: ``status`` ("measured"), the three properties (bool or
     None), per property its ``evidence`` (hashes, first divergent positions, errors), ``requests``,
     ``wall_s``, ``prompt_seed`` and ``warnings``. Never raises for request failures."""

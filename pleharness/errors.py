@@ -71,3 +71,10 @@ class EngineError(HarnessError):
         if self.log_path:
             parts.append(f"log: {self.log_path}")
         return "; ".join(parts)
+
+
+class RequestTimeoutAbort(HarnessError):
+    """Raised after a phase with timed-out requests when the policy is ``--on-timeout abort``
+    (exit 1: the run fails, incomplete)."""
+
+    exit_code = 1

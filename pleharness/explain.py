@@ -60,8 +60,9 @@ from .errors import EngineError, UsageError
 from .engine.launch import EngineServer, LaunchSpec
 from .manifest import Manifest, load_manifest, write_atomic
 from .redact import redact_argv
-from .divergence import first_divergence
+from .divergence import DEFAULT_NEAR_TIE_NATS, margins
 from .parity import token_hash
+from .run.judge import Rule, compare_outputs
 
 PIECEWISE = '{"cudagraph_mode": "PIECEWISE"}'
 
@@ -475,33 +476,55 @@ def _launch_spec(m: Manifest, suspect: Suspect | None, python: str | None) -> La
 
 class _Replayer:
     """Runs case levels on one engine and judges them against that engine's own warm solo
-    references (cached per prompt)."""
+    references (cached per prompt) by the run's own rule (:func:`pleharness.run.judge.
+    compare_outputs`: the near-tie threshold, ``--strict`` and logprobs the run used, from its
+    ``run_options``), so a replay fails exactly where the run it explains would: a hard
+    divergence fails, a near tie only when ``count_warnings`` (``--include-warnings``)."""
 
-    def __init__(self, client: EngineClient):
+    def __init__(self, client: EngineClient, rule: Rule = Rule(), logprobs: int | None = 2,
+                 count_warnings: bool = False):
         self.client = client
-        self.refs: dict[tuple[str, int], list[int]] = {}
+        self.rule = rule
+        self.logprobs = logprobs
+        self.count_warnings = count_warnings
+        self.refs: dict[tuple[str, int], tuple[list[int], list | None]] = {}
 
-    def _solo(self, ids: list[int], mt: int) -> list[int]:
+    @classmethod
+    def for_run(cls, client: EngineClient, m: Manifest, count_warnings: bool) -> "_Replayer":
+        """The replayer of run ``m``: its near-tie threshold, strictness and logprobs."""
+        ro = m.run_options
+        rule = Rule(near_tie_nats=float(ro.get("near_tie_nats") or DEFAULT_NEAR_TIE_NATS),
+                    strict=bool(ro.get("strict")), serving_dtype=ro.get("serving_dtype"))
+        return cls(client, rule, ro.get("logprobs", 2) or None, count_warnings)
+
+    def _solo(self, ids: list[int], mt: int) -> tuple[list[int], list | None]:
         key = (token_hash(ids), mt)
         if key not in self.refs:
-            self.client.complete(ids, mt)  # cold run: discarded
-            c = self.client.complete(ids, mt)
+            self.client.complete(ids, mt, logprobs=self.logprobs)  # cold run: discarded
+            c = self.client.complete(ids, mt, logprobs=self.logprobs)
             if c.error:
                 raise EngineError(f"reference request failed: {c.error}: {c.error_detail}")
-            self.refs[key] = list(c.token_ids)
+            self.refs[key] = (list(c.token_ids), margins(c.logprobs))
         return self.refs[key]
 
     def run(self, level: tuple[int, list[tuple[list[int], int]]], tries: int) -> dict[str, Any]:
+        """Replay ``level`` (concurrency, [(prompt IDs, max_tokens)]) up to ``tries`` times,
+        until a try fails. Returns {"fails", "tries", "divergent": up to 8 failing comparisons
+        (try, prompt_len, first_divergence, class, output and reference hashes)}."""
         conc, reqs = level
         refs = [self._solo(ids, mt) for ids, mt in reqs]
         seen = []
         for t in range(1, tries + 1):
             with ThreadPoolExecutor(max_workers=conc) as pool:
-                outs = list(pool.map(lambda r: self.client.complete(r[0], r[1]), reqs))
-            for (ids, _), ref, c in zip(reqs, refs, outs):
-                if c.error is None and c.token_ids != ref:
+                outs = list(pool.map(lambda r: self.client.complete(
+                    r[0], r[1], logprobs=self.logprobs), reqs))
+            for (ids, _), (ref, ref_margins), c in zip(reqs, refs, outs):
+                if c.error is not None:
+                    continue
+                d = compare_outputs(ref, c.token_ids, self.rule, ref_margins)
+                if d is not None and (d.fails or self.count_warnings):
                     seen.append({"try": t, "prompt_len": len(ids),
-                                 "first_divergence": first_divergence(ref, c.token_ids),
+                                 "first_divergence": d.position, "class": d.cls,
                                  "output_hash": token_hash(c.token_ids)[:16],
                                  "reference_hash": token_hash(ref)[:16]})
             if seen:
@@ -722,7 +745,7 @@ def explain(run: Path, *, suspects_extra: Sequence[str] = (), suspects_drop: Seq
         try:
             client = EngineClient(srv.url, spec.served_model_name)
             client.resolve_model()
-            rp = _Replayer(client)
+            rp = _Replayer.for_run(client, m, include_warnings)
             report["launches"].append({"config": label, "command": redact_argv(srv.command),
                                        "ready_s": round(srv.ready_s or 0, 1)})
             for c in todo:

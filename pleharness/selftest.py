@@ -127,7 +127,7 @@ def run_selftest(cfg, faults: list[str], console: Console, err: Console,
     from .errors import EngineError
     from .faults.proxy import Fault, FaultProxy
     from .manifest import load_manifest
-    from .runner import new_run_dir
+    from .run.rundir import new_run_dir
     from .stress import load_scenarios, run_stress
     unknown = [f for f in faults if f not in BUILTIN]
     if unknown:

@@ -25,12 +25,13 @@ from .engine.launch import EngineServer
 from .engines import (EMBEDDED_ENGINE_ARGS, EMBEDDED_ENV, Engine, Target,  # noqa: F401
                       launch_record, resolve_target, start_or_attach)
 from .environment import environment_info, gpu_inventory, harness_info
-from .errors import EXIT_INTERNAL, EngineError, HarnessError, UsageError, write_crash_log
+from .errors import (EXIT_ENGINE, EXIT_FAIL, EXIT_INTERNAL, EXIT_OK, EngineError, HarnessError,
+                     RequestTimeoutAbort, UsageError, write_crash_log)
 from .manifest import Manifest, now_iso, write_manifest
 from .redact import redact_argv, redact_url
 from .render import headline, render
-from .runner import (EXIT_ENGINE, EXIT_FAIL, EXIT_OK, RequestTimeoutAbort, RunContext,
-                     RunOptions, new_run_dir)
+from .run.context import RunContext, RunOptions
+from .run.rundir import new_run_dir
 from .scenarios import Scenario, load_scenario_file
 
 DEFAULT_SCENARIOS = ["transitions", "boundary", "pairs", "insert"]
@@ -226,7 +227,7 @@ def run_stress(cfg: StressConfig, console: Console | None = None,
                 if cfg.control:
                     run.stop(eng)  # one engine at a time (one GPU)
                     control = _control_pass(run, scenarios, eng.facts, target)
-                from .runner import judge_sides
+                from .run.judge import judge_sides
                 judge_sides(run.manifest, control)  # which side of each divergence is wrong
                 run.save()
                 run.manifest.status = "complete"

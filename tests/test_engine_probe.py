@@ -122,8 +122,12 @@ class LadderCtx:
                                   "num_speculative_tokens": k}, {})
         self.references = {}
         self.phases = []
-        self.collect_only = False
         self.manifest = _Manifest(probe)
+        self.engine_probe = probe
+
+    def note(self, table, texts, echo=False):
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        self.manifest.tables.setdefault(table, []).extend({"note": t} for t in texts)
 
     def run_phase(self, name, c, specs, **kw):
         self.phases.append(list(specs))

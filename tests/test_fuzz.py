@@ -130,7 +130,7 @@ def test_strategy_draws_inserts_and_seeded_samples_only_without_spec_decoding():
 
 
 def test_repro_round_trips_inserts_and_seeded_samples(tmp_path):
-    from pleharness.runner import RequestSpec
+    from pleharness.request import RequestSpec
     from pleharness.scenarios.replay import prompt_of
     a = FuzzRequest("new", 3, "random", 0, 2, True, "q - 1", sample_seed=2)
     car = FuzzRequest("new", 4, "random", 1, 40, True, "q")

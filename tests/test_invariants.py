@@ -223,8 +223,12 @@ class _Ctx:
         self.facts = EngineFacts(facts, {})
         self.references = {}
         self.phases = []
-        self.collect_only = False
         self.manifest = _Manifest()
+        self.engine_probe = None
+
+    def note(self, table, texts, echo=False):
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        self.manifest.tables.setdefault(table, []).extend({"note": t} for t in texts)
 
     def run_phase(self, name, c, specs, **kw):
         self.phases.append((name, c, list(specs)))

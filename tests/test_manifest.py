@@ -5,7 +5,7 @@ import pytest
 
 from pleharness.manifest import (Manifest, PhaseRecord, RequestRecord, load_manifest,
                                  write_atomic, write_manifest)
-from pleharness.runner import new_run_dir
+from pleharness.run.rundir import new_run_dir
 from pleharness.errors import UsageError
 
 

@@ -12,7 +12,7 @@ from pleharness.engine.facts import EngineFacts
 from pleharness.manifest import CheckResult, Manifest, PhaseRecord
 from pleharness.prompts import Prompt
 from pleharness.request import RequestSpec
-from pleharness.runner import RunContext, RunOptions
+from pleharness.run.context import RunContext, RunOptions
 
 
 def _ctx(tmp_path, **kw) -> RunContext:

@@ -119,8 +119,8 @@ def test_mark_vacuous_warns_and_fails_the_phase_with_strict():
     for strict, status in ((False, "pass"), (True, "fail")):
         ph = PhaseRecord(index=0, name="boundary-warm", scenario="b", concurrency=1,
                          status="pass")
-        from pleharness.runner import RunContext
-        ctx = SimpleNamespace(strict=strict)
+        from pleharness.run.context import RunContext
+        ctx = SimpleNamespace(strict=strict, save=lambda: None)
         ctx.add_phase_check = lambda p, c, reason=None: RunContext.add_phase_check(ctx, p, c,
                                                                                    reason)
         evidence.mark_vacuous(ctx, ph, "warm runs: 0 of 3 hit the prefix cache: x")

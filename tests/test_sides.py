@@ -8,7 +8,8 @@ from pleharness.manifest import Manifest, PhaseRecord, ReferenceRecord, RequestR
 from pleharness.parity import token_hash
 from pleharness.render import to_junit
 from pleharness.render.text import causes, headline
-from pleharness.runner import RunContext, RunOptions, judge_sides
+from pleharness.run.context import RunContext, RunOptions
+from pleharness.run.judge import finish_phase, judge_sides
 
 
 def gold(lp_ref, lp_obs, ref=60, obs=120, top=None):
@@ -70,8 +71,7 @@ def corrupt_first_run_manifest():
     m.requests = [rec(1, "refs", BAD, None)] + [rec(i, "load", GOOD, BAD) for i in (2, 3, 4)] \
         + [rec(5, "load", OTHER, BAD)]
     for ph in m.phases:
-        RunContext._finish_phase(ph, [type("O", (), {"record": r})() for r in m.requests
-                                      if r.phase == ph.name])
+        finish_phase(ph, [r for r in m.requests if r.phase == ph.name])
     return m
 
 
@@ -165,7 +165,7 @@ def bf16_context(tmp_path, dtype, gaps, div_gap):
                      golden=FakeGolden(gaps))
     solo = RequestRecord(id="r00001", scenario="s", phase="refs", concurrency=1, prompt_key="p",
                          prompt_len=2, prompt_hash="ph", max_tokens=3)
-    ctx._solo_runs = [(solo, [1, 2], [5, 6, 7])] * len(gaps)
+    ctx.judge._solo_runs = [(solo, [1, 2], [5, 6, 7])] * len(gaps)
     m.phases = [PhaseRecord(index=0, name="load", scenario="s", concurrency=2)]
     r = RequestRecord(id="r00009", scenario="s", phase="load", concurrency=2, prompt_key="p",
                       prompt_len=2, prompt_hash="ph", max_tokens=4, output_hash="x", match=False,
@@ -175,7 +175,7 @@ def bf16_context(tmp_path, dtype, gaps, div_gap):
     from pleharness.manifest import CheckResult
     r.checks.append(CheckResult(name="parity", status="fail", detail="hard"))
     m.requests = [r]
-    RunContext._finish_phase(m.phases[0], [type("O", (), {"record": r})()])
+    finish_phase(m.phases[0], [r])
     assert m.phases[0].status == "fail"
     return ctx, r
 
@@ -314,7 +314,7 @@ def test_failed_solo_runs_are_left_out_of_the_noise_floor(tmp_path):
     bad = RequestRecord(id="r00002", scenario="s", phase="refs", concurrency=1, prompt_key="p",
                         prompt_len=2, prompt_hash="ph", max_tokens=3,
                         checks=[CheckResult(name="corrupt_reference", status="fail")])
-    ctx._solo_runs.append((bad, [1, 2], [5, 6, 7]))
+    ctx.judge._solo_runs.append((bad, [1, 2], [5, 6, 7]))
     ctx.golden.gaps.append(9.0)  # would be the 0.95 quantile if it were counted
     ctx.finish_judgement()
     tol = ctx.manifest.run_options["golden_tolerance"]

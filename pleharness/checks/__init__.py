@@ -1,8 +1,9 @@
 """Reference-free output checks, one module each, registered by name.
 
 A request check is a callable ``check(ctx, spec, completion, params) -> CheckResult``; its docstring
-states exactly what it asserts. ``ctx`` is the :class:`pleharness.runner.RunContext` (engine facts,
-references), ``spec`` the :class:`pleharness.runner.RequestSpec`, ``completion`` the
+states exactly what it asserts. ``ctx`` is the :class:`pleharness.run.context.CheckContext` (engine
+facts, references, phase role, golden model, client, engine version: never the run or its
+manifest), ``spec`` the :class:`pleharness.request.RequestSpec`, ``completion`` the
 :class:`pleharness.engine.client.Completion`, ``params`` the check's parameters from the scenario.
 A check that cannot run returns status ``skip`` with the reason; it never passes silently.
 
@@ -17,7 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 REGISTRY: dict[str, Callable] = {}
-# Phase checks: ``check(ctx, phase_record) -> CheckResult``, run after every phase.
+# Phase checks: ``check(ctx, phase_record) -> CheckResult`` (``ctx``: the CheckContext), run
+# after every phase.
 PHASE_REGISTRY: dict[str, Callable] = {}
 # Checks applied to every request unless a scenario says otherwise.
 DEFAULT_CHECKS = ("vocab_range", "usage", "logprob_sanity", "degeneration")
@@ -30,12 +32,17 @@ def _registrar(registry: dict[str, Callable]):
         a violation always fails) or ``relative`` (model behaviour: a failure is judged by the
         reference, :mod:`pleharness.checks.relative`, unless ``own_rules``: the check judges
         against the reference itself, as ``degeneration`` does). Raises ValueError for another
-        kind."""
+        kind, and for a ``name`` registered already (two checks of one name would silently
+        replace one another)."""
         from .relative import KINDS, RELATIVE, relative
         if kind not in KINDS:
             raise ValueError(f"check {name}: kind must be one of {KINDS}, not {kind!r}")
 
         def deco(fn):
+            if name in registry:
+                raise ValueError(f"check {name!r} is registered already (by "
+                                 f"{getattr(registry[name], '__module__', '?')}); names are "
+                                 "unique")
             wrapped = relative(fn) if kind == RELATIVE and not own_rules else fn
             registry[name] = wrapped
             wrapped.check_name = name

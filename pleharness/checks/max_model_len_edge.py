@@ -81,8 +81,8 @@ def check(ctx, spec, c, params) -> CheckResult:
     if m is None:
         return CheckResult(name=NAME, status="skip", detail="max_model_len unknown")
     version = params.get("version")
-    if version is None and ctx is not None and getattr(ctx, "manifest", None) is not None:
-        version = (ctx.manifest.engine or {}).get("version")
+    if version is None and ctx is not None:
+        version = getattr(ctx, "engine_version", None)
     policy = params.get("policy") or policy_for(version)
     want, n_want = expected(L, T, int(m), policy)
     unknown = f"; vLLM {version}'s answer to L + T > M was never measured (set params.policy)"

@@ -107,7 +107,7 @@ def _failing_divergence(r: RequestRecord) -> str | None:
             margin = f"golden model: {g}; {margin}"
         side = ""
         if d.corrupt_side == "load":
-            from ..runner import side_sentence
+            from ..run.judge import side_sentence
             side = side_sentence(d, r.prompt_key) + "; "
         elif d.corrupt_side == "undecided" and d.side_evidence is not None:
             side = f"undecided which side is wrong ({d.side_evidence.detail}); "

@@ -22,7 +22,7 @@ from ..tomlfile import find_named, read_toml, validate
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..manifest import Manifest
-    from ..runner import RunContext
+    from ..run.context import ScenarioContext as RunContext
 
 REGISTRY: dict[str, type["Scenario"]] = {}
 
@@ -92,14 +92,14 @@ class Scenario(ABC):
 
     @classmethod
     def put_table(cls, ctx: "RunContext", key: str, rows: list[TableRow]) -> None:
-        """Store ``rows`` (instances of ``cls.tables[key]``) as ``ctx.manifest.tables[key]``
-        (one JSON object per row). Raises TypeError for a row of another model."""
+        """Store ``rows`` (instances of ``cls.tables[key]``) as the manifest table ``key`` (one
+        JSON object per row; ``ctx.set_table``). Raises TypeError for a row of another model."""
         model = cls.tables[key]
         bad = [r for r in rows if not isinstance(r, model)]
         if bad:
             raise TypeError(f"{cls.kind} table {key!r}: rows must be {model.__name__}, got "
                             f"{type(bad[0]).__name__}")
-        ctx.manifest.tables[key] = [r.model_dump() for r in rows]
+        ctx.set_table(key, rows)
 
     @classmethod
     def table(cls, m: "Manifest", key: str) -> list[TableRow]:

@@ -34,7 +34,7 @@ from .shared.chat import ChatParams, ChatScenario, boundary_spec, max_prompt_len
 from .shared.lengths import boundary_lengths, skipped_families
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..runner import RunContext
+    from ..run.context import ScenarioContext as RunContext
 
 
 class BoundaryParams(ChatParams):
@@ -96,15 +96,16 @@ class Boundary(ChatScenario):
                                           max_prompt_len(ctx, p.max_tokens), p.extra_lengths,
                                           max_tokens=p.max_tokens, dropped=dropped)
         specs = [boundary_spec(ctx, p, bl.length, bl.why) for bl in lengths]
-        ctx.manifest.tables.setdefault("boundary_notes", []).extend({"note": n} for n in notes)
+        ctx.note("boundary_notes", notes)
         cold = ctx.take_references(specs, phase_name="boundary-cold", cache_state="cold")
-        if cold is not None and not ctx.collect_only:
+        took = cold is not None
+        if took:
             # the cold runs are the references; give them a load role for the headline count
-            cold.role, cold.counts_for_throughput = "load", False
-        elif cold is None:
+            cold.phase.role, cold.phase.counts_for_throughput = "load", False
+        else:
             # references exist already (a repeat, or --reference manifest/engine): the cold run
             # is compared with them like any other run
-            ctx.run_phase("boundary-cold", 1, specs, counts_for_throughput=False)
+            cold = ctx.run_phase("boundary-cold", 1, specs, counts_for_throughput=False)
         hits: dict[str, float | None] = {}
         if p.cold_warm:
             def warm_issue(spec: RequestSpec):
@@ -124,13 +125,12 @@ class Boundary(ChatScenario):
             warm = ctx.run_phase("boundary-warm", 1, specs, issue=warm_issue,
                                  counts_for_throughput=False, on_outcome=hit_check)
             if warm:
-                self._judge_warm(ctx, ctx.manifest.phases[-1], warm, hits)
-            if ctx.reference_cache_state == "warm" and cold is not None and \
-                    ctx.reference_mode == "solo":
-                # later scenarios compare warm runs: give them warm references
-                ctx.store_references([o for o in warm if o.record.match], "warm")
-            ctx.save()
-        self._table(ctx, lengths, specs, hits, dropped)
+                self._judge_warm(ctx, warm.phase, warm, hits)
+            if took:  # later scenarios compare warm runs: give them warm references
+                ctx.keep_warm_references(warm)
+        else:
+            warm = []
+        self._table(ctx, lengths, specs, hits, dropped, cold, warm)
         if p.edges:
             self._edges(ctx)
 
@@ -156,15 +156,13 @@ class Boundary(ChatScenario):
                               f"prefix cache: {why}" + ("" if known else
                                                         " (no prefix-cache counters either)"))
 
-    def _table(self, ctx, lengths, specs, hits, dropped) -> None:
+    def _table(self, ctx, lengths, specs, hits, dropped, cold_outs, warm_outs) -> None:
         b = ctx.facts.get("block_size")
         c = ctx.facts.get("max_num_batched_tokens")
         by_key: dict[str, dict] = {}
-        for r in ctx.manifest.requests:
-            phase = r.phase.rsplit("/", 1)[-1]
-            if r.scenario == self.name and phase in ("boundary-cold", "boundary-warm") and \
-                    r.phase.startswith(ctx.phase_prefix):
-                by_key.setdefault(r.prompt_key, {})[phase] = r
+        for phase, outs in (("boundary-cold", cold_outs), ("boundary-warm", warm_outs)):
+            for o in outs:
+                by_key.setdefault(o.record.prompt_key, {})[phase] = o.record
         rows = []
         for bl, spec in zip(lengths, specs):
             rs = by_key.get(spec.prompt.key, {})
@@ -205,10 +203,7 @@ class Boundary(ChatScenario):
                 length=None, formula=fam["formula"], control=False, mod_C=None, mod_B=None,
                 cold=f"skipped: {fam['reason']}", warm="skipped", prefix_cache_hit_tokens=None,
                 checks_failed=[], facts=_fact_sources(ctx, fam["needs"])))
-        if ctx.collect_only:
-            return
         self.put_table(ctx, "boundary", rows)
-        ctx.save()
 
     def _edges(self, ctx) -> None:
         """prompt + max_tokens at M - 1, M, M + 1 and a prompt of exactly M (M: max_model_len)."""
@@ -216,8 +211,7 @@ class Boundary(ChatScenario):
         p = self.params
         m = ctx.facts.get("max_model_len")
         if not m:
-            ctx.manifest.tables.setdefault("boundary_notes", []).append(
-                {"note": "max_model_len edges skipped: max_model_len unknown"})
+            ctx.note("boundary_notes", "max_model_len edges skipped: max_model_len unknown")
             return
         m = int(m)
         cases = [(m - p.max_tokens - 1, p.max_tokens, "prompt + max_tokens = M - 1"),
@@ -234,13 +228,12 @@ class Boundary(ChatScenario):
         outs = ctx.run_phase("max-model-len-edges", 1, specs, counts_for_throughput=False)
         if not outs:
             return
-        ctx.manifest.tables["max_model_len_edges"] = [
+        ctx.set_table("max_model_len_edges", [
             {"case": s.note, "prompt_len": len(s.prompt), "max_tokens": s.max_tokens,
              "http_status": o.record.http_status, "finish_reason": o.record.finish_reason,
              "output_len": o.record.output_len, "answer": (o.record.error_detail or "")[:160],
              "check": o.record.checks[0].status if o.record.checks else None}
-            for s, o in zip(specs, outs)]
-        ctx.save()
+            for s, o in zip(specs, outs)])
 
 
 def _fact_sources(ctx, names: list[str]) -> dict[str, str]:

@@ -34,7 +34,7 @@ from .base import Params, Scenario, ScenarioError, register
 from .transitions import MAX_CONCURRENCY, PromptSet
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..runner import RunContext
+    from ..run.context import ScenarioContext as RunContext
 
 
 @dataclass
@@ -180,9 +180,7 @@ class CaptureEdges(Scenario):
         prompts = seeded_prompts(p.prompts.seed, p.prompts.count, p.prompts.min_len,
                                  p.prompts.max_len, p.prompts.id_low, hi)
         rows: list[dict] = []
-        if not ctx.collect_only:  # the phase count is known only now (derived from the facts)
-            ctx.manifest.summary["phases_planned"] = \
-                ctx.manifest.summary.get("phases_planned", 0) + len(levels)
+        ctx.add_planned_phases(len(levels))  # known only now (derived from the facts)
         if levels:
             ctx.take_references([RequestSpec(pr, p.max_tokens) for pr in prompts])
         nxt = 0
@@ -193,8 +191,7 @@ class CaptureEdges(Scenario):
                 specs.append(RequestSpec(prompts[nxt % len(prompts)], p.max_tokens,
                                          note=lv.why))
                 nxt += 1
-            ctx.run_phase(f"capture-C{c}", c, specs, counts_for_throughput=False)
-            ph = ctx.manifest.phases[-1] if ctx.manifest.phases else None
+            ph = ctx.run_phase(f"capture-C{c}", c, specs, counts_for_throughput=False).phase
             rows.append({"concurrency": c, "why": lv.why, "facts": _sources(ctx, lv.facts),
                          "decode_tokens_per_step": c * q, "requests": len(specs),
                          "result": None if ph is None else
@@ -204,12 +201,8 @@ class CaptureEdges(Scenario):
             rows.append({"concurrency": None, "why": s["formula"],
                          "facts": _sources(ctx, s["needs"]), "decode_tokens_per_step": None,
                          "requests": 0, "result": f"skipped: {s['reason']}"})
-        if ctx.collect_only:
-            return
-        ctx.manifest.tables["capture_edges"] = rows
-        ctx.manifest.tables.setdefault("capture_edges_notes", []).extend(
-            {"note": n} for n in notes)
-        ctx.save()
+        ctx.set_table("capture_edges", rows)
+        ctx.note("capture_edges_notes", notes)
 
 
 def _sources(ctx, names: list[str]) -> dict[str, str]:

@@ -18,7 +18,7 @@ from ..request import RequestSpec
 from .base import Params, Scenario, ScenarioError, register
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..runner import RunContext
+    from ..run.context import ScenarioContext as RunContext
 
 
 class DeterminismParams(Params):
@@ -59,14 +59,13 @@ class Determinism(Scenario):
             return
         counts = Counter(o.record.output_hash for o in outs if o.record.error is None)
         dist = [{"output_hash": h, "requests": n} for h, n in counts.most_common()]
-        ph = ctx.manifest.phases[-1]
+        ph = outs.phase
         ok = len(counts) == 1
         ctx.add_phase_check(ph, CheckResult(
             name="determinism", status="pass" if ok else "fail",
             detail=f"{len(counts)} distinct output(s) from {sum(counts.values())} identical "
                    f"requests: {', '.join(str(d['requests']) for d in dist)}"),
             reason=f"{len(counts)} distinct outputs from identical requests")
-        ctx.manifest.tables.setdefault("determinism", []).append(
+        ctx.add_table("determinism", [
             {"phase": ph.name, "requests": p.n, "distinct_outputs": len(counts),
-             "distribution": dist})
-        ctx.save()
+             "distribution": dist}])

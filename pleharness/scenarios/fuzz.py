@@ -23,7 +23,7 @@ seeds; it must reproduce its solo sample, never excused as a near tie).
 One phase in three also gets a *carrier*: a streamed decode of up to ``carrier_tokens`` tokens
 (a prompt with room for it), issued with the phase's requests, and 1..``max_inserts`` *inserts*,
 each a drawn request sent once the carrier has streamed a drawn number of tokens (client-seen;
-:mod:`pleharness.scenarios.inserting`, shared with the ``insert`` kind), so its prefill shares
+:mod:`pleharness.scenarios.shared.inserting`, shared with the ``insert`` kind), so its prefill shares
 steps with the running decode. Carrier and inserts are compared with their references like any
 request. An insert sent after the carrier ended is counted (``inserts_late``), not failed.
 
@@ -68,7 +68,7 @@ from .shared.lengths import boundary_lengths
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..request import RequestSpec
-    from ..runner import RunContext
+    from ..run.context import ScenarioContext as RunContext
 
 INSTRUCTION = "Reply with OK."
 # a reproducer's carrier decodes at least this many tokens past its last insert's position, so
@@ -484,19 +484,16 @@ class Fuzz(Scenario):
     def run_example(self, ctx: "RunContext", sched: Schedule, label: str) -> dict[str, Any]:
         """Run one schedule (references first, then each phase); returns its table row.
         Raises :class:`_Abort` on an engine error or interrupt."""
-        from .inserting import run_phase_with_inserts
-        start_ph, start_rq = len(ctx.manifest.phases), len(ctx.manifest.requests)
+        from .shared.inserting import run_phase_with_inserts
+        start = ctx.mark()
         t0 = time.monotonic()
         late = 0
         sent: list[list] = []  # [phase (1-based), insert index, client-seen position, running]
         try:
             phases = self.specs(ctx, sched)
             every = [s for ph in phases for s in ph.all()]
+            # the references record their sampling (temperature, seed): run/references.py
             ctx.take_references(every, phase_name=f"{label}/references")
-            for s in every:  # the manifest's references say which sampling they hold
-                ref = ctx.references.get(s.ref_key)
-                if s.temperature > 0 and ref is not None:
-                    ref.temperature, ref.seed = s.temperature, s.seed
             for i, (ph, specs) in enumerate(zip(sched.phases, phases), 1):
                 plain = specs.requests + ([specs.carrier] if specs.carrier else [])
                 outs, trig = run_phase_with_inserts(
@@ -510,8 +507,7 @@ class Fuzz(Scenario):
                             sent.append([i, j, x.position, x.running])
         except BaseException as exc:  # engine died, timeout abort, interrupt: not a property
             raise _Abort(exc) from exc  # failure, never shrunk
-        new_phases = ctx.manifest.phases[start_ph:]
-        reqs = ctx.manifest.requests[start_rq:]
+        new_phases, reqs = ctx.since(start)
         bad = [r for r in reqs if r.is_problem]
         failed = any(p.status == "fail" for p in new_phases)
         return {"example": label, "key": sched.key(), "phases": len(sched.phases),
@@ -588,15 +584,15 @@ class Fuzz(Scenario):
                 row.update(stage="delete" if tries == 1 else "delete-retry",
                            elapsed_s=round(time.monotonic() - t_start, 3))
                 memo[k] = row
-                examples.append(row)
+                _keep(ctx, examples, "fuzz_examples", row)
                 if row["status"] == "fail":
                     state["failures"] += 1
                     state["failing"].append(cand)
-                    steps.append({"step": len(steps), "example": row["example"],
+                    _keep(ctx, steps, "fuzz_shrink_steps", {
+                                  "step": len(steps), "example": row["example"],
                                   "phases": row["phases"], "requests": row["requests"],
                                   "schedule": row["schedule"]})
                 live()
-                ctx.save()
                 if row["status"] == "fail":
                     break
             return memo[k]["status"] == "fail"
@@ -662,8 +658,7 @@ class Fuzz(Scenario):
                 runs += 1
                 row = self.run_example(ctx, cand, "recheck" + (f"-{runs}" if runs > 1 else ""))
                 row["stage"] = "recheck"
-                examples.append(row)
-                ctx.save()
+                _keep(ctx, examples, "fuzz_examples", row)
                 if row["status"] == "fail":
                     return cand, True
         return minimal, False
@@ -687,9 +682,9 @@ class Fuzz(Scenario):
 
         from .shared.chat import ChatParams, builder
         p = self.params
-        run_dir = Path(ctx.manifest_path).parent
+        run_dir = Path(ctx.run_dir)
         space = build_space(ctx.facts.values if hasattr(ctx.facts, "values") else ctx.facts, p,
-                            getattr(ctx.manifest, "engine_probe", None))
+                            ctx.engine_probe)
         self._prompts: dict[tuple, Prompt] = {}
         if p.chat:
             try:
@@ -698,9 +693,10 @@ class Fuzz(Scenario):
             except Exception as exc:  # noqa: BLE001 - no /tokenize: random prompts only
                 ctx.console.print(f"fuzz: chat-shaped prompts off ({exc})")
         db_path = Path(p.db) if p.db else run_dir / "hypothesis-db"
-        tables = ctx.manifest.tables
-        examples = tables.setdefault("fuzz_examples", [])
-        steps = tables.setdefault("fuzz_shrink_steps", [])
+        examples: list[dict] = []  # also the manifest's tables of these names (_keep)
+        steps: list[dict] = []
+        ctx.add_table("fuzz_examples", [])
+        ctx.add_table("fuzz_shrink_steps", [])
         memo: dict[str, dict] = {}
         state = {"n": 0, "failures": 0, "skipped": 0, "first_fail_t": None, "minimal": None,
                  "failing": []}
@@ -734,19 +730,19 @@ class Fuzz(Scenario):
                 row["stage"] = "shrink" if shrinking else "search"
                 row["elapsed_s"] = round(time.monotonic() - t_start, 3)
                 memo[k] = row
-                examples.append(row)
+                _keep(ctx, examples, "fuzz_examples", row)
                 if row["status"] == "fail":
                     state["failures"] += 1
                     if state["first_fail_t"] is None:
                         state["first_fail_t"] = time.monotonic()
                         state["examples_to_failure"] = state["n"]
-                    steps.append({"step": len(steps), "example": row["example"],
+                    _keep(ctx, steps, "fuzz_shrink_steps", {
+                                  "step": len(steps), "example": row["example"],
                                   "phases": row["phases"], "requests": row["requests"],
                                   "schedule": row["schedule"]})
                     state["minimal"] = sched  # hypothesis only tries smaller ones from here
                     state["failing"].append(sched)
                 live()
-                ctx.save()
             if row["status"] == "fail":
                 state["last_fail"] = sched
                 raise _PropertyFailed(f"{row['example']}: {row['schedule']}")
@@ -760,7 +756,7 @@ class Fuzz(Scenario):
                         suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
                         print_blob=False)(test)
         minimal: Schedule | None = None
-        first_phase = len(ctx.manifest.phases)
+        first = ctx.mark()
         live()
         try:
             test()
@@ -813,7 +809,7 @@ class Fuzz(Scenario):
             repro = run_dir / "repro.toml"
             last = self._last_failing(examples, minimal)
             mml = ctx.facts.get("max_model_len")
-            write_repro(self.specs(ctx, minimal), minimal, repro, ctx.manifest.run_id,
+            write_repro(self.specs(ctx, minimal), minimal, repro, ctx.run_id,
                         sent=last.get("insert_sent"), failed=last.get("failed"),
                         max_model_len=mml)
             summary.update(repro=str(repro), minimal_schedule=minimal.summary())
@@ -823,14 +819,14 @@ class Fuzz(Scenario):
             if larger is not None and larger.key() != minimal.key():
                 fb = run_dir / "repro-larger.toml"
                 lrow = self._last_failing(examples, larger)
-                write_repro(self.specs(ctx, larger), larger, fb, ctx.manifest.run_id,
+                write_repro(self.specs(ctx, larger), larger, fb, ctx.run_id,
                             sent=lrow.get("insert_sent"), failed=lrow.get("failed"),
                             what="first failing schedule (before shrinking)",
                             max_model_len=mml)
                 entry.update(fallback=fb.name, fallback_schedule=larger.summary())
                 summary["repro_larger"] = str(fb)
-            tables.setdefault("reproducers", []).append(entry)
-            tables["fuzz_failing"] = [
+            ctx.add_table("reproducers", [entry])
+            ctx.set_table("fuzz_failing", [
                 {"phase": i, "concurrency": ph.concurrency, "role": role, "source": r.source,
                  "prompt_len": r.length, "why": r.why, "shape": r.shape, "seed": r.seed,
                  "max_tokens": r.max_tokens, "stream": r.stream, "sample_seed": r.sample_seed,
@@ -838,15 +834,13 @@ class Fuzz(Scenario):
                 for i, ph in enumerate(minimal.phases, 1)
                 for role, r, at in [("request", r, None) for r in ph.requests]
                 + ([("carrier", ph.carrier, None)] if ph.carrier else [])
-                + [("insert", x.request, x.at) for x in ph.inserts]]
+                + [("insert", x.request, x.at) for x in ph.inserts]])
             ctx.console.print(f"fuzz: minimal failing schedule {minimal.summary()} "
                               f"(after {len(steps)} failing example(s)); reproducer: {repro}")
         else:
             ctx.console.print(f"fuzz: {state['n']} examples passed in {elapsed:.0f} s")
-        tables["fuzz_summary"] = [summary]
-        ctx.manifest.summary["phases_planned"] = ctx.manifest.summary.get("phases_planned", 0) + \
-            sum(1 for ph in ctx.manifest.phases[first_phase:] if ph.role == "load")
-        ctx.save()
+        ctx.set_table("fuzz_summary", [summary])
+        ctx.add_planned_phases(sum(1 for ph in ctx.since(first)[0] if ph.role == "load"))
 
 
 def write_repro(phases: list[PhaseSpecs], sched: Schedule, path: Path, run_id: str, *,
@@ -935,3 +929,10 @@ def write_repro(phases: list[PhaseSpecs], sched: Schedule, path: Path, run_id: s
             if f.get(key):
                 lines.append(f"{key} = {json.dumps(str(f[key]))}")
     write_atomic(path, "\n".join(lines) + "\n")
+
+
+def _keep(ctx: "RunContext", rows: list[dict], table: str, row: dict) -> None:
+    """Append ``row`` to ``rows`` (the fuzz run's own list) and to the manifest table ``table``
+    (written at once: a long fuzz run's examples are on disk as they come)."""
+    rows.append(row)
+    ctx.add_table(table, [row])

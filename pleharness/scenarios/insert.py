@@ -23,12 +23,12 @@ from pydantic import Field
 from ..manifest import CheckResult
 from ..request import RequestSpec
 from .base import register
-from .inserting import InsertTrigger
+from .shared.inserting import InsertTrigger
 from .shared.chat import ChatParams, ChatScenario, boundary_spec, builder, max_prompt_len
 from .shared.lengths import boundary_lengths
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..runner import RunContext
+    from ..run.context import ScenarioContext as RunContext
 
 
 class InsertParams(ChatParams):
@@ -74,7 +74,7 @@ class Insert(ChatScenario):
         lengths, notes = boundary_lengths(ctx.facts.values, p.depth, p.controls,
                                           max_prompt_len(ctx, p.max_tokens), p.extra_lengths)
         inserts = [boundary_spec(ctx, p, bl.length, bl.why) for bl in lengths][: p.max_inserts]
-        ctx.manifest.tables.setdefault("insert_notes", []).extend({"note": n} for n in notes)
+        ctx.note("insert_notes", notes)
         ctx.take_references([decode] + inserts, phase_name="insert-references")
 
         trig = InsertTrigger(ctx, decode, [(s, p.insert_after_tokens) for s in inserts],
@@ -85,15 +85,14 @@ class Insert(ChatScenario):
                              counts_for_throughput=False)
         if not outs:
             return
-        ph = ctx.manifest.phases[-1]
+        ph = outs.phase
         late = [s.prompt.key for s in trig.late([o.spec for o in outs[1:]])]
         ctx.add_phase_check(ph, CheckResult(
             name="inserts_during_decode", status="warn" if late else "pass",
             detail=(f"{len(late)} insert(s) sent after the decode ended: {', '.join(late)}"
                     if late else f"{len(outs) - 1} inserts sent while the decode ran")))
-        ctx.manifest.tables["insert"] = [
+        ctx.set_table("insert", [
             {"request": o.record.id, "prompt": o.spec.prompt.key, "prompt_len": len(o.spec.prompt),
              "why": o.spec.prompt.why, "note": o.spec.note, "match": o.record.match,
              "checks_failed": [c.name for c in o.record.checks if c.status == "fail"]}
-            for o in outs]
-        ctx.save()
+            for o in outs])

@@ -37,7 +37,7 @@ from ..request import RequestSpec
 from .base import Params, Scenario, register
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..runner import RunContext
+    from ..run.context import ScenarioContext as RunContext
 
 
 def pressure_plan(facts: dict, prompt_len: int = 32, max_tokens: int | None = None,
@@ -104,10 +104,8 @@ class KvPressure(Scenario):
         facts = {n: f"{ctx.facts.get(n)} ({ctx.facts.sources.get(n, 'unknown')})"
                  for n in plan["facts"]}
         if not plan["ok"]:
-            if not ctx.collect_only:
-                ctx.manifest.tables["kv_pressure"] = [{"result": f"skipped: {plan['reason']}",
-                                                       "facts": facts}]
-                ctx.save()
+            ctx.set_table("kv_pressure", [{"result": f"skipped: {plan['reason']}",
+                                           "facts": facts}])
             return
         hi = int(ctx.facts.get("vocab_size") or 256)
         prompts = seeded_prompts(p.seed, plan["n"], plan["prompt_len"], plan["prompt_len"], 16,
@@ -116,10 +114,10 @@ class KvPressure(Scenario):
         ctx.take_references(specs)
         before = metrics.scrape(ctx.client)
         outs = ctx.run_phase("kv-pressure", plan["n"], specs, counts_for_throughput=False)
-        if ctx.collect_only or not outs:
+        if not outs:  # nothing run here (the reference engine's collect-only pass)
             return
         pre = metrics.delta(before, metrics.scrape(ctx.client), metrics.PREEMPTIONS)
-        ph = ctx.manifest.phases[-1]
+        ph = outs.phase
         together = _overlapped([o.completion for o in outs])
         if pre is None:
             chk = CheckResult(name="preemptions", status="skip",
@@ -141,15 +139,14 @@ class KvPressure(Scenario):
             mark_vacuous(ctx, ph, "0 preemptions: the KV cache never overflowed, so "
                          "recomputation after preemption was not tested")
         compared = [o.record for o in outs if o.record.match is not None]
-        ctx.manifest.tables["kv_pressure"] = [{
+        ctx.set_table("kv_pressure", [{
             "why": plan["why"], "facts": facts, "capacity_tokens": plan["capacity_tokens"],
             "prompt_len": plan["prompt_len"], "max_tokens": plan["max_tokens"],
             "requests": plan["n"],
             "in_flight_tokens": plan["in_flight_tokens"], "preemptions": pre,
             "all_streamed_together": together,
             "matched": sum(1 for r in compared if r.match), "compared": len(compared),
-            "result": f"{ph.status}; preemptions: {chk.status} ({chk.detail})"}]
-        ctx.save()
+            "result": f"{ph.status}; preemptions: {chk.status} ({chk.detail})"}])
 
 
 def _overlapped(completions) -> bool | None:

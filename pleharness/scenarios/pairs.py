@@ -22,7 +22,7 @@ from .base import register
 from .shared.chat import ChatParams, ChatScenario, boundary_spec, max_prompt_len
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..runner import RunContext
+    from ..run.context import ScenarioContext as RunContext
 
 
 class PairsParams(ChatParams):
@@ -78,7 +78,7 @@ class Pairs(ChatScenario):
         p = self.params
         pairs, notes = derive_pairs(ctx.facts.values, max_prompt_len(ctx, p.max_tokens),
                                     p.extra_pairs)
-        ctx.manifest.tables.setdefault("pairs_notes", []).extend({"note": n} for n in notes)
+        ctx.note("pairs_notes", notes)
         all_specs = [[boundary_spec(ctx, p, a, label), boundary_spec(ctx, p, b, label)]
                      for label, a, b in pairs]
         ctx.take_references([s for pair in all_specs for s in pair], phase_name="pairs-references")

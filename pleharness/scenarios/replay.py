@@ -19,7 +19,7 @@ temperature to 0 (greedy; a sampled request needs a ``seed``); ``checks``: refer
 run on the output beside the default ones, as a table {check name = {params}}, e.g.
 ``checks = { expected_text = { regex = '^\\s*OK' } }``). A request with ``insert_into = j`` and
 ``insert_after_tokens = N`` is an *insert*: it is sent once request j of its phase (the carrier,
-streamed) has streamed N tokens (:mod:`pleharness.scenarios.inserting`); ``concurrency`` then
+streamed) has streamed N tokens (:mod:`pleharness.scenarios.shared.inserting`); ``concurrency`` then
 counts the other requests, and the inserts come on top (what ``ple-harness fuzz`` writes).
 
 Every run of a prompt is judged, cold ones included: each distinct (prompt, max_tokens,
@@ -47,7 +47,7 @@ from ..request import RequestSpec
 from .base import Params, Scenario, ScenarioError, register
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..runner import RunContext
+    from ..run.context import ScenarioContext as RunContext
 
 
 class ReplayRequest(Params):
@@ -183,13 +183,13 @@ class Replay(Scenario):
         return spec
 
     def run(self, ctx: "RunContext") -> None:
-        from .inserting import run_phase_with_inserts
+        from .shared.inserting import run_phase_with_inserts
 
         phases = [[self._spec(r) for r in ph.requests] for ph in self.params.phases]
-        n_rec = len(ctx.manifest.requests)
+        start = ctx.mark()
         ctx.take_references([s for specs in phases for s in specs],
                             phase_name="replay-references")
-        records: dict[str, list] = {"references": list(ctx.manifest.requests[n_rec:])}
+        records: dict[str, list] = {"references": list(ctx.since(start)[1])}
         for ph, specs in zip(self.params.phases, phases):
             ins = [(s, r.insert_after_tokens) for r, s in zip(ph.requests, specs)
                    if r.insert_into is not None]
@@ -204,9 +204,8 @@ class Replay(Scenario):
             by_spec = {id(o.spec): o.record for o in outs or []}
             records[ph.name] = [by_spec.get(id(s)) for s in specs]
         if self.params.failed:
-            ctx.manifest.tables["replay_failed_comparisons"] = [
-                judge_failed(f, records) for f in self.params.failed]
-            ctx.save()
+            ctx.set_table("replay_failed_comparisons",
+                          [judge_failed(f, records) for f in self.params.failed])
 
     @classmethod
     def markdown(cls, m) -> list[str]:

@@ -53,7 +53,7 @@ from ..request import RequestSpec
 from .base import Params, Scenario, ScenarioError, register
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..runner import RunContext
+    from ..run.context import ScenarioContext as RunContext
 
 
 MAX_CONCURRENCY = 1024  # requests in flight at once: beyond this a phase is a denial of service
@@ -203,27 +203,18 @@ class Transitions(Scenario):
                           [RequestSpec(w, p.max_tokens, compare=False) for w in warm],
                           role="warmup")
         q = self._q(ctx.facts)
-        sampled, why = self.sampled_decision(q, getattr(ctx.manifest, "engine_probe", None))
-        if sampled and getattr(ctx, "reference_mode", "solo") == "golden":
+        sampled, why = self.sampled_decision(q, ctx.engine_probe)
+        if sampled and ctx.reference_mode == "golden":
             sampled = False  # the golden model decodes greedily: it has no seeded sample
-            ctx.manifest.tables.setdefault("transitions_notes", []).append({"note": (
-                "seeded sampled requests left out: --reference golden decodes greedily")})
-        elif why and (not sampled or q != 1) and not ctx.collect_only:
+            ctx.note("transitions_notes",
+                     "seeded sampled requests left out: --reference golden decodes greedily")
+        elif why and (not sampled or q != 1):
             # left out, or sent on an engine whose configuration alone would leave them out
-            ctx.manifest.tables.setdefault("transitions_notes", []).append({"note": why})
-            if getattr(ctx, "console", None) is not None:
-                ctx.console.print(f"[yellow]note[/yellow] {self.name}: {why}", highlight=False)
+            ctx.note("transitions_notes", why, echo=True)
         base = [self.request_for(i, pr, q, sampled) for i, pr in enumerate(prompts)]
-        for s in base:  # golden references (--reference manifest:PATH) are keyed without sampling
-            g = ctx.references.get((s.prompt.hash, s.max_tokens))
-            if s.temperature > 0 and s.ref_key not in ctx.references and g is not None \
-                    and (g.temperature, g.seed) == (s.temperature, s.seed):
-                ctx.references[s.ref_key] = g
+        # a golden reference keyed without sampling (--reference manifest:PATH) serves a seeded
+        # sample of the same sampling; the references record their sampling (run/references.py)
         ctx.take_references(base)
-        for s in base:
-            ref = ctx.references.get(s.ref_key)
-            if s.temperature > 0 and ref is not None:
-                ref.temperature, ref.seed = s.temperature, s.seed
         nxt = 0
         for rep in range(1, p.repeats + 1):
             for step, c in enumerate(p.ladder, 1):

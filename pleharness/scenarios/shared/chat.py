@@ -12,7 +12,7 @@ from ...request import RequestSpec
 from ..base import Params, Scenario, ScenarioError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ...runner import RunContext
+    from ...run.context import ScenarioContext as RunContext
 
 
 class ChatParams(Params):

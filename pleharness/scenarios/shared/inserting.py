@@ -4,7 +4,7 @@
 A *carrier* is a streamed request; an *insert* is a request sent once the carrier has streamed
 ``after_tokens`` tokens (as the client sees them), so its prefill shares engine steps with the
 carrier's decode (shared/DESIGN.md, "Ongoing decode + inserted prefill"). :class:`InsertTrigger`
-is the ``issue`` function of :meth:`~pleharness.runner.RunContext.run_phase`: the phase is run
+is the ``issue`` function of :meth:`~pleharness.run.context.RunContext.run_phase`: the phase is run
 with every request of it (carrier, inserts, any others) in flight at once, and the inserts' worker
 threads wait for their trigger. Requests that are neither carrier nor insert are issued at once.
 
@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..engine.client import Completion
-    from ..runner import RequestSpec, RunContext
+    from ...engine.client import Completion
+    from ...request import RequestSpec
+    from ...run.context import ScenarioContext as RunContext
 
 
 @dataclass

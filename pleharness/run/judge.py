@@ -1,0 +1,524 @@
+"""The judge: one verdict rule for every request, in every command.
+
+A request's output is judged against its single-request reference (parity: the SHA256 of the
+token IDs, :mod:`pleharness.parity`); a mismatch is analysed (:func:`pleharness.divergence.analyse`:
+the near-tie rule, the golden classifier where a golden model runs), the reference-free checks
+run on it (:mod:`pleharness.checks`), and "which side is wrong" is decided: by the golden model at
+once where it can (:func:`pleharness.divergence.golden_side`), else by the majority over every
+run of the prompt after the suite (:func:`judge_sides`). A reference found corrupt fails the run
+that produced it (check ``corrupt_reference``) and is replaced; the runs compared with it are
+judged again.
+
+Used by the run context (every phase of ``stress`` and ``fuzz``), by attribution
+(:func:`finish_phase`, :func:`refinish`) and by ``explain``'s replays (:func:`compare_outputs`),
+so every command reaches the same verdict on the same evidence.
+"""
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..divergence import (DEFAULT_NEAR_TIE_NATS, analyse, first_divergence, golden_side,
+                          is_half_precision, majority_side, noise_floor, solo_gaps)
+from ..engine.client import Completion
+from ..manifest import (CheckResult, Divergence, Manifest, PhaseRecord, ReferenceRecord,
+                        RequestRecord, SideEvidence)
+from ..parity import token_hash
+from ..request import RequestSpec
+
+
+@dataclass(frozen=True)
+class Rule:
+    """How divergences are judged. ``near_tie_nats``: a divergence whose reference top-1/top-2
+    gap (nats) is below this is a near tie (a warning), not a failure; ``strict``: every
+    divergence fails; ``serving_dtype`` (bfloat16 | float16 | float32 | None): on half precision
+    golden divergences are judged again against a tolerance measured in the run
+    (:meth:`Judge.finish_judgement`)."""
+
+    near_tie_nats: float = DEFAULT_NEAR_TIE_NATS
+    strict: bool = False
+    serving_dtype: str | None = None
+
+
+def compare_outputs(reference: Sequence[int], observed: Sequence[int], rule: Rule,
+                    reference_margins: Sequence[float | None] | None = None, *,
+                    temperature: float = 0.0, checks_failed: Sequence[str] = ()
+                    ) -> Divergence | None:
+    """The verdict on one output against its reference, without a manifest: None when the two
+    ID lists are equal, else the analysed :class:`~pleharness.manifest.Divergence` (``fails``:
+    a hard divergence, or any one under ``rule.strict``, or any one of a seeded sample
+    (``temperature`` > 0), which has no near-tie excuse). ``reference_margins``: the reference's
+    per-position top-1 minus top-2 logprob margins (nats; :func:`pleharness.divergence.margins`),
+    None when it was run without logprobs (then a divergence is of class ``unknown``, failing).
+    The same rule as a run's phases apply (:meth:`Judge.judge_request`), used by ``explain``."""
+    pos = first_divergence(reference, observed)
+    if pos is None:
+        return None
+    d = analyse(reference, observed, pos, reference_margins, rule.near_tie_nats,
+                checks_failed)
+    if rule.strict or temperature > 0:
+        d.fails = True
+    return d
+
+
+class Judge:
+    """Judges every request of a run (parity, divergence, checks, which side is wrong).
+
+    ``manifest``: where verdicts are kept (its references, summary and run options are written:
+    a corrupt reference is replaced there); ``references``: the live references by request key
+    (shared with :class:`pleharness.run.references.References`); ``golden``: the golden model
+    (:class:`pleharness.golden.GoldenModel`) or None; ``check_registry``: request checks by name;
+    ``save``: writes the manifest; ``warn``: prints a warning line.
+    """
+
+    def __init__(self, manifest: Manifest, references: dict[tuple, ReferenceRecord],
+                 rule: Rule, golden=None, check_registry: Mapping | None = None,
+                 save: Callable[[], None] = lambda: None,
+                 warn: Callable[[str], None] = lambda _text: None):
+        from ..checks import REGISTRY
+        self.manifest = manifest
+        self.references = references
+        self.rule = rule
+        self.golden = golden
+        self.check_registry = REGISTRY if check_registry is None else check_registry
+        self.save = save
+        self.warn = warn
+        self.golden_error: str | None = None  # why the golden classifier stopped being used
+        # (record, prompt, output) of the solo reference runs: the half-precision noise floor
+        self._solo_runs: list[tuple[RequestRecord, list[int], list[int]]] = []
+
+    def golden_failed(self, why: str) -> None:
+        """Stop using the golden model (recorded once in ``run_options``)."""
+        self.golden_error = why
+        self.manifest.run_options["golden_classifier_error"] = why
+
+    def judge_request(self, ph: PhaseRecord, spec: RequestSpec, c: Completion,
+                      rec: RequestRecord, check_ctx: Any) -> None:
+        """Judge ``rec`` (the record of ``spec``'s completion ``c`` in phase ``ph``): parity
+        against the reference of ``spec.ref_key`` (a missing reference fails), the request
+        checks of ``spec.checks`` (each called as ``check(check_ctx, spec, c, params)``; an
+        unregistered one is recorded as skipped), then the divergence, if any
+        (:meth:`_judge`)."""
+        if spec.compare:
+            ref = self.references.get(spec.ref_key)
+            if ref is None:
+                rec.match = False
+                rec.checks.append(CheckResult(name="parity", status="fail",
+                                              detail="no single-request reference for this prompt"))
+            elif c.error is None:
+                rec.reference_hash = ref.output_hash
+                rec.match = rec.output_hash == ref.output_hash
+                if not rec.match:
+                    rec.first_divergence = first_divergence(ref.output_ids, c.token_ids)
+                    rec.output_ids = list(c.token_ids)
+            else:
+                rec.reference_hash = ref.output_hash
+                rec.match = False
+        for check_name, params in spec.checks.items():
+            check = self.check_registry.get(check_name)
+            if check is None:
+                rec.checks.append(CheckResult(name=check_name, status="skip",
+                                              detail="check not registered"))
+            else:
+                rec.checks.append(check(check_ctx, spec, c, params))
+        if rec.match is False and c.error is None and rec.first_divergence is not None:
+            self._judge(ph, rec, spec, c, self.references[spec.ref_key])
+        if (ph.role == "reference" and c.error is None and self.golden is not None
+                and is_half_precision(self.rule.serving_dtype)):
+            self._solo_runs.append((rec, list(spec.prompt.ids), list(c.token_ids)))
+
+    def _judge(self, ph: PhaseRecord, rec: RequestRecord, spec: RequestSpec, c: Completion,
+               ref: ReferenceRecord, again: bool = False) -> Divergence:
+        """Analyse the divergence of ``rec`` (output ``c``) from ``ref``, judge which side is wrong
+        where the golden model can (:func:`pleharness.divergence.golden_side`; else the majority
+        pass at the end of the run, :func:`judge_sides`), add the parity check. A corrupt
+        reference (the golden model finds the reference's token implausible) fails its own run
+        (:meth:`_corrupt_reference`) and is replaced by the golden continuation, against which
+        ``rec`` is judged again."""
+        failed = [ch.name for ch in rec.checks if ch.status == "fail" and ch.name != "parity"]
+        pos = rec.first_divergence
+        g = self._golden_evidence(spec, ref.output_ids, c.token_ids, pos)
+        d = analyse(ref.output_ids, c.token_ids, pos, ref.margins, self.rule.near_tie_nats, failed,
+                    golden=g,
+                    reference_top=ref.top_ids[pos] if ref.top_ids and pos < len(ref.top_ids)
+                    else None,
+                    observed_top=c.logprobs[pos] if c.logprobs and pos < len(c.logprobs)
+                    else None)
+        if self.rule.strict or spec.temperature > 0:  # a seeded sample has no near-tie excuse
+            d.fails = True
+        ev = SideEvidence(reference_run=ref.request_id, reference_source=ref.source,
+                          observed_run=rec.id, observed_role=ph.role)
+        if g is not None:
+            side, why = golden_side(d.reference_token, d.observed_token, g, self.rule.near_tie_nats)
+            lps = {int(k): float(v) for k, v in g["logprobs"].items()}
+            ev.method, ev.tolerance_nats, ev.detail = "golden", self.rule.near_tie_nats, why
+            if d.reference_token in lps:
+                ev.golden_logprob_reference = round(lps[d.reference_token], 6)
+            if d.observed_token in lps:
+                ev.golden_logprob_observed = round(lps[d.observed_token], 6)
+            d.corrupt_side = side
+        d.side_evidence = ev
+        rec.divergence = d
+        m = "n/a (no reference logprobs)" if d.margin_nats is None else \
+            f"{d.margin_nats:.4f} nats"
+        gg = "" if d.golden_gap_nats is None else f", golden gap {d.golden_gap_nats:.4f} nats"
+        if d.classified_by == "golden" and not d.observed_in_golden_top:
+            gg += " (observed token not in the golden top-k)"
+        rec.checks = [ch for ch in rec.checks if ch.name != "parity"]
+        rec.checks.append(CheckResult(
+            name="parity", status="fail" if d.fails else "warn",
+            detail=(side_sentence(d, rec.prompt_key) + "; " if d.corrupt_side in
+                    ("reference", "load") else "")
+                   + f"{d.cls} at position {d.position}: reference "
+                   f"{d.reference_token} vs observed {d.observed_token}, reference "
+                   f"top-1/top-2 margin {m}{gg}; threshold {self.rule.near_tie_nats:g} nats"
+                   + (" (strict)" if self.rule.strict else "")
+                   + (" (seeded sample: never a near tie)" if spec.temperature > 0 else "")))
+        if d.corrupt_side == "reference" and d.fails and ref.source != "golden" and not again:
+            self._corrupt_reference(ph, rec, spec, c, ref, d)
+        return d
+
+    def _corrupt_reference(self, ph: PhaseRecord, rec: RequestRecord, spec: RequestSpec,
+                           c: Completion, ref: ReferenceRecord, d: Divergence) -> None:
+        """The golden model says ``ref`` is the corrupt side of ``rec``'s divergence: the run it
+        came from fails (check ``corrupt_reference``; on ``rec`` itself when that run is not in
+        this manifest), the kept reference is replaced by the golden continuation (recorded with
+        ``replaces``), and ``rec`` is judged again against it."""
+        from ..golden import GoldenError
+        text = side_sentence(d, rec.prompt_key)
+        mark_corrupt_reference(self.manifest, ref, rec, text)
+        self.manifest.summary.setdefault("corrupt_references", []).append(
+            {"reference_run": ref.request_id, "reference_source": ref.source,
+             "prompt_key": ref.prompt_key, "prompt_hash": ref.prompt_hash,
+             "max_tokens": ref.max_tokens, "method": "golden", "evidence": text,
+             "revealed_by": rec.id, "judged_against": "golden continuation"})
+        if self.references.get(spec.ref_key) is not ref:
+            return
+        try:
+            gold = self.golden.generate(list(spec.prompt.ids), spec.max_tokens)
+        except GoldenError as exc:
+            self.manifest.summary["corrupt_references"][-1]["judged_against"] = \
+                f"the corrupt reference (golden continuation failed: {exc})"
+            return
+        new = ReferenceRecord(
+            prompt_key=ref.prompt_key, prompt_hash=ref.prompt_hash, prompt_len=ref.prompt_len,
+            max_tokens=ref.max_tokens, output_hash=token_hash(gold.ids),
+            output_ids=list(gold.ids), margins=gold.margins(),
+            top_ids=[[t for t, _ in top] for top in gold.top], source="golden",
+            cache_state="n/a", temperature=ref.temperature, seed=ref.seed,
+            replaces=f"{ref.request_id or ref.source}: {text}")
+        self.references[spec.ref_key] = new
+        self.manifest.references = [r for r in self.manifest.references if r is not ref] + [new]
+        rejudge(rec, new, "the golden continuation (it replaced the corrupt reference "
+                f"{ref.request_id or ref.source})")
+        if rec.match is False:
+            rec.first_divergence = first_divergence(new.output_ids, c.token_ids)
+            self._judge(ph, rec, spec, c, new, again=True)
+
+
+    def finish_judgement(self) -> None:
+        """After the suite, on a half-precision engine with a golden model: measure the noise
+        floor (every solo reference run that did not fail teacher-forced through the golden model,
+        :func:`pleharness.divergence.noise_floor`), record the tolerance and where it came from in
+        ``run_options["golden_tolerance"]``, and judge every golden divergence again against it
+        (a gap below it is a near tie; above it stays hard). Float32 engines: nothing changes."""
+        if self.golden is None or not is_half_precision(self.rule.serving_dtype):
+            return
+        from ..golden import GoldenError
+        gaps: list[float] = []
+        # a solo run that failed (a corrupt reference, a failed check) is no noise floor: its
+        # corrupted tokens would open the tolerance for the very corruption they show
+        runs = [(p, o) for r, p, o in self._solo_runs if not r.failed_checks]
+        try:
+            for prompt, out in runs:
+                gaps += solo_gaps(self.golden.force(prompt, out), out)
+        except GoldenError as exc:
+            self.manifest.run_options["golden_tolerance"] = {
+                "source": f"not measured (golden model failed: {exc})",
+                "tolerance_nats": self.rule.near_tie_nats}
+            return
+        tol, info = noise_floor(gaps, self.rule.serving_dtype, self.rule.near_tie_nats)
+        info["solo_runs_scored"] = len(runs)
+        info["solo_runs_left_out"] = len(self._solo_runs) - len(runs)
+        self.manifest.run_options["golden_tolerance"] = info
+        changed = set()
+        for r in self.manifest.requests:
+            d = r.divergence
+            if d is None or d.classified_by != "golden" or r.match is not False:
+                continue
+            d.golden_tolerance_nats = tol
+            cls = "near_tie" if d.golden_gap_nats is not None and d.golden_gap_nats < tol \
+                else "hard"
+            if cls == d.cls:
+                continue
+            d.cls = cls
+            d.fails = (cls != "near_tie" or bool(d.checks_failed) or self.rule.strict
+                       or r.temperature > 0)
+            for ch in r.checks:
+                if ch.name == "parity":
+                    ch.status = "fail" if d.fails else "warn"
+                    ch.detail += (f"; {cls} against the measured half-precision golden "
+                                  f"tolerance {tol:g} nats")
+            changed.add(r.phase)
+        refinish(self.manifest, changed)
+        self.save()
+
+
+    def _golden_evidence(self, spec: RequestSpec, reference: Sequence[int],
+                         observed: Sequence[int], pos: int) -> dict | None:
+        """Teacher-forced golden logprobs at the first divergent position ``pos`` (the common
+        prefix is prompt + observed[:pos]); None without a golden model. A golden model that
+        fails is recorded once (``golden_error``) and not asked again."""
+        if self.golden is None or self.golden_error is not None:
+            return None
+        toks = [t for t in (reference[pos] if pos < len(reference) else None,
+                            observed[pos] if pos < len(observed) else None) if t is not None]
+        if len(toks) < 2:
+            return None
+        from ..golden import GoldenError
+        try:
+            lps, top = self.golden.score(list(spec.prompt.ids), list(observed[:pos]), toks)
+        except GoldenError as exc:
+            self.golden_failed(str(exc))
+            self.warn(f"golden classifier off: {self.golden_error}")
+            return None
+        return {"logprobs": lps, "top": top}
+
+
+def finish_phase(ph: PhaseRecord, records: Sequence[RequestRecord]) -> None:
+    """Aggregate phase ``ph`` from its request ``records`` (matched, near ties, mismatches,
+    errors, tokens, medians) and judge it: ``fail`` on any problem record or failed check (parity
+    failures count as mismatches), with the reason; else ``pass``, with the warnings as reason."""
+    recs = list(records)
+    ph.matched = sum(1 for r in recs if r.match is True)
+    ph.near_ties = sum(1 for r in recs if r.tolerated)
+    ph.mismatched = sum(1 for r in recs if r.parity_failed)
+    ph.errors = sum(1 for r in recs if r.request_error)
+    ph.completion_tokens = sum(r.output_len for r in recs if r.error is None)
+    ph.requests = len(recs)
+    if ph.wall_s:
+        ph.decode_tok_per_s = ph.completion_tokens / ph.wall_s
+    ttfts = [r.ttft_s for r in recs if r.ttft_s is not None]
+    lats = [r.latency_s for r in recs if r.latency_s is not None and r.error is None]
+    ph.ttft_s_median = statistics.median(ttfts) if ttfts else None
+    ph.latency_s_median = statistics.median(lats) if lats else None
+    # parity failures are counted as mismatches, not as failed checks
+    failed_checks = [c for r in recs for c in r.failed_checks if c.name != "parity"]
+    failed_checks += [c for c in ph.checks if c.status == "fail"]
+    if any(r.is_problem for r in recs) or failed_checks:
+        ph.status = "fail"
+        why = []
+        if ph.mismatched:
+            why.append(f"{ph.mismatched} hash mismatch(es)")
+        if ph.errors:
+            why.append(f"{ph.errors} request error(s)")
+        if failed_checks:
+            why.append(f"{len(failed_checks)} failed check(s)")
+        ph.reason = ", ".join(why) or "failed request(s)"
+    else:
+        ph.status = "pass"
+        aic = sum(1 for r in recs if r.tolerated
+                  and r.divergence.attribution == "also_in_control")
+        why = []
+        if ph.near_ties - aic:
+            why.append(f"{ph.near_ties - aic} near-tie divergence(s) (warning)")
+        if aic:
+            why.append(f"{aic} divergence(s) also in the control run (warning)")
+        ph.reason = "; ".join(why)
+
+
+# -- which side is wrong: shared by the golden path above and the majority pass ----------------
+
+def _tok(t) -> str:
+    return "its end" if t is None else f"token {t}"
+
+
+def side_sentence(d: Divergence, prompt_key: str) -> str:
+    """'the reference run r00003 of prompt chat-len4 is the outlier: golden logprob of its token
+    60 is -3.46, of the load run r00017's token 120 is -0.06' (or the majority's vote counts)."""
+    ev = d.side_evidence or SideEvidence()
+    ref_run = (f"the reference run {ev.reference_run}" if ev.reference_run else
+               f"the reference ({ev.reference_source or 'elsewhere'})")
+    obs_run = f"the {ev.observed_role or 'load'} run {ev.observed_run}"
+    if d.corrupt_side == "reference":
+        who, other, own_tok, other_tok = ref_run, obs_run, d.reference_token, d.observed_token
+        own_lp, other_lp = ev.golden_logprob_reference, ev.golden_logprob_observed
+        own_votes, other_votes = ev.votes_reference, ev.votes_observed
+    elif d.corrupt_side == "load":
+        who, other, own_tok, other_tok = obs_run, ref_run, d.observed_token, d.reference_token
+        own_lp, other_lp = ev.golden_logprob_observed, ev.golden_logprob_reference
+        own_votes, other_votes = ev.votes_observed, ev.votes_reference
+    else:
+        return (f"undecided which side of prompt {prompt_key}'s divergence is wrong "
+                f"({ev.detail or 'no evidence'})")
+    head = f"{who} of prompt {prompt_key} is the outlier: "
+    if ev.method == "golden" and own_lp is not None and other_lp is not None:
+        return (head + f"golden logprob of its {_tok(own_tok)} is {own_lp:.2f}, of {other}'s "
+                f"{_tok(other_tok)} is {other_lp:.2f}")
+    if ev.method == "majority":
+        return (head + f"{own_votes} of {ev.votes_total} runs of this prompt gave its output, "
+                f"{other_votes} gave {other}'s")
+    return head + ev.detail
+
+
+def refinish(manifest: Manifest, phase_names: set[str]) -> None:
+    """Recompute the aggregates and status of the named phases from their records, and say that
+    records were changed in place (:meth:`Manifest.records_changed`)."""
+    if not phase_names:
+        return
+    by_phase: dict[str, list[RequestRecord]] = {}
+    for r in manifest.requests:
+        by_phase.setdefault(r.phase, []).append(r)
+    for ph in manifest.phases:
+        if ph.name in phase_names:
+            finish_phase(ph, by_phase.get(ph.name, []))
+    manifest.records_changed()
+
+
+def mark_corrupt_reference(manifest: Manifest, ref: ReferenceRecord, rec: RequestRecord,
+                           text: str) -> None:
+    """Fail the run that produced the corrupt reference ``ref`` (check ``corrupt_reference``,
+    with ``text``); when that run is not in ``manifest`` (a reference from another engine or
+    manifest), the check goes on ``rec``, the run that revealed it. Phases are re-finished."""
+    target = next((r for r in manifest.requests if ref.request_id and r.id == ref.request_id),
+                  None) or rec
+    if not any(ch.name == "corrupt_reference" for ch in target.checks):
+        target.checks.append(CheckResult(name="corrupt_reference", status="fail", detail=text))
+    if target is not rec:
+        refinish(manifest, {target.phase})
+
+
+def rejudge(rec: RequestRecord, new: ReferenceRecord, what: str) -> None:
+    """Judge ``rec`` again against ``new`` (the output that replaced a corrupt reference): equal
+    means it matches (its divergence from the corrupt reference is kept as evidence, no longer
+    failing); otherwise it stays a mismatch (the caller analyses it again)."""
+    if rec.output_hash == new.output_hash:
+        rec.match = True
+        rec.reference_hash = new.output_hash
+        d = rec.divergence
+        if d is not None:
+            d.fails = False
+            if d.side_evidence is not None:
+                d.side_evidence.judged_against = what
+        for ch in rec.checks:
+            if ch.name == "parity":
+                ch.status = "pass"
+                ch.detail = f"matches {what}; it differed from the corrupt reference: " + ch.detail
+    else:
+        rec.reference_hash = new.output_hash
+
+
+def _vote_key(r: RequestRecord) -> tuple:
+    return (r.prompt_hash, r.max_tokens, r.temperature, r.seed)
+
+
+def judge_sides(main: Manifest, control: Manifest | None = None) -> dict[str, int]:
+    """The majority pass, after the suite (and the control run): every divergence whose side the
+    golden model did not decide is judged by the majority over every run of the same prompt,
+    sampling and max_tokens in the run: the cold and warm solo references, the load repeats, and
+    the control run's twins (``control``, any concurrency) (:func:`majority_side`). A reference
+    judged corrupt fails the run that produced it (check ``corrupt_reference``), is replaced in
+    ``main.references`` by the majority output (source ``majority``, ``replaces`` says which
+    run), and every run compared with it is judged again against that output. Only a failing
+    divergence (hard or unknown, not a near tie or a control-explained one) makes its reference
+    corrupt; a near tie still records which side is the outlier
+    (``side_evidence.judged_against``; ``summary.corrupt_references`` lists each).
+
+    Returns counts by corrupt side {"reference", "load", "undecided"} over all divergences."""
+    votes: dict[tuple, dict[str, list[str]]] = {}
+    for src, ms in (("", main), ("control:", control)):
+        for r in (ms.requests if ms is not None else []):
+            if r.error is None and r.output_hash is not None:
+                votes.setdefault(_vote_key(r), {}).setdefault(r.output_hash, []).append(
+                    src + r.id)
+    ids_by_hash = {r.output_hash: r.output_ids for r in main.requests if r.output_ids}
+    refs = {(x.prompt_hash, x.max_tokens, x.output_hash): x for x in main.references}
+    run_ids = {r.id for r in main.requests}
+    corrupt: dict[tuple, tuple[str, list[RequestRecord]]] = {}
+    changed: set[str] = set()
+    for r in main.requests:
+        d = r.divergence
+        if d is None or d.corrupt_side in ("reference", "load"):
+            continue
+        ev = d.side_evidence or SideEvidence(observed_run=r.id)
+        v = votes.get(_vote_key(r), {})
+        if ev.reference_run is None or ev.reference_run not in run_ids:
+            v = {**v, r.reference_hash or "": list(v.get(r.reference_hash or "", []))
+                 + [f"reference ({ev.reference_source or 'elsewhere'})"]}
+        if ev.reference_source == "golden":
+            continue  # the golden model's own continuation: judged by the golden model only
+        side, why = majority_side(r.reference_hash, r.output_hash, v)
+        ev.method, ev.detail = "majority", why
+        ev.votes_reference = len(v.get(r.reference_hash or "", ()))
+        ev.votes_observed = len(v.get(r.output_hash or "", ()))
+        ev.votes_total = sum(len(x) for x in v.values())
+        ev.voters = {h[:12]: ids[:20] for h, ids in v.items()}
+        d.side_evidence, d.corrupt_side = ev, side
+        changed.add(r.phase)
+        if side == "reference" and d.fails:  # a near tie is an outlier, not corruption
+            corrupt.setdefault((r.prompt_hash, r.max_tokens, r.reference_hash), (r.output_hash, []))
+            corrupt[(r.prompt_hash, r.max_tokens, r.reference_hash)][1].append(r)
+        if side == "load":
+            for ch in r.checks:
+                if ch.name == "parity" and "is the outlier" not in ch.detail:
+                    ch.detail = side_sentence(d, r.prompt_key) + "; " + ch.detail
+    for (ph_, mt, bad_hash), (_, revealed) in corrupt.items():
+        v = votes.get(_vote_key(revealed[0]), {})
+        best = max((h for h in v if h != bad_hash), key=lambda h: len(v[h]))
+        first = revealed[0]
+        d = first.divergence
+        text = side_sentence(d, first.prompt_key)
+        ref = refs.get((ph_, mt, bad_hash)) or ReferenceRecord(
+            prompt_key=first.prompt_key, prompt_hash=ph_, prompt_len=first.prompt_len,
+            max_tokens=mt, output_hash=bad_hash or "", output_ids=[],
+            request_id=d.side_evidence.reference_run, source=d.side_evidence.reference_source
+            or "solo")
+        mark_corrupt_reference(main, ref, first, text)
+        what = (f"the majority output {best[:12]} ({len(v[best])} of "
+                f"{sum(len(x) for x in v.values())} runs; it replaced the corrupt reference "
+                f"{ref.request_id or ref.source})")
+        best_ids = ids_by_hash.get(best)
+        if best_ids is None:  # every record with it matched: the reference it matched has it
+            best_ids = next((x.output_ids for x in main.references if x.output_hash == best), [])
+        new = ReferenceRecord(
+            prompt_key=first.prompt_key, prompt_hash=ph_, prompt_len=first.prompt_len,
+            max_tokens=mt, output_hash=best, output_ids=list(best_ids), source="majority",
+            cache_state="n/a", temperature=first.temperature, seed=first.seed,
+            replaces=f"{ref.request_id or ref.source}: {text}")
+        if ref in main.references:
+            main.references = [x for x in main.references if x is not ref] + [new]
+        main.summary.setdefault("corrupt_references", []).append(
+            {"reference_run": ref.request_id, "reference_source": ref.source,
+             "prompt_key": first.prompt_key, "prompt_hash": ph_, "max_tokens": mt,
+             "method": "majority", "evidence": text, "revealed_by": first.id,
+             "judged_against": what})
+        for r in main.requests:
+            if (r.prompt_hash, r.max_tokens, r.reference_hash) != (ph_, mt, bad_hash) \
+                    or r.match is None or r.divergence is None:
+                continue
+            rejudge(r, new, what)
+            if r.match is False and best_ids and r.output_ids:
+                pos = first_divergence(best_ids, r.output_ids)
+                r.first_divergence = pos
+                nd = analyse(best_ids, r.output_ids, pos, None, r.divergence.threshold_nats
+                             or DEFAULT_NEAR_TIE_NATS, r.divergence.checks_failed)
+                nd.corrupt_side = "load"
+                nd.side_evidence = SideEvidence(
+                    method="majority", observed_run=r.id, reference_source="majority",
+                    judged_against=what, detail="differs from the majority output too")
+                r.divergence = nd
+                for ch in r.checks:
+                    if ch.name == "parity":
+                        ch.status = "fail" if nd.fails else "warn"
+                        ch.detail = (f"differs from {what} at position {pos} too ({nd.cls}); "
+                                     + ch.detail)
+            changed.add(r.phase)
+    refinish(main, changed)
+    counts = {"reference": 0, "load": 0, "undecided": 0}
+    for r in main.requests:
+        if r.divergence is not None and r.divergence.corrupt_side in counts:
+            counts[r.divergence.corrupt_side] += 1
+    main.summary["corrupt_side"] = counts
+    return counts
