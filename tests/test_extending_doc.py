@@ -104,3 +104,13 @@ def test_the_documented_scenario_runs_in_a_stress_run(documented, tmp_path):
     assert len(reqs) == 8 and all(r.match for r in reqs)
     assert all({c.name: c.status for c in r.checks}.get("finish_reason_known") == "pass"
                for r in reqs)
+    assert m.tables["flat"] == [{"phase": "flat-c4", "status": "pass", "matched": 8}]
+
+
+def test_a_check_name_registered_twice_is_refused(documented):
+    with pytest.raises(ValueError, match="registered already"):
+        checks.register("finish_reason_known")(lambda ctx, spec, c, params: None)
+    with pytest.raises(ValueError, match="registered already"):
+        checks.register_phase("health_after_phase")(lambda ctx, ph: None)
+    assert checks.REGISTRY["finish_reason_known"].__module__ == \
+        "pleharness.checks.finish_reason_known"
