@@ -433,8 +433,6 @@ def judge_sides(main: Manifest, control: Manifest | None = None) -> dict[str, in
             if r.error is None and r.output_hash is not None:
                 votes.setdefault(_vote_key(r), {}).setdefault(r.output_hash, []).append(
                     src + r.id)
-    ids_by_hash = {r.output_hash: r.output_ids for r in main.requests if r.output_ids}
-    refs = {(x.prompt_hash, x.max_tokens, x.output_hash): x for x in main.references}
     run_ids = {r.id for r in main.requests}
     corrupt: dict[tuple, tuple[str, list[RequestRecord]]] = {}
     changed: set[str] = set()
@@ -464,6 +462,24 @@ def judge_sides(main: Manifest, control: Manifest | None = None) -> dict[str, in
             for ch in r.checks:
                 if ch.name == "parity" and "is the outlier" not in ch.detail:
                     ch.detail = side_sentence(d, r.prompt_key) + "; " + ch.detail
+    _replace_corrupt(main, corrupt, votes, changed)
+    refinish(main, changed)
+    counts = {"reference": 0, "load": 0, "undecided": 0}
+    for r in main.requests:
+        if r.divergence is not None and r.divergence.corrupt_side in counts:
+            counts[r.divergence.corrupt_side] += 1
+    main.summary["corrupt_side"] = counts
+    return counts
+
+
+def _replace_corrupt(main: Manifest, corrupt: dict[tuple, tuple[str, list[RequestRecord]]],
+                     votes: dict[tuple, dict[str, list[str]]], changed: set[str]) -> None:
+    """The majority pass's second half (:func:`judge_sides`): each corrupt reference (by
+    (prompt hash, max_tokens, bad hash), with the runs that revealed it) fails its run, is
+    replaced by the majority output, and every run compared with it is judged again; the
+    phases touched are added to ``changed``."""
+    ids_by_hash = {r.output_hash: r.output_ids for r in main.requests if r.output_ids}
+    refs = {(x.prompt_hash, x.max_tokens, x.output_hash): x for x in main.references}
     for (ph_, mt, bad_hash), (_, revealed) in corrupt.items():
         v = votes.get(_vote_key(revealed[0]), {})
         best = max((h for h in v if h != bad_hash), key=lambda h: len(v[h]))
@@ -515,10 +531,3 @@ def judge_sides(main: Manifest, control: Manifest | None = None) -> dict[str, in
                         ch.detail = (f"differs from {what} at position {pos} too ({nd.cls}); "
                                      + ch.detail)
             changed.add(r.phase)
-    refinish(main, changed)
-    counts = {"reference": 0, "load": 0, "undecided": 0}
-    for r in main.requests:
-        if r.divergence is not None and r.divergence.corrupt_side in counts:
-            counts[r.divergence.corrupt_side] += 1
-    main.summary["corrupt_side"] = counts
-    return counts
