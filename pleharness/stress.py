@@ -507,7 +507,7 @@ def _run_suite(ctx: RunContext, scenarios: list[Scenario], repeat: int) -> None:
     for rep in range(1, repeat + 1):
         for sc in scenarios:
             with ctx.in_scenario(sc.name, rep, f"rep{rep}/" if repeat > 1 else ""):
-                sc.run(ctx)
+                sc.run(ctx.scenario_view)
             ctx.ensure_engine_alive()
 
 
@@ -639,7 +639,7 @@ def _reference_pass(run: _Run, scenarios: list[Scenario], target: Target) -> dic
                            reference_source="engine")
             for sc in scenarios:
                 with ctx.in_scenario(sc.name, phase_prefix="ref-engine/"):
-                    sc.run(ctx)
+                    sc.run(ctx.scenario_view)
         return dict(ctx.references)
 
 

@@ -122,3 +122,44 @@ def test_checks_added_by_on_outcome_reach_the_records_file(tmp_path):
     assert [[c.detail for c in r.checks if c.name == "extra"] for r in on_disk] == \
         [["k0"], ["k1"], ["k2"]]
     assert all(r.error is None for r in on_disk)
+
+
+def test_scenarios_see_the_narrow_face_and_never_the_manifest(tmp_path):
+    view = _ctx(tmp_path).scenario_view
+    assert view.facts.get("vocab_size") == 100 and view.run_id == "t"
+    for name in ("manifest", "save", "options", "judge", "collect_only", "_record"):
+        with pytest.raises(AttributeError, match="contract"):
+            getattr(view, name)
+
+
+def test_tables_and_notes_are_written_and_phase_counts_added(tmp_path):
+    from pleharness.manifest import load_manifest
+    ctx = _ctx(tmp_path)
+    ctx.note("kind_notes", ["a", "b"])
+    ctx.add_table("rows", [{"x": 1}])
+    ctx.add_table("rows", [{"x": 2}])
+    ctx.set_table("one", [{"y": 1}])
+    ctx.set_table("one", [{"y": 2}])
+    ctx.add_planned_phases(3)
+    m = load_manifest(tmp_path / "manifest.json")  # each call wrote the manifest
+    assert m.tables == {"kind_notes": [{"note": "a"}, {"note": "b"}],
+                        "rows": [{"x": 1}, {"x": 2}], "one": [{"y": 2}]}
+    assert m.summary["phases_planned"] == 3
+
+
+def test_the_collect_only_pass_runs_references_only_and_writes_no_tables(tmp_path):
+    """The reference engine's pass (--reference engine): load phases are empty results without a
+    phase, tables and notes are no-ops, and take_references returns None (its phases are the
+    reference engine's), so no scenario needs to know which pass it is in."""
+    ctx = _ctx(tmp_path, options=RunOptions(collect_only=True, reference_source="engine"))
+    spec = RequestSpec(Prompt(key="k", ids=(1, 2, 3)), 3)
+    out = ctx.run_phase("load", 2, [spec])
+    assert out == [] and out.phase is None and ctx.manifest.phases == []
+    ctx.note("kind_notes", "x")
+    ctx.add_table("rows", [{"x": 1}])
+    ctx.add_planned_phases(2)
+    assert ctx.manifest.tables == {} and "phases_planned" not in ctx.manifest.summary
+    ran = []
+    ctx.refs.run_phase = lambda name, c, specs, role: ran.append((name, role)) or []
+    assert ctx.take_references([spec], cache_state="cold") is None
+    assert ran == [("references", "reference")]

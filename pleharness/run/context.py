@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import Any
 
 from rich.console import Console
 from rich.progress import Progress
@@ -55,46 +55,36 @@ class Mark:
     requests: int
 
 
-class ScenarioContext(Protocol):
-    """What a scenario kind's ``run(ctx)`` may use, and nothing else (docs/extending.md).
+class ScenarioContext:
+    """What a scenario kind's ``run(ctx)`` gets: the whole contract (docs/extending.md), a
+    facade over the :class:`RunContext` that has no way to the manifest or to saving it.
 
-    ``facts``: the engine's facts (:class:`pleharness.engine.facts.EngineFacts`); ``client``: the
-    engine client, for /metrics around a request; ``console`` / ``progress``: output;
-    ``references``: read-only, by request key; ``strict``, ``reference_cache_state``,
-    ``reference_mode``, ``engine_probe``, ``run_dir``, ``run_id``, ``scenario_name``,
-    ``phase_prefix``: read-only facts of the run."""
+    Read-only: ``facts`` (:class:`pleharness.engine.facts.EngineFacts`), ``client`` (the engine
+    client, for /metrics around a request), ``console`` / ``progress`` (output), ``references``
+    (by request key), ``strict``, ``reference_mode``, ``reference_cache_state``,
+    ``engine_probe``, ``run_dir``, ``run_id``, ``scenario_name``, ``phase_prefix``.
+    Methods: :meth:`RunContext.run_phase`, :meth:`RunContext.take_references`,
+    :meth:`RunContext.keep_warm_references`, :meth:`RunContext.add_phase_check`,
+    :meth:`RunContext.issue`, :meth:`RunContext.prompt_builder`, :meth:`RunContext.note`,
+    :meth:`RunContext.add_table`, :meth:`RunContext.set_table`,
+    :meth:`RunContext.add_planned_phases`, :meth:`RunContext.mark`, :meth:`RunContext.since`.
+    """
 
-    facts: EngineFacts
+    __slots__ = ("_run",)
+    FACE = ("facts", "client", "console", "progress", "references", "strict", "reference_mode",
+            "reference_cache_state", "engine_probe", "run_dir", "run_id", "scenario_name",
+            "phase_prefix", "run_phase", "take_references", "keep_warm_references",
+            "add_phase_check", "issue", "prompt_builder", "note", "add_table", "set_table",
+            "add_planned_phases", "mark", "since")
 
-    def run_phase(self, name: str, concurrency: int, specs: Sequence[RequestSpec], *,
-                  counts_for_throughput: bool = True, role: str = "load",
-                  issue: Callable[[RequestSpec], Completion] | None = None,
-                  on_outcome: Callable[[Outcome], None] | None = None) -> PhaseResult: ...
+    def __init__(self, run: "RunContext"):
+        self._run = run
 
-    def take_references(self, specs: Sequence[RequestSpec], phase_name: str = "references",
-                        cache_state: str | None = None) -> PhaseResult | None: ...
-
-    def keep_warm_references(self, outcomes: Sequence[Outcome]) -> None: ...
-
-    def add_phase_check(self, ph: PhaseRecord, check: CheckResult,
-                        reason: str | None = None) -> None: ...
-
-    def issue(self, spec: RequestSpec, on_token: Callable[[int], None] | None = None
-              ) -> Completion: ...
-
-    def prompt_builder(self, filler: str, tail: int): ...
-
-    def note(self, table: str, texts: str | Iterable[str], echo: bool = False) -> None: ...
-
-    def add_table(self, key: str, rows: Sequence[Any]) -> None: ...
-
-    def set_table(self, key: str, rows: Sequence[Any]) -> None: ...
-
-    def add_planned_phases(self, n: int) -> None: ...
-
-    def mark(self) -> Mark: ...
-
-    def since(self, mark: Mark) -> tuple[list[PhaseRecord], list[RequestRecord]]: ...
+    def __getattr__(self, name: str) -> Any:
+        if name in ScenarioContext.FACE:
+            return getattr(self._run, name)
+        raise AttributeError(f"a scenario's context has no {name!r} (the contract: "
+                             "pleharness.run.context.ScenarioContext, docs/extending.md)")
 
 
 class CheckContext:
@@ -226,6 +216,7 @@ class RunContext:
         self.judge = Judge(manifest, self.refs.by_key, options.rule, golden, check_registry,
                            save=self.save, warn=self._warn)
         self.checks_view = CheckContext(self)
+        self.scenario_view = ScenarioContext(self)  # what scenario kinds' run(ctx) get
         self._req_counter = 0
         self._prompt_builders: dict[tuple[str, int], Any] = {}
         self.scenario_name = ""  # set by in_scenario()

@@ -22,7 +22,7 @@ from ..tomlfile import find_named, read_toml, validate
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..manifest import Manifest
-    from ..run.context import ScenarioContext as RunContext
+    from ..run.context import ScenarioContext
 
 REGISTRY: dict[str, type["Scenario"]] = {}
 
@@ -87,11 +87,11 @@ class Scenario(ABC):
         return self.phases
 
     @abstractmethod
-    def run(self, ctx: "RunContext") -> None:
+    def run(self, ctx: "ScenarioContext") -> None:
         """Issue the scenario's phases through ``ctx``."""
 
     @classmethod
-    def put_table(cls, ctx: "RunContext", key: str, rows: list[TableRow]) -> None:
+    def put_table(cls, ctx: "ScenarioContext", key: str, rows: list[TableRow]) -> None:
         """Store ``rows`` (instances of ``cls.tables[key]``) as the manifest table ``key`` (one
         JSON object per row; ``ctx.set_table``). Raises TypeError for a row of another model."""
         model = cls.tables[key]

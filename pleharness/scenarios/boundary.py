@@ -34,7 +34,7 @@ from .shared.chat import ChatParams, ChatScenario, boundary_spec, max_prompt_len
 from .shared.lengths import boundary_lengths, skipped_families
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..run.context import ScenarioContext as RunContext
+    from ..run.context import ScenarioContext
 
 
 class BoundaryParams(ChatParams):
@@ -89,7 +89,7 @@ class Boundary(ChatScenario):
     def planned_phases(self) -> int:
         return 1 + int(self.params.cold_warm) + int(self.params.edges)
 
-    def run(self, ctx: "RunContext") -> None:
+    def run(self, ctx: "ScenarioContext") -> None:
         p = self.params
         dropped: list = []
         lengths, notes = boundary_lengths(ctx.facts.values, p.depth, p.controls,

@@ -34,7 +34,7 @@ from .base import Params, Scenario, ScenarioError, register
 from .transitions import MAX_CONCURRENCY, PromptSet
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..run.context import ScenarioContext as RunContext
+    from ..run.context import ScenarioContext
 
 
 @dataclass
@@ -171,7 +171,7 @@ class CaptureEdges(Scenario):
 
     phases = 0  # derived from the engine's facts at run time, added to the summary by run()
 
-    def run(self, ctx: "RunContext") -> None:
+    def run(self, ctx: "ScenarioContext") -> None:
         p = self.params
         facts = ctx.facts.values
         levels, notes, skipped = concurrency_levels(facts, p.max_concurrency, p.max_levels)

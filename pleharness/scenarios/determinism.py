@@ -18,7 +18,7 @@ from ..request import RequestSpec
 from .base import Params, Scenario, ScenarioError, register
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..run.context import ScenarioContext as RunContext
+    from ..run.context import ScenarioContext
 
 
 class DeterminismParams(Params):
@@ -49,7 +49,7 @@ class Determinism(Scenario):
                                 f"{self.params.prompt_len + self.params.max_tokens} exceeds "
                                 f"max_model_len {m}")
 
-    def run(self, ctx: "RunContext") -> None:
+    def run(self, ctx: "ScenarioContext") -> None:
         p = self.params
         vocab = int(ctx.facts.get("vocab_size") or 256)
         (prompt,) = seeded_prompts(p.seed, 1, p.prompt_len, p.prompt_len, 16, vocab)

@@ -68,7 +68,7 @@ from .shared.lengths import boundary_lengths
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..request import RequestSpec
-    from ..run.context import ScenarioContext as RunContext
+    from ..run.context import ScenarioContext
 
 INSTRUCTION = "Reply with OK."
 # a reproducer's carrier decodes at least this many tokens past its last insert's position, so
@@ -446,7 +446,7 @@ class Fuzz(Scenario):
         build_space(facts, self.params)
 
     # prompts ---------------------------------------------------------------------------------
-    def _prompt(self, ctx: "RunContext", r: FuzzRequest) -> Prompt:
+    def _prompt(self, ctx: "ScenarioContext", r: FuzzRequest) -> Prompt:
         key = (r.length, r.shape, r.seed)
         p = self._prompts.get(key)
         if p is None:
@@ -461,7 +461,7 @@ class Fuzz(Scenario):
             self._prompts[key] = p
         return p
 
-    def _spec(self, ctx: "RunContext", r: FuzzRequest, role: str = "") -> "RequestSpec":
+    def _spec(self, ctx: "ScenarioContext", r: FuzzRequest, role: str = "") -> "RequestSpec":
         from ..request import RequestSpec
         spec = RequestSpec(self._prompt(ctx, r), r.max_tokens, stream=r.stream,
                            note=f"fuzz {role}{r.source} {r.why}"
@@ -471,7 +471,7 @@ class Fuzz(Scenario):
             spec.note += f" (seeded sample: temperature {spec.temperature:g}, seed {spec.seed})"
         return spec
 
-    def specs(self, ctx: "RunContext", sched: Schedule) -> list["PhaseSpecs"]:
+    def specs(self, ctx: "ScenarioContext", sched: Schedule) -> list["PhaseSpecs"]:
         """The schedule's requests, phase by phase (default checks on each)."""
         out = []
         for ph in sched.phases:
@@ -481,7 +481,7 @@ class Fuzz(Scenario):
                 [(self._spec(ctx, i.request, f"insert @{i.at} "), i.at) for i in ph.inserts]))
         return out
 
-    def run_example(self, ctx: "RunContext", sched: Schedule, label: str) -> dict[str, Any]:
+    def run_example(self, ctx: "ScenarioContext", sched: Schedule, label: str) -> dict[str, Any]:
         """Run one schedule (references first, then each phase); returns its table row.
         Raises :class:`_Abort` on an engine error or interrupt."""
         from .shared.inserting import run_phase_with_inserts
@@ -521,7 +521,7 @@ class Fuzz(Scenario):
                 "wall_s": round(time.monotonic() - t0, 3)}
 
     @staticmethod
-    def _failed(ctx: "RunContext", bad: list, label: str, phases: list["PhaseSpecs"],
+    def _failed(ctx: "ScenarioContext", bad: list, label: str, phases: list["PhaseSpecs"],
                 reqs: list) -> list[dict[str, Any]]:
         """The failed comparisons of one example, for the reproducer (replay's ``failed``):
         ``phase`` (1-based phase of the schedule, or ``references``), ``request`` (index in
@@ -675,7 +675,7 @@ class Fuzz(Scenario):
         from ..reproduce import markdown_lines
         return markdown_lines(m)
 
-    def run(self, ctx: "RunContext") -> None:
+    def run(self, ctx: "ScenarioContext") -> None:
         from hypothesis import HealthCheck, Phase, given, seed, settings
         from hypothesis.database import DirectoryBasedExampleDatabase
         from hypothesis.errors import HypothesisException
@@ -931,7 +931,7 @@ def write_repro(phases: list[PhaseSpecs], sched: Schedule, path: Path, run_id: s
     write_atomic(path, "\n".join(lines) + "\n")
 
 
-def _keep(ctx: "RunContext", rows: list[dict], table: str, row: dict) -> None:
+def _keep(ctx: "ScenarioContext", rows: list[dict], table: str, row: dict) -> None:
     """Append ``row`` to ``rows`` (the fuzz run's own list) and to the manifest table ``table``
     (written at once: a long fuzz run's examples are on disk as they come)."""
     rows.append(row)

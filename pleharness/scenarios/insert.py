@@ -28,7 +28,7 @@ from .shared.chat import ChatParams, ChatScenario, boundary_spec, builder, max_p
 from .shared.lengths import boundary_lengths
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..run.context import ScenarioContext as RunContext
+    from ..run.context import ScenarioContext
 
 
 class InsertParams(ChatParams):
@@ -58,7 +58,7 @@ class Insert(ChatScenario):
 
     phases = 1
 
-    def run(self, ctx: "RunContext") -> None:
+    def run(self, ctx: "ScenarioContext") -> None:
         from ..prompts import Prompt
         p = self.params
         b = builder(ctx, p)

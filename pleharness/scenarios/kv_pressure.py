@@ -37,7 +37,7 @@ from ..request import RequestSpec
 from .base import Params, Scenario, register
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..run.context import ScenarioContext as RunContext
+    from ..run.context import ScenarioContext
 
 
 def pressure_plan(facts: dict, prompt_len: int = 32, max_tokens: int | None = None,
@@ -97,7 +97,7 @@ class KvPressure(Scenario):
 
     phases = 1
 
-    def run(self, ctx: "RunContext") -> None:
+    def run(self, ctx: "ScenarioContext") -> None:
         p = self.params
         plan = pressure_plan(ctx.facts.values, p.prompt_len, p.max_tokens, p.overcommit,
                              p.max_requests)

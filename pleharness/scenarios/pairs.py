@@ -22,7 +22,7 @@ from .base import register
 from .shared.chat import ChatParams, ChatScenario, boundary_spec, max_prompt_len
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..run.context import ScenarioContext as RunContext
+    from ..run.context import ScenarioContext
 
 
 class PairsParams(ChatParams):
@@ -74,7 +74,7 @@ class Pairs(ChatScenario):
     def planned_phases(self) -> int:
         return 4 + len(self.params.extra_pairs)
 
-    def run(self, ctx: "RunContext") -> None:
+    def run(self, ctx: "ScenarioContext") -> None:
         p = self.params
         pairs, notes = derive_pairs(ctx.facts.values, max_prompt_len(ctx, p.max_tokens),
                                     p.extra_pairs)

@@ -47,7 +47,7 @@ from ..request import RequestSpec
 from .base import Params, Scenario, ScenarioError, register
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..run.context import ScenarioContext as RunContext
+    from ..run.context import ScenarioContext
 
 
 class ReplayRequest(Params):
@@ -182,7 +182,7 @@ class Replay(Scenario):
         spec.checks.update({name: dict(params) for name, params in r.checks.items()})
         return spec
 
-    def run(self, ctx: "RunContext") -> None:
+    def run(self, ctx: "ScenarioContext") -> None:
         from .shared.inserting import run_phase_with_inserts
 
         phases = [[self._spec(r) for r in ph.requests] for ph in self.params.phases]

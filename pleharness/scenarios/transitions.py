@@ -53,7 +53,7 @@ from ..request import RequestSpec
 from .base import Params, Scenario, ScenarioError, register
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..run.context import ScenarioContext as RunContext
+    from ..run.context import ScenarioContext
 
 
 MAX_CONCURRENCY = 1024  # requests in flight at once: beyond this a phase is a denial of service
@@ -191,7 +191,7 @@ class Transitions(Scenario):
     def planned_phases(self) -> int:
         return len(self.params.ladder) * self.params.repeats
 
-    def run(self, ctx: "RunContext") -> None:
+    def run(self, ctx: "ScenarioContext") -> None:
         p = self.params
         hi = self._id_high(ctx.facts)
         prompts = seeded_prompts(p.prompts.seed, p.prompts.count, p.prompts.min_len,

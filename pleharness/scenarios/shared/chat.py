@@ -12,7 +12,7 @@ from ...request import RequestSpec
 from ..base import Params, Scenario, ScenarioError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ...run.context import ScenarioContext as RunContext
+    from ...run.context import ScenarioContext
 
 
 class ChatParams(Params):
@@ -50,8 +50,8 @@ class ChatScenario(Scenario):
                                 f"room for a prompt: max_model_len is {m}")
 
 
-def builder(ctx: "RunContext", p: ChatParams) -> ChatPromptBuilder:
-    """The context's prompt builder for ``p.filler`` / ``p.tail`` (:meth:`RunContext.prompt_builder`).
+def builder(ctx: "ScenarioContext", p: ChatParams) -> ChatPromptBuilder:
+    """The context's prompt builder for ``p.filler`` / ``p.tail`` (:meth:`pleharness.run.context.RunContext.prompt_builder`).
     Raises ScenarioError (params.filler) when the filler is not exactly one token."""
     try:
         return ctx.prompt_builder(p.filler, p.tail)
@@ -59,7 +59,7 @@ def builder(ctx: "RunContext", p: ChatParams) -> ChatPromptBuilder:
         raise ScenarioError(f"params.filler: {exc}") from None
 
 
-def boundary_spec(ctx: "RunContext", p: ChatParams, length: int, why: str,
+def boundary_spec(ctx: "ScenarioContext", p: ChatParams, length: int, why: str,
                   max_tokens: int | None = None) -> RequestSpec:
     """A request of exactly ``length`` prompt tokens.
 
@@ -83,7 +83,7 @@ def boundary_spec(ctx: "RunContext", p: ChatParams, length: int, why: str,
     return RequestSpec(prompt, mt, checks=checks, note=prompt.why)
 
 
-def max_prompt_len(ctx: "RunContext", max_tokens: int) -> int | None:
+def max_prompt_len(ctx: "ScenarioContext", max_tokens: int) -> int | None:
     """The longest prompt (tokens) that leaves ``max_tokens`` in max_model_len; None when M is
     unknown."""
     m = ctx.facts.get("max_model_len")

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # pragma: no cover
     from ...engine.client import Completion
     from ...request import RequestSpec
-    from ...run.context import ScenarioContext as RunContext
+    from ...run.context import ScenarioContext
 
 
 @dataclass
@@ -48,7 +48,7 @@ class InsertTrigger:
     out. Specs are told apart by identity, so equal copies can be distinct inserts.
     """
 
-    def __init__(self, ctx: "RunContext", carrier: "RequestSpec",
+    def __init__(self, ctx: "ScenarioContext", carrier: "RequestSpec",
                  inserts: Sequence[tuple["RequestSpec", int]], *, after_s: float | None = None,
                  label: str = "carrier"):
         if not carrier.stream:
@@ -111,7 +111,7 @@ class InsertTrigger:
         return [s for s in specs if id(s) in self.sent and not self.sent[id(s)].running]
 
 
-def run_phase_with_inserts(ctx: "RunContext", name: str, concurrency: int,
+def run_phase_with_inserts(ctx: "ScenarioContext", name: str, concurrency: int,
                            specs: Sequence["RequestSpec"], carrier: "RequestSpec | None" = None,
                            inserts: Sequence[tuple["RequestSpec", int]] = (),
                            label: str = "carrier") -> tuple[list, InsertTrigger | None]:
