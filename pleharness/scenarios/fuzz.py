@@ -589,9 +589,8 @@ class Fuzz(Scenario):
                     state["failures"] += 1
                     state["failing"].append(cand)
                     _keep(ctx, steps, "fuzz_shrink_steps", {
-                                  "step": len(steps), "example": row["example"],
-                                  "phases": row["phases"], "requests": row["requests"],
-                                  "schedule": row["schedule"]})
+                        "step": len(steps), "example": row["example"], "phases": row["phases"],
+                        "requests": row["requests"], "schedule": row["schedule"]})
                 live()
                 if row["status"] == "fail":
                     break
@@ -737,9 +736,8 @@ class Fuzz(Scenario):
                         state["first_fail_t"] = time.monotonic()
                         state["examples_to_failure"] = state["n"]
                     _keep(ctx, steps, "fuzz_shrink_steps", {
-                                  "step": len(steps), "example": row["example"],
-                                  "phases": row["phases"], "requests": row["requests"],
-                                  "schedule": row["schedule"]})
+                        "step": len(steps), "example": row["example"], "phases": row["phases"],
+                        "requests": row["requests"], "schedule": row["schedule"]})
                     state["minimal"] = sched  # hypothesis only tries smaller ones from here
                     state["failing"].append(sched)
                 live()

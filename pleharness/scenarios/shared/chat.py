@@ -51,7 +51,8 @@ class ChatScenario(Scenario):
 
 
 def builder(ctx: "ScenarioContext", p: ChatParams) -> ChatPromptBuilder:
-    """The context's prompt builder for ``p.filler`` / ``p.tail`` (:meth:`pleharness.run.context.RunContext.prompt_builder`).
+    """The context's prompt builder for ``p.filler`` / ``p.tail``
+    (:meth:`pleharness.run.context.RunContext.prompt_builder`).
     Raises ScenarioError (params.filler) when the filler is not exactly one token."""
     try:
         return ctx.prompt_builder(p.filler, p.tail)
