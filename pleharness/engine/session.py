@@ -1,11 +1,23 @@
-"""Starting or attaching an engine, one path for every job and role.
+"""One engine session: launch or attach, readiness, signals, the kill list and GPU-memory release,
+for every job and role.
 
-``ple-harness stress`` (the engine under test, the reference engine, the control engine), ``fuzz``
-and ``facts`` all go through :func:`resolve_target` (which model, which arguments: the embedded
-model's defaults are added here) and :func:`start_or_attach` (launch or attach, wait until ready,
-resolve the served model, read the engine facts). A launched engine is owned by the caller's
-:class:`contextlib.ExitStack`: it is stopped (its whole process group) when the stack closes, on
-every exit path.
+``ple-harness stress`` (the engine under test, the reference engine, the control engine, the
+fresh-engine replays of :mod:`pleharness.reproduce`), ``fuzz``, ``facts``, ``selftest`` and
+``explain`` (the configuration under test and each suspect) all resolve their engine with
+:func:`resolve_target` (which model, which arguments: the embedded model's defaults are added
+here) and start it inside one :class:`EngineSession` (``with EngineSession(...) as session:
+eng = session.start(target)``): launch or attach, wait until ready (the wait notices a process
+that exits, :class:`~pleharness.engine.launch.EngineServer`), resolve the served model, read
+the engine facts. The session owns what every launched engine needs on every exit path: it
+stops each engine's whole process group when it closes (or earlier, :meth:`EngineSession.stop`);
+while it is open SIGINT / SIGTERM raise :class:`Interrupted` (a second signal SIGKILLs the engines
+running now and skips the stop grace period); after the engines stopped it checks that the GPUs'
+memory came back (:func:`gpu_memory_after`). The pattern is vLLM's benchmarks/sweep/server.py
+(own process group, a health wait that notices a crashed process, ``os.killpg`` of the whole
+group on exit).
+
+A second engine of another configuration (the control engine, the reference engine, an
+``explain`` suspect) is a :class:`Variant` of the target's launch: flags dropped, flags added.
 """
 from __future__ import annotations
 
