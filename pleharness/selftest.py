@@ -12,7 +12,9 @@ that failed are listed), ``missed`` (the fault fired and the pass still passed),
 (never triggered)`` (the suite never sent what the fault needs, e.g. no two requests in flight
 for ``flip_under_load`` with ``--scenario boundary``): never hidden. The clean pass's failures are
 false alarms. Exit 0 when every class is detected and the clean pass has no false alarm, 1
-otherwise, 2 usage error, 3 the engine failed to start or died.
+otherwise, 2 usage error, 3 the engine failed to start or died, 130 / 143 interrupted. The engine
+runs in one :class:`~pleharness.engine.session.EngineSession` (stopped on every exit path, its
+GPU memory checked after a launch on GPUs: ``selftest.json``'s ``gpu_memory``).
 
 Default suite: ``scenarios/suites/selftest.toml`` (a short ladder with C3 and C2, boundary depth
 1 with the warm half, pairs): every built-in class needs concurrency, a warm run, logprobs or
@@ -22,7 +24,6 @@ take about ten times as long. ``--suite default`` runs the default suite instead
 """
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import time
@@ -123,7 +124,8 @@ def run_selftest(cfg, faults: list[str], console: Console, err: Console,
     headline) in the selftest folder and prints a table. Returns the exit code (module
     docstring). Raises UsageError for an unknown fault class or bad options, before anything
     starts."""
-    from .engines import start_or_attach
+    from .engine.session import EngineSession
+    from .environment import gpu_inventory
     from .errors import EngineError
     from .faults.proxy import Fault, FaultProxy
     from .manifest import load_manifest
@@ -142,10 +144,11 @@ def run_selftest(cfg, faults: list[str], console: Console, err: Console,
     results: list[PassResult] = []
     alarms = 0
     code = EXIT_OK
-    with contextlib.ExitStack() as stack:
+    with EngineSession(console, sdir, timeouts=cfg.timeouts, explicit_facts=cfg.explicit_facts,
+                       gpus_before=gpu_inventory() if cfg.url is None else None,
+                       gpu_tolerance_mib=cfg.gpu_memory_tolerance_mib) as session:
         try:
-            eng = start_or_attach(stack, target, console, log_dir=sdir, timeouts=cfg.timeouts,
-                                  explicit_facts=cfg.explicit_facts, gather=False)
+            eng = session.start(target, gather=False)
         except EngineError as exc:
             err.print(f"[red]error:[/red] {escape(str(exc))}")
             return EXIT_ENGINE
@@ -195,6 +198,8 @@ def run_selftest(cfg, faults: list[str], console: Console, err: Console,
                                              for s in cfg.scenarios],
            "headline": line, "false_alarms": alarms, "exit_code": code,
            "passes": [r.as_dict() for r in results]}
+    if session.gpu_memory:  # a launched engine on GPUs: did their memory come back?
+        out["gpu_memory"] = session.gpu_memory
     (sdir / "selftest.json").write_text(json.dumps(out, indent=2))
     render(results, line, console)
     console.print(f"selftest.json: {escape(str(sdir / 'selftest.json'))}")

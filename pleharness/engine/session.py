@@ -22,7 +22,9 @@ A second engine of another configuration (the control engine, the reference engi
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+import signal
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -30,11 +32,11 @@ from typing import Any, NamedTuple
 from rich.console import Console
 from rich.markup import escape
 
-from .engine.client import EngineClient, Timeouts
-from .engine.facts import EngineFacts, gather_facts, parse_engine_args
-from .engine.launch import EngineServer, LaunchSpec, engine_python_check, redact_env
-from .errors import EngineError, UsageError
-from .redact import redact_argv, redact_url
+from ..errors import EngineError, HarnessError, UsageError
+from ..redact import redact_argv, redact_url
+from .client import EngineClient, Timeouts
+from .facts import EngineFacts, gather_facts, parse_engine_args
+from .launch import EngineServer, LaunchSpec, _signal_group, engine_python_check, redact_env
 
 # Engine arguments added when the embedded model is launched: block size 32 is valid on the CPU
 # attention backend (which refuses 16) and on GPUs.
@@ -115,7 +117,7 @@ def resolve_target(*, url: str | None, model: str | None, python: str, tp: int =
         if problem:
             raise UsageError(problem)
         if model is None:
-            from .model import SERVED_NAME, ensure_embedded_model
+            from ..model import SERVED_NAME, ensure_embedded_model
             model = str(ensure_embedded_model(python, log=log))
             served_name = served_name or SERVED_NAME
             args = defaults_not_overridden(EMBEDDED_ENGINE_ARGS, args) + args
@@ -159,61 +161,252 @@ def launch_record(spec: LaunchSpec, profile: str | None = None) -> dict[str, Any
             "host": spec.host, "profile": profile}
 
 
-def start_or_attach(stack: contextlib.ExitStack, target: Target, console: Console, *,
-                    spec: LaunchSpec | None = None, log_dir: Path, log_name: str = "engine",
-                    what: str = "engine", timeouts: Timeouts | None = None,
-                    explicit_facts: dict[str, Any] | None = None, gather: bool = True,
-                    facts_engine_args: list[str] | None = None, engine_first: bool = True,
-                    servers: list[EngineServer] | None = None,
-                    stop_grace_s: Callable[[], float | None] = lambda: None) -> Engine:
-    """Launch ``spec`` (default: the target's own launch) or attach to ``target.url``; return the
-    ready :class:`Engine`.
 
-    A launched server logs to ``log_dir/<log_name>.log``; once ready it is appended to ``servers``
-    (the engines running now, e.g. for a signal handler to kill) and ``stack`` stops it on close
-    (grace period ``stop_grace_s()`` seconds; None: the server's default) unless it has left
-    ``servers`` already (stopped early by the caller). With ``gather`` the facts are read (:func:`pleharness.engine.facts.gather_facts`) with
-    ``facts_engine_args`` (default: the server's command) as launch arguments.
 
-    Raises EngineError: the engine failed to start, or its ``/health`` does not answer 200.
+# -- a second configuration: flags dropped and added ---------------------------------------------
+def flag_name(arg: str) -> str:
+    """An engine argument's flag as vLLM's parser reads it: ``--speculative_config=...`` ->
+    ``--speculative-config`` (vLLM's FlexibleArgumentParser turns ``_`` into ``-`` in long
+    options); a value (no leading ``--``) is returned unchanged."""
+    if not arg.startswith("--"):
+        return arg
+    return "--" + arg[2:].split("=", 1)[0].replace("_", "-")
+
+
+def control_args(engine_args: Sequence[str], drop: Sequence[str] = (),
+                 add: Sequence[str] = ()) -> list[str]:
+    """The arguments of a variant launch: ``engine_args`` without the flags in ``drop`` (each
+    with its value, in the ``--flag value`` or ``--flag=value`` form; ``_`` and ``-`` in a flag
+    name are the same flag, as in vLLM's parser), then ``add`` appended (later flags win in
+    vLLM's argparse)."""
+    out, i, args = [], 0, list(engine_args)
+    drop = {flag_name(d) for d in drop}
+    while i < len(args):
+        a = args[i]
+        if flag_name(a) in drop:
+            i += 1 if "=" in a or i + 1 >= len(args) or args[i + 1].startswith("--") else 2
+            continue
+        out.append(a)
+        i += 1
+    return out + list(add)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """Another configuration of a target's launch, the one mechanism behind the control engine
+    (``--control-drop-arg`` / ``--control-engine-arg`` / ``--control-profile``), the reference
+    engine (``--reference-drop-arg`` / ``--reference-engine-arg``) and ``explain``'s suspects
+    (``--suspect`` / ``--suspect-drop`` and the derived ones).
+
+    The launch arguments are ``base`` (default: the target's own) without the flags of ``drop``,
+    then ``add`` (:func:`control_args`); the environment is the target's with ``env`` over it.
+    Everything else (model, python, tp, host, served name) is the target's; the port is a free
+    one.
     """
-    server = None
-    if target.url is None:
-        spec = spec or target.launch_spec()
+
+    drop: tuple[str, ...] = ()
+    add: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    base: tuple[str, ...] | None = None
+
+    @classmethod
+    def of(cls, drop: Sequence[str] = (), add: Sequence[str] = (),
+           env: dict[str, str] | None = None, base: Sequence[str] | None = None) -> "Variant":
+        """A variant from lists and a dict (the options' shapes)."""
+        return cls(tuple(drop), tuple(add), tuple((env or {}).items()),
+                   None if base is None else tuple(base))
+
+    def apply(self, engine_args: Sequence[str], engine_env: dict[str, str]
+              ) -> tuple[list[str], dict[str, str]]:
+        """(arguments, environment) of the variant of a launch with these."""
+        base = engine_args if self.base is None else self.base
+        return control_args(base, self.drop, self.add), {**engine_env, **dict(self.env)}
+
+    def spec(self, target: "Target") -> LaunchSpec:
+        """The variant's launch of ``target``'s model (on a free port)."""
+        return target.launch_spec(*self.apply(target.engine_args, target.engine_env))
+
+
+# -- the session ---------------------------------------------------------------------------------
+class Interrupted(HarnessError):
+    """SIGINT or SIGTERM arrived while an :class:`EngineSession` owned the signals; the exit
+    code is 128 + the signal number (130, 143)."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"interrupted by {signal.Signals(signum).name}")
+        self.signum = signum
+        self.exit_code = 128 + signum
+
+
+def gpu_memory_after(before: list[dict], tolerance_mib: float, console: Console,
+                     wait_s: float = 30.0) -> dict[str, Any]:
+    """Per-GPU memory after the engines stopped, against the pre-launch ``before``
+    (:func:`pleharness.environment.gpu_inventory` rows): polled every 2 s until every GPU is
+    back within ``tolerance_mib`` MiB or ``wait_s`` seconds passed. Returns the manifest's
+    ``environment`` fields ``gpus_after_shutdown``, ``gpu_memory_released`` and, when not
+    released, ``gpu_memory_warning`` (also printed)."""
+    from ..environment import gpu_inventory
+    deadline = time.monotonic() + wait_s
+    while True:
+        after = gpu_inventory() or []
+        by_index = {g["index"]: g for g in after}
+        leaked = [(b["index"], by_index[b["index"]]["memory_used_mib"] - b["memory_used_mib"])
+                  for b in before if b["index"] in by_index and
+                  by_index[b["index"]]["memory_used_mib"] - b["memory_used_mib"] > tolerance_mib]
+        if not leaked or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    out: dict[str, Any] = {"gpus_after_shutdown": after, "gpu_memory_released": not leaked}
+    if leaked:
+        msg = ", ".join(f"GPU {i}: +{d:.0f} MiB" for i, d in leaked)
+        out["gpu_memory_warning"] = f"not back to baseline after {wait_s:.0f} s: {msg}"
+        console.print(f"[yellow]warning:[/yellow] GPU memory {out['gpu_memory_warning']}")
+    return out
+
+
+class EngineSession:
+    """The engines of one job, as a context manager: ``with EngineSession(console, log_dir) as
+    session: eng = session.start(target)``.
+
+    While open: SIGINT / SIGTERM raise :class:`Interrupted` in the main thread (``signals``;
+    off in other threads, where Python cannot set handlers); a second signal SIGKILLs the
+    process groups of the engines running now and makes the remaining stops skip their grace
+    period. On close (every exit path): every engine still running is stopped, last started
+    first, its whole process group (:meth:`EngineServer.stop`); then, when ``gpus_before`` was
+    given and an engine was launched, the GPU memory is checked (:func:`gpu_memory_after`, the
+    result in :attr:`gpu_memory`); then the old signal handlers come back.
+
+    Attributes: ``servers`` (the launched engines running now, the last one the newest),
+    ``signalled`` (the signals received), ``launched`` (whether an engine was launched),
+    ``gpu_memory`` (the GPU check's fields, {} when not run).
+    """
+
+    def __init__(self, console: Console, log_dir: Path, *, timeouts: Timeouts | None = None,
+                 explicit_facts: dict[str, Any] | None = None, signals: bool = True,
+                 gpus_before: list[dict] | None = None, gpu_tolerance_mib: float = 1024.0):
+        self.console = console
+        self.log_dir = Path(log_dir)
+        self.timeouts = timeouts
+        self.explicit_facts = dict(explicit_facts or {})
+        self.signals = signals
+        self.gpus_before = gpus_before
+        self.gpu_tolerance_mib = gpu_tolerance_mib
+        self.servers: list[EngineServer] = []
+        self.signalled: list[int] = []
+        self.launched = False
+        self.gpu_memory: dict[str, Any] = {}
+        self._stack = contextlib.ExitStack()
+
+    def __enter__(self) -> "EngineSession":
+        if self.signals:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                try:
+                    self._stack.callback(signal.signal, sig, signal.signal(sig, self._on_signal))
+                except ValueError:  # not in the main thread
+                    pass
+        if self.gpus_before:
+            self._stack.callback(self._check_gpus)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stack.close()
+
+    def _on_signal(self, signum, _frame) -> None:
+        if self.signalled:  # a second Ctrl-C / SIGTERM: kill now, skip the grace period
+            for srv in self.servers:
+                if srv.proc is not None:
+                    _signal_group(srv.proc.pid, signal.SIGKILL)
+            return
+        self.signalled.append(signum)
+        raise Interrupted(signum)
+
+    def _check_gpus(self) -> None:
+        if self.launched and self.gpus_before:
+            self.gpu_memory = gpu_memory_after(self.gpus_before, self.gpu_tolerance_mib,
+                                               self.console)
+
+    def grace_s(self) -> float | None:
+        """Stop grace period: none after a second signal, else the server's default."""
+        return 0 if len(self.signalled) > 1 else None
+
+    def start(self, target: Target, *, spec: LaunchSpec | None = None,
+              log_dir: Path | None = None, log_name: str = "engine", what: str = "engine",
+              gather: bool = True, facts_engine_args: list[str] | None = None,
+              engine_first: bool = True) -> Engine:
+        """Launch ``spec`` (default: the target's own launch) or attach to ``target.url``;
+        return the ready :class:`Engine`.
+
+        A launched server logs to ``<log_dir>/<log_name>.log`` (default: the session's folder);
+        it is stopped when the session closes, or earlier by :meth:`stop`. With ``gather`` the
+        facts are read (:func:`pleharness.engine.facts.gather_facts`, with the session's
+        explicit facts) with ``facts_engine_args`` (default: the server's command) as launch
+        arguments. Raises EngineError: the engine failed to start (it is stopped first), or
+        its ``/health`` does not answer 200; Interrupted on a signal while waiting.
+        """
+        server = None
+        if target.url is None:
+            server = self._launch(target, spec or target.launch_spec(), log_dir or self.log_dir,
+                                  log_name, what)
+        # a server that is up but then fails (facts, /health) stays listed until the session
+        # closes or stop_all(): the caller's error report reads its log first
+        return self._ready(target, server, gather, facts_engine_args, engine_first)
+
+    def _ready(self, target: Target, server: EngineServer | None, gather: bool,
+               facts_engine_args: list[str] | None, engine_first: bool) -> Engine:
+        url = server.url if server is not None else target.url
+        client = EngineClient(url, target.served_name, target.api_key,
+                              self.timeouts or Timeouts())
+        if not client.health(timeout=10):
+            raise EngineError(f"no engine answers /health with 200 at {redact_url(url)}")
+        client.resolve_model()
+        card = client.model_card()
+        facts = None
+        if gather:
+            local_model = target.model_path if server is not None else (card.get("root") or None)
+            facts = gather_facts(
+                explicit=self.explicit_facts,
+                engine_args=facts_engine_args if facts_engine_args is not None else
+                (server.command if server else None),
+                launched=server is not None, tp=target.tp, model_card=card,
+                model_path=local_model, client=client,
+                engine_log=server.log_path if server else None, engine_first=engine_first)
+        return Engine(client, server, facts, card, client.version())
+
+    def _launch(self, target: Target, spec: LaunchSpec, log_dir: Path, log_name: str,
+                what: str) -> EngineServer:
         server = EngineServer(spec, log_dir, target.start_timeout_s, api_key=target.api_key,
                               log_name=log_name)
-        running = servers if servers is not None else []
+        self.launched = True
 
-        def stop(srv: EngineServer = server) -> None:
-            if srv in running:  # still listed while it stops: a second Ctrl-C can SIGKILL it
-                try:
-                    with console.status(f"stopping the {what} ..."):
-                        srv.stop(grace_s=stop_grace_s())
-                finally:
-                    running.remove(srv)
-        with console.status(f"starting the {what} (see {escape(server.log_path.name)}) ..."):
+        def stop() -> None:
+            if server in self.servers:  # still listed while it stops: a 2nd signal kills it
+                with self.console.status(f"stopping the {what} ..."):
+                    self._stop(server)
+        with self.console.status(f"starting the {what} (see {escape(server.log_path.name)}) ..."):
             server.start()  # stops the server itself when it fails to become ready
-        running.append(server)
-        stack.callback(stop)
-        console.print(f"{what} ready after {server.ready_s:.0f} s at {server.url}")
-    url = server.url if server is not None else target.url
-    client = EngineClient(url, target.served_name, target.api_key, timeouts or Timeouts())
-    if not client.health(timeout=10):
-        raise EngineError(f"no engine answers /health with 200 at {redact_url(url)}")
-    client.resolve_model()
-    card = client.model_card()
-    facts = None
-    if gather:
-        local_model = target.model_path if server is not None else (card.get("root") or None)
-        facts = gather_facts(
-            explicit=explicit_facts or {},
-            engine_args=facts_engine_args if facts_engine_args is not None else
-            (server.command if server else None),
-            launched=server is not None, tp=target.tp, model_card=card, model_path=local_model,
-            client=client, engine_log=server.log_path if server else None,
-            engine_first=engine_first)
-    return Engine(client, server, facts, card, client.version())
+        self.servers.append(server)
+        self._stack.callback(stop)
+        self.console.print(f"{what} ready after {server.ready_s:.0f} s at {server.url}")
+        return server
+
+    def _stop(self, server: EngineServer) -> None:
+        try:
+            server.stop(grace_s=self.grace_s())
+        finally:
+            self.servers.remove(server)
+
+    def stop_all(self) -> None:
+        """Stop every engine running now, last started first."""
+        for srv in reversed(list(self.servers)):
+            self._stop(srv)
+
+    def stop(self, eng: Engine) -> None:
+        """Stop ``eng``'s server now (a no-op when attached or stopped already): one engine at a
+        time on one GPU."""
+        if eng.server is not None and eng.server in self.servers:
+            self._stop(eng.server)
 
 
-__all__ = ["EMBEDDED_ENGINE_ARGS", "EMBEDDED_ENV", "Engine", "Target", "defaults_not_overridden",
-           "launch_record", "resolve_target", "start_or_attach"]
+__all__ = ["EMBEDDED_ENGINE_ARGS", "EMBEDDED_ENV", "Engine", "EngineSession", "Interrupted",
+           "Target", "Variant", "control_args", "defaults_not_overridden", "flag_name",
+           "gpu_memory_after", "launch_record", "resolve_target"]
