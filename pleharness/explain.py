@@ -62,7 +62,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from .engine.client import EngineClient
-from .engine.session import EngineSession, Interrupted, Target, Variant
+from .engine.session import EngineSession, Target, Variant
 from .errors import EngineError, UsageError
 from .manifest import Manifest, load_manifest, write_atomic
 from .redact import redact_argv
@@ -695,7 +695,7 @@ def confirm_repros(report: ExplainReport, m: Manifest, run_dir: Path, runs: int,
     cases of one phase, at its companions level) are replayed once and share the result
     (``same_schedule_as``). Replays run under ``RUN/explain/confirm/``. Raises Interrupted when
     a replay was interrupted (SIGINT / SIGTERM)."""
-    from .reproduce import ReplayInterrupted, ReplayTarget, replay_reproducer
+    from .reproduce import ReplayTarget, replay_reproducer
     console = console or Console(stderr=True)
     o = m.run_options
     rt = ReplayTarget(launch=run_target(m, engine_python).launch_spec(),
@@ -717,11 +717,8 @@ def confirm_repros(report: ExplainReport, m: Manifest, run_dir: Path, runs: int,
             continue
         console.print(f"confirming {escape(c.repro)}: {runs} replay(s), each on a freshly "
                       "started engine", highlight=False)
-        try:
-            res = replay_reproducer(path, rt, runs, path.parent / "confirm",
-                                    log=lambda x: console.print(escape(x), highlight=False))
-        except ReplayInterrupted as exc:
-            raise Interrupted(exc.signum) from None
+        res = replay_reproducer(path, rt, runs, path.parent / "confirm",
+                                log=lambda x: console.print(escape(x), highlight=False))
         done[key] = (c.repro, res)
         c.reproduction = res
         c.reproduction_verdict = res["verdict"]

@@ -559,7 +559,7 @@ def _confirm_reproducers(run: _Run, eng: Engine, target: Target) -> None:
     stopped first: one engine at a time), or on the attached engine when there is no launch
     (:mod:`pleharness.reproduce`). The rates land in the table's rows and in
     ``summary.reproducers``."""
-    from .reproduce import ReplayInterrupted, ReplayTarget, confirm_run_reproducers
+    from .reproduce import ReplayTarget, confirm_run_reproducers
     cfg = run.cfg
     spec = eng.server.spec if eng.server is not None else None
     assert run.session is not None
@@ -569,11 +569,8 @@ def _confirm_reproducers(run: _Run, eng: Engine, target: Target) -> None:
                       golden=cfg.golden, near_tie_nats=cfg.near_tie_nats, strict=cfg.strict,
                       reference_cache_state=cfg.reference_cache_state,
                       start_timeout_s=cfg.start_timeout_s, timeouts=cfg.timeouts)
-    try:
-        rows = confirm_run_reproducers(run.manifest, run.run_dir, rt, cfg.confirm_runs,
-                                       log=lambda x: run.console.print(esc(x), highlight=False))
-    except ReplayInterrupted as exc:
-        raise Interrupted(exc.signum) from None
+    rows = confirm_run_reproducers(run.manifest, run.run_dir, rt, cfg.confirm_runs,
+                                   log=lambda x: run.console.print(esc(x), highlight=False))
     run.manifest.summary["reproducers"] = [{"path": r["path"], "verdict": r.get("verdict")}
                                            for r in rows]
     run.save()

@@ -312,12 +312,12 @@ class EngineSession:
         self._stack.close()
 
     def _on_signal(self, signum, _frame) -> None:
-        if self.signalled:  # a second Ctrl-C / SIGTERM: kill now, skip the grace period
+        self.signalled.append(signum)
+        if len(self.signalled) > 1:  # a second Ctrl-C / SIGTERM: kill now, skip the grace
             for srv in self.servers:
                 if srv.proc is not None:
                     _signal_group(srv.proc.pid, signal.SIGKILL)
             return
-        self.signalled.append(signum)
         raise Interrupted(signum)
 
     def _check_gpus(self) -> None:
