@@ -127,10 +127,8 @@ def run_selftest(cfg, faults: list[str], console: Console, err: Console,
     from .engine.session import EngineSession
     from .environment import gpu_inventory
     from .errors import EngineError
-    from .faults.proxy import Fault, FaultProxy
-    from .manifest import load_manifest
     from .runner import new_run_dir
-    from .stress import load_scenarios, run_stress
+    from .stress import load_scenarios
     unknown = [f for f in faults if f not in BUILTIN]
     if unknown:
         raise UsageError(f"--fault {unknown[0]!r}: not a built-in fault class (known: "
@@ -152,7 +150,6 @@ def run_selftest(cfg, faults: list[str], console: Console, err: Console,
         except EngineError as exc:
             err.print(f"[red]error:[/red] {escape(str(exc))}")
             return EXIT_ENGINE
-        upstream = eng.client.base_url
         facts = dict(cfg.explicit_facts)
         plan: list[tuple[str, SelftestFault | None]] = [("clean", None)] + \
             [(f, BUILTIN[f]()) for f in faults]
@@ -160,20 +157,7 @@ def run_selftest(cfg, faults: list[str], console: Console, err: Console,
             pcfg = replace(cfg, url=None, model=None, results_dir=sdir, run_id=f"{i:02d}-{name}",
                            engine_args=[], engine_env={}, profile=None, explicit_facts=facts,
                            invocation=cfg.invocation + [f"(selftest pass {name})"])
-            t0 = time.monotonic()
-            with FaultProxy(upstream, fault or Fault()) as proxy:
-                pcfg.url = proxy.url
-                quiet = Console(file=io.StringIO(), width=200)
-                try:
-                    pcode = run_stress(pcfg, quiet, quiet)
-                except UsageError as exc:
-                    raise UsageError(f"selftest pass {name}: {exc}") from None
-            _close_pass_clients(keep=eng.client)
-            mpath = sdir / pcfg.run_id / "manifest.json"
-            m = load_manifest(mpath) if mpath.exists() else None
-            res = judge(name, fault, pcode, m)
-            res.run_dir = str(sdir / pcfg.run_id)
-            res.wall_s = round(time.monotonic() - t0, 1)
+            res, pcode, m = _run_pass(pcfg, name, fault, eng.client)
             if fault is None:
                 alarms = false_alarms(m) if pcode in (EXIT_OK, EXIT_FAIL) else alarms
             results.append(res)
@@ -204,6 +188,30 @@ def run_selftest(cfg, faults: list[str], console: Console, err: Console,
     render(results, line, console)
     console.print(f"selftest.json: {escape(str(sdir / 'selftest.json'))}")
     return code
+
+
+def _run_pass(pcfg, name: str, fault: SelftestFault | None, client) -> tuple:
+    """One pass: the ``stress`` run ``pcfg`` through a fault proxy in front of ``client``'s
+    engine planting ``fault`` (None: the clean pass). Returns (its :class:`PassResult`, its
+    exit code, its manifest or None). Raises UsageError naming the pass."""
+    from .faults.proxy import Fault, FaultProxy
+    from .manifest import load_manifest
+    from .stress import run_stress
+    t0 = time.monotonic()
+    with FaultProxy(client.base_url, fault or Fault()) as proxy:
+        pcfg.url = proxy.url
+        quiet = Console(file=io.StringIO(), width=200)
+        try:
+            pcode = run_stress(pcfg, quiet, quiet)
+        except UsageError as exc:
+            raise UsageError(f"selftest pass {name}: {exc}") from None
+    _close_pass_clients(keep=client)
+    mpath = Path(pcfg.results_dir) / pcfg.run_id / "manifest.json"
+    m = load_manifest(mpath) if mpath.exists() else None
+    res = judge(name, fault, pcode, m)
+    res.run_dir = str(Path(pcfg.results_dir) / pcfg.run_id)
+    res.wall_s = round(time.monotonic() - t0, 1)
+    return res, pcode, m
 
 
 def _close_pass_clients(keep) -> None:
