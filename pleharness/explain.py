@@ -759,7 +759,8 @@ def explain(run: Path, *, suspects_extra: Sequence[str] = (), suspects_drop: Seq
                   f"{', '.join(s.name for s in suspects) or '(no suspects)'}", highlight=False)
     t0 = time.monotonic()
     target = run_target(m, engine_python, start_timeout_s)
-    with EngineSession(console, out_dir) as session:
+    from .environment import gpu_inventory
+    with EngineSession(console, out_dir, gpus_before=gpu_inventory()) as session:
         configs = _replay_all(session, target, m, cases, report, budget_s, t0, console)
         for c in cases:
             path = out_dir / f"repro-{c.index}.toml"

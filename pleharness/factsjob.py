@@ -66,7 +66,9 @@ def run_facts(cfg: FactsConfig, console: Console) -> int:
                             engine_args=cfg.engine_args, engine_env=cfg.engine_env,
                             served_name=cfg.served_model_name, host=cfg.host, api_key=cfg.api_key,
                             start_timeout_s=cfg.start_timeout_s, log=console.print)
-    with EngineSession(console, cfg.log_dir, explicit_facts=cfg.explicit) as session:
+    from .environment import gpu_inventory
+    with EngineSession(console, cfg.log_dir, explicit_facts=cfg.explicit,
+                       gpus_before=gpu_inventory() if cfg.url is None else None) as session:
         eng = session.start(target)
     server, facts, version = eng.server, eng.facts, eng.version
     url = server.url if server is not None else cfg.url
@@ -77,6 +79,8 @@ def run_facts(cfg: FactsConfig, console: Console) -> int:
                "launch_env": redact_env(server.spec.env) if server else None,
                "facts": facts.to_dict(), "conflicts": facts.conflicts,
                "sources_read": facts.notes}
+        if session.gpu_memory:  # launched on GPUs: did their memory come back?
+            out["gpu_memory"] = session.gpu_memory
         cfg.json_path.parent.mkdir(parents=True, exist_ok=True)
         cfg.json_path.write_text(json.dumps(out, indent=2, default=str) + "\n")
         console.print(f"facts written to {escape(str(cfg.json_path))}")

@@ -1,10 +1,12 @@
 """The ``stress`` job: launch or attach, run the selected scenarios, write the manifest, verdict.
 
 :func:`run_stress` reads as the steps of a run: validate the options, load the scenarios, resolve
-the engine target, create the run folder and manifest, then (engines and signal handlers owned by
-one :class:`contextlib.ExitStack`) take references on a reference engine if asked, start or attach
-the engine under test, run the suite, replay it on a control engine if asked, and judge. Every
-exception maps to a manifest status and an exit code in one place (:meth:`_Run.fail`).
+the engine target, create the run folder and manifest, then (every engine, the signals and the
+GPU-memory check owned by one :class:`~pleharness.engine.session.EngineSession`) take references
+on a reference engine if asked, start or attach the engine under test, run the suite, replay it on
+a control engine if asked (the engine under test's launch as a
+:class:`~pleharness.engine.session.Variant`), and judge. Every exception maps to a manifest status
+and an exit code in one place (:meth:`_Run.fail`).
 """
 from __future__ import annotations
 
