@@ -31,39 +31,13 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from .divergence import is_half_precision
+from .engine.session import flag_name
 from .manifest import ControlEvidence, Manifest, RequestRecord
 
 
 def twin_key(r: RequestRecord) -> tuple[str, int, int]:
     """(prompt hash, max_tokens, phase concurrency): what makes two requests twins."""
     return (r.prompt_hash, r.max_tokens, r.concurrency)
-
-
-def flag_name(arg: str) -> str:
-    """An engine argument's flag as vLLM's parser reads it: ``--speculative_config=...`` ->
-    ``--speculative-config`` (vLLM's FlexibleArgumentParser turns ``_`` into ``-`` in long
-    options); a value (no leading ``--``) is returned unchanged."""
-    if not arg.startswith("--"):
-        return arg
-    return "--" + arg[2:].split("=", 1)[0].replace("_", "-")
-
-
-def control_args(engine_args: Sequence[str], drop: Sequence[str] = (),
-                 add: Sequence[str] = ()) -> list[str]:
-    """The control engine's arguments: ``engine_args`` without the flags in ``drop`` (each with
-    its value, in the ``--flag value`` or ``--flag=value`` form; ``_`` and ``-`` in a flag name
-    are the same flag, as in vLLM's parser), then ``add`` appended (later flags win in vLLM's
-    argparse)."""
-    out, i, args = [], 0, list(engine_args)
-    drop = {flag_name(d) for d in drop}
-    while i < len(args):
-        a = args[i]
-        if flag_name(a) in drop:
-            i += 1 if "=" in a or i + 1 >= len(args) or args[i + 1].startswith("--") else 2
-            continue
-        out.append(a)
-        i += 1
-    return out + list(add)
 
 
 def unused_drops(engine_args: Sequence[str], drop: Sequence[str]) -> list[str]:

@@ -36,7 +36,15 @@ each is printed before it starts). ``budget_s`` caps the time: configurations no
 are reported as skipped.
 Outputs in ``RUN/explain/``: ``explain.json``, ``explain.md``, ``junit.xml`` (a test case per
 divergence; the failure message names the suspect) and ``repro-N.toml`` for each case: a
-``replay`` scenario file that ``ple-harness stress --scenario FILE`` replays.
+``replay`` scenario file that ``ple-harness stress --scenario FILE`` replays. The report is an
+:class:`ExplainReport` (``explain.json`` is its :meth:`ExplainReport.to_dict`); its console,
+Markdown and JUnit renderings are in :mod:`pleharness.render.explain`.
+
+Every engine (the configuration under test, each suspect, the reproducers' fresh engines) runs in
+one :class:`~pleharness.engine.session.EngineSession`: a suspect is a
+:class:`~pleharness.engine.session.Variant` of the run's launch (the mechanism of ``stress``'s
+control and reference engines); SIGINT / SIGTERM stop the engine and end explain with exit
+130 / 143.
 """
 from __future__ import annotations
 
@@ -44,20 +52,18 @@ import json
 import os
 import re
 import time
-import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from .engine.client import EngineClient
+from .engine.session import EngineSession, Target, Variant
 from .errors import EngineError, UsageError
-from .engine.launch import EngineServer, LaunchSpec
 from .manifest import Manifest, load_manifest, write_atomic
 from .redact import redact_argv
 from .divergence import DEFAULT_NEAR_TIE_NATS, margins
@@ -90,6 +96,11 @@ class Suspect:
     change: str = ""
     setting: dict[str, Any] | None = None
     combines: list[str] = field(default_factory=list)
+
+    @property
+    def variant(self) -> Variant:
+        """This suspect's launch: the run's with ``drop`` removed and ``add`` appended."""
+        return Variant.of(drop=self.drop, add=self.add)
 
     def __post_init__(self) -> None:
         self.feature = self.feature or self.name
@@ -461,17 +472,18 @@ def failing_cases(m: Manifest, include_warnings: bool = False) -> list[Case]:
     return cases
 
 
-def _launch_spec(m: Manifest, suspect: Suspect | None, python: str | None) -> LaunchSpec:
-    from .attribution import control_args
+def run_target(m: Manifest, python: str | None = None,
+               start_timeout_s: float = 900.0) -> Target:
+    """The explained run's engine as a launch target, from its manifest's launch record (model,
+    python (``python`` overrides it), tp, engine_args, env, host; the served name): a value
+    recorded as ``<redacted>`` is taken from this process's environment."""
     la = m.engine.get("launch") or {}
     env = {k: (os.environ.get(k, "") if v == "<redacted>" else v)
            for k, v in (la.get("env") or {}).items()}
-    args = list(la.get("engine_args") or [])
-    if suspect is not None:
-        args = control_args(args, suspect.drop, suspect.add)
-    return LaunchSpec(model=la["model"], python=python or la["python"], tp=la.get("tp", 1),
-                      engine_args=args, env=env, host=la.get("host", "127.0.0.1"),
-                      served_model_name=m.engine.get("model"))
+    return Target(url=None, model_path=la["model"], served_name=m.engine.get("model"),
+                  python=python or la["python"], tp=la.get("tp", 1),
+                  engine_args=list(la.get("engine_args") or []), engine_env=env,
+                  host=la.get("host", "127.0.0.1"), start_timeout_s=start_timeout_s)
 
 
 class _Replayer:
@@ -620,7 +632,84 @@ def _failed_lines(case: Case, level: str, phase: str, reqs: list) -> list[str]:
     return out
 
 
-def confirm_repros(report: dict[str, Any], m: Manifest, run_dir: Path, runs: int, *,
+@dataclass
+class CaseReport:
+    """One case in the report (``explain.json``'s ``cases[]``; :class:`Case` is its working
+    state). ``baseline``: level name -> replay result on the configuration under test;
+    ``controls``: suspect name -> replay result on its engine; ``narrowing``:
+    :func:`narrow_down`'s dict; ``attribution``: the one-line diagnosis; ``repro``: the
+    reproducer's path relative to the run folder; ``reproduction`` / ``reproduction_verdict``:
+    set by :func:`confirm_repros` (absent from the JSON until then)."""
+
+    case: int
+    prompt_hash: str
+    concurrency: int
+    phase: str
+    requests: list[str]
+    first_divergence: int | None
+    prompt_len: int | None
+    minimal_case: str | None
+    baseline: dict[str, Any]
+    controls: dict[str, dict[str, Any]]
+    narrowing: dict[str, Any]
+    attribution: str
+    repro: str
+    reproduction: dict[str, Any] | None = None
+    reproduction_verdict: str | None = None
+
+    @classmethod
+    def of(cls, c: Case, suspects: Sequence[Suspect], repro: str) -> "CaseReport":
+        """The report of a finished :class:`Case`, diagnosed against ``suspects``."""
+        return cls(c.index, c.prompt_hash, c.concurrency, c.phase, c.requests,
+                   c.first_divergence, c.prompt_len, c.minimal, c.baseline, c.results,
+                   narrow_down(c, suspects), c.attribution(suspects), repro)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object (field order; the reproduction fields only once set)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if getattr(self, f.name) is not None
+                or f.name not in ("reproduction", "reproduction_verdict")}
+
+
+@dataclass
+class ExplainReport:
+    """What ``ple-harness explain`` found, written as ``RUN/explain/explain.json``
+    (:meth:`to_dict`).
+
+    ``tries``: attempts per replay; ``budget_s``: the time cap (seconds); ``suspects``: every
+    configuration tried besides the one under test, first round then second, in launch order;
+    ``launches``: one dict per configuration, ``config`` (its label) with ``command`` (redacted
+    argv) and ``ready_s`` (seconds), or ``skipped`` ("budget"), or ``error`` and ``root_cause``;
+    ``elapsed_s``: seconds from the first launch to the end (None when nothing failed, absent
+    from the JSON then).
+    """
+
+    run_id: str
+    tries: int
+    budget_s: float
+    cases: list[CaseReport] = field(default_factory=list)
+    suspects: list[Suspect] = field(default_factory=list)
+    launches: list[dict[str, Any]] = field(default_factory=list)
+    elapsed_s: float | None = None
+    include_warnings: bool = False  # replays count near ties too (--include-warnings); not in the JSON
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object of ``explain.json``."""
+        out: dict[str, Any] = {"run_id": self.run_id, "tries": self.tries,
+                               "budget_s": self.budget_s,
+                               "cases": [c.to_dict() for c in self.cases],
+                               "suspects": [asdict(x) for x in self.suspects],
+                               "launches": self.launches}
+        if self.elapsed_s is not None:
+            out["elapsed_s"] = self.elapsed_s
+        return out
+
+    def to_json(self) -> str:
+        """``explain.json``'s text."""
+        return json.dumps(self.to_dict(), indent=1)
+
+
+def confirm_repros(report: ExplainReport, m: Manifest, run_dir: Path, runs: int, *,
                    engine_python: str | None = None, start_timeout_s: float = 900.0,
                    console: Console | None = None) -> None:
     """Replay every case's ``repro-N.toml`` ``runs`` times, each on a freshly started engine of
@@ -628,55 +717,93 @@ def confirm_repros(report: dict[str, Any], m: Manifest, run_dir: Path, runs: int
     ``reproduction`` (the result) and ``reproduction_verdict`` ("reproduced 3/3 on fresh
     engines", "0/3: not reproduced ..."). Cases whose reproducers replay the same schedule (the
     cases of one phase, at its companions level) are replayed once and share the result
-    (``same_schedule_as``). Replays run under ``RUN/explain/confirm/``."""
-    from .reproduce import ReplayInterrupted, ReplayTarget, replay_reproducer
+    (``same_schedule_as``). Replays run under ``RUN/explain/confirm/``. Raises Interrupted when
+    a replay was interrupted (SIGINT / SIGTERM)."""
+    from .reproduce import ReplayTarget, replay_reproducer
     console = console or Console(stderr=True)
     o = m.run_options
-    rt = ReplayTarget(launch=_launch_spec(m, None, engine_python),
+    rt = ReplayTarget(launch=run_target(m, engine_python).launch_spec(),
                       golden=o.get("golden", True) is not False, strict=bool(o.get("strict")),
                       reference_cache_state=o.get("reference_cache_state") or "warm",
                       start_timeout_s=start_timeout_s)
     from .scenarios import load_scenario_file
     done: dict[str, tuple[str, dict]] = {}  # schedule key -> (repro, result)
-    for c in report["cases"]:
-        path = run_dir / c["repro"]
+    for c in report.cases:
+        path = run_dir / c.repro
         # cases of one phase share its schedule ("with its phase companions"): replayed once
         key = json.dumps([[ph.concurrency, [r.model_dump() for r in ph.requests]]
                           for ph in load_scenario_file(str(path)).params.phases],
                          sort_keys=True)  # phase names carry the case number: not compared
         if key in done:
             first, res = done[key]
-            c["reproduction"] = {**res, "same_schedule_as": first}
-            c["reproduction_verdict"] = f"{res['verdict']} (the schedule of {first})"
+            c.reproduction = {**res, "same_schedule_as": first}
+            c.reproduction_verdict = f"{res['verdict']} (the schedule of {first})"
             continue
-        console.print(f"confirming {escape(c['repro'])}: {runs} replay(s), each on a freshly "
+        console.print(f"confirming {escape(c.repro)}: {runs} replay(s), each on a freshly "
                       "started engine", highlight=False)
-        try:
-            res = replay_reproducer(path, rt, runs, path.parent / "confirm",
-                                    log=lambda x: console.print(escape(x), highlight=False))
-        except ReplayInterrupted:
-            raise KeyboardInterrupt from None
-        done[key] = (c["repro"], res)
-        c["reproduction"] = res
-        c["reproduction_verdict"] = res["verdict"]
-        console.print(f"{escape(c['repro'])}: {escape(res['verdict'])}", highlight=False)
+        res = replay_reproducer(path, rt, runs, path.parent / "confirm",
+                                log=lambda x: console.print(escape(x), highlight=False))
+        done[key] = (c.repro, res)
+        c.reproduction = res
+        c.reproduction_verdict = res["verdict"]
+        console.print(f"{escape(c.repro)}: {escape(res['verdict'])}", highlight=False)
 
 
 def explain(run: Path, *, suspects_extra: Sequence[str] = (), suspects_drop: Sequence[str] = (),
             auto_suspects: bool = True, include_warnings: bool = False, tries: int = 3,
             budget_s: float = 3600.0, engine_python: str | None = None,
             start_timeout_s: float = 900.0, console: Console | None = None,
-            confirm_runs: int = 3) -> dict[str, Any]:
+            confirm_runs: int = 3) -> ExplainReport:
     """Explain the failing divergences of the run at ``run`` (folder or manifest); see the module
-    docstring. Returns the report dict (also written to ``RUN/explain/explain.json``).
+    docstring. Returns the report (also written to ``RUN/explain/explain.json``, with
+    ``explain.md`` and ``junit.xml``).
 
     ``confirm_runs``: replays of each reproducer on fresh engines (:func:`confirm_repros`; 0:
     skip).
 
     Raises UsageError for a run that cannot be explained (attached engine, nothing failing, no
-    prompt IDs kept); EngineError when the configuration under test cannot be started.
+    prompt IDs kept); EngineError when the configuration under test cannot be started;
+    Interrupted on SIGINT / SIGTERM (the engine running then is stopped first).
     """
+    from .render.explain import render, to_junit, to_markdown
     console = console or Console(stderr=True)
+    m, run_dir = _load_run(run)
+    cases = failing_cases(m, include_warnings)
+    out_dir = run_dir / "explain"
+    out_dir.mkdir(exist_ok=True)
+    report = ExplainReport(m.run_id, tries, budget_s, include_warnings=include_warnings)
+    if not cases:
+        console.print("no failing divergences in this run: nothing to explain")
+        write_atomic(out_dir / "explain.json", report.to_json())
+        return report
+    suspects = suspects_for(m, suspects_extra, suspects_drop, auto_suspects)
+    report.suspects = list(suspects)
+    console.print(f"{len(cases)} failing case(s); {1 + len(suspects)} engine launch(es) planned: "
+                  f"the configuration under test, then without: "
+                  f"{', '.join(s.name for s in suspects) or '(no suspects)'}", highlight=False)
+    t0 = time.monotonic()
+    target = run_target(m, engine_python, start_timeout_s)
+    from .environment import gpu_inventory
+    with EngineSession(console, out_dir, gpus_before=gpu_inventory()) as session:
+        configs = _replay_all(session, target, m, cases, report, budget_s, t0, console)
+        for c in cases:
+            path = out_dir / f"repro-{c.index}.toml"
+            write_repro(c, path, m.run_id)
+            report.cases.append(CaseReport.of(c, configs[1:], str(path.relative_to(run_dir))))
+        if confirm_runs:
+            confirm_repros(report, m, run_dir, confirm_runs, engine_python=engine_python,
+                           start_timeout_s=start_timeout_s, console=console)
+    report.elapsed_s = round(time.monotonic() - t0, 1)
+    write_atomic(out_dir / "explain.json", report.to_json())
+    write_atomic(out_dir / "explain.md", to_markdown(report))
+    write_atomic(out_dir / "junit.xml", to_junit(report))
+    render(report, console)
+    return report
+
+
+def _load_run(run: Path) -> tuple[Manifest, Path]:
+    """The run's manifest and folder; UsageError for an unreadable manifest or a run the
+    harness did not launch."""
     try:
         m = load_manifest(run)
     except ValueError as exc:
@@ -685,28 +812,23 @@ def explain(run: Path, *, suspects_extra: Sequence[str] = (), suspects_drop: Seq
     if m.engine.get("mode") != "launched" or not m.engine.get("launch"):
         raise UsageError(f"{run}: explain relaunches the engine, so the run must have been "
                          "launched by the harness (not attached with --url)")
-    cases = failing_cases(m, include_warnings)
-    out_dir = run_dir / "explain"
-    out_dir.mkdir(exist_ok=True)
-    report: dict[str, Any] = {"run_id": m.run_id, "tries": tries, "budget_s": budget_s,
-                              "cases": [], "suspects": [], "launches": []}
-    if not cases:
-        console.print("no failing divergences in this run: nothing to explain")
-        write_atomic(out_dir / "explain.json", json.dumps(report, indent=1))
-        return report
-    suspects = suspects_for(m, suspects_extra, suspects_drop, auto_suspects)
-    report["suspects"] = [s.__dict__ for s in suspects]
-    console.print(f"{len(cases)} failing case(s); {1 + len(suspects)} engine launch(es) planned: "
-                  f"the configuration under test, then without: "
-                  f"{', '.join(s.name for s in suspects) or '(no suspects)'}", highlight=False)
-    t0 = time.monotonic()
+    return m, run_dir
+
+
+def _replay_all(session: EngineSession, target: Target, m: Manifest, cases: list[Case],
+                report: ExplainReport, budget_s: float, t0: float,
+                console: Console) -> list[Suspect | None]:
+    """Every configuration in turn (under test, the first round's suspects, then the second
+    round's, :func:`follow_ups`), each on its own engine in ``session``, one at a time; the
+    cases that apply to it replayed there. Returns the configurations (None: under test)."""
+    suspects = list(report.suspects)
     configs: list[Suspect | None] = [None, *suspects]
     first_round = len(configs)
     n = 0
     while n <= len(configs):
         if n == first_round:  # the second round: 2x2 cells and numeric settings
             more = follow_ups(m, suspects, cases)
-            report["suspects"] += [s.__dict__ for s in more]
+            report.suspects += more
             configs += more
             if more:
                 console.print(f"second round: {len(more)} more launch(es): "
@@ -715,185 +837,56 @@ def explain(run: Path, *, suspects_extra: Sequence[str] = (), suspects_drop: Seq
             break
         sus = configs[n]
         n += 1
-        label = ("under test" if sus is None else sus.name if sus.combines else
-                 f"with {sus.change}" if sus.setting else f"without {sus.name}")
         todo = [c for c in cases if sus is None or _applies(sus, c, suspects)]
         if not todo:
             if sus is None:
                 break
             continue
+        label = ("under test" if sus is None else sus.name if sus.combines else
+                 f"with {sus.change}" if sus.setting else f"without {sus.name}")
         if time.monotonic() - t0 > budget_s:
-            report["launches"].append({"config": label, "skipped": "budget"})
+            report.launches.append({"config": label, "skipped": "budget"})
             for c in todo:
                 if sus is not None:
                     c.results[sus.name] = {"skipped": "budget"}
             continue
-        spec = _launch_spec(m, sus, engine_python)
         console.print(f"[{n}/{len(configs)}] launching the engine {escape(label)} ...",
                       highlight=False)
-        srv = EngineServer(spec, out_dir, start_timeout_s, log_name=f"engine-{n - 1}")
-        try:
-            srv.start()
-        except EngineError as exc:
+        _replay_on(session, target, sus, label, n - 1, todo, m, report)
+    return configs
+
+
+def _replay_on(session: EngineSession, target: Target, sus: Suspect | None, label: str,
+               index: int, todo: list[Case], m: Manifest, report: ExplainReport) -> None:
+    """Launch ``sus``'s engine (the configuration under test for None) in ``session``, replay
+    ``todo`` there (under test: each case's levels, smallest first, until one fails), stop it.
+    A suspect's engine that fails to start is recorded (the launch and each case's result);
+    the configuration under test failing raises EngineError."""
+    spec = target.launch_spec() if sus is None else sus.variant.spec(target)
+    try:
+        eng = session.start(target, spec=spec, log_name=f"engine-{index}", gather=False)
+    except EngineError as exc:
+        session.stop_all()
+        if sus is None:
+            raise
+        report.launches.append({"config": label, "error": str(exc.args[0]),
+                                "root_cause": exc.root_cause})
+        for c in todo:
+            c.results[sus.name] = {"error": str(exc.args[0])}
+        return
+    try:
+        rp = _Replayer.for_run(eng.client, m, report.include_warnings)
+        report.launches.append({"config": label, "command": redact_argv(eng.server.command),
+                                "ready_s": round(eng.server.ready_s or 0, 1)})
+        for c in todo:
             if sus is None:
-                raise
-            report["launches"].append({"config": label, "error": str(exc.args[0]),
-                                       "root_cause": exc.root_cause})
-            for c in todo:
-                c.results[sus.name] = {"error": str(exc.args[0])}
-            continue
-        try:
-            client = EngineClient(srv.url, spec.served_model_name)
-            client.resolve_model()
-            rp = _Replayer.for_run(client, m, include_warnings)
-            report["launches"].append({"config": label, "command": redact_argv(srv.command),
-                                       "ready_s": round(srv.ready_s or 0, 1)})
-            for c in todo:
-                if sus is None:
-                    for name, level in c.levels.items():
-                        res = rp.run(level, tries)
-                        c.baseline[name] = res
-                        if res["fails"]:
-                            c.minimal = name
-                            break
-                else:
-                    c.results[sus.name] = _replay_suspect(rp, sus, c, m, tries)
-        finally:
-            srv.stop()
-    for c in cases:
-        path = out_dir / f"repro-{c.index}.toml"
-        write_repro(c, path, m.run_id)
-        report["cases"].append({
-            "case": c.index, "prompt_hash": c.prompt_hash, "concurrency": c.concurrency,
-            "phase": c.phase, "requests": c.requests, "first_divergence": c.first_divergence,
-            "prompt_len": c.prompt_len, "minimal_case": c.minimal, "baseline": c.baseline,
-            "controls": c.results, "narrowing": narrow_down(c, configs[1:]),
-            "attribution": c.attribution(configs[1:]), "repro": str(path.relative_to(run_dir))})
-    if confirm_runs:
-        confirm_repros(report, m, run_dir, confirm_runs, engine_python=engine_python,
-                       start_timeout_s=start_timeout_s, console=console)
-    report["elapsed_s"] = round(time.monotonic() - t0, 1)
-    write_atomic(out_dir / "explain.json", json.dumps(report, indent=1))
-    write_atomic(out_dir / "explain.md", to_markdown(report))
-    write_atomic(out_dir / "junit.xml", to_junit(report))
-    render(report, console)
-    return report
-
-
-def _cell(r: dict[str, Any]) -> str:
-    """One suspect's result for one case, in a few words."""
-    if not r:
-        return "-"
-    if r.get("skipped") or r.get("error"):
-        return "skipped" if r.get("skipped") else "error"
-    word = {True: "fails", False: "ok"}
-    if r.get("new_length") not in (None, r.get("length")):
-        return (f"L={r['new_length']} {word[r['fails_at_new_length']]}, "
-                f"L={r['length']} {word[r['fails']]}")
-    return "vanishes" if r.get("vanishes") else "persists"
-
-
-def render(report: dict[str, Any], console: Console) -> None:
-    """The attribution table on the console, then each case's diagnosis."""
-    t = Table(title=escape(f"explain {report['run_id']}"))
-    for col in ("case", "phase", "C", "L", "requests", "minimal case",
-                *[s["name"] for s in report["suspects"]]):
-        t.add_column(escape(col))
-    for c in report["cases"]:
-        cells = [_cell(c["controls"].get(s["name"], {})) for s in report["suspects"]]
-        t.add_row(str(c["case"]), escape(c["phase"]), str(c["concurrency"]),
-                  str(c.get("prompt_len")), escape(", ".join(c["requests"][:4])),
-                  escape(c["minimal_case"] or "-"), *cells)
-    console.print(t)
-    for text, cs in _by_diagnosis(report):
-        console.print(f"case{'s' if len(cs) > 1 else ''} "
-                      f"{', '.join(str(c['case']) for c in cs)}: {escape(text)}", highlight=False)
-
-
-def _by_diagnosis(report: dict[str, Any]) -> list[tuple[str, list[dict[str, Any]]]]:
-    """The cases grouped by their (identical) diagnosis, in case order."""
-    groups: dict[str, list[dict[str, Any]]] = {}
-    for c in report["cases"]:
-        groups.setdefault(c["attribution"], []).append(c)
-    return list(groups.items())
-
-
-def _two_by_two_md(c: dict[str, Any]) -> list[str]:
-    it = (c.get("narrowing") or {}).get("interaction")
-    if not it:
-        return []
-    x, y = it["features"]
-    ctl = c["controls"]
-    word = {True: "fails", False: "passes", None: "-"}
-    get = lambda name: word[ctl.get(name, {}).get("fails")]  # noqa: E731
-    return ["", f"2x2 table, case {c['case']} (the replayed case on each engine):", "",
-            f"| | {y} on | {y} off |", "|---|---|---|",
-            f"| **{x} on** | fails (under test) | {get(y)} |",
-            f"| **{x} off** | {get(x)} | {get(it['cell'])} |"]
-
-
-def _numeric_md(c: dict[str, Any]) -> list[str]:
-    out = []
-    for st in (c.get("narrowing") or {}).get("numeric", []):
-        out += ["", f"Trigger length against {st['fact']}, case {c['case']}"
-                    + (f" (L from {st['formula']})" if st.get("formula") else "") + ":", "",
-                f"| {st['symbol']} | re-derived L | result | the prompt as run (L="
-                f"{c.get('prompt_len')}) |", "|---:|---:|---|---|"]
-        word = {True: "fails", False: "passes"}
-        out += [f"| {p['value']} | {p['length']} | {word[p['fails']]} | "
-                f"{word[p.get('fails_as_run', p['fails'])]} |" for p in st["points"]]
-    return out
-
-
-def to_markdown(report: dict[str, Any]) -> str:
-    """The attribution table, each case's diagnosis (2x2 tables, trigger lengths) and the
-    evidence as Markdown (pasteable into a PR)."""
-    sus = [s["name"] for s in report["suspects"]]
-    lines = [f"## Attribution (`ple-harness explain {report['run_id']}`)", "",
-             f"Engine launches: {len(report['launches'])}; tries per replay: {report['tries']}; "
-             f"{report.get('elapsed_s', 0)} s.", ""]
-    for text, cs in _by_diagnosis(report):
-        lines.append(f"- **case{'s' if len(cs) > 1 else ''} "
-                     f"{', '.join(str(c['case']) for c in cs)}** (L="
-                     f"{', '.join(str(c.get('prompt_len')) for c in cs)}): {text}")
-    lines += ["", "| case | phase | C | L | requests | minimal case | " + " | ".join(sus) +
-              " | reproducer |",
-              "|---:|---|---:|---:|---|---|" + "---|" * len(sus) + "---|"]
-    for c in report["cases"]:
-        cells = [_cell(c["controls"].get(s, {})) for s in sus]
-        lines.append(f"| {c['case']} | {c['phase']} | {c['concurrency']} | "
-                     f"{c.get('prompt_len')} | {', '.join(c['requests'][:4])} | "
-                     f"{c['minimal_case'] or '-'} | " + " | ".join(cells) +
-                     f" | `{c['repro']}` |")
-    for c in report["cases"]:
-        lines += _two_by_two_md(c) + _numeric_md(c)
-    lines += ["", "Evidence (first divergent positions, per configuration):", ""]
-    for c in report["cases"]:
-        base = {k: [d["first_divergence"] for d in v["divergent"]] for k, v in c["baseline"].items()}
-        ctl = {k: [d["first_divergence"] for d in v.get("divergent", [])]
-               for k, v in c["controls"].items()}
-        lines.append(f"- case {c['case']}: under test {base}; controls {ctl}")
-    for c in report["cases"]:
-        if c.get("reproduction_verdict"):
-            lines.append(f"- case {c['case']}: `{c['repro']}` {c['reproduction_verdict']}")
-    for la in report["launches"]:
-        if la.get("command"):
-            lines.append(f"- {la['config']}: `{' '.join(la['command'])}`")
-    return "\n".join(lines) + "\n"
-
-
-def to_junit(report: dict[str, Any]) -> str:
-    """JUnit XML: one test case per failing divergence; the failure message names the suspect."""
-    root = ET.Element("testsuites", name=f"ple-harness explain {report['run_id']}")
-    suite = ET.SubElement(root, "testsuite", name="explain", tests=str(len(report["cases"])),
-                          failures=str(len(report["cases"])))
-    for c in report["cases"]:
-        tc = ET.SubElement(suite, "testcase", classname="explain",
-                           name=f"case {c['case']}: {c['phase']} C{c['concurrency']} "
-                                f"({', '.join(c['requests'][:4])})")
-        f = ET.SubElement(tc, "failure", message=c["attribution"])
-        f.text = json.dumps({"minimal_case": c["minimal_case"],
-                             "narrowing": c.get("narrowing"), "controls": c["controls"],
-                             "reproduction": c.get("reproduction_verdict")}, indent=1)
-    ET.indent(root)
-    return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
+                for name, level in c.levels.items():
+                    res = rp.run(level, report.tries)
+                    c.baseline[name] = res
+                    if res["fails"]:
+                        c.minimal = name
+                        break
+            else:
+                c.results[sus.name] = _replay_suspect(rp, sus, c, m, report.tries)
+    finally:
+        session.stop(eng)

@@ -8,7 +8,6 @@ as warnings, the facts that stayed unknown with what needs them, and optionally 
 """
 from __future__ import annotations
 
-import contextlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +18,7 @@ from rich.table import Table
 
 from .engine.facts import EngineFacts
 from .engine.launch import redact_env
-from .engines import resolve_target, start_or_attach
+from .engine.session import EngineSession, resolve_target
 from .redact import redact_argv
 
 # which derived schedules need which fact (printed for facts that stayed unknown)
@@ -60,15 +59,17 @@ class FactsConfig:
 def run_facts(cfg: FactsConfig, console: Console) -> int:
     """Gather and print the facts; returns 0, or raises UsageError / EngineError (exit 2 / 3).
 
-    The engine is resolved and started exactly as ``stress`` does (:mod:`pleharness.engines`)
-    and stopped before the facts are printed."""
+    The engine is resolved and started exactly as ``stress`` does, in an engine session
+    (:mod:`pleharness.engine.session`: stopped on every exit path, SIGINT / SIGTERM raise
+    Interrupted, exit 130 / 143), and stopped before the facts are printed."""
     target = resolve_target(url=cfg.url, model=cfg.model, python=cfg.engine_python, tp=cfg.tp,
                             engine_args=cfg.engine_args, engine_env=cfg.engine_env,
                             served_name=cfg.served_model_name, host=cfg.host, api_key=cfg.api_key,
                             start_timeout_s=cfg.start_timeout_s, log=console.print)
-    with contextlib.ExitStack() as stack:
-        eng = start_or_attach(stack, target, console, log_dir=cfg.log_dir,
-                              explicit_facts=cfg.explicit)
+    from .environment import gpu_inventory
+    with EngineSession(console, cfg.log_dir, explicit_facts=cfg.explicit,
+                       gpus_before=gpu_inventory() if cfg.url is None else None) as session:
+        eng = session.start(target)
     server, facts, version = eng.server, eng.facts, eng.version
     url = server.url if server is not None else cfg.url
     render_facts(facts, console, title=f"engine facts: vLLM {version} at {url}")
@@ -78,6 +79,8 @@ def run_facts(cfg: FactsConfig, console: Console) -> int:
                "launch_env": redact_env(server.spec.env) if server else None,
                "facts": facts.to_dict(), "conflicts": facts.conflicts,
                "sources_read": facts.notes}
+        if session.gpu_memory:  # launched on GPUs: did their memory come back?
+            out["gpu_memory"] = session.gpu_memory
         cfg.json_path.parent.mkdir(parents=True, exist_ok=True)
         cfg.json_path.write_text(json.dumps(out, indent=2, default=str) + "\n")
         console.print(f"facts written to {escape(str(cfg.json_path))}")

@@ -12,6 +12,11 @@ the run it came from), and judged like any run: exit 1 (a parity or check failur
 reproduction, exit 0 is not, anything else (the engine failed to start, a usage error) is an
 error that counts as neither.
 
+Each replay is a whole ``stress`` run, so its engine lives in that run's
+:class:`~pleharness.engine.session.EngineSession` (launched, waited for, stopped with its process
+group on every exit path); a replay interrupted by SIGINT / SIGTERM ends the confirmation with
+:class:`~pleharness.engine.session.Interrupted`, which the caller's own session reports.
+
 Attached engines (``--url``): no fresh engine can be started, so the replays run on the same
 engine, and the result says so (``fresh_engine: false``).
 
@@ -33,15 +38,6 @@ from typing import Any
 from rich.console import Console
 
 DEFAULT_CONFIRM_RUNS = 3
-
-
-class ReplayInterrupted(Exception):
-    """A confirmation replay was interrupted (SIGINT / SIGTERM, exit 130 / 143): the caller
-    ends its own run interrupted instead of starting the next replay."""
-
-    def __init__(self, signum: int):
-        super().__init__(f"confirmation replay interrupted by signal {signum}")
-        self.signum = signum
 
 
 @dataclass
@@ -101,8 +97,10 @@ def replay_reproducer(path: Path, target: ReplayTarget, runs: int, out_dir: Path
     """Replay the scenario file ``path`` ``runs`` times (each a ``stress`` run under
     ``out_dir/<label>-<i>/``, on a fresh engine unless attached); returns the result dict of the
     module docstring. ``log`` gets one line per replay. Never raises for a replay that fails or
-    errs (that is the result); raises ValueError for ``runs`` < 1 and ReplayInterrupted when a
-    replay was interrupted."""
+    errs (that is the result); raises ValueError for ``runs`` < 1 and
+    :class:`~pleharness.engine.session.Interrupted` when a replay was interrupted (exit 130 /
+    143: the caller ends its own run interrupted instead of starting the next replay)."""
+    from .engine.session import Interrupted
     from .errors import HarnessError
     from .manifest import load_manifest
     from .stress import StressConfig, run_stress
@@ -135,7 +133,7 @@ def replay_reproducer(path: Path, target: ReplayTarget, runs: int, out_dir: Path
         except HarnessError as exc:  # a usage error before the run folder existed
             code = exc.exit_code
         if code in (130, 143):
-            raise ReplayInterrupted(code - 128)
+            raise Interrupted(code - 128)
         rdir = out_dir / run_id
         row = {"run": i, "exit_code": code, "reproduced": code == 1,
                "manifest": str(rdir / "manifest.json")}

@@ -12,7 +12,9 @@ that failed are listed), ``missed`` (the fault fired and the pass still passed),
 (never triggered)`` (the suite never sent what the fault needs, e.g. no two requests in flight
 for ``flip_under_load`` with ``--scenario boundary``): never hidden. The clean pass's failures are
 false alarms. Exit 0 when every class is detected and the clean pass has no false alarm, 1
-otherwise, 2 usage error, 3 the engine failed to start or died.
+otherwise, 2 usage error, 3 the engine failed to start or died, 130 / 143 interrupted. The engine
+runs in one :class:`~pleharness.engine.session.EngineSession` (stopped on every exit path, its
+GPU memory checked after a launch on GPUs: ``selftest.json``'s ``gpu_memory``).
 
 Default suite: ``scenarios/suites/selftest.toml`` (a short ladder with C3 and C2, boundary depth
 1 with the warm half, pairs): every built-in class needs concurrency, a warm run, logprobs or
@@ -22,7 +24,6 @@ take about ten times as long. ``--suite default`` runs the default suite instead
 """
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import time
@@ -123,12 +124,11 @@ def run_selftest(cfg, faults: list[str], console: Console, err: Console,
     headline) in the selftest folder and prints a table. Returns the exit code (module
     docstring). Raises UsageError for an unknown fault class or bad options, before anything
     starts."""
-    from .engines import start_or_attach
+    from .engine.session import EngineSession
+    from .environment import gpu_inventory
     from .errors import EngineError
-    from .faults.proxy import Fault, FaultProxy
-    from .manifest import load_manifest
     from .run.rundir import new_run_dir
-    from .stress import load_scenarios, run_stress
+    from .stress import load_scenarios
     unknown = [f for f in faults if f not in BUILTIN]
     if unknown:
         raise UsageError(f"--fault {unknown[0]!r}: not a built-in fault class (known: "
@@ -142,14 +142,14 @@ def run_selftest(cfg, faults: list[str], console: Console, err: Console,
     results: list[PassResult] = []
     alarms = 0
     code = EXIT_OK
-    with contextlib.ExitStack() as stack:
+    with EngineSession(console, sdir, timeouts=cfg.timeouts, explicit_facts=cfg.explicit_facts,
+                       gpus_before=gpu_inventory() if cfg.url is None else None,
+                       gpu_tolerance_mib=cfg.gpu_memory_tolerance_mib) as session:
         try:
-            eng = start_or_attach(stack, target, console, log_dir=sdir, timeouts=cfg.timeouts,
-                                  explicit_facts=cfg.explicit_facts, gather=False)
+            eng = session.start(target, gather=False)
         except EngineError as exc:
             err.print(f"[red]error:[/red] {escape(str(exc))}")
             return EXIT_ENGINE
-        upstream = eng.client.base_url
         facts = dict(cfg.explicit_facts)
         plan: list[tuple[str, SelftestFault | None]] = [("clean", None)] + \
             [(f, BUILTIN[f]()) for f in faults]
@@ -157,20 +157,7 @@ def run_selftest(cfg, faults: list[str], console: Console, err: Console,
             pcfg = replace(cfg, url=None, model=None, results_dir=sdir, run_id=f"{i:02d}-{name}",
                            engine_args=[], engine_env={}, profile=None, explicit_facts=facts,
                            invocation=cfg.invocation + [f"(selftest pass {name})"])
-            t0 = time.monotonic()
-            with FaultProxy(upstream, fault or Fault()) as proxy:
-                pcfg.url = proxy.url
-                quiet = Console(file=io.StringIO(), width=200)
-                try:
-                    pcode = run_stress(pcfg, quiet, quiet)
-                except UsageError as exc:
-                    raise UsageError(f"selftest pass {name}: {exc}") from None
-            _close_pass_clients(keep=eng.client)
-            mpath = sdir / pcfg.run_id / "manifest.json"
-            m = load_manifest(mpath) if mpath.exists() else None
-            res = judge(name, fault, pcode, m)
-            res.run_dir = str(sdir / pcfg.run_id)
-            res.wall_s = round(time.monotonic() - t0, 1)
+            res, pcode, m = _run_pass(pcfg, name, fault, eng.client)
             if fault is None:
                 alarms = false_alarms(m) if pcode in (EXIT_OK, EXIT_FAIL) else alarms
             results.append(res)
@@ -195,10 +182,36 @@ def run_selftest(cfg, faults: list[str], console: Console, err: Console,
                                              for s in cfg.scenarios],
            "headline": line, "false_alarms": alarms, "exit_code": code,
            "passes": [r.as_dict() for r in results]}
+    if session.gpu_memory:  # a launched engine on GPUs: did their memory come back?
+        out["gpu_memory"] = session.gpu_memory
     (sdir / "selftest.json").write_text(json.dumps(out, indent=2))
     render(results, line, console)
     console.print(f"selftest.json: {escape(str(sdir / 'selftest.json'))}")
     return code
+
+
+def _run_pass(pcfg, name: str, fault: SelftestFault | None, client) -> tuple:
+    """One pass: the ``stress`` run ``pcfg`` through a fault proxy in front of ``client``'s
+    engine planting ``fault`` (None: the clean pass). Returns (its :class:`PassResult`, its
+    exit code, its manifest or None). Raises UsageError naming the pass."""
+    from .faults.proxy import Fault, FaultProxy
+    from .manifest import load_manifest
+    from .stress import run_stress
+    t0 = time.monotonic()
+    with FaultProxy(client.base_url, fault or Fault()) as proxy:
+        pcfg.url = proxy.url
+        quiet = Console(file=io.StringIO(), width=200)
+        try:
+            pcode = run_stress(pcfg, quiet, quiet)
+        except UsageError as exc:
+            raise UsageError(f"selftest pass {name}: {exc}") from None
+    _close_pass_clients(keep=client)
+    mpath = Path(pcfg.results_dir) / pcfg.run_id / "manifest.json"
+    m = load_manifest(mpath) if mpath.exists() else None
+    res = judge(name, fault, pcode, m)
+    res.run_dir = str(Path(pcfg.results_dir) / pcfg.run_id)
+    res.wall_s = round(time.monotonic() - t0, 1)
+    return res, pcode, m
 
 
 def _close_pass_clients(keep) -> None:

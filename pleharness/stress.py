@@ -1,10 +1,12 @@
 """The ``stress`` job: launch or attach, run the selected scenarios, write the manifest, verdict.
 
 :func:`run_stress` reads as the steps of a run: validate the options, load the scenarios, resolve
-the engine target, create the run folder and manifest, then (engines and signal handlers owned by
-one :class:`contextlib.ExitStack`) take references on a reference engine if asked, start or attach
-the engine under test, run the suite, replay it on a control engine if asked, and judge. Every
-exception maps to a manifest status and an exit code in one place (:meth:`_Run.fail`).
+the engine target, create the run folder and manifest, then (every engine, the signals and the
+GPU-memory check owned by one :class:`~pleharness.engine.session.EngineSession`) take references
+on a reference engine if asked, start or attach the engine under test, run the suite, replay it on
+a control engine if asked (the engine under test's launch as a
+:class:`~pleharness.engine.session.Variant`), and judge. Every exception maps to a manifest status
+and an exit code in one place (:meth:`_Run.fail`).
 """
 from __future__ import annotations
 
@@ -21,10 +23,9 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .engine.client import Timeouts
-from .engine.launch import EngineServer
-from .engines import (EMBEDDED_ENGINE_ARGS, EMBEDDED_ENV, Engine, Target,  # noqa: F401
-                      launch_record, resolve_target, start_or_attach)
-from .environment import environment_info, gpu_inventory, harness_info
+from .engine.session import (Engine, EngineSession, Interrupted, Target, Variant, launch_record,
+                             resolve_target)
+from .environment import environment_info, harness_info
 from .errors import (EXIT_ENGINE, EXIT_FAIL, EXIT_INTERNAL, EXIT_OK, EngineError, HarnessError,
                      RequestTimeoutAbort, UsageError, write_crash_log)
 from .manifest import Manifest, now_iso, write_manifest
@@ -127,7 +128,7 @@ class StressConfig:
                 raise UsageError(msg)
 
     def target(self, console: Console) -> Target:
-        """Resolve the engine target (:func:`pleharness.engines.resolve_target`); raises
+        """Resolve the engine target (:func:`pleharness.engine.session.resolve_target`); raises
         UsageError when the model, the engine's Python or the URL is not usable."""
         return resolve_target(url=self.url, model=self.model, python=self.engine_python,
                               tp=self.tp, engine_args=self.engine_args,
@@ -162,11 +163,6 @@ def load_scenarios(names: list, overrides: dict[str, Any]) -> list[Scenario]:
         raise UsageError(f"option(s) {', '.join(sorted(unused))} apply to none of the selected "
                          f"scenarios ({', '.join(str(n) for n in names)})")
     return out
-
-
-class _Interrupted(Exception):
-    def __init__(self, signum: int):
-        self.signum = signum
 
 
 def _load_reference_manifest(spec: str) -> dict:
@@ -205,10 +201,14 @@ def run_stress(cfg: StressConfig, console: Console | None = None,
     try:
         with contextlib.ExitStack() as stack:  # closing it stops engines, restores handlers
             try:
-                run.own_signals(stack)
+                run.session = stack.enter_context(EngineSession(
+                    console, run.run_dir, timeouts=cfg.timeouts,
+                    explicit_facts=cfg.explicit_facts,
+                    gpus_before=run.manifest.environment.get("gpus"),
+                    gpu_tolerance_mib=cfg.gpu_memory_tolerance_mib))
                 if cfg.reference_mode == "engine":
                     references = _reference_pass(run, scenarios, target)
-                eng = _engine_under_test(run, stack, scenarios, target)
+                eng = _engine_under_test(run, scenarios, target)
                 golden = _golden_model(cfg, golden_dir or _local_model(cfg, target, eng),
                                        cfg.reference_mode, run.manifest, run.run_dir)
                 if golden is not None:
@@ -225,7 +225,7 @@ def run_stress(cfg: StressConfig, console: Console | None = None,
                     _confirm_reproducers(run, eng, target)
                 control = None
                 if cfg.control:
-                    run.stop(eng)  # one engine at a time (one GPU)
+                    run.session.stop(eng)  # one engine at a time (one GPU)
                     control = _control_pass(run, scenarios, eng.facts, target)
                 from .run.judge import judge_sides
                 judge_sides(run.manifest, control)  # which side of each divergence is wrong
@@ -235,6 +235,8 @@ def run_stress(cfg: StressConfig, console: Console | None = None,
             except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - mapped in one place
                 code = run.fail(exc)
     finally:
+        if run.session is not None:  # the GPU check ran when the session closed
+            run.manifest.environment.update(run.session.gpu_memory)
         run.finish(code)
     run.report(code)
     return code
@@ -242,17 +244,15 @@ def run_stress(cfg: StressConfig, console: Console | None = None,
 
 @dataclass
 class _Run:
-    """One stress run's state: its folder and manifest, the engines running now (the last one
-    is the one an engine error is about), and the signals received."""
+    """One stress run's state: its folder and manifest and its engine session (the engines
+    running now: the last one is the one an engine error is about)."""
 
     cfg: StressConfig
     console: Console
     err: Console
     run_dir: Path
     manifest: Manifest
-    servers: list[EngineServer] = field(default_factory=list)
-    signalled: list[int] = field(default_factory=list)
-    launched: bool = False
+    session: EngineSession | None = None
     ready: bool = False
 
     @property
@@ -289,56 +289,19 @@ class _Run:
     def save(self) -> None:
         write_manifest(self.mpath, self.manifest)
 
-    # -- engines and signals ----------------------------------------------------------------------
-    def engine(self, stack: contextlib.ExitStack, target: Target, **kw) -> Engine:
-        """Start (owned by ``stack``) or attach; see :func:`pleharness.engines.start_or_attach`."""
-        self.launched = self.launched or target.url is None
-        return start_or_attach(stack, target, self.console, log_dir=self.run_dir,
-                               timeouts=self.cfg.timeouts, explicit_facts=self.cfg.explicit_facts,
-                               servers=self.servers, stop_grace_s=self.grace_s, **kw)
-
-    def stop(self, eng: Engine) -> None:
-        """Stop ``eng``'s server now (a no-op when attached); the stack's own stop then skips it."""
-        if eng.server is not None and eng.server in self.servers:
-            try:
-                eng.server.stop()
-            finally:
-                self.servers.remove(eng.server)
-
-    def grace_s(self) -> float | None:
-        """Stop grace period: none after a second Ctrl-C / SIGTERM, else the server's default."""
-        return 0 if len(self.signalled) > 1 else None
-
-    def own_signals(self, stack: contextlib.ExitStack) -> None:
-        """SIGINT / SIGTERM raise _Interrupted (a second one SIGKILLs the running engines and
-        skips the grace period); the old handlers come back, and after the engines stopped the
-        GPU memory is checked, when ``stack`` closes."""
-        def on_signal(signum, _frame):
-            if self.signalled:  # a second Ctrl-C / SIGTERM: skip the grace period
-                from .engine.launch import _signal_group
-                for srv in self.servers:
-                    if srv.proc is not None:
-                        _signal_group(srv.proc.pid, signal.SIGKILL)
-                return
-            self.signalled.append(signum)
-            raise _Interrupted(signum)
-
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            try:
-                stack.callback(signal.signal, sig, signal.signal(sig, on_signal))
-            except ValueError:  # not in the main thread
-                pass
-        gpus_before = self.manifest.environment.get("gpus")
-        if gpus_before:
-            stack.callback(lambda: self.launched and _gpu_memory_after(
-                self.manifest, gpus_before, self.cfg.gpu_memory_tolerance_mib, self.console))
+    def engine(self, target: Target, **kw) -> Engine:
+        """Start or attach in the run's session (:meth:`EngineSession.start`, logs in the run
+        folder)."""
+        assert self.session is not None
+        return self.session.start(target, **kw)
 
     # -- outcome ----------------------------------------------------------------------------------
     def fail(self, exc: BaseException) -> int:
         """The one mapping from an exception to the manifest's status, verdict and reason and
         the exit code (returned); prints the error line to stderr."""
-        m, srv = self.manifest, (self.servers[-1] if self.servers else None)
-        if isinstance(exc, _Interrupted):
+        servers = self.session.servers if self.session is not None else []
+        m, srv = self.manifest, (servers[-1] if servers else None)
+        if isinstance(exc, Interrupted):
             m.status, m.verdict, code = "interrupted", "error", 128 + exc.signum
             m.reason = f"interrupted by {signal.Signals(exc.signum).name}"
         elif isinstance(exc, KeyboardInterrupt):
@@ -395,8 +358,7 @@ def _local_model(cfg: StressConfig, target: Target, eng: Engine) -> str | None:
     return target.model_path if cfg.url is None else (eng.card.get("root") or None)
 
 
-def _engine_under_test(run: _Run, stack: contextlib.ExitStack, scenarios: list[Scenario],
-                       target: Target) -> Engine:
+def _engine_under_test(run: _Run, scenarios: list[Scenario], target: Target) -> Engine:
     """Start or attach the engine under test, record it and its facts in the manifest, check
     the scenarios against the facts (ScenarioError)."""
     cfg, m = run.cfg, run.manifest
@@ -406,7 +368,7 @@ def _engine_under_test(run: _Run, stack: contextlib.ExitStack, scenarios: list[S
                          "engine_log": "engine.log", "launcher_log": "launcher.log"})
     else:
         m.engine.update({"mode": "attached", "url": redact_url(cfg.url)})
-    eng = run.engine(stack, target)
+    eng = run.engine(target)
     run.ready = True
     if eng.server is not None:
         m.engine["command"] = eng.server.command
@@ -517,25 +479,30 @@ REFERENCE_INHERITS = ("the engine under test's model, python, tp, host, environm
                       "port differs (a free one)")
 
 
+def _reference_variant(cfg: StressConfig) -> Variant:
+    """The reference engine's launch: see :data:`REFERENCE_INHERITS`."""
+    return Variant.of(drop=cfg.reference_drop_args, add=cfg.reference_engine_args)
+
+
+def _control_variant(cfg: StressConfig) -> Variant:
+    """The control engine's launch: the engine under test's arguments less --control-drop-arg
+    flags plus --control-engine-arg values, or --control-profile's engine_args (plus
+    --control-engine-arg) with its [env] over the engine's environment."""
+    from .profile import load_profile
+    if cfg.control_profile:
+        prof = load_profile(Path(cfg.control_profile))
+        return Variant.of(add=cfg.control_engine_args, env=prof.env, base=prof.engine_args)
+    return Variant.of(drop=cfg.control_drop_args, add=cfg.control_engine_args)
+
+
 def _reference_config(cfg: StressConfig, target: Target) -> tuple[list[str], dict[str, str]]:
-    """The reference engine's (arguments, environment): see :data:`REFERENCE_INHERITS`."""
-    from .attribution import control_args
-    return (control_args(target.engine_args, cfg.reference_drop_args, cfg.reference_engine_args),
-            dict(target.engine_env))
+    """The reference engine's (arguments, environment) (:func:`_reference_variant`)."""
+    return _reference_variant(cfg).apply(target.engine_args, target.engine_env)
 
 
 def _control_config(cfg: StressConfig, target: Target) -> tuple[list[str], dict[str, str]]:
-    """The control engine's (arguments, environment): the engine under test's arguments less
-    --control-drop-arg flags plus --control-engine-arg values, or --control-profile's
-    engine_args (plus --control-engine-arg) with its [env] over the engine's environment."""
-    from .attribution import control_args
-    from .profile import load_profile
-    env = dict(target.engine_env)
-    if cfg.control_profile:
-        prof = load_profile(Path(cfg.control_profile))
-        env.update(prof.env)
-        return list(prof.engine_args) + list(cfg.control_engine_args), env
-    return control_args(target.engine_args, cfg.control_drop_args, cfg.control_engine_args), env
+    """The control engine's (arguments, environment) (:func:`_control_variant`)."""
+    return _control_variant(cfg).apply(target.engine_args, target.engine_env)
 
 
 def second_engine_problems(cfg: StressConfig, target: Target) -> list[str]:
@@ -595,20 +562,18 @@ def _confirm_reproducers(run: _Run, eng: Engine, target: Target) -> None:
     stopped first: one engine at a time), or on the attached engine when there is no launch
     (:mod:`pleharness.reproduce`). The rates land in the table's rows and in
     ``summary.reproducers``."""
-    from .reproduce import ReplayInterrupted, ReplayTarget, confirm_run_reproducers
+    from .reproduce import ReplayTarget, confirm_run_reproducers
     cfg = run.cfg
     spec = eng.server.spec if eng.server is not None else None
-    run.stop(eng)
+    assert run.session is not None
+    run.session.stop(eng)
     rt = ReplayTarget(launch=spec, url=None if spec is not None else cfg.url,
                       api_key=cfg.api_key, explicit_facts=dict(cfg.explicit_facts),
                       golden=cfg.golden, near_tie_nats=cfg.near_tie_nats, strict=cfg.strict,
                       reference_cache_state=cfg.reference_cache_state,
                       start_timeout_s=cfg.start_timeout_s, timeouts=cfg.timeouts)
-    try:
-        rows = confirm_run_reproducers(run.manifest, run.run_dir, rt, cfg.confirm_runs,
-                                       log=lambda x: run.console.print(esc(x), highlight=False))
-    except ReplayInterrupted as exc:
-        raise _Interrupted(exc.signum) from None
+    rows = confirm_run_reproducers(run.manifest, run.run_dir, rt, cfg.confirm_runs,
+                                   log=lambda x: run.console.print(esc(x), highlight=False))
     run.manifest.summary["reproducers"] = [{"path": r["path"], "verdict": r.get("verdict")}
                                            for r in rows]
     run.save()
@@ -620,19 +585,17 @@ def _reference_pass(run: _Run, scenarios: list[Scenario], target: Target) -> dic
     from the engine under test's facts (its launch arguments), not the reference engine's.
     Returns the references by request key. Raises EngineError when the reference engine fails."""
     cfg, m = run.cfg, run.manifest
-    args, env = _reference_config(cfg, target)
-    spec = target.launch_spec(args, env)
+    spec = _reference_variant(cfg).spec(target)
     m.engine["reference_engine"] = {"launch": launch_record(spec, cfg.profile),
                                     "engine_log": "reference-engine.log",
                                     "inherits": REFERENCE_INHERITS,
                                     "dropped": list(cfg.reference_drop_args),
                                     "added": list(cfg.reference_engine_args)}
-    with contextlib.ExitStack() as stack:
-        # the engine under test's launch arguments first (its lengths need references); the
-        # reference engine's own resolved values fill what they leave open
-        eng = run.engine(stack, target, spec=spec, log_name="reference-engine",
-                         what="reference engine", facts_engine_args=target.engine_args,
-                         engine_first=False)
+    # the engine under test's launch arguments first (its lengths need references); the
+    # reference engine's own resolved values fill what they leave open
+    eng = run.engine(target, spec=spec, log_name="reference-engine", what="reference engine",
+                     facts_engine_args=target.engine_args, engine_first=False)
+    try:
         m.engine["reference_engine"].update(eng.record())
         with _progress(run.console) as progress:
             ctx = _context(cfg, eng, m, run.mpath, eng.facts, progress, collect_only=True,
@@ -641,6 +604,8 @@ def _reference_pass(run: _Run, scenarios: list[Scenario], target: Target) -> dic
                 with ctx.in_scenario(sc.name, phase_prefix="ref-engine/"):
                     sc.run(ctx.scenario_view)
         return dict(ctx.references)
+    finally:
+        run.session.stop(eng)
 
 
 def _control_pass(run: _Run, scenarios: list[Scenario], facts, target: Target
@@ -656,8 +621,7 @@ def _control_pass(run: _Run, scenarios: list[Scenario], facts, target: Target
     start), whose runs also vote on which side of a divergence is wrong."""
     from .attribution import attribute
     cfg, manifest = run.cfg, run.manifest
-    args, env = _control_config(cfg, target)
-    spec = target.launch_spec(args, env)
+    spec = _control_variant(cfg).spec(target)
     rec = manifest.engine["control_engine"] = {
         "launch": launch_record(spec, cfg.profile), "engine_log": "control-engine.log",
         "manifest": "control-manifest.json", "dropped": list(cfg.control_drop_args),
@@ -669,29 +633,31 @@ def _control_pass(run: _Run, scenarios: list[Scenario], facts, target: Target
                   engine_probe={**manifest.engine_probe, "measured_on": "the engine under test"}
                   if manifest.engine_probe else {})
     cpath = run.run_dir / "control-manifest.json"
-    with contextlib.ExitStack() as stack:
-        try:
-            eng = run.engine(stack, target, spec=spec, log_name="control-engine",
-                             what="control engine", gather=False)
-        except EngineError as exc:
-            rec["error"] = f"{exc.args[0] if exc.args else exc}; root cause: {exc.root_cause}"
-            run.console.print(f"[yellow]warning:[/yellow] control engine failed, divergences "
-                              f"stay unattributed: {esc(rec['error'])}")
-            return None
-        stack.callback(lambda: (setattr(cm, "ended_at", now_iso()), write_manifest(cpath, cm)))
-        try:
-            rec.update(eng.record())
-            cm.engine = {"mode": "launched", "command": redact_argv(eng.server.command),
-                         "url": eng.server.url}
-            with _progress(run.console) as progress:
-                ctx = _context(cfg, eng, cm, cpath, facts, progress)
-                _run_suite(ctx, scenarios, cfg.repeat)
-            cm.status = "complete"
-        except EngineError as exc:
-            cm.status = "engine_died"
-            rec["error"] = f"{exc.args[0] if exc.args else exc}; root cause: {exc.root_cause}"
-            run.console.print(f"[yellow]warning:[/yellow] control engine died: "
-                              f"{esc(rec['error'])}")
+    try:
+        eng = run.engine(target, spec=spec, log_name="control-engine", what="control engine",
+                         gather=False)
+    except EngineError as exc:
+        rec["error"] = f"{exc.args[0] if exc.args else exc}; root cause: {exc.root_cause}"
+        run.console.print(f"[yellow]warning:[/yellow] control engine failed, divergences "
+                          f"stay unattributed: {esc(rec['error'])}")
+        return None
+    try:
+        rec.update(eng.record())
+        cm.engine = {"mode": "launched", "command": redact_argv(eng.server.command),
+                     "url": eng.server.url}
+        with _progress(run.console) as progress:
+            ctx = _context(cfg, eng, cm, cpath, facts, progress)
+            _run_suite(ctx, scenarios, cfg.repeat)
+        cm.status = "complete"
+    except EngineError as exc:
+        cm.status = "engine_died"
+        rec["error"] = f"{exc.args[0] if exc.args else exc}; root cause: {exc.root_cause}"
+        run.console.print(f"[yellow]warning:[/yellow] control engine died: "
+                          f"{esc(rec['error'])}")
+    finally:
+        cm.ended_at = now_iso()
+        write_manifest(cpath, cm)
+        run.session.stop(eng)
     counts = attribute(manifest, cm)
     manifest.summary.update(counts)
     rec["attribution"] = counts
@@ -707,29 +673,6 @@ def _write_reports(m: Manifest, run_dir: Path) -> None:
         write_atomic(run_dir / "junit.xml", to_junit(m))
     except Exception as exc:  # noqa: BLE001 - reports never hide the manifest
         m.summary["report_error"] = str(exc)
-
-
-def _gpu_memory_after(m: Manifest, before: list[dict], tolerance_mib: float, console,
-                      wait_s: float = 30.0) -> None:
-    """Record per-GPU memory after shutdown; warn when it has not returned to within
-    ``tolerance_mib`` of the pre-launch baseline after ``wait_s`` seconds."""
-    import time
-    deadline = time.monotonic() + wait_s
-    while True:
-        after = gpu_inventory() or []
-        by_index = {g["index"]: g for g in after}
-        leaked = [(b["index"], by_index[b["index"]]["memory_used_mib"] - b["memory_used_mib"])
-                  for b in before if b["index"] in by_index and
-                  by_index[b["index"]]["memory_used_mib"] - b["memory_used_mib"] > tolerance_mib]
-        if not leaked or time.monotonic() > deadline:
-            break
-        time.sleep(2)
-    m.environment["gpus_after_shutdown"] = after
-    m.environment["gpu_memory_released"] = not leaked
-    if leaked:
-        msg = ", ".join(f"GPU {i}: +{d:.0f} MiB" for i, d in leaked)
-        m.environment["gpu_memory_warning"] = f"not back to baseline after {wait_s:.0f} s: {msg}"
-        console.print(f"[yellow]warning:[/yellow] GPU memory {m.environment['gpu_memory_warning']}")
 
 
 def _summarize(m: Manifest) -> None:

@@ -53,20 +53,34 @@ def embedded_model() -> Path:
     return ensure_embedded_model(sys.executable)
 
 
-@pytest.fixture(scope="session")
-def cpu_engine(embedded_model, tmp_path_factory):
-    """The real CPU vLLM engine serving the embedded model with profiles/cpu-ngram.toml (started
-    once per test session)."""
-    from pleharness.engine.launch import EngineServer, LaunchSpec
-    from pleharness.model import SERVED_NAME
-    from pleharness.profile import load_profile
+def engine_fixture(name: str, engine_args=(), env=None, profile: str | None = None,
+                   scope: str = "session", start_timeout_s: float = 600, doc: str = ""):
+    """A pytest fixture that starts the real CPU vLLM engine serving the embedded model and
+    yields its :class:`pleharness.engine.launch.EngineServer` (``with EngineServer(...)``: the
+    whole process group is stopped on every exit path). ``profile`` (a file under profiles/)
+    gives the arguments and environment, ``engine_args`` / ``env`` are added after them; the
+    engine logs go to a fresh ``name`` folder. The one way the tests start an engine: share the
+    fixtures, never start one per test."""
+    @pytest.fixture(scope=scope)
+    def fixture(embedded_model, tmp_path_factory):
+        from pleharness.engine.launch import EngineServer, LaunchSpec
+        from pleharness.model import SERVED_NAME
+        from pleharness.profile import load_profile
+        args, environ = [], {}
+        if profile is not None:
+            prof = load_profile(ROOT / "profiles" / profile)
+            args, environ = list(prof.engine_args), dict(prof.env)
+        spec = LaunchSpec(model=str(embedded_model), python=sys.executable,
+                          engine_args=args + list(engine_args), env={**environ, **(env or {})},
+                          served_model_name=SERVED_NAME)
+        with EngineServer(spec, tmp_path_factory.mktemp(name),
+                          start_timeout_s=start_timeout_s) as srv:
+            yield srv
+    fixture.__doc__ = doc
+    return fixture
 
-    prof = load_profile(ROOT / "profiles" / "cpu-ngram.toml")
-    spec = LaunchSpec(model=str(embedded_model), python=sys.executable,
-                      engine_args=prof.engine_args, env=prof.env, served_model_name=SERVED_NAME)
-    srv = EngineServer(spec, tmp_path_factory.mktemp("cpu-engine"), start_timeout_s=600)
-    srv.start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
+
+cpu_engine = engine_fixture(
+    "cpu-engine", profile="cpu-ngram.toml",
+    doc="The real CPU vLLM engine serving the embedded model with profiles/cpu-ngram.toml "
+        "(started once per test session).")

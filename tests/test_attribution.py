@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, load_json, run_cli
-from pleharness.attribution import attribute, control_args
+from pleharness.attribution import attribute
+from pleharness.engine.session import control_args
 from pleharness.explain import Case, failing_cases, suspects_for, write_repro
 from pleharness.manifest import CheckResult, Divergence, Manifest, PhaseRecord, RequestRecord
 from pleharness.scenarios import load_scenario_file

@@ -14,7 +14,7 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import group_alive, launched_pid, load_json, run_cli
+from conftest import engine_fixture, group_alive, launched_pid, load_json, run_cli
 
 pytestmark = pytest.mark.engine
 
@@ -22,22 +22,10 @@ SMALL_KV_ARGS = ["--num-gpu-blocks-override", "10", "--max-num-batched-tokens", 
                  "--max-num-seqs", "8"]
 
 
-@pytest.fixture
-def small_kv_engine(embedded_model, tmp_path_factory):
-    """The CPU engine with a 10-block KV cache and C = 256, no --block-size, dev mode on."""
-    import sys
-
-    from pleharness.engine.launch import EngineServer, LaunchSpec
-    from pleharness.model import SERVED_NAME
-    spec = LaunchSpec(model=str(embedded_model), python=sys.executable,
-                      engine_args=SMALL_KV_ARGS, env={"VLLM_CPU_KVCACHE_SPACE": "1"},
-                      served_model_name=SERVED_NAME)
-    srv = EngineServer(spec, tmp_path_factory.mktemp("small-kv-engine"), start_timeout_s=900)
-    srv.start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
+small_kv_engine = engine_fixture(
+    "small-kv-engine", SMALL_KV_ARGS, {"VLLM_CPU_KVCACHE_SPACE": "1"}, scope="function",
+    start_timeout_s=900,
+    doc="The CPU engine with a 10-block KV cache and C = 256, no --block-size, dev mode on.")
 
 
 def engine_says(url: str) -> dict:

@@ -279,7 +279,8 @@ def test_underscore_spelling_drops_the_flag_as_vllm_reads_it():
     """C20: --control-drop-arg=--speculative_config on cpu-ngram. vLLM's parser reads
     --speculative_config as --speculative-config, so the drop now removes it and the control
     differs (it is no longer silently identical)."""
-    from pleharness.attribution import control_args, unused_drops
+    from pleharness.attribution import unused_drops
+    from pleharness.engine.session import control_args
     from pleharness.profile import load_profile
     args = load_profile(ROOT / "profiles" / "cpu-ngram.toml").engine_args
     out = control_args(args, ["--speculative_config"])
@@ -289,7 +290,7 @@ def test_underscore_spelling_drops_the_flag_as_vllm_reads_it():
 
 
 def test_reference_engine_inherits_the_engine_arguments():
-    from pleharness.engines import Target
+    from pleharness.engine.session import Target
     from pleharness.stress import StressConfig, _reference_config, second_engine_problems
     t = Target(url=None, model_path="/m", served_name=None, python="py",
                engine_args=["--max-num-seqs", "8", "--speculative-config", "{}", "--dtype=float32"],

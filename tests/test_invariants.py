@@ -6,11 +6,10 @@ non-streamed path; then, marked ``engine``, planted faults through a FaultProxy 
 CPU engine (tests/doubles.py): every fault must fail the run and name the request and the rule.
 """
 import math
-import sys
 
 import pytest
 
-from conftest import load_json, run_cli
+from conftest import engine_fixture, load_json, run_cli
 from doubles import (CorruptConfident, FakeEngine, FaultProxy, Reseed, SentinelLogprobs,
                      StopAtBlock, TruncatePrompt)
 from pleharness.checks import DEFAULT_CHECKS, REGISTRY
@@ -432,22 +431,10 @@ def test_stop_at_a_speculative_block_boundary_fails_usage(cpu_engine, tmp_path):
     assert named(out, bad[0], "usage")
 
 
-@pytest.fixture(scope="module")
-def cpu_engine_plain(embedded_model, tmp_path_factory):
-    """The CPU engine without speculative decoding (per-request seeds are reproducible there)."""
-    from pleharness.engine.launch import EngineServer, LaunchSpec
-    from pleharness.model import SERVED_NAME
-
-    spec = LaunchSpec(model=str(embedded_model), python=sys.executable,
-                      engine_args=["--block-size", "32", "--max-num-batched-tokens", "256",
-                                   "--max-num-seqs", "8"],
-                      env={"VLLM_CPU_KVCACHE_SPACE": "1"}, served_model_name=SERVED_NAME)
-    srv = EngineServer(spec, tmp_path_factory.mktemp("cpu-engine-plain"), start_timeout_s=600)
-    srv.start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
+cpu_engine_plain = engine_fixture(
+    "cpu-engine-plain", ["--block-size", "32", "--max-num-batched-tokens", "256",
+                         "--max-num-seqs", "8"], {"VLLM_CPU_KVCACHE_SPACE": "1"}, scope="module",
+    doc="The CPU engine without speculative decoding (per-request seeds are reproducible there).")
 
 
 @pytest.mark.engine

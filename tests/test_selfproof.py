@@ -8,12 +8,11 @@ suite cannot see reported missed); an engine with prefix caching off makes the w
 ``boundary`` vacuous (a warning; ``--strict`` fails it).
 """
 import json
-import sys
 from types import SimpleNamespace
 
 import pytest
 
-from conftest import load_json, run_cli
+from conftest import engine_fixture, load_json, run_cli
 from doubles import FaultProxy, RequestCtx
 from faults_spec import ShortenAccepted
 from pleharness import evidence
@@ -300,24 +299,9 @@ def test_selftest_catches_every_class_and_reports_an_unseeable_one_missed(cpu_en
                                 "0 false alarms (missed: flip_under_load)")
 
 
-@pytest.fixture(scope="module")
-def cpu_engine_no_prefix_cache(embedded_model, tmp_path_factory):
-    """The CPU engine of profiles/cpu-ngram.toml with --no-enable-prefix-caching."""
-    from pathlib import Path
-
-    from pleharness.engine.launch import EngineServer, LaunchSpec
-    from pleharness.model import SERVED_NAME
-    from pleharness.profile import load_profile
-    prof = load_profile(Path(__file__).resolve().parent.parent / "profiles" / "cpu-ngram.toml")
-    spec = LaunchSpec(model=str(embedded_model), python=sys.executable,
-                      engine_args=prof.engine_args + ["--no-enable-prefix-caching"],
-                      env=prof.env, served_model_name=SERVED_NAME)
-    srv = EngineServer(spec, tmp_path_factory.mktemp("cpu-engine-no-pc"), start_timeout_s=600)
-    srv.start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
+cpu_engine_no_prefix_cache = engine_fixture(
+    "cpu-engine-no-pc", ["--no-enable-prefix-caching"], profile="cpu-ngram.toml",
+    scope="module", doc="The CPU engine of profiles/cpu-ngram.toml with --no-enable-prefix-caching.")
 
 
 @pytest.mark.engine
