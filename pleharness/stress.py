@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import signal
-import sys
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +23,7 @@ from .causes import headline
 from .config import StressConfig
 from .engine.launch import EngineServer
 from .engines import (EMBEDDED_ENGINE_ARGS, EMBEDDED_ENV, Engine, Target,  # noqa: F401
-                      launch_record, resolve_target, start_or_attach)
+                      launch_record, start_or_attach)
 from .environment import environment_info, gpu_inventory, harness_info
 from .errors import EXIT_INTERNAL, EngineError, HarnessError, UsageError, write_crash_log
 from .manifest import Manifest, now_iso, write_manifest
