@@ -106,9 +106,9 @@ def stress(ctx: typer.Context, engine: EngineOptions, attach: AttachOptions,
     start or died, 4 internal error, 130/143 interrupted.
     """
     groups = (engine, attach, scen, control, golden, ref, verdict, timeouts, output)
+    cfg = config.stress_config(values(*groups, reference=reference), given(*groups), warn)
     if scen.repeat_old is not None:
         warn("--repeat is deprecated: use --suite-repeats (--repeats is the transitions "
              "ladder's repeats)")
-    cfg = config.stress_config(values(*groups, reference=reference), given(*groups), warn)
     from ..stress import run_stress
     raise typer.Exit(run_stress(cfg, console, err_console))
