@@ -10,7 +10,7 @@ max_num_seqs 8), started here or attached with --upstream. Three parts:
    (default; tests/doubles.py CorruptWhenCrowded): only streamed completions of length
    n*C + q = 260 while >= 3 requests are in flight. ``--fault insert`` (CorruptInserted): only
    requests that arrive while a streamed decode has streamed >= INSERT_AT (24) tokens, i.e. a
-   prefill inserted into a running decode past position 24 (default --max-tokens 12 < 24: only a
+   prefill inserted into a running decode past position 24 (default --max-drawn-tokens 12 < 24: only a
    drawn carrier decode gets there).
 3. ``shrink``: one seed with shrinking (--shrink-budget), then the repro.toml replayed with
    `ple-harness stress --scenario repro.toml` through a fresh double (must fail) and straight

@@ -195,7 +195,7 @@ def compare(base: Manifest, head: Manifest, min_throughput_ratio: float | None =
     HEAD are the same folder (a warning; it passes when HEAD passed).
     """
     from .divergence import DEFAULT_NEAR_TIE_NATS
-    from .render import causes
+    from .causes import causes
     res = Comparison()
     if same_run:
         res.warnings.append("BASE and HEAD are the same run: the comparison only re-checks HEAD's "

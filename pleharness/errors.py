@@ -8,9 +8,25 @@ engine failed to start or died; 4 an internal harness error (a bug, traceback in
 """
 from __future__ import annotations
 
+from enum import IntEnum
 
-EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_ENGINE = 0, 1, 2, 3
-EXIT_INTERNAL = 4  # an unexpected harness error (a bug): short message, traceback in a log file
+
+class ExitCode(IntEnum):
+    """The process exit status of every ``ple-harness`` command (as pytest's ``ExitCode``)."""
+
+    OK = 0  #: every compared hash matched and no check failed (or the command did its job)
+    FAIL = 1  #: a parity or check failure, failed requests, a failed gate
+    USAGE = 2  #: bad input found before anything was started
+    ENGINE = 3  #: the engine failed to start or died
+    INTERNAL = 4  #: an unexpected harness error (a bug): short message, traceback in a log file
+    SIGINT = 130  #: interrupted by SIGINT (Ctrl-C)
+    SIGTERM = 143  #: interrupted by SIGTERM
+
+
+# the same codes under their older names (the job modules compare with them)
+EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_ENGINE = ExitCode.OK, ExitCode.FAIL, ExitCode.USAGE, \
+    ExitCode.ENGINE
+EXIT_INTERNAL = ExitCode.INTERNAL
 
 
 def write_crash_log(text: str, directory=None) -> str:
@@ -40,13 +56,13 @@ def write_crash_log(text: str, directory=None) -> str:
 class HarnessError(Exception):
     """Base class for errors the harness reports as one clear line."""
 
-    exit_code = 2
+    exit_code = ExitCode.USAGE
 
 
 class UsageError(HarnessError):
     """Bad input found before anything was started (exit 2)."""
 
-    exit_code = 2
+    exit_code = ExitCode.USAGE
 
 
 class EngineError(HarnessError):
@@ -57,7 +73,7 @@ class EngineError(HarnessError):
         log_path: path of engine.log, or None when attached to a URL.
     """
 
-    exit_code = 3
+    exit_code = ExitCode.ENGINE
 
     def __init__(self, message: str, root_cause: str | None = None, log_path: str | None = None):
         super().__init__(message)

@@ -4,7 +4,8 @@
 (or neither: the embedded model) launches one exactly as ``ple-harness stress`` would, reads its
 facts once it is ready, and stops it (always, also on errors and Ctrl-C). Sources and ranking:
 :mod:`pleharness.engine.facts`. Output: a table (fact, value, source, other sources), the conflicts
-as warnings, the facts that stayed unknown with what needs them, and optionally JSON.
+as warnings, the facts that stayed unknown with what needs them (drawn by
+:func:`pleharness.render.facts.render_facts`), and optionally JSON.
 """
 from __future__ import annotations
 
@@ -14,27 +15,11 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
-from .engine.facts import EngineFacts
 from .engine.launch import redact_env
 from .engine.session import EngineSession, resolve_target
 from .redact import redact_argv
-
-# which derived schedules need which fact (printed for facts that stayed unknown)
-NEEDED_BY = {
-    "block_size": "boundary n*B + q",
-    "max_num_batched_tokens": "boundary n*C + q, pairs",
-    "num_speculative_tokens": "q in every boundary length; c*q capture edges",
-    "max_num_seqs": "capture_edges c = max_num_seqs, +1; kv_pressure N limit",
-    "max_model_len": "boundary M edges; every prompt length bound",
-    "vocab_size": "random prompts; vocab_range check",
-    "cudagraph_capture_sizes": "capture_edges c = s, s + 1, S_max + 1",
-    "cudagraph_mode": "capture_edges",
-    "kv_cache_size_tokens": "kv_pressure",
-    "dtype": "dtype-derived near-tie threshold",
-}
-
+from .render.facts import render_facts
 
 @dataclass
 class FactsConfig:
@@ -85,26 +70,3 @@ def run_facts(cfg: FactsConfig, console: Console) -> int:
         cfg.json_path.write_text(json.dumps(out, indent=2, default=str) + "\n")
         console.print(f"facts written to {escape(str(cfg.json_path))}")
     return 0
-
-
-def render_facts(facts: EngineFacts, console: Console, title: str = "engine facts") -> None:
-    """Print the facts table (fact, value, source, other sources; conflicts marked), the sources
-    read, the warnings, and each unknown fact with the schedules that need it."""
-    t = Table(title=escape(title))
-    for col in ("fact", "value", "source", "other sources"):
-        t.add_column(col)
-    conflicted = {c["fact"] for c in facts.conflicts}
-    for name, d in facts.to_dict().items():
-        others = "; ".join(f"{o['value']!r} ({o['source']})" for o in d.get("observed", [])[1:])
-        val = "unknown" if d["value"] is None else repr(d["value"])
-        t.add_row(escape(name) + (" [red](conflict)[/red]" if name in conflicted else ""),
-                  escape(val), escape(d["source"]), escape(others))
-    console.print(t)
-    for n in facts.notes:
-        console.print(f"source: {escape(n)}")
-    for w in facts.warnings:
-        console.print(f"[yellow]warning:[/yellow] {escape(w)}")
-    for name, needs in NEEDED_BY.items():
-        if facts.get(name) is None:
-            console.print(f"[yellow]unknown:[/yellow] {name} (needed by {needs}): those "
-                          "schedules are skipped with this reason")

@@ -85,7 +85,7 @@ def rate_verdict(reproduced: int, runs: int, errors: int = 0, fresh: bool = True
 def _failing_lines(run_dir: Path) -> list[str]:
     """The causes of a replay run's failure (its report's 'Why' lines), at most 4."""
     from .manifest import load_manifest
-    from .render.text import causes
+    from .causes import causes
     try:
         return causes(load_manifest(run_dir))[:4]
     except (ValueError, OSError) as exc:
@@ -103,7 +103,8 @@ def replay_reproducer(path: Path, target: ReplayTarget, runs: int, out_dir: Path
     from .engine.session import Interrupted
     from .errors import HarnessError
     from .manifest import load_manifest
-    from .stress import StressConfig, run_stress
+    from .config import StressConfig
+    from .stress import run_stress
     if runs < 1:
         raise ValueError("runs must be >= 1")
     label = label or Path(path).stem

@@ -1,5 +1,5 @@
 """What scenarios hand to the run context and get back: a request to issue (:class:`RequestSpec`)
-and what it gave (:class:`Outcome`). Kept apart from :mod:`pleharness.runner` so that scenario
+and what it gave (:class:`Outcome`). Kept apart from :mod:`pleharness.run` so that scenario
 kinds import it at the top, without the run machinery."""
 from __future__ import annotations
 

@@ -78,7 +78,7 @@ def caught_by(m) -> list[str]:
 
 def judge(name: str, fault: SelftestFault | None, code: int, m) -> PassResult:
     """The outcome of one pass (see the module docstring)."""
-    from .render import causes
+    from .causes import causes
     res = PassResult(name=name, run_dir="", exit_code=code, verdict=m.verdict if m else None,
                      fired=len(set(fault.hits)) if fault is not None else 0,
                      caught_by=caught_by(m) if m else [], causes=causes(m)[:5] if m else [],
@@ -119,7 +119,7 @@ def headline(results: list[PassResult], alarms: int) -> str:
 def run_selftest(cfg, faults: list[str], console: Console, err: Console,
                  selftest_id: str | None = None) -> int:
     """Run the clean pass and one pass per fault class in ``faults`` (names of
-    :data:`BUILTIN`) against one engine, with ``cfg`` (a :class:`pleharness.stress.StressConfig`:
+    :data:`BUILTIN`) against one engine, with ``cfg`` (a :class:`pleharness.config.StressConfig`:
     the engine, scenarios and options of every pass). Writes ``selftest.json`` (the rows and the
     headline) in the selftest folder and prints a table. Returns the exit code (module
     docstring). Raises UsageError for an unknown fault class or bad options, before anything

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import signal
-import sys
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,119 +21,23 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from .engine.client import Timeouts
-from .engine.session import (Engine, EngineSession, Interrupted, Target, Variant, launch_record,
-                             resolve_target)
+from .causes import headline
+from .config import StressConfig
+from .engine.session import Engine, EngineSession, Interrupted, Target, Variant, launch_record
 from .environment import environment_info, harness_info
 from .errors import (EXIT_ENGINE, EXIT_FAIL, EXIT_INTERNAL, EXIT_OK, EngineError, HarnessError,
                      RequestTimeoutAbort, UsageError, write_crash_log)
 from .manifest import Manifest, now_iso, write_manifest
 from .redact import redact_argv, redact_url
-from .render import headline, render
+from .render import render
 from .run.context import RunContext, RunOptions
 from .run.rundir import new_run_dir
 from .scenarios import Scenario, load_scenario_file
-
-DEFAULT_SCENARIOS = ["transitions", "boundary", "pairs", "insert"]
-REFERENCE_MODES = ("solo", "engine", "manifest", "golden")
 
 
 def esc(x) -> str:
     """Text for rich's console: user-given paths and messages may contain [brackets]."""
     return escape(str(x))
-
-
-@dataclass
-class StressConfig:
-    """Resolved options of one ``ple-harness stress`` run (see ``ple-harness stress --help``).
-
-    :meth:`validate` checks the options that depend on each other; :func:`run_stress` calls it
-    before anything is read or started.
-    """
-
-    model: str | None = None
-    url: str | None = None
-    tp: int = 1
-    engine_python: str = field(default_factory=lambda: sys.executable)
-    engine_args: list[str] = field(default_factory=list)
-    engine_env: dict[str, str] = field(default_factory=dict)
-    served_model_name: str | None = None
-    scenarios: list[str] = field(default_factory=lambda: list(DEFAULT_SCENARIOS))
-    overrides: dict[str, Any] = field(default_factory=dict)
-    results_dir: Path = Path("results")
-    run_id: str | None = None
-    host: str = "127.0.0.1"
-    port: int | None = None
-    start_timeout_s: float = 900.0
-    api_key: str | None = None
-    explicit_facts: dict[str, Any] = field(default_factory=dict)
-    timeouts: Timeouts = field(default_factory=Timeouts)
-    invocation: list[str] = field(default_factory=list)
-    profile: str | None = None
-    on_timeout: str = "continue"
-    gpu_memory_tolerance_mib: float = 1024.0
-    reference: str = "solo"
-    reference_engine_args: list[str] = field(default_factory=list)  # appended to the engine's
-    reference_drop_args: list[str] = field(default_factory=list)  # flags removed from them
-    repeat: int = 1
-    logprobs: int = 2
-    near_tie_nats: float | None = None  # None: derived from the serving dtype (divergence.py)
-    golden: bool = True  # classify divergences with the golden model when one can be built
-    golden_model: str | None = None  # model folder for the golden model (default: the served one)
-    control_engine_args: list[str] = field(default_factory=list)  # appended to the engine's args
-    engine_probe: bool = True  # measure the engine first (pleharness.engine_probe)
-    control_drop_args: list[str] = field(default_factory=list)  # flags removed from them
-    control_profile: str | None = None  # or: the control's own engine profile (args and env)
-    strict: bool = False
-    reference_cache_state: str = "warm"
-    confirm_runs: int = 3  # replays of each reproducer the run writes (pleharness.reproduce)
-
-    @property
-    def reference_mode(self) -> str:
-        """solo | engine | manifest | golden (``--reference manifest:PATH`` gives manifest)."""
-        return self.reference.split(":", 1)[0]
-
-    @property
-    def control(self) -> bool:
-        """Whether a control run is asked for (any --control-* option)."""
-        return bool(self.control_engine_args or self.control_drop_args or self.control_profile)
-
-    def validate(self) -> None:
-        """Raise UsageError (naming the option) for a malformed value or a combination that
-        cannot run; nothing has been read or started yet."""
-        mode = self.reference_mode
-        for bad, msg in (
-            (self.on_timeout not in ("continue", "abort"),
-             f"--on-timeout {self.on_timeout!r}: expected continue or abort"),
-            (self.repeat < 1, "--suite-repeats must be >= 1"),
-            (self.confirm_runs < 0, f"--confirm-runs {self.confirm_runs}: expected 0 (skip) or "
-                                    "more replays"),
-            (self.reference_cache_state not in ("cold", "warm"),
-             f"--reference-cache-state {self.reference_cache_state!r}: expected cold or warm"),
-            (mode not in REFERENCE_MODES,
-             f"--reference {self.reference!r}: expected solo, engine, golden or manifest:PATH"),
-            (mode == "golden" and not self.golden,
-             "--reference golden needs the golden model (drop --no-golden)"),
-            (mode == "engine" and self.url is not None,
-             "--reference engine needs a launched engine (not --url)"),
-            (self.control and self.url is not None,
-             "--control-engine-arg / --control-drop-arg / --control-profile need a launched "
-             "engine (not --url): the harness launches the control"),
-            (self.golden_model is not None and not Path(self.golden_model).is_dir(),
-             f"--golden-model {self.golden_model}: not a model folder (checked before the "
-             "engine, so that a typo does not cost an engine start)"),
-        ):
-            if bad:
-                raise UsageError(msg)
-
-    def target(self, console: Console) -> Target:
-        """Resolve the engine target (:func:`pleharness.engine.session.resolve_target`); raises
-        UsageError when the model, the engine's Python or the URL is not usable."""
-        return resolve_target(url=self.url, model=self.model, python=self.engine_python,
-                              tp=self.tp, engine_args=self.engine_args,
-                              engine_env=self.engine_env, served_name=self.served_model_name,
-                              host=self.host, port=self.port, api_key=self.api_key,
-                              start_timeout_s=self.start_timeout_s, log=console.print)
 
 
 def load_scenarios(names: list, overrides: dict[str, Any]) -> list[Scenario]:

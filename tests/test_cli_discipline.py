@@ -157,14 +157,14 @@ def test_internal_error_exits_4_with_a_traceback_log(runs, monkeypatch, capsys):
 def test_internal_error_during_a_run_exits_4_and_leaves_a_manifest(tmp_path, monkeypatch):
     from rich.console import Console
 
-    from pleharness import stress
+    from pleharness import config, stress
     from pleharness.engine.client import Timeouts
 
     def boom(*a, **k):
         raise ZeroDivisionError("bug in a scenario")
     monkeypatch.setattr(stress, "_run_suite", boom)
     with FakeEngine() as eng:
-        cfg = stress.StressConfig(url=eng.url, scenarios=["transitions"],
+        cfg = config.StressConfig(url=eng.url, scenarios=["transitions"],
                                   overrides={"ladder": [1], "repeats": 1, "max_tokens": 4},
                                   explicit_facts={"vocab_size": 600}, results_dir=tmp_path,
                                   run_id="crash", timeouts=Timeouts())
@@ -416,7 +416,7 @@ def test_readme_commands_run_as_written():
 
 def test_causes_name_who_classified_a_divergence():
     from pleharness.manifest import RequestRecord
-    from pleharness.render.text import _failing_divergence
+    from pleharness.causes import _failing_divergence
     base = dict(id="r7", scenario="transitions", phase="r1-s2-C3", concurrency=3,
                 prompt_key="p0-len5", prompt_len=5, prompt_hash="h", max_tokens=32, match=False)
     d = {"position": 5, "class": "hard", "fails": True, "margin_nats": 1.737,

@@ -84,7 +84,8 @@ def test_register_refuses_an_incomplete_kind(documented):
 
 
 def test_the_documented_scenario_runs_in_a_stress_run(documented, tmp_path):
-    from pleharness.stress import StressConfig, run_stress
+    from pleharness.config import StressConfig
+    from pleharness.stress import run_stress
     toml = tmp_path / "flat.toml"
     toml.write_text(FILES["scenarios/flat.toml"])
     out = io.StringIO()

@@ -291,7 +291,8 @@ def test_underscore_spelling_drops_the_flag_as_vllm_reads_it():
 
 def test_reference_engine_inherits_the_engine_arguments():
     from pleharness.engine.session import Target
-    from pleharness.stress import StressConfig, _reference_config, second_engine_problems
+    from pleharness.config import StressConfig
+    from pleharness.stress import _reference_config, second_engine_problems
     t = Target(url=None, model_path="/m", served_name=None, python="py",
                engine_args=["--max-num-seqs", "8", "--speculative-config", "{}", "--dtype=float32"],
                engine_env={"A": "1"})

@@ -23,7 +23,7 @@ from pleharness.errors import UsageError
 from pleharness.faults import BUILTIN
 from pleharness.faults.builtin import CutShort, DropDelta, FlipUnderLoad, WrongFinish
 from pleharness.manifest import Manifest, PhaseRecord
-from pleharness.render import headline
+from pleharness.causes import headline
 from pleharness.selftest import headline as selftest_headline
 from pleharness.selftest import judge
 
@@ -109,7 +109,7 @@ def test_speculative_decoding_that_never_drafted_is_vacuous_and_fails_with_stric
     assert "VACUOUS (warnings): speculative decoding: 0 drafts" in headline(m)
     strict = run_manifest([_phase(0, 1, 0, 0, 0), _phase(1, 2, 0, 0, 0)], strict=True)
     assert strict.verdict == "fail"
-    from pleharness.render import causes
+    from pleharness.causes import causes
     assert any(c.startswith("vacuous (--strict): speculative decoding") for c in causes(strict))
     assert run_manifest([_phase(0, 1, 0, 0, 0)], k=0).summary["vacuous"] == []  # k = 0: off
 

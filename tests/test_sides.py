@@ -7,7 +7,7 @@ from pleharness.divergence import analyse, golden_side, majority_side, noise_flo
 from pleharness.manifest import Manifest, PhaseRecord, ReferenceRecord, RequestRecord
 from pleharness.parity import token_hash
 from pleharness.render import to_junit
-from pleharness.render.text import causes, headline
+from pleharness.causes import causes, headline
 from pleharness.run.context import RunContext, RunOptions
 from pleharness.run.judge import finish_phase, judge_sides
 

@@ -164,6 +164,18 @@ def _norm(name: str, value: Any) -> Any:
     return value
 
 
+def query_len(facts) -> int | None:
+    """q = 1 + k, the query length of one verify step (k = num_speculative_tokens; q = 1 without
+    speculative decoding); ``facts``: an :class:`EngineFacts` or a dict of fact values.
+
+    The one rule for an unknown k: q is unknown too (None), never guessed. A decision that
+    depends on speculative decoding being off (seeded samples) takes None as "not known off"; a
+    length derivation that must go on uses ``query_len(facts) or 1`` (the lengths without
+    speculative decoding, still valid lengths) and the scenario records that k is unknown."""
+    k = facts.get("num_speculative_tokens")
+    return None if k is None else 1 + int(k)
+
+
 @dataclass
 class EngineFacts:
     """Facts with all their observations. ``values[name]`` is the value used (None: unknown, or
@@ -215,8 +227,8 @@ class EngineFacts:
 
     @property
     def q(self) -> int:
-        """Query length of one verify step: 1 + num_speculative_tokens (1 without spec decoding)."""
-        return 1 + int(self.values.get("num_speculative_tokens") or 0)
+        """q as the length derivations use it: ``query_len(self) or 1`` (see :func:`query_len`)."""
+        return query_len(self) or 1
 
     def to_dict(self) -> dict[str, Any]:
         """{fact: {"value", "source"[, "observed": [{"value", "source"}...]][, "conflict": True]}}

@@ -7,7 +7,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..manifest import Manifest
-from .text import causes, headline, next_steps, verdict_line
+from ..causes import causes, headline
+from .text import next_steps, verdict_line
 
 
 def render(m: Manifest, console: Console, max_failures: int = 20,

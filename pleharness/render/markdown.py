@@ -7,7 +7,8 @@ import shlex
 
 from ..manifest import Manifest
 from ..summary import throughput_by_concurrency
-from .text import causes, headline, next_steps
+from ..causes import causes, headline
+from .text import next_steps
 
 
 def _side(d) -> str:

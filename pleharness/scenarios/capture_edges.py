@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import Field
 
+from ..engine.facts import query_len
 from ..prompts import seeded_prompts
 from ..request import RequestSpec
 from .base import Params, Scenario, ScenarioError, register
@@ -72,7 +73,7 @@ def concurrency_levels(facts: dict, max_concurrency: int = 1025, max_levels: int
     """(levels ascending, notes, skipped families). See the module docstring for the formulas.
 
     Skipped families are dicts with ``formula``, ``needs`` (fact names) and ``reason``."""
-    q = 1 + int(facts.get("num_speculative_tokens") or 0)
+    q = query_len(facts) or 1
     found: dict[int, Level] = {}
     notes: list[str] = []
     skipped: list[dict] = []

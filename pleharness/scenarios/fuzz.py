@@ -62,6 +62,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
+from ..engine.facts import query_len
 from ..prompts import Prompt, seeded_prompts
 from .base import Params, Scenario, ScenarioError, register
 from .shared.lengths import boundary_lengths
@@ -205,7 +206,7 @@ class Space:
 def concurrency_edges(facts: dict, cap: int) -> list[int]:
     """Ascending concurrency edges in [1, cap]: 1, 2, each capture size s and s + 1, the c around
     s / q (c * q crosses s with speculative decoding), max_num_seqs and cap."""
-    q = 1 + int(facts.get("num_speculative_tokens") or 0)
+    q = query_len(facts) or 1
     out = {1, 2, cap}
     mns = facts.get("max_num_seqs")
     if mns:
@@ -222,7 +223,7 @@ def build_space(facts: dict, p: FuzzParams, probe: dict | None = None) -> Space:
     """The schedule space for ``facts`` (engine facts dict) and ``probe`` (the manifest's
     ``engine_probe`` section, or None). Raises ScenarioError when max_model_len leaves no room
     for a prompt."""
-    q = 1 + int(facts.get("num_speculative_tokens") or 0)
+    q = query_len(facts) or 1
     m = facts.get("max_model_len")
     max_len = int(m) - p.max_tokens if m else 4096
     if max_len < 1:
@@ -260,8 +261,7 @@ def sampling_allowed(facts: dict, p: FuzzParams, probe: dict | None = None) -> t
     from ..engine_probe import seeded_samples_decision
     if not p.sampled:
         return False, ""
-    k = facts.get("num_speculative_tokens")
-    return seeded_samples_decision(probe, None if k is None else 1 + int(k))
+    return seeded_samples_decision(probe, query_len(facts))
 
 
 def schedules(space: Space):

@@ -18,6 +18,7 @@ from typing import Annotated
 
 from pydantic import Field
 
+from ..engine.facts import query_len
 from .base import register
 from .shared.chat import ChatParams, ChatScenario, boundary_spec, max_prompt_len
 
@@ -36,7 +37,7 @@ class PairsParams(ChatParams):
 def derive_pairs(facts: dict, max_len: int | None, extra: list[list[int]] | None = None
                  ) -> tuple[list[tuple[str, int, int]], list[str]]:
     """(label, L1, L2) pairs and notes on what was left out (see the module docstring)."""
-    q = 1 + int(facts.get("num_speculative_tokens") or 0)
+    q = query_len(facts) or 1
     unit = facts.get("max_num_batched_tokens") or facts.get("block_size")
     notes, out = [], []
     cand = []

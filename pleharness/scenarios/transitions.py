@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import Field, field_validator, model_validator
 
+from ..engine.facts import query_len
 from ..prompts import Prompt, seeded_prompts
 from ..request import RequestSpec
 from .base import Params, Scenario, ScenarioError, register
@@ -148,8 +149,7 @@ class Transitions(Scenario):
     @staticmethod
     def _q(facts) -> int | None:
         """q = 1 + speculative tokens (1 without speculative decoding), None when unknown."""
-        k = facts.get("num_speculative_tokens")
-        return None if k is None else 1 + int(k)
+        return query_len(facts)
 
     def sampled(self, q: int | None, probe: dict | None = None) -> bool:
         """Whether seeded sampled requests are sent (see the module docstring): as the engine

@@ -1,0 +1,131 @@
+"""Why a run did not pass, as text: the one-line :func:`headline` and the :func:`causes` (most
+telling first). Below both the renderers (:mod:`pleharness.render`) and the comparison of two
+runs (:mod:`pleharness.compare`), which quote them; data only (no drawing)."""
+from __future__ import annotations
+
+from collections import defaultdict
+
+from .manifest import Manifest, RequestRecord
+
+
+def headline(m: Manifest) -> str:
+    """E.g. '16/16 phases completed; 80/80 token hashes matched their single-request references',
+    followed by every other kind of failure the verdict counts (check failures, request errors,
+    divergences), so a FAIL never sits next to a line that reads like a pass."""
+    s = m.summary
+    lead = ""
+    for c in (s.get("corrupt_references") or [])[:3]:  # the corrupt request first
+        lead += f"corrupt reference: {c.get('evidence')}; "
+    line = lead + (f"{s.get('phases_completed', 0)}/{s.get('phases_planned', 0)} phases completed; "
+            f"{s.get('hashes_matched', 0)}/{s.get('hashes_compared', 0)} token hashes matched "
+            "their single-request references")
+    if s.get("corrupt_references"):
+        line += (f"; {len(s['corrupt_references'])} corrupt reference(s) (later runs judged "
+                 "against " + ", ".join(sorted({c['method'] == 'golden' and 'the golden '
+                                                'continuation' or 'the majority output'
+                                                for c in s['corrupt_references']})) + ")")
+    if s.get("near_ties"):
+        line += f"; {s['near_ties']} near-tie divergence(s) (warnings)"
+    if s.get("hard_divergences"):
+        line += f"; {s['hard_divergences']} hard divergence(s)"
+    if s.get("checks_failed"):
+        names = sorted({c.name for r in m.requests for c in r.failed_checks
+                        if c.name != "parity"})
+        line += f"; {s['checks_failed']} check failure(s)" + (f" ({', '.join(names)})"
+                                                             if names else "")
+    if s.get("request_errors"):
+        line += f"; {s['request_errors']} request error(s)"
+    if s.get("also_in_control") or s.get("only_under_test"):
+        line += (f"; control run: {s.get('also_in_control', 0)} divergence(s) also in the control "
+                 f"(engine numerics, warnings), {s.get('only_under_test', 0)} only under test")
+    if s.get("model_behaviour_notes"):
+        line += f"; {s['model_behaviour_notes']} model-behaviour note(s) (not failures)"
+    if s.get("vacuous"):
+        strict = " (--strict: failures)" if m.run_options.get("strict") else " (warnings)"
+        line += f"; VACUOUS{strict}: " + "; ".join(s["vacuous"])
+    return line
+
+
+def _where(r: RequestRecord) -> str:
+    """'request r1-C3-7 (phase r1-s1-C3, C3, prompt chat-len260, length 260: n*C + q = 1*256 + 4)'."""
+    why = f": {r.note}" if r.note else ""
+    return (f"request {r.id} (phase {r.phase}, C{r.concurrency}, prompt {r.prompt_key}, "
+            f"length {r.prompt_len}{why})")
+
+
+def _failing_divergence(r: RequestRecord) -> str | None:
+    d = r.divergence
+    if d:
+        if not d.fails:
+            return None
+        mg = d.margin_nats
+        margin = "no logprobs" if mg is None else f"reference top-1/top-2 margin {mg:.3f} nats"
+        if d.classified_by == "golden":
+            gap = d.golden_gap_nats
+            if gap is None or d.observed_in_golden_top is False:
+                g = "observed token not in its top candidates"
+            else:
+                g = f"gap {gap:.3f} nats" + (f" (threshold {d.threshold_nats:g})"
+                                             if d.threshold_nats is not None else "")
+            margin = f"golden model: {g}; {margin}"
+        side = ""
+        if d.corrupt_side == "load":
+            from .run.judge import side_sentence
+            side = side_sentence(d, r.prompt_key) + "; "
+        elif d.corrupt_side == "undecided" and d.side_evidence is not None:
+            side = f"undecided which side is wrong ({d.side_evidence.detail}); "
+        return (f"parity: {side}{_where(r)} differs from its reference at token position "
+                f"{d.position} ({d.cls}: {margin}; expected token "
+                f"{d.reference_token}, got {d.observed_token})")
+    if r.match is False and not r.error:
+        pos = "" if r.first_divergence is None else f" at token position {r.first_divergence}"
+        return f"parity: {_where(r)} differs from its reference{pos}"
+    return None
+
+
+def causes(m: Manifest, limit: int = 8) -> list[str]:
+    """Why the run did not pass, most telling first: how the run ended (engine death with its
+    reason and root cause), hard divergences (request, length and why that length, first divergent
+    position), request errors, failed checks grouped by check (count and the first request), and
+    failed phase checks. Empty for a clean, complete run. At most ``limit`` lines per kind."""
+    out: list[str] = []
+    if m.status not in ("complete", "running") or m.verdict == "error":
+        line = f"run {m.status}"
+        if m.reason:
+            line += f": {m.reason}"
+        out.append(line)
+        if m.root_cause:
+            out.append(f"root cause (engine log): {m.root_cause}")
+    for r in m.requests:  # a corrupt reference: the corrupt request first
+        for c in r.failed_checks:
+            if c.name == "corrupt_reference":
+                out.append(f"corrupt reference: {c.detail} ({_where(r)})")
+    divs = [x for x in (_failing_divergence(r) for r in m.requests) if x]
+    out += divs[:limit]
+    if len(divs) > limit:
+        out.append(f"... and {len(divs) - limit} more token mismatches")
+    errs = [r for r in m.requests if r.request_error]
+    for r in errs[:limit]:
+        out.append(f"request error: {_where(r)}: {r.error}: {r.error_detail or ''}".rstrip(": "))
+    if len(errs) > limit:
+        out.append(f"... and {len(errs) - limit} more request errors")
+    by_check: dict[str, list[tuple[RequestRecord, str]]] = defaultdict(list)
+    for r in m.requests:
+        for c in r.failed_checks:
+            if c.name not in ("parity", "corrupt_reference"):
+                by_check[c.name].append((r, c.detail))
+    for name, items in sorted(by_check.items(), key=lambda kv: -len(kv[1])):
+        r, detail = items[0]
+        more = f" ({len(items)} requests; first:" if len(items) > 1 else " (1 request:"
+        out.append(f"check {name} failed{more} {_where(r)}): {detail}")
+    for p in m.phases:
+        for c in p.checks:
+            if c.status == "fail":
+                out.append(f"phase check {c.name} failed after phase {p.name}: {c.detail}")
+    if m.run_options.get("strict"):
+        out += [f"vacuous (--strict): {v}" for v in m.summary.get("vacuous_run_level") or []]
+    if not out and m.verdict == "fail":
+        bad = [p for p in m.phases if p.status == "fail"]
+        out += [f"phase {p.name} failed: {p.reason}" for p in bad[:limit]] or [
+            "verdict fail (no cause recorded in the manifest)"]
+    return out

@@ -1,0 +1,157 @@
+"""Command-line interface (typer). Thin: each command module only parses its options (declared
+once, in groups: :mod:`.options`) and calls its job; the options are checked and resolved in
+:mod:`pleharness.config`.
+
+Exit codes (:class:`pleharness.errors.ExitCode`): 0 pass; 1 parity/check failure (or a failed
+gate); 2 usage error (nothing started); 3 engine failed to start or died; 4 internal harness error
+(a bug: one line on stderr, the traceback in a log file); 130 / 143 interrupted (SIGINT /
+SIGTERM). :func:`run` maps every exception that leaves a command to its code, in one place.
+
+Streams: machine-readable output (``report --format markdown/junit``, ``build-model``'s path) and
+the human reports (tables, verdicts) go to stdout; errors, warnings and notes go to stderr.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Annotated
+
+import typer
+import typer.core
+from rich.console import Console
+from rich.markup import escape
+
+from .. import __version__
+from ..config import raise_all
+from ..errors import ExitCode, HarnessError, write_crash_log
+
+# options whose empty value has its own, more specific usage error
+EMPTY_CHECKED_ELSEWHERE = {"--url", "--results-dir", "--run-id", "--ladder", "--plot", "--suite"}
+
+
+def empty_option_values(command, args: list[str]) -> list[str]:
+    """The options of ``command`` (a click command) given an empty or blank value in ``args``
+    (``--model ''``, ``--model=``): an unset variable in a CI job (``--model "$MODEL_DIR"``) must
+    not turn into a default (issue 25). Returns one problem line per option; flags that take no
+    value, and the options of :data:`EMPTY_CHECKED_ELSEWHERE`, are not looked at."""
+    takes_value = {}
+    for prm in command.params:
+        if getattr(prm, "param_type_name", "") == "option" and not prm.is_flag and not prm.count:
+            for name in prm.opts + prm.secondary_opts:
+                takes_value[name] = prm.opts[0] if prm.opts else name
+    out, i = [], 0
+    while i < len(args):
+        a = args[i]
+        if a == "--":
+            break
+        flag, value = (a.split("=", 1) + [None])[:2] if a.startswith("--") else (a, None)
+        if flag in takes_value:
+            if value is None:
+                value = args[i + 1] if i + 1 < len(args) else None
+                i += 1
+            main = takes_value[flag]
+            if value is not None and value.strip() == "" and main not in EMPTY_CHECKED_ELSEWHERE:
+                out.append(f"{main} {value!r}: an empty value (an unset variable in a CI job?): "
+                           "give a value or leave the option out")
+        i += 1
+    return list(dict.fromkeys(out))
+
+
+class Command(typer.core.TyperCommand):
+    """Every command refuses empty option values before anything else (:func:`empty_option_values`)."""
+
+    def parse_args(self, ctx, args):
+        problems = empty_option_values(self, list(args))
+        if problems:
+            raise_all(problems)
+        return super().parse_args(ctx, args)
+
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  context_settings={"help_option_names": ["-h", "--help"]},
+                  help="Validation and stress-test harness for patched vLLM engines: launches the "
+                       "engine, runs scenarios, compares every output's token IDs (SHA256) with a "
+                       "single-request reference, and writes a results manifest with a verdict. "
+                       "Exit codes: 0 pass, 1 parity/check/gate failure, 2 usage error, 3 engine "
+                       "failed or died, 4 internal error, 130/143 interrupted.")
+console = Console(width=None if sys.stdout.isatty() else 160, soft_wrap=True)
+err_console = Console(stderr=True, soft_wrap=True)
+
+
+def _version(value: bool):
+    if value:
+        print(f"ple-harness {__version__}")
+        raise typer.Exit(ExitCode.OK)
+
+
+@app.callback()
+def main(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                               help="Print the version and exit.")] = False):
+    """Validation and stress-test harness for patched vLLM engines."""
+
+
+def warn(text: str) -> None:
+    """A warning line on stderr."""
+    err_console.print(f"[yellow]warning:[/yellow] {escape(text)}")
+
+
+def _exit_now_if_requests_hang(code: int) -> None:
+    """After an interrupted run, request threads may still wait for an engine that never answers
+    (a request cut off before its response headers cannot be woken). Everything is recorded and
+    the engine is stopped by then, so exit without joining them (the interpreter would)."""
+    import threading
+    if any(t.name.startswith("ple-req") and t.is_alive() for t in threading.enumerate()):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+ENGINE_ARG_FLAGS = ("--engine-arg", "--reference-engine-arg", "--control-engine-arg", "--suspect")
+
+
+def _usage_hint(exc: Exception, argv: list[str]) -> str | None:
+    """A hint for click's "unexpected extra argument" after ``--engine-arg --flag VALUE``."""
+    if "unexpected extra argument" not in str(getattr(exc, "message", exc)).lower():
+        return None
+    for i, a in enumerate(argv[:-2]):
+        if a in ENGINE_ARG_FLAGS and argv[i + 1].startswith("-") and "=" not in argv[i + 1]:
+            return (f"hint: engine arguments take the = form: {a} {argv[i + 1]}={argv[i + 2]} "
+                    f"(or {a} {argv[i + 1]} {a} {argv[i + 2]})")
+    return None
+
+
+def run() -> None:
+    """Console entry point, the one exception -> :class:`ExitCode` mapper: a harness error is one
+    clear line on stderr with its code; click's usage errors exit 2 (with a hint for engine
+    arguments); Ctrl-C before a job owns it 130; an unexpected exception is an internal error
+    (exit 4) with its traceback in a log file."""
+    try:
+        rc = app(standalone_mode=False)
+        _exit_now_if_requests_hang(rc if isinstance(rc, int) else ExitCode.OK)
+        sys.exit(rc if isinstance(rc, int) else ExitCode.OK)
+    except HarnessError as exc:
+        err_console.print(f"[red]error:[/red] {escape(str(exc))}")
+        sys.exit(exc.exit_code)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except SystemExit:
+        raise
+    except Exception as exc:  # click's usage errors (typer may bundle its own copy of click)
+        if hasattr(exc, "show") and isinstance(getattr(exc, "exit_code", None), int):
+            exc.show()
+            hint = _usage_hint(exc, sys.argv[1:])
+            if hint:
+                err_console.print(escape(hint))
+            sys.exit(ExitCode.USAGE if exc.exit_code in (1, 2) else exc.exit_code)
+        if type(exc).__name__ == "Abort":
+            sys.exit(ExitCode.SIGINT)
+        import traceback
+        path = write_crash_log(traceback.format_exc())
+        err_console.print(f"[red]internal error:[/red] {escape(type(exc).__name__)}: "
+                          f"{escape(str(exc))[:300]} (a ple-harness bug; traceback in "
+                          f"{escape(path)})")
+        sys.exit(ExitCode.INTERNAL)
+
+
+# the commands, in the order `ple-harness --help` lists them (each module registers its own)
+from . import stress, fuzz, facts, report, compare, scenarios, probe, explain, build_model, selftest  # noqa: E402,F401,I001

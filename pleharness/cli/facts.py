@@ -1,0 +1,39 @@
+"""``ple-harness facts``: the engine and attach options of ``stress`` (the same groups, checked
+and resolved by :func:`pleharness.config.engine_fields`: a shipped profile name is found, a launch
+option with --url and an engine argument holding a space are refused), then
+:func:`pleharness.factsjob.run_facts`."""
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from .. import config
+from . import Command, app, console
+from .options import AttachOptions, EngineOptions, Pick, given, grouped, values
+
+
+@app.command(cls=Command)
+@grouped
+def facts(ctx: typer.Context,
+          attach: Annotated[AttachOptions, Pick(only=("url", "served_model_name"))],
+          engine: Annotated[EngineOptions, Pick(without=("host", "port"))],
+          results_dir: Annotated[Path, typer.Option(help="Where the launched engine's log folder "
+                                                    "(facts-<time>) is created.")] = Path("results"),
+          json_path: Annotated[Optional[Path], typer.Option("--json", help="Also write the facts "
+                                                            "as JSON to this path.")] = None):
+    """Print the engine facts (block size, chunk budget, speculative tokens, capture sizes, KV
+    capacity, dtype, ...) with their sources; launches and stops the engine unless --url."""
+    from ..factsjob import FactsConfig, run_facts
+    if json_path is not None:
+        config.check_json_path(json_path)
+    f = config.engine_fields(values(attach, engine, results_dir=results_dir), given(attach, engine))
+    cfg = FactsConfig(url=f["url"], model=f["model"], tp=f["tp"],
+                      engine_python=f["engine_python"], engine_args=f["engine_args"],
+                      engine_env=f["engine_env"], served_model_name=f["served_model_name"],
+                      host=f["host"], start_timeout_s=f["start_timeout_s"],
+                      log_dir=results_dir / f"facts-{datetime.now():%Y%m%d-%H%M%S}",
+                      json_path=json_path)
+    raise typer.Exit(run_facts(cfg, console))

@@ -1,0 +1,268 @@
+"""Option groups of the commands, each option declared ONCE with its flag, help, bounds and panel.
+
+A group is a dataclass whose fields are typer options (``Annotated[type, typer.Option(...)]``
+with a default). A command takes a group whole by naming it as a parameter's type, or part of it
+with :class:`Pick`::
+
+    @app.command(cls=Command)
+    @grouped
+    def fuzz(ctx: typer.Context, engine: Annotated[EngineOptions, Pick(without=("host",
+             "port"))], output: OutputOptions, ...): ...
+
+:func:`grouped` replaces each group parameter by the group's options, in field order (so
+``--help`` lists them where the group stands, in their panels), and calls the command with one
+group instance per parameter; ``group.given`` holds the names given on the command line. The
+values are checked in :mod:`pleharness.config`, never here.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import typing
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+# help panels of `stress --help` (and the commands that share its groups)
+P_ENGINE = "Engine (launched by the harness)"
+P_ATTACH = "Attach to a running engine (--url) and its facts"
+P_SCEN = "Scenarios"
+P_REF = "References and verdict"
+P_CTRL = "Control run (attribution: docs/attribution.md)"
+P_TIME = "Timeouts"
+P_OUT = "Output"
+FACT_HELP = "Attach only."
+
+
+class OnTimeout(str, Enum):
+    """``--on-timeout``: after a phase with timed-out requests, continue or abort the run."""
+
+    cont = "continue"
+    abort = "abort"
+
+
+class CacheState(str, Enum):
+    """``--reference-cache-state``: keep each reference prompt's warm (second) or cold run."""
+
+    warm = "warm"
+    cold = "cold"
+
+
+@dataclass(frozen=True)
+class Pick:
+    """Which fields of a group a command takes (``only`` or all ``without`` some) and the defaults
+    it gives them (``defaults``: name -> value). A left-out field keeps its group default."""
+
+    only: tuple[str, ...] = ()
+    without: tuple[str, ...] = ()
+    defaults: dict[str, Any] = field(default_factory=dict)
+
+    def names(self, group: type) -> list[str]:
+        """The picked field names of ``group``, in its order."""
+        all_ = [f.name for f in dataclasses.fields(group)]
+        bad = set(self.only) | set(self.without) | set(self.defaults)
+        if bad - set(all_):
+            raise TypeError(f"{group.__name__} has no option(s) {sorted(bad - set(all_))}")
+        return [n for n in all_ if (not self.only or n in self.only) and n not in self.without]
+
+
+def given_names(ctx: typer.Context, names) -> frozenset[str]:
+    """The ``names`` given on the command line or through the environment (not defaults)."""
+    def given(name: str) -> bool:
+        src = ctx.get_parameter_source(name)  # typer may bundle its own click: compare by name
+        return getattr(src, "name", None) in ("COMMANDLINE", "ENVIRONMENT")
+    return frozenset(n for n in names if given(n))
+
+
+def _group_of(annotation) -> tuple[type | None, Pick]:
+    if typing.get_origin(annotation) is Annotated:
+        base, *meta = typing.get_args(annotation)
+        picks = [m for m in meta if isinstance(m, Pick)]
+        if dataclasses.is_dataclass(base) and getattr(base, "option_group", False):
+            return base, (picks[0] if picks else Pick())
+    if dataclasses.is_dataclass(annotation) and getattr(annotation, "option_group", False):
+        return annotation, Pick()
+    return None, Pick()
+
+
+def grouped(fn):
+    """Decorator: expand the option-group parameters of command ``fn`` into their options (see
+    the module docstring); the wrapper passes ``fn`` one group instance per group parameter, its
+    ``given`` attribute set. Raises TypeError for a field picked that the group lacks, or an
+    option name used twice."""
+    sig = inspect.signature(fn, eval_str=True)
+    params: list[inspect.Parameter] = []
+    groups: dict[str, tuple[type, list[str], dict[str, Any]]] = {}
+    for p in sig.parameters.values():
+        group, pick = _group_of(p.annotation)
+        if group is None:
+            params.append(p.replace(kind=inspect.Parameter.KEYWORD_ONLY))
+            continue
+        hints = typing.get_type_hints(group, include_extras=True)
+        defaults = {f.name: f.default for f in dataclasses.fields(group)}
+        names = pick.names(group)
+        groups[p.name] = (group, names, pick.defaults)
+        params += [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, annotation=hints[n],
+                                     default=pick.defaults.get(n, defaults[n])) for n in names]
+    ctx_name = next((p.name for p in params if p.annotation is typer.Context), None)
+    if ctx_name is None:
+        raise TypeError(f"{fn.__name__}: a grouped command takes a typer.Context parameter")
+    seen = [p.name for p in params]
+    if len(seen) != len(set(seen)):
+        raise TypeError(f"{fn.__name__}: an option name used twice: "
+                        f"{sorted({n for n in seen if seen.count(n) > 1})}")
+
+    @functools.wraps(fn)
+    def command(**kw):
+        ctx = kw[ctx_name]  # typer's own click (it may bundle one): its context, passed in
+        for name, (group, names, defaults) in groups.items():
+            inst = group(**{**defaults, **{n: kw.pop(n) for n in names}})
+            inst.given = given_names(ctx, names)
+            kw[name] = inst
+        return fn(**kw)
+
+    command.__signature__ = sig.replace(parameters=params)
+    command.__annotations__ = {p.name: p.annotation for p in params}
+    return command
+
+
+def option_group(cls):
+    """Class decorator: a dataclass whose fields are options, usable as a command parameter's
+    type under :func:`grouped`."""
+    cls = dataclass(cls)
+    cls.option_group = True
+    cls.given = frozenset()
+    return cls
+
+
+def values(*groups, **own) -> dict[str, Any]:
+    """Every option value of ``groups`` and ``own`` (a command's own options) by Python name, as
+    :mod:`pleharness.config` takes them."""
+    out: dict[str, Any] = {}
+    for g in groups:
+        out.update({f.name: getattr(g, f.name) for f in dataclasses.fields(g)})
+    out.update(own)
+    return out
+
+
+def given(*groups, extra=frozenset()) -> frozenset[str]:
+    """The option names given on the command line across ``groups`` (plus ``extra``)."""
+    return frozenset().union(extra, *(g.given for g in groups))
+
+
+@option_group
+class EngineOptions:
+    """How the harness launches the engine under test."""
+
+    model: Annotated[Optional[str], typer.Option(rich_help_panel=P_ENGINE, help="Local model "
+        "path to serve. Default: the embedded tiny model (shipped with the package, "
+        "SHA256-verified).")] = None
+    engine_profile: Annotated[Optional[Path], typer.Option(rich_help_panel=P_ENGINE,
+        help="TOML engine profile, a path or a shipped name (cpu-ngram): model, python, tp, "
+             "engine_args, \\[env]; flags override it.")] = None
+    tp: Annotated[Optional[int], typer.Option("--tp", min=1, rich_help_panel=P_ENGINE,
+        help="Tensor-parallel size (--tensor-parallel-size of the launched engine).")] = None
+    engine_python: Annotated[Optional[str], typer.Option(rich_help_panel=P_ENGINE,
+        help="Python that has vLLM installed. Default: this Python.")] = None
+    engine_arg: Annotated[Optional[list[str]], typer.Option(rich_help_panel=P_ENGINE,
+        help="Extra argument for the engine server, repeatable; use the = form for values: "
+             "--engine-arg --max-num-seqs=8. Appended last, so it overrides defaults.")] = None
+    engine_env: Annotated[Optional[list[str]], typer.Option(rich_help_panel=P_ENGINE,
+        help="NAME=VALUE environment variable for the engine, repeatable.")] = None
+    host: Annotated[Optional[str], typer.Option(rich_help_panel=P_ENGINE,
+        help="Listen address of a launched engine (default 127.0.0.1).")] = None
+    port: Annotated[Optional[int], typer.Option(min=1, max=65535, rich_help_panel=P_ENGINE,
+        help="Listen port of a launched engine (default: a free port).")] = None
+    start_timeout: Annotated[float, typer.Option(min=1.0, rich_help_panel=P_ENGINE,
+        help="Seconds to wait for a launched engine to become ready.")] = 900.0
+
+
+def _fact(help_: str, min_: int = 1):
+    """The type of an attach-only integer fact option (``min_``: its lower bound)."""
+    return Annotated[Optional[int], typer.Option(min=min_, rich_help_panel=P_ATTACH,
+                                                 help=f"{help_} {FACT_HELP}")]
+
+
+@option_group
+class AttachOptions:
+    """Attaching to a running engine (--url), and the facts the harness cannot read from it."""
+
+    url: Annotated[Optional[str], typer.Option(rich_help_panel=P_ATTACH,
+        help="Attach to a running server at this base URL instead of launching one "
+             "(e.g. http://127.0.0.1:8000). The engine facts below set the boundary lengths of "
+             "an attached engine; with a launch they are an error (the engine's own arguments "
+             "set them: --engine-arg --block-size=32).")] = None
+    block_size: _fact("KV block size B.") = None
+    chunk_size: _fact("Chunked-prefill budget C (max_num_batched_tokens).") = None
+    num_speculative_tokens: _fact("Speculative tokens k (q = 1 + k).", min_=0) = None
+    max_num_seqs: _fact("max_num_seqs: most requests scheduled at once.") = None
+    max_model_len: _fact("max_model_len M.") = None
+    vocab_size: _fact("Vocabulary size V.") = None
+    dtype: Annotated[Optional[str], typer.Option(rich_help_panel=P_ATTACH,
+        help="Serving dtype (bfloat16, float16, float32): sets the default near-tie threshold. "
+             + FACT_HELP)] = None
+    served_model_name: Annotated[Optional[str], typer.Option(rich_help_panel=P_ATTACH,
+        help="Model name to request (default: as the server lists it).")] = None
+    api_key_env: Annotated[Optional[str], typer.Option(rich_help_panel=P_ATTACH,
+        help="Name of an environment variable holding an API key: sent as a Bearer token and "
+             "given to a launched engine (VLLM_API_KEY); never written anywhere.")] = None
+
+
+@option_group
+class GoldenProbeOptions:
+    """The golden model and the engine probe (what decides near ties and seeded samples)."""
+
+    golden: Annotated[bool, typer.Option(rich_help_panel=P_REF,
+        help="Classify each divergence with the golden model (transformers float32, started on "
+             "the first divergence) when the model is a local folder that fits in memory: "
+             "teacher-forced logprobs decide near tie vs hard.")] = True
+    engine_probe: Annotated[bool, typer.Option(rich_help_panel=P_REF,
+        envvar="PLE_HARNESS_ENGINE_PROBE", show_envvar=True,
+        help="Measure the engine first with a few solo requests (seeded samples reproduce alone, "
+             "greedy outputs repeat alone, warm run = cold run; manifest section engine_probe) "
+             "and choose the seeded sampled requests from what was measured; off: from the "
+             "configuration (only without speculative decoding).")] = True
+
+
+@option_group
+class VerdictOptions:
+    """How a divergence is judged."""
+
+    near_tie_nats: Annotated[Optional[float], typer.Option(min=0.0, max=100.0,
+        rich_help_panel=P_REF,
+        help="A divergence whose top-1/top-2 gap is below this (nats) is a near tie (warning), "
+             "else hard (failure). Default: from the serving dtype: bfloat16 0.5, float16 "
+             "0.0625, float32 0.01 (see pleharness/divergence.py).")] = None
+    strict: Annotated[bool, typer.Option(rich_help_panel=P_REF,
+        help="Any divergence fails, near ties too (for batch-invariant engines).")] = False
+
+
+@option_group
+class TimeoutOptions:
+    """Request timeouts and what a phase with timed-out requests does."""
+
+    connect_timeout: Annotated[float, typer.Option(min=0.1, max=86400, rich_help_panel=P_TIME,
+        help="Seconds to connect.")] = 10.0
+    first_token_timeout: Annotated[float, typer.Option(min=0.1, max=86400,
+        rich_help_panel=P_TIME, help="Seconds from sending a request to its first token.")] = 300.0
+    between_tokens_timeout: Annotated[float, typer.Option(min=0.1, max=86400,
+        rich_help_panel=P_TIME, help="Longest gap between two streamed tokens, seconds.")] = 120.0
+    request_timeout: Annotated[float, typer.Option(min=0.1, max=604800, rich_help_panel=P_TIME,
+        help="Longest whole request, seconds.")] = 1800.0
+    on_timeout: Annotated[OnTimeout, typer.Option(rich_help_panel=P_TIME,
+        help="After a phase with timed-out requests (recorded as 'timeout', the phase fails): "
+             "continue with the next phase, or abort the run (status incomplete).")] = OnTimeout.cont
+
+
+@option_group
+class OutputOptions:
+    """Where the run folder goes."""
+
+    results_dir: Annotated[str, typer.Option(rich_help_panel=P_OUT,
+        help="Where run folders are created.")] = "results"
+    run_id: Annotated[Optional[str], typer.Option(rich_help_panel=P_OUT,
+        help="Name of the run folder (must not exist). Default: timestamp + random suffix.")] = None

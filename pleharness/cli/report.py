@@ -1,0 +1,64 @@
+"""``ple-harness report``: re-render a run (:mod:`pleharness.render`)."""
+from __future__ import annotations
+
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.markup import escape
+
+from .. import config
+from ..errors import ExitCode
+from . import Command, app, console, err_console
+
+
+class ReportFormat(str, Enum):
+    """``report --format``: console tables, Markdown (summary.md) or JUnit XML."""
+
+    console = "console"
+    markdown = "markdown"
+    junit = "junit"
+
+
+@app.command(cls=Command)
+def report(
+    run: Annotated[Path, typer.Argument(help="Run folder or manifest.json.")],
+    format: Annotated[ReportFormat, typer.Option("--format", "-f",
+        help="console (verdict, causes, next steps, tables), markdown (summary.md) or junit "
+             "(JUnit XML), on stdout.")] = ReportFormat.console,
+    plot: Annotated[Optional[str], typer.Option(metavar="PNG",
+        help="Also write a PNG: decode tok/s and TTFT per phase, mismatches marked "
+             "(needs matplotlib).")] = None,
+    exit_zero: Annotated[bool, typer.Option("--exit-zero",
+        help="Exit 0 whenever the report was written, whatever the run's verdict.")] = False,
+):
+    """Re-render a finished or interrupted run (console summary, Markdown for a PR, JUnit XML).
+
+    The report goes to stdout, notes to stderr. Exit code: the run's own recorded exit code
+    (0 pass, 1 fail, 3 engine failed or died, 4 internal error, 130/143 interrupted; 1 for a run
+    that recorded none, e.g. killed), so a CI step that renders the report also gates like the run
+    did; with --exit-zero, 0. Exit 2: the run cannot be read, or bad options.
+    """
+    from ..compare import load
+    from ..render import render as render_console, to_junit, to_markdown
+
+    plot_path = config.check_plot_path(plot) if plot is not None else None
+    m = load(run)
+    if plot_path is not None:
+        from ..plot import plot_run
+        err_console.print(f"plot written to {escape(str(plot_run(m, plot_path)))}")
+    if format is ReportFormat.console:
+        render_console(m, console, run_dir=str(run.parent if run.suffix == ".json" else run))
+    elif format is ReportFormat.markdown:
+        sys.stdout.write(to_markdown(m))
+    else:
+        sys.stdout.write(to_junit(m))
+    sys.stdout.flush()
+    code = m.exit_code
+    if code is None:
+        code = ExitCode.FAIL
+        err_console.print(f"note: run {escape(m.run_id)} recorded no exit code (status "
+                          f"{m.status}: it was stopped before it could write one); exit 1")
+    raise typer.Exit(ExitCode.OK if exit_zero else code)
