@@ -27,7 +27,7 @@ from .divergence import (DEFAULT_NEAR_TIE_NATS, analyse, first_divergence, golde
                          is_half_precision, majority_side, margins, noise_floor, solo_gaps)
 from .parity import token_hash
 from .checks import DEFAULT_PHASE_CHECKS, PHASE_REGISTRY
-from .request import Outcome, RequestSpec
+from .request import Outcome, RequestSpec, params_key
 
 
 def new_run_dir(results_dir: Path, run_id: str | None = None) -> tuple[str, Path]:
@@ -159,6 +159,7 @@ class RunContext:
         self.check_registry = REGISTRY if check_registry is None else check_registry
         self._req_counter = 0
         self._prompt_builders: dict[tuple[str, int], Any] = {}
+        self._detok_cache: dict[tuple[int, ...], str] = {}
         self.golden_error: str | None = None  # why the golden classifier stopped being used
         self.scenario_name = ""  # set by in_scenario()
         self.phase_prefix = ""
@@ -212,6 +213,16 @@ class RunContext:
         if key not in self._prompt_builders:
             self._prompt_builders[key] = ChatPromptBuilder(self.client, filler, tail)
         return self._prompt_builders[key]
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        """The engine's text of token IDs ``ids`` (POST /detokenize; special tokens such as EOS
+        are kept, unlike in a completion's text), cached per ID list for the run: for checks
+        that judge a completion's text against its IDs (``stop_string``). Raises EngineError
+        when the engine cannot answer."""
+        key = tuple(int(i) for i in ids)
+        if key not in self._detok_cache:
+            self._detok_cache[key] = self.client.detokenize(list(key)) if key else ""
+        return self._detok_cache[key]
 
     def add_phase_check(self, ph: PhaseRecord, check: CheckResult,
                         reason: str | None = None) -> None:
@@ -320,7 +331,8 @@ class RunContext:
                 margins=margins(c.logprobs), source=self.reference_source,
                 top_ids=[sorted(t) for t in c.logprobs] if c.logprobs is not None else None,
                 cache_state=cache_state, request_id=o.record.id,
-                cold_output_hash=old.output_hash if old is not None else None)
+                cold_output_hash=old.output_hash if old is not None else None,
+                params=o.spec.params or None)
             if old is not None:
                 self.manifest.references = [r for r in self.manifest.references if r is not old]
             self.references[o.spec.ref_key] = ref
@@ -431,9 +443,11 @@ class RunContext:
 
     def _request_args(self, spec: RequestSpec) -> dict[str, Any]:
         lp = spec.logprobs if spec.logprobs is not None else self.logprobs
+        extra = {k: v for k, v in spec.params.items() if k not in ("stop", "ignore_eos")}
         return {"prompt_ids": list(spec.prompt.ids), "max_tokens": spec.max_tokens,
                 "logprobs": lp, "temperature": spec.temperature, "seed": spec.seed,
-                "stream": spec.stream}
+                "stream": spec.stream, "ignore_eos": spec.ignore_eos, "stop": spec.stop,
+                "keep_chunks": spec.keep_chunks, "extra": extra or None}
 
     def _issue(self, spec: RequestSpec, on_token: Callable[[int], None] | None = None
                ) -> Completion:  # the old name; scenarios call issue()
@@ -454,7 +468,7 @@ class RunContext:
             prompt_tokens=c.prompt_tokens, completion_tokens=c.completion_tokens,
             ttft_s=c.ttft_s, latency_s=c.latency_s, error=c.error, error_detail=c.error_detail,
             http_status=c.http_status, note=spec.note, temperature=spec.temperature,
-            seed=spec.seed, stream=spec.stream,
+            seed=spec.seed, stream=spec.stream, params=spec.params or None,
             error_expected=bool(spec.accept_4xx and c.error == "http" and c.http_status is not None
                                 and 400 <= c.http_status < 500))
         if spec.compare:
@@ -629,6 +643,9 @@ class RunContext:
         fails is recorded once (``golden_error``) and not asked again."""
         if self.golden is None or self.golden_error is not None:
             return None
+        from .checks.logprob_sanity import shapes_logits
+        if shapes_logits(spec):  # the golden model knows no penalties or logit bias
+            return None
         toks = [t for t in (reference[pos] if pos < len(reference) else None,
                             observed[pos] if pos < len(observed) else None) if t is not None]
         if len(toks) < 2:
@@ -768,7 +785,7 @@ def rejudge(rec: RequestRecord, new: ReferenceRecord, what: str) -> None:
 
 
 def _vote_key(r: RequestRecord) -> tuple:
-    return (r.prompt_hash, r.max_tokens, r.temperature, r.seed)
+    return (r.prompt_hash, r.max_tokens, r.temperature, r.seed, params_key(r.params))
 
 
 def judge_sides(main: Manifest, control: Manifest | None = None) -> dict[str, int]:
