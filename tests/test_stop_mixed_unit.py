@@ -68,6 +68,8 @@ def test_text_past_the_stop_or_inconsistent_usage_fail():
     r = stop_check(Ctx(), spec(stop=(" 4",)), comp([10, 11, 12, 13], " 1 2 3", finish="length"),
                    {})
     assert r.status == "fail" and "finish_reason 'length'" in r.detail
+    r = stop_check(Ctx(), spec(stop=(" 6",)), comp([10, 11], " 1 2"), {})  # stopped early
+    assert r.status == "fail" and "reaches no stop string and ignore_eos was on" in r.detail
 
 
 def test_streamed_text_may_lag_but_never_run_ahead_of_its_ids():

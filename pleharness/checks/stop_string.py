@@ -14,7 +14,8 @@ finish_reason is "stop". With ``D(ids)`` = the engine's /detokenize of the IDs (
 - ``ids after the stop``: ``D(ids[:-1])`` contains no stop string (an ID past the one that
   completed the stop is an ID the client should never have got: the public bug pattern of a stop
   inside a multi-token speculative step, text cut but IDs kept);
-- ``finish_reason``: "stop" when ``D(ids)`` reaches a stop string;
+- ``finish_reason``: "stop" when ``D(ids)`` reaches a stop string, and (with ``ignore_eos``)
+  only then;
 - ``logprobs`` (when asked) and ``usage.completion_tokens``: one per returned ID;
 - ``deltas`` (streamed, with ``RequestSpec.keep_chunks``): after every delta the text so far is a
   prefix of ``D(ids so far)`` (the engine may hold text back, e.g. a possible stop prefix, but
@@ -91,6 +92,9 @@ def check(ctx, spec, c, params) -> CheckResult:
         if hit is not None and c.finish_reason != "stop":
             problems.append(f"finish_reason {c.finish_reason!r} although the IDs' text reaches "
                             f"the stop string {hit[1]!r}")
+        elif hit is None and c.finish_reason == "stop" and getattr(spec, "ignore_eos", True):
+            problems.append("finish_reason 'stop' although the IDs' text reaches no stop string "
+                            "and ignore_eos was on")
         if c.token_logprobs is not None and len(c.token_logprobs) != len(ids):
             problems.append(f"logprobs: {len(c.token_logprobs)} positions for {len(ids)} IDs")
         if c.completion_tokens is not None and c.completion_tokens != len(ids):
