@@ -102,8 +102,17 @@ def parse_threshold(text: str) -> tuple[str, str, float]:
 MISMATCHES_SHOWN = 20  # parity lines printed; the rest are counted ("... and N more")
 
 
-def _outputs(m: Manifest) -> dict[tuple[str, int], dict]:
-    """Per (prompt hash, max_tokens): every output hash the run produced (``hashes``), the ones
+def _key(r) -> tuple:
+    """(prompt hash, max_tokens), plus the canonical JSON of the request's parameters beyond the
+    defaults when it had any (a stop string or a penalty gives another output of the same
+    prompt: :attr:`pleharness.request.RequestSpec.params`)."""
+    from .request import params_key
+    p = params_key(getattr(r, "params", None))
+    return (r.prompt_hash, r.max_tokens) if p is None else (r.prompt_hash, r.max_tokens, p)
+
+
+def _outputs(m: Manifest) -> dict[tuple, dict]:
+    """Per (prompt hash, max_tokens[, parameters]): every output hash the run produced (``hashes``), the ones
     that appear only as outputs its own run tolerated (``tolerated``: a near tie or
     ``also_in_control``, with that divergence), the token IDs known per hash (``ids``) and the
     run's references (``refs``). Warmup outputs are left out: the run does not judge them
@@ -113,7 +122,7 @@ def _outputs(m: Manifest) -> dict[tuple[str, int], dict]:
         lambda: {"hashes": set(), "strict": set(), "tolerated": {}, "ids": {}, "refs": [],
                  "prompt": None})
     for r in m.references:
-        e = out[(r.prompt_hash, r.max_tokens)]
+        e = out[_key(r)]
         e["hashes"].add(r.output_hash)
         e["strict"].add(r.output_hash)
         e["refs"].append(r)
@@ -123,7 +132,7 @@ def _outputs(m: Manifest) -> dict[tuple[str, int], dict]:
     for q in m.requests:
         if not q.output_hash or q.error or q.phase in warm or q.phase == "warmup":
             continue
-        e = out[(q.prompt_hash, q.max_tokens)]
+        e = out[_key(q)]
         e["hashes"].add(q.output_hash)
         if q.tolerated:
             e["tolerated"].setdefault(q.output_hash, q.divergence)
@@ -224,7 +233,8 @@ def compare(base: Manifest, head: Manifest, min_throughput_ratio: float | None =
             continue
         res.parity_compared += 1
         b, h = bo[key], ho[key]
-        name = f"{h['prompt'] or b['prompt']} (max_tokens {key[1]})"
+        name = f"{h['prompt'] or b['prompt']} (max_tokens {key[1]}" + \
+            (f", {key[2]})" if len(key) > 2 else ")")
         bc, hc = _core(b), _core(h)
         if bc == hc:
             extra = set(b["tolerated"]) | set(h["tolerated"])

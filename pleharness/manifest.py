@@ -171,6 +171,7 @@ class RequestRecord(BaseModel):
     temperature: float = 0.0  # sampling sent (0: greedy)
     seed: int | None = None  # per-request seed sent, if any
     stream: bool = True  # streamed (SSE) or one JSON response
+    params: dict[str, Any] | None = None  # request fields beyond the defaults (stop, penalties ...)
 
     @property
     def failed_checks(self) -> list[CheckResult]:
@@ -250,6 +251,7 @@ class ReferenceRecord(BaseModel):
     cold_output_hash: str | None = None  # for a warm reference: the first run's hash
     temperature: float = 0.0  # sampling of the reference request (0: greedy)
     seed: int | None = None  # per-request seed of a sampled reference
+    params: dict[str, Any] | None = None  # request fields beyond the defaults (RequestSpec.params)
     request_id: str | None = None  # the run (request record) this reference is the output of
     replaces: str | None = None  # this reference replaced a corrupt one: which run, and why
 

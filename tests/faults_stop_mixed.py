@@ -1,0 +1,93 @@
+"""Fault doubles of issue 26 items 2 and 3 (stop strings, mixed per-request parameters), for a
+:class:`doubles.FaultProxy` in front of the real CPU engine.
+
+- :class:`IdsAfterStop`: the first streamed request with a stop string that ``select(ctx)``
+  picks gets ``extra`` more token IDs (and logprob entries) appended to its last delta, the one
+  that finishes with "stop", and usage counting them; the text stays cut at the stop (the public
+  bug pattern: a stop inside a multi-token speculative step, text cut, IDs kept).
+- :class:`PenaltyOnNeighbour`: a request without penalties or stop strings that arrives while a
+  request with a penalty (repetition / frequency / presence) or a logit bias is in flight gets
+  its tokens from position ``start`` changed (``id - 1``, text to match: what a neighbour's
+  penalty applied to its row does); the same request with no penalised neighbour is untouched.
+"""
+from __future__ import annotations
+
+import threading
+
+from doubles import Fault
+
+PENALTIES = ("repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias")
+
+
+class IdsAfterStop(Fault):
+    """See the module docstring. ``hits``: (request number, IDs appended)."""
+
+    def __init__(self, select, extra: int = 2):
+        self.select = select
+        self.extra = extra
+        self.hits: list[tuple[int, int]] = []
+        self.picked: list[int] = []
+        self.lock = threading.Lock()
+
+    def chunk(self, ctx, chunk):
+        if not ctx.body.get("stop") or not ctx.streamed:
+            return chunk
+        if "selected" not in ctx.state:
+            with self.lock:
+                ctx.state["selected"] = not self.picked and bool(self.select(ctx))
+                if ctx.state["selected"]:
+                    self.picked.append(ctx.number)
+        if not ctx.state["selected"]:
+            return chunk
+        for ch in chunk.get("choices") or []:
+            ids = ch.get("token_ids")
+            if ch.get("finish_reason") == "stop" and ids:
+                ids.extend([ids[-1]] * self.extra)
+                lp = ch.get("logprobs") or {}
+                for key in ("token_logprobs", "top_logprobs", "tokens", "text_offset"):
+                    if isinstance(lp.get(key), list) and lp[key]:
+                        lp[key].extend([lp[key][-1]] * self.extra)
+                ctx.state["appended"] = True
+                self.hits.append((ctx.number, self.extra))
+        if ctx.state.get("appended") and chunk.get("usage"):
+            u = chunk["usage"]
+            u["completion_tokens"] += self.extra
+            u["total_tokens"] = (u.get("prompt_tokens") or 0) + u["completion_tokens"]
+        return chunk
+
+
+class PenaltyOnNeighbour(Fault):
+    """See the module docstring. Set ``proxy`` after creating the FaultProxy. ``hits``: the
+    numbers of the changed requests."""
+
+    def __init__(self, start: int = 2):
+        self.start = start
+        self.proxy = None
+        self.hits: list[int] = []
+        self.lock = threading.Lock()
+
+    def request(self, ctx, body):
+        if any(k in body for k in PENALTIES) or body.get("stop"):
+            return body
+        with self.proxy.lock:
+            penalised = [o for o in self.proxy.active if o is not ctx
+                         and any(k in o.body for k in PENALTIES)]
+        if penalised:
+            ctx.state["selected"] = True
+            with self.lock:
+                self.hits.append(ctx.number)
+        return body
+
+    def chunk(self, ctx, chunk):
+        if not ctx.state.get("selected"):
+            return chunk
+        for ch in chunk.get("choices") or []:
+            ids = ch.get("token_ids") or []
+            changed = False
+            for i in range(len(ids)):
+                if ctx.tokens_so_far + i >= self.start:
+                    ids[i] = ids[i] - 1 if ids[i] > 16 else ids[i] + 1
+                    changed = True
+            if changed:
+                ch["text"] = "".join(f" t{t}" for t in ids)
+        return chunk

@@ -1,0 +1,87 @@
+"""Issue 26 items 2 and 3 against the real CPU engine (session engine: embedded model,
+profiles/cpu-ngram.toml, ngram k = 3): scenario kinds ``stop_strings`` and ``mixed_params`` pass
+on the clean engine, and fail naming the request and the rule when a double plants the fault
+(tests/faults_stop_mixed.py)."""
+import pytest
+
+from conftest import load_json, run_cli
+from doubles import FaultProxy
+from faults_stop_mixed import IdsAfterStop, PenaltyOnNeighbour
+
+pytestmark = pytest.mark.engine
+
+FACTS = ["--block-size", "32", "--chunk-size", "256", "--num-speculative-tokens", "3"]
+
+
+def stress(url, tmp_path, run_id, *scenarios):
+    args = [a for s in scenarios for a in ("--scenario", s)]
+    r = run_cli("stress", "--url", url, "--results-dir", str(tmp_path), "--run-id", run_id,
+                "--no-engine-probe", *FACTS, *args)
+    return r, r.stdout + r.stderr, load_json(tmp_path / run_id / "manifest.json")
+
+
+def failed(q, name=None):
+    return [c for c in q["checks"] if c["status"] == "fail" and (name is None or c["name"] == name)]
+
+
+def test_clean_engine_passes_stop_strings_and_mixed_params(cpu_engine, tmp_path):
+    r, out, m = stress(cpu_engine.url, tmp_path, "clean", "stop_strings", "mixed_params")
+    assert r.returncode == 0, out[-3000:]
+    assert m["verdict"] == "pass"
+    stops = m["tables"]["stop_strings"]
+    assert len(stops) >= 2
+    want = {(s["prompt_key"], s["stop"]): s["expected_ids"] for s in stops}
+    judged = [q for q in m["requests"] if (q.get("params") or {}).get("stop")]
+    # each stop request: its two references, streamed and non-streamed under load
+    assert len(judged) == 4 * len(stops)
+    for q in judged:
+        (stop,) = q["params"]["stop"]
+        assert q["output_len"] == want[(q["prompt_key"], stop)], q
+        assert q["finish_reason"] == "stop"
+        assert [c["status"] for c in q["checks"] if c["name"] == "stop_string"] == ["pass"]
+    assert {q["stream"] for q in judged if q["phase"].endswith("stop-c8")} == {True, False}
+    rows = {row["variant"]: row for row in m["tables"]["mixed_params"]}
+    # on a speculative engine: logit_bias is refused by vLLM, the sampled neighbour left out
+    assert rows["logit-bias"]["left_out"] and rows["sampled"]["left_out"]
+    assert all(rows[v]["compared"] for v in ("repetition", "frequency", "presence", "eos"))
+    mixed = [q for q in m["requests"] if q["phase"].endswith("mixed-c8")]
+    assert {tuple(sorted((q.get("params") or {}))) for q in mixed} >= {
+        (), ("repetition_penalty",), ("frequency_penalty",), ("presence_penalty",),
+        ("ignore_eos",)}
+    assert all(q["match"] for q in mixed)
+
+
+def test_ids_after_a_stop_string_fail_the_request(cpu_engine, tmp_path):
+    # the first streamed stop request under load (its references ran before, untouched)
+    fault = IdsAfterStop(lambda ctx: ctx.body.get("stream") and ctx.in_flight >= 2)
+    with FaultProxy(cpu_engine.url, fault) as proxy:
+        r, out, m = stress(proxy.url, tmp_path, "after-stop", "stop_strings")
+    assert len(fault.hits) == 1, fault.hits
+    assert r.returncode == 1, out[-3000:]
+    assert m["verdict"] == "fail"
+    bad = [q for q in m["requests"] if failed(q)]
+    assert len(bad) == 1, [(q["id"], failed(q)) for q in bad]
+    (q,) = bad
+    assert q["phase"].endswith("stop-c8") and q["params"]["stop"]
+    (rule,) = failed(q, "stop_string")
+    assert "ids after the stop: 2 ID(s)" in rule["detail"]
+    assert "expect_len" in rule["detail"]
+    assert q["match"] is False  # and its IDs differ from the same request alone
+
+
+def test_penalty_applied_to_a_neighbour_fails_the_default_requests(cpu_engine, tmp_path):
+    fault = PenaltyOnNeighbour(start=2)
+    with FaultProxy(cpu_engine.url, fault) as proxy:
+        fault.proxy = proxy
+        r, out, m = stress(proxy.url, tmp_path, "neighbour", "mixed_params")
+    assert fault.hits
+    assert r.returncode == 1, out[-3000:]
+    assert m["verdict"] == "fail"
+    bad = [q for q in m["requests"] if failed(q)]
+    assert bad
+    for q in bad:  # only default-params requests in flight with penalised ones
+        assert q["phase"].endswith("mixed-c8") and not q.get("params"), q
+        assert q["match"] is False and failed(q, "parity")
+        assert q["first_divergence"] == 2
+    before_after = [q for q in m["requests"] if q["phase"].endswith(("before-c8", "after-c8"))]
+    assert before_after and all(q["match"] for q in before_after)

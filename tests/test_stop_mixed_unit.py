@@ -1,0 +1,102 @@
+"""Unit tests (no engine) of issue 26 items 2 and 3: the reference key of per-request
+parameters, the stop_string check's rules on hand-made completions, and the stop scenario's
+choice of cut positions."""
+from types import SimpleNamespace
+
+from pleharness.checks.stop_string import check as stop_check
+from pleharness.engine.client import Completion
+from pleharness.prompts import Prompt
+from pleharness.request import RequestSpec
+from pleharness.scenarios.stop_strings import pick_positions, steps_of
+
+WORDS = {1: "</s>", 10: " 1", 11: " 2", 12: " 3", 13: " 4", 14: " 5", 15: " 6", 16: " 16"}
+
+
+class Ctx:
+    facts = {"eos_token_id": 1}
+
+    def detokenize(self, ids):
+        return "".join(WORDS[i] for i in ids)
+
+
+P = Prompt("p", (5, 6, 7))
+
+
+def spec(**kw):
+    return RequestSpec(P, 8, **kw)
+
+
+def comp(ids, text, chunks=None, finish="stop", streamed=True):
+    return Completion(token_ids=ids, text=text, finish_reason=finish, prompt_tokens=3,
+                      completion_tokens=len(ids), chunks=chunks, streamed=streamed)
+
+
+def test_parameters_are_part_of_the_reference_key():
+    plain = spec()
+    assert plain.params == {} and plain.ref_key == (P.hash, 8)
+    stop = spec(stop=(" 4",))
+    assert stop.params == {"stop": [" 4"]} and stop.ref_key != plain.ref_key
+    assert spec(stop=(" 4",), stream=False).ref_key == stop.ref_key  # streamed == non-streamed
+    pen = spec(repetition_penalty=1.5)
+    assert pen.ref_key not in (plain.ref_key, stop.ref_key)
+    assert spec(logit_bias=((17, -100.0),)).params == {"logit_bias": {"17": -100.0}}
+    assert spec(ignore_eos=False).params == {"ignore_eos": False}
+
+
+def test_stop_string_passes_the_engines_contract():
+    ids = [10, 11, 12, 13]  # " 1 2 3 4": the stop " 4" completed by the last ID
+    c = comp(ids, " 1 2 3", chunks=[([10], ""), ([11, 12, 13], " 1 2 3")])
+    r = stop_check(Ctx(), spec(stop=(" 4",)), c, {"expect_len": 4})
+    assert r.status == "pass", r.detail
+
+
+def test_ids_after_the_stop_fail():
+    ids = [10, 11, 12, 13, 14, 15]  # the rest of the step kept after the stop " 4"
+    r = stop_check(Ctx(), spec(stop=(" 4",)), comp(ids, " 1 2 3"), {"expect_len": 4})
+    assert r.status == "fail"
+    assert "ids after the stop: 2 ID(s) after the one that completed ' 4' (position 3)" in r.detail
+    assert "expect_len: 6 IDs, expected 4" in r.detail
+
+
+def test_text_past_the_stop_or_inconsistent_usage_fail():
+    r = stop_check(Ctx(), spec(stop=(" 4",)), comp([10, 11, 12, 13], " 1 2 3 4"), {})
+    assert r.status == "fail" and "text: contains the stop string ' 4'" in r.detail
+    c = comp([10, 11, 12, 13], " 1 2 3")
+    c.completion_tokens = 6
+    r = stop_check(Ctx(), spec(stop=(" 4",)), c, {})
+    assert r.status == "fail" and "usage: completion_tokens 6 for 4 IDs" in r.detail
+    r = stop_check(Ctx(), spec(stop=(" 4",)), comp([10, 11, 12, 13], " 1 2 3", finish="length"),
+                   {})
+    assert r.status == "fail" and "finish_reason 'length'" in r.detail
+    r = stop_check(Ctx(), spec(stop=(" 6",)), comp([10, 11], " 1 2"), {})  # stopped early
+    assert r.status == "fail" and "reaches no stop string and ignore_eos was on" in r.detail
+
+
+def test_streamed_text_may_lag_but_never_run_ahead_of_its_ids():
+    lag = [([10], ""), ([11], " 1"), ([12, 13], " 2 3")]
+    assert stop_check(Ctx(), spec(stop=(" 4",)), comp([10, 11, 12, 13], " 1 2 3", lag),
+                      {}).status == "pass"
+    ahead = [([10], " 1 2"), ([11, 12, 13], " 3")]
+    r = stop_check(Ctx(), spec(stop=(" 4",)), comp([10, 11, 12, 13], " 1 2 3", ahead), {})
+    assert r.status == "fail" and "deltas: after delta 0 (1 IDs)" in r.detail
+
+
+def test_eos_ids_are_left_out_of_the_text_and_a_failed_request_is_skipped():
+    r = stop_check(Ctx(), spec(stop=(" 3",)), comp([1, 10, 11, 12], " 1 2"), {})
+    assert r.status == "pass", r.detail
+    c = comp([], "")
+    c.error = "http"
+    assert stop_check(Ctx(), spec(stop=(" 3",)), c, {}).status == "skip"
+    assert stop_check(Ctx(), spec(), comp([10], " 1"), {}).status == "skip"
+
+
+def test_cut_positions_inside_and_at_the_end_of_a_step():
+    steps = steps_of([([1], ""), ([2], ""), ([3, 4, 5, 6], ""), ([7, 8, 9, 10], ""),
+                      ([11], ""), ([12], "")])
+    assert [s[0] for s in steps] == [1, 1, 4, 4, 4, 4, 4, 4, 4, 4, 1, 1]
+    inside, end = pick_positions(steps, 1, 11, q=4)
+    assert steps[inside][0] == 4 and steps[inside][1] < 3  # not the step's last token
+    assert steps[end][1] == steps[end][0] - 1 and abs(end - inside) >= 3
+    merged = steps_of([([1], ""), (list(range(2, 12)), "")])  # 10 IDs: several steps merged
+    assert all(steps_ok == (1, 0) or steps_ok[0] == 10 for steps_ok in merged)
+    assert pick_positions(merged, 1, 8, q=4) == [3, 5]  # no claim of "inside": 1/3 and 2/3
