@@ -58,8 +58,12 @@ def disrupt_mid_run(tmp_path: Path, run_id: str, disrupt) -> tuple[subprocess.Po
         disrupt(proc, pid)
         out, _ = proc.communicate(timeout=120)
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        if proc.poll() is None:  # a failed wait: SIGTERM, so that the session stops the engine
+            proc.terminate()
+            try:
+                proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
     return proc, out, run_dir, pid
 
 
