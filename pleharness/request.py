@@ -22,6 +22,10 @@ class RequestSpec:
     reproduce its seed's sample, so the sampling is part of the reference key.
     ``stream``: streamed (SSE) or one JSON response; not part of the reference key (both
     deliveries must give the same IDs).
+    ``abandon_after_tokens``: the client disconnects after this many output tokens (0: before
+    the first token); recorded as error ``abandoned``, which is not a request failure (see
+    :meth:`pleharness.engine.client.EngineClient.acomplete`). Streamed requests only; never
+    part of a reference (a reference run reads to the end).
     """
 
     prompt: Prompt
@@ -35,6 +39,7 @@ class RequestSpec:
     temperature: float = 0.0
     seed: int | None = None
     stream: bool = True
+    abandon_after_tokens: int | None = None
 
     @property
     def ref_key(self) -> tuple:

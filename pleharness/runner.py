@@ -222,6 +222,49 @@ class RunContext:
             ph.status = "fail"
             ph.reason = (ph.reason + "; " if ph.reason else "") + (reason or check.detail)
 
+    # -- engine endpoints for scenarios (issue 26: disconnects, prefix-cache isolation) -----------
+    def last_phase(self) -> PhaseRecord:
+        """The record of the phase the last :meth:`run_phase` (or :meth:`take_references`) call
+        wrote: for :meth:`add_phase_check` and its ``engaged`` counters (e.g.
+        ``engaged["prefix_cache"]["hit_tokens"]``). Raises LookupError before any phase."""
+        if not self.manifest.phases:
+            raise LookupError("no phase recorded yet")
+        return self.manifest.phases[-1]
+
+    def engine_metrics_text(self) -> str | None:
+        """The engine's Prometheus ``/metrics`` text (parse it with
+        :mod:`pleharness.engine.metrics`), or None when the engine does not serve it."""
+        return self.client.metrics_text()
+
+    def reset_prefix_cache(self, attempts: int = 20, wait_s: float = 0.5) -> str | None:
+        """``POST /reset_prefix_cache``: empty the engine's prefix cache, so that the next
+        requests run on a fresh cache. vLLM serves it only with ``VLLM_SERVER_DEV_MODE=1`` (set
+        on the engines the harness launches on a loopback address) and answers ``{"success":
+        false}`` while blocks are still held (e.g. by a request being aborted): then it is asked
+        again, up to ``attempts`` times ``wait_s`` seconds apart. Returns None once the engine
+        reset its cache, else why not (e.g. ``"/reset_prefix_cache answered 404: ..."``); never
+        raises."""
+        import requests
+        why = "not tried"
+        for i in range(max(1, attempts)):
+            try:
+                r = self.client.session.post(self.client.base_url + "/reset_prefix_cache",
+                                             timeout=30)
+            except requests.RequestException as exc:
+                return f"/reset_prefix_cache failed: {exc.__class__.__name__}: {exc}"[:300]
+            if r.status_code != 200:
+                return f"/reset_prefix_cache answered {r.status_code}: {r.text[:160]}"
+            try:
+                ok = r.json().get("success", True) is not False
+            except (ValueError, AttributeError):
+                ok = True  # an older vLLM answers 200 with no body
+            if ok:
+                return None
+            why = (f"/reset_prefix_cache answered success=false {i + 1} times (blocks still "
+                   "held)")
+            time.sleep(wait_s)
+        return why
+
     # -- manifest ---------------------------------------------------------------------------------
     def save(self) -> None:
         """Write the manifest atomically (:func:`pleharness.manifest.write_manifest`)."""
@@ -264,7 +307,7 @@ class RunContext:
             if s.ref_key not in self.references and s.ref_key not in seen:
                 seen.add(s.ref_key)
                 # a copy keeps the sampling (temperature, seed); references always stream
-                todo.append(replace(s, compare=False, stream=True))
+                todo.append(replace(s, compare=False, stream=True, abandon_after_tokens=None))
         if not todo:
             return None
         if self.reference_mode == "golden" and not self.collect_only:
@@ -433,7 +476,7 @@ class RunContext:
         lp = spec.logprobs if spec.logprobs is not None else self.logprobs
         return {"prompt_ids": list(spec.prompt.ids), "max_tokens": spec.max_tokens,
                 "logprobs": lp, "temperature": spec.temperature, "seed": spec.seed,
-                "stream": spec.stream}
+                "stream": spec.stream, "abandon_after_tokens": spec.abandon_after_tokens}
 
     def _issue(self, spec: RequestSpec, on_token: Callable[[int], None] | None = None
                ) -> Completion:  # the old name; scenarios call issue()
@@ -456,7 +499,9 @@ class RunContext:
             http_status=c.http_status, note=spec.note, temperature=spec.temperature,
             seed=spec.seed, stream=spec.stream,
             error_expected=bool(spec.accept_4xx and c.error == "http" and c.http_status is not None
-                                and 400 <= c.http_status < 500))
+                                and 400 <= c.http_status < 500)
+                                or (c.error == "abandoned" and spec.abandon_after_tokens
+                                    is not None))
         if spec.compare:
             ref = self.references.get(spec.ref_key)
             if ref is None:
