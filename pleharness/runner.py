@@ -231,6 +231,11 @@ class RunContext:
             raise LookupError("no phase recorded yet")
         return self.manifest.phases[-1]
 
+    def reference(self, spec: RequestSpec) -> ReferenceRecord | None:
+        """The single-request reference ``spec`` is compared with (its ``output_ids``, per-position
+        top-1/top-2 ``margins``, ``cache_state``, ...), or None when there is none yet."""
+        return self.references.get(spec.ref_key)
+
     def engine_metrics_text(self) -> str | None:
         """The engine's Prometheus ``/metrics`` text (parse it with
         :mod:`pleharness.engine.metrics`), or None when the engine does not serve it."""

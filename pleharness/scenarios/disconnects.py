@@ -6,7 +6,7 @@ token, beside neighbours in flight, then the requests that reuse what the aborte
 2. The prefix cache is reset (``POST /reset_prefix_cache``; launched engines run with
    ``VLLM_SERVER_DEV_MODE=1``), so the abandoned runs are the ones that insert their prompts'
    blocks into the cache. Attached to an engine without it, the reset is skipped and said so
-   (phase check ``fresh_cache``, a note): the abandoned prompts' blocks were then cached by their
+   (phase check ``fresh_cache`` skipped, with the reason): the abandoned prompts' blocks were then cached by their
    reference runs, and the follow-ups test the reuse of freed KV blocks, not of entries that an
    abandoned run inserted.
 3. Phase ``disconnect`` (every request at once): ``neighbours`` prompts read to the end, one prompt
@@ -165,7 +165,7 @@ class Disconnects(Scenario):
 
         why_not = ctx.reset_prefix_cache()
         fresh = CheckResult(
-            name="fresh_cache", status="pass" if why_not is None else "note",
+            name="fresh_cache", status="pass" if why_not is None else "skip",
             detail="prefix cache reset before the disconnects: the follow-ups reuse the entries "
                    "the abandoned runs inserted" if why_not is None else
                    f"prefix cache not reset ({why_not}; attached without "
