@@ -61,7 +61,7 @@ def test_clean_engine_passes_disconnects_and_isolation(cpu_engine, tmp_path):
     assert (mid_rec["error"], dc["status"]) in (("abandoned", "pass"), (None, "warn"))
     assert all(x["result"] == "= reference" for x in rows if x["role"] == "neighbour")
     after = [x for x in rows if x["phase"] == "after-disconnect"]
-    assert len(after) == 5 and all(x["result"] == "= reference" for x in after)
+    assert len(after) == 4 and all(x["result"] == "= reference" for x in after)
     resent = [q for q in records(m, "after-disconnect")
               if any(c["name"] == "abandoned_prefix" for c in q["checks"])]
     assert resent and all(c["status"] == "pass" for q in resent for c in q["checks"]
@@ -117,7 +117,7 @@ def test_corrupted_continuation_after_disconnect_is_caught(cpu_engine, tmp_path)
     assert fault.gone and fault.hits, "the double saw no disconnect"
     assert r.returncode == 1 and m["verdict"] == "fail", out[-3000:]
     follow = records(m, "after-disconnect")
-    assert len(fault.hits) == len(follow) == 5
+    assert len(fault.hits) == len(follow) == 4
     bad = [q for q in m["requests"] if is_problem(q)]
     assert {q["id"] for q in bad} == {q["id"] for q in follow}
     for q in follow:  # rule: parity with the single-request reference (a hard divergence)

