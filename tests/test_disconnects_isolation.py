@@ -164,3 +164,14 @@ def test_metrics_gauge_and_label_helpers():
     assert metrics.by_label(text, metrics.REQUEST_SUCCESS, "finished_reason") == \
         {"length": 3.0, "abort": 1.0}
     assert metrics.by_label("not prometheus {", metrics.REQUEST_SUCCESS, "x") == {}
+
+
+def test_abandon_is_for_streams_only():
+    from pleharness.engine.client import EngineClient
+    c = EngineClient("http://127.0.0.1:9", "m")  # nothing listens: refused before any request
+    try:
+        for kw in ({"stream": False, "abandon_after_tokens": 1}, {"abandon_after_tokens": -1}):
+            with pytest.raises(ValueError, match="abandon_after_tokens"):
+                c.complete([1, 2], 4, **kw)
+    finally:
+        c.close()
