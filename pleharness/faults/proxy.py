@@ -407,7 +407,7 @@ class FaultProxy:
                 proxy.sweep()
                 n = int(self.headers.get("content-length") or 0)
                 raw = self.rfile.read(n)
-                if self.path.split("?", 1)[0] in proxy.fault.refused:
+                if self.path.split("?", 1)[0] in getattr(proxy.fault, "refused", ()):
                     self._send(404, b'{"detail":"Not Found"}', "application/json")
                     return
                 if self.path != "/v1/completions":
