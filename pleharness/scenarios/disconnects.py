@@ -54,7 +54,7 @@ KV_USAGE = "vllm:kv_cache_usage_perc"  # gauge: fraction of KV blocks in use (0.
 class DisconnectsParams(Params):
     """Parameters of ``disconnects`` (lengths in tokens): ``prompt_len`` of the neighbours and of
     the prompt abandoned mid-decode; ``long_prompt_len`` of the prompt abandoned before its first
-    token (0: min(3*C + B/2, M - max_tokens), C unknown: 3 * 256); ``abandon_after_tokens``: the
+    token (0: min(2*C + B/2, M - max_tokens), C unknown: C = 256); ``abandon_after_tokens``: the
     mid-decode disconnect comes after this many streamed tokens (a chunk carries whole
     speculative steps, so a few more may arrive); ``settle_s``: seconds the engine may take to
     drop the abandoned requests."""
@@ -111,7 +111,7 @@ class Disconnects(Scenario):
         c = int(facts.get("max_num_batched_tokens") or 256)
         b = int(facts.get("block_size") or 16)
         m = facts.get("max_model_len")
-        n = 3 * c + b // 2
+        n = 2 * c + b // 2
         return min(n, int(m) - p.max_tokens) if m else n
 
     def validate_against(self, facts) -> None:
