@@ -26,7 +26,8 @@ from .engine.session import Target, resolve_target
 from .errors import UsageError
 from .redact import redact_argv, redact_url
 
-DEFAULT_SCENARIOS = ["transitions", "boundary", "pairs", "insert", "stop_strings", "mixed_params"]
+DEFAULT_SCENARIOS = ["transitions", "boundary", "pairs", "insert", "stop_strings", "mixed_params",
+                     "disconnects", "prefix_isolation"]
 REFERENCE_MODES = ("solo", "engine", "manifest", "golden")
 
 # launch-only options (python name, flag)

@@ -30,6 +30,10 @@ class RequestSpec:
     the reference key (:attr:`params`).
     ``keep_chunks``: keep the streamed deltas (``Completion.chunks``) for checks that judge them
     chunk by chunk (``stop_string``); off by default (the client's hot path stays lean).
+    ``abandon_after_tokens``: the client disconnects after this many output tokens (0: before
+    the first token); recorded as error ``abandoned``, which is not a request failure (see
+    :meth:`pleharness.engine.client.EngineClient.acomplete`). Streamed requests only; never
+    part of a reference (a reference run reads to the end).
     """
 
     prompt: Prompt
@@ -50,6 +54,7 @@ class RequestSpec:
     presence_penalty: float | None = None
     logit_bias: tuple[tuple[int, float], ...] | None = None
     keep_chunks: bool = False
+    abandon_after_tokens: int | None = None
 
     @property
     def params(self) -> dict[str, Any]:

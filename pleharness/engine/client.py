@@ -72,7 +72,10 @@ class Completion:
         token_logprobs: per output position, the logprob of the emitted token (``token_logprobs``
             of the OpenAI completions API), when logprobs were asked.
         streamed: whether the response was streamed (SSE) or one JSON body.
-        error: None on success, else one of ``http``, ``timeout``, ``connection``, ``protocol``.
+        error: None on success, else one of ``http``, ``timeout``, ``connection``, ``protocol``,
+            ``aborted`` (cut off by :meth:`EngineClient.abort_all`), or ``abandoned``: the client
+            closed the stream on purpose (``abandon_after_tokens``: a client disconnect, not a
+            failure of the engine; ``token_ids`` holds what arrived before it).
         error_detail: short text (HTTP status and a body excerpt, or the exception).
         http_status: HTTP status code, when a response arrived.
         prompt_token_ids: the prompt as the engine saw it, when returned.
@@ -439,7 +442,8 @@ class EngineClient:
                         ignore_eos: bool = True, logprobs: int | None = None,
                         seed: int | None = None, stream: bool = True, on_token=None,
                         stop: Sequence[str] | None = None, keep_chunks: bool = False,
-                        extra: dict | None = None) -> Completion:
+                        extra: dict | None = None,
+                        abandon_after_tokens: int | None = None) -> Completion:
         """One completion for a token-ID prompt; never raises for request failures. A coroutine
         to run on :attr:`loop` (the connection pool and the monitor live there).
 
@@ -458,10 +462,18 @@ class EngineClient:
             on_token: callback ``f(n_tokens_so_far)`` after each token-carrying chunk (called on
                 the client's loop thread: it must not block).
             extra: further request fields.
+            abandon_after_tokens: disconnect like a client that walks away: close the stream
+                once this many output tokens have arrived (0: as soon as the response headers
+                arrive, before the first token, e.g. while a long prompt is in prefill). The
+                Completion then has ``error`` ``abandoned`` and the tokens that arrived (a chunk
+                carries whole speculative steps, so there may be a few more than asked). Only
+                for streamed requests (ValueError otherwise); None: read to the end.
 
         Returns a :class:`Completion`; failures are reported in ``error`` / ``error_detail``.
         Raises CancelledError only when the caller's task is cancelled.
         """
+        if abandon_after_tokens is not None and (not stream or abandon_after_tokens < 0):
+            raise ValueError("abandon_after_tokens: a number >= 0, for streamed requests only")
         body: dict[str, Any] = {
             "model": self.model, "prompt": list(prompt_ids), "max_tokens": max_tokens,
             "temperature": temperature, "ignore_eos": ignore_eos, "stream": stream,
@@ -483,7 +495,8 @@ class EngineClient:
                          chunks=[] if keep_chunks else None)
         a = _Active()
         a.task = asyncio.get_running_loop().create_task(
-            (self._stream if stream else self._plain)(body, out, a, on_token))
+            self._stream(body, out, a, on_token, abandon_after_tokens) if stream
+            else self._plain(body, out, a, on_token))
         self._watch(a)
         try:
             await a.task
@@ -558,7 +571,8 @@ class EngineClient:
         out.http_status = resp.status
         return resp
 
-    async def _stream(self, body: dict, out: Completion, a: _Active, on_token) -> None:
+    async def _stream(self, body: dict, out: Completion, a: _Active, on_token,
+                      abandon_after: int | None = None) -> None:
         t0 = a.t0
         out.started_at = time.time()
         last = t0
@@ -573,6 +587,8 @@ class EngineClient:
                 raw = await resp.read()
                 return _fail(out, "http", f"HTTP {resp.status}: "
                              f"{raw[:300].decode('utf-8', errors='replace')}")
+            if abandon_after == 0:  # the engine has the request; walk away before any token
+                return _abandon(resp, out, "before the first token")
             done = False
             buf = b""
             content = resp.content
@@ -641,6 +657,9 @@ class EngineClient:
                             _take_logprobs(choice, out)
                         if choice.get("finish_reason") is not None:
                             out.finish_reason = choice["finish_reason"]
+                if abandon_after is not None and len(ids_out) >= abandon_after and not done \
+                        and out.finish_reason is None:
+                    return _abandon(resp, out, f"after {len(ids_out)} tokens")
                 if not data:
                     break
             if not done:
@@ -742,6 +761,13 @@ def _parse_top(top: dict | None) -> dict[int, float]:
                 pass
         out[k] = v
     return out
+
+
+def _abandon(resp: aiohttp.ClientResponse, out: Completion, when: str) -> None:
+    """Close ``resp``'s connection (the server sees the client disconnect) and record the request
+    as ``abandoned`` by the client ``when`` (e.g. "after 4 tokens")."""
+    resp.close()
+    _fail(out, "abandoned", f"client closed the stream {when} (a planned disconnect)")
 
 
 def _fail(out: Completion, kind: str, detail: str) -> None:

@@ -78,3 +78,42 @@ def snapshot(client) -> dict[str, float] | None:
     except ValueError:
         return None
     return out
+
+
+RUNNING = "vllm:num_requests_running"  # gauge: requests in the engine's running queue
+WAITING = "vllm:num_requests_waiting"  # gauge: requests waiting to be scheduled
+REQUEST_SUCCESS = "vllm:request_success"  # counter, label ``finished_reason``: stop|length|abort
+
+
+def gauge(text: str | None, name: str) -> float | None:
+    """Sum of the samples of gauge ``name`` (labels summed) in /metrics ``text``; None when
+    absent or unparsable."""
+    if not text:
+        return None
+    found, total = False, 0.0
+    try:
+        for fam in text_string_to_metric_families(text):
+            for s in fam.samples:
+                if s.name == name:
+                    found, total = True, total + float(s.value)
+    except ValueError:
+        return None
+    return total if found else None
+
+
+def by_label(text: str | None, name: str, label: str) -> dict[str, float]:
+    """{label value: sum} of counter ``name`` (``name_total`` samples) per value of ``label``,
+    e.g. ``by_label(t, REQUEST_SUCCESS, "finished_reason")`` -> {"stop": 3.0, "abort": 1.0}; {}
+    when absent or unparsable."""
+    out: dict[str, float] = {}
+    if not text:
+        return out
+    try:
+        for fam in text_string_to_metric_families(text):
+            for s in fam.samples:
+                if s.name == name + "_total" and label in s.labels:
+                    v = s.labels[label]
+                    out[v] = out.get(v, 0.0) + float(s.value)
+    except ValueError:
+        return {}
+    return out

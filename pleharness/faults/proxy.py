@@ -13,6 +13,8 @@ request before it is forwarded (the engine then answers the changed request).
 from __future__ import annotations
 
 import json
+import select
+import socket
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -30,6 +32,8 @@ class RequestCtx:
     state: dict = field(default_factory=dict)
     twins_in_flight: int = 0  # other requests with the same prompt in flight when it arrived
     done: bool = False  # the proxy no longer counts it in flight
+    sock: Any = None  # the client's connection
+    client_gone: bool = False  # the client closed its connection before the answer ended
 
     @property
     def streamed(self) -> bool:
@@ -50,7 +54,10 @@ def corrupt_if_selected(ctx: "RequestCtx", chunk: dict, vocab: int) -> dict:
 
 
 class Fault:
-    """Base fault: changes nothing."""
+    """Base fault: changes nothing. ``refused``: POST paths (e.g. ``/reset_prefix_cache``) the
+    proxy answers 404 for, as an engine without ``VLLM_SERVER_DEV_MODE=1`` does."""
+
+    refused: tuple[str, ...] = ()
 
     def request(self, ctx: RequestCtx, body: dict) -> dict:
         return body
@@ -61,6 +68,13 @@ class Fault:
     def metrics(self, text: str) -> str:
         """The engine's Prometheus /metrics text as the proxy serves it (default: unchanged)."""
         return text
+
+    def disconnected(self, ctx: RequestCtx) -> None:
+        """The client of ``ctx`` closed its connection before the answer ended (called once; the
+        proxy then closes its upstream request, so the engine sees the disconnect too)."""
+
+    def prefix_cache_reset(self) -> None:
+        """The engine answered ``POST /reset_prefix_cache`` with 200 (forwarded by the proxy)."""
 
 
 def merge_chunks(chunks: list[dict]) -> dict:
@@ -371,6 +385,7 @@ class FaultProxy:
         self.in_flight = 0
         self.log: list[RequestCtx] = []
         self.active: list[RequestCtx] = []
+        self.disconnects: list[int] = []  # numbers of the requests whose client went away
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -380,6 +395,7 @@ class FaultProxy:
                 pass
 
             def do_GET(self):
+                proxy.sweep()
                 r = requests.get(proxy.upstream + self.path, timeout=30)
                 content = r.content
                 if self.path.split("?", 1)[0] == "/metrics" and r.status_code == 200 and \
@@ -388,18 +404,25 @@ class FaultProxy:
                 self._send(r.status_code, content, r.headers.get("content-type", "text/plain"))
 
             def do_POST(self):
+                proxy.sweep()
                 n = int(self.headers.get("content-length") or 0)
                 raw = self.rfile.read(n)
+                if self.path.split("?", 1)[0] in getattr(proxy.fault, "refused", ()):
+                    self._send(404, b'{"detail":"Not Found"}', "application/json")
+                    return
                 if self.path != "/v1/completions":
                     r = requests.post(proxy.upstream + self.path, data=raw, timeout=60,
                                       headers={"content-type": "application/json"})
+                    if self.path.split("?", 1)[0] == "/reset_prefix_cache" and \
+                            r.status_code == 200:
+                        proxy.fault.prefix_cache_reset()
                     self._send(r.status_code, r.content, r.headers.get("content-type", ""))
                     return
                 body = json.loads(raw)
                 with proxy.lock:
                     proxy.count += 1
                     proxy.in_flight += 1
-                    ctx = RequestCtx(proxy.count, body, proxy.in_flight)
+                    ctx = RequestCtx(proxy.count, body, proxy.in_flight, sock=self.connection)
                     ctx.twins_in_flight = sum(1 for o in proxy.active
                                               if o.body.get("prompt") == body.get("prompt"))
                     proxy.active.append(ctx)
@@ -429,6 +452,36 @@ class FaultProxy:
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def check_gone(self, ctx: RequestCtx) -> bool:
+        """Whether the client of ``ctx`` has closed its connection (end of file waiting on it
+        while its answer is not finished); the first time, :meth:`Fault.disconnected` is called
+        and the client's number appended to ``disconnects``."""
+        if ctx.client_gone or ctx.sock is None:
+            return ctx.client_gone
+        try:
+            readable, _, _ = select.select([ctx.sock], [], [], 0)
+            gone = bool(readable) and ctx.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) \
+                == b""
+        except (OSError, ValueError):  # reset by the peer, or closed here
+            gone = True
+        if gone:
+            with self.lock:
+                if ctx.client_gone:
+                    return True
+                ctx.client_gone = True
+                self.disconnects.append(ctx.number)
+            self.fault.disconnected(ctx)
+        return gone
+
+    def sweep(self) -> None:
+        """Notice every client that has gone while its completion streams (before a new request
+        is handled: a disconnect that happened before a request arrived is seen by it)."""
+        with self.lock:
+            active = list(self.active)
+        for ctx in active:
+            if ctx.streamed:
+                self.check_gone(ctx)
 
     def finish(self, ctx: RequestCtx) -> None:
         """Stop counting ``ctx`` in flight (once). Called before the last bytes of its answer are
@@ -462,22 +515,39 @@ class FaultProxy:
             h.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
             h.wfile.flush()
 
-        for line in r.iter_lines():
-            if not line:
-                continue
-            text = line.decode()
-            if text.startswith("data:") and text[5:].strip() == "[DONE]":
-                self.finish(ctx)
-            if text.startswith("data:") and text[5:].strip() != "[DONE]":
-                chunk = json.loads(text[5:])
-                n_ids = sum(len(c.get("token_ids") or []) for c in chunk.get("choices") or [])
-                chunk = self.fault.chunk(ctx, chunk)
-                ctx.tokens_so_far += n_ids
-                if chunk is None:
+        # a client that walks away mid-stream: the upstream request is closed at once, so the
+        # engine sees the disconnect (also before the first chunk, e.g. during a long prefill)
+        ended = threading.Event()
+
+        def watch() -> None:
+            while not ended.wait(0.02):
+                if self.check_gone(ctx):
+                    r.close()
+                    return
+        threading.Thread(target=watch, daemon=True, name="fault-proxy-watch").start()
+        try:
+            for line in r.iter_lines():
+                if not line:
                     continue
-                text = "data: " + json.dumps(chunk)
-            write((text + "\n\n").encode())
-        write(b"")
+                text = line.decode()
+                if text.startswith("data:") and text[5:].strip() == "[DONE]":
+                    self.finish(ctx)
+                if text.startswith("data:") and text[5:].strip() != "[DONE]":
+                    chunk = json.loads(text[5:])
+                    n_ids = sum(len(c.get("token_ids") or []) for c in chunk.get("choices") or [])
+                    chunk = self.fault.chunk(ctx, chunk)
+                    ctx.tokens_so_far += n_ids
+                    if chunk is None:
+                        continue
+                    text = "data: " + json.dumps(chunk)
+                write((text + "\n\n").encode())
+            write(b"")
+        except (OSError, ValueError, requests.RequestException, AttributeError):
+            # the client went away (a broken pipe here, or the watcher closed the upstream)
+            self.check_gone(ctx)
+            r.close()
+        finally:
+            ended.set()
 
     def __enter__(self) -> "FaultProxy":
         self.thread.start()

@@ -10,7 +10,7 @@ from ..engine.facts import EngineFacts
 
 # which derived schedules need which fact (printed for facts that stayed unknown)
 NEEDED_BY = {
-    "block_size": "boundary n*B + q",
+    "block_size": "boundary n*B + q; prefix_isolation near duplicates; disconnects prefix sharers",
     "max_num_batched_tokens": "boundary n*C + q, pairs",
     "num_speculative_tokens": "q in every boundary length; c*q capture edges",
     "max_num_seqs": "capture_edges c = max_num_seqs, +1; kv_pressure N limit",

@@ -68,7 +68,8 @@ class ScenarioContext:
     :meth:`RunContext.issue`, :meth:`RunContext.prompt_builder`, :meth:`RunContext.note`,
     :meth:`RunContext.add_table`, :meth:`RunContext.set_table`,
     :meth:`RunContext.add_planned_phases`, :meth:`RunContext.mark`, :meth:`RunContext.since`,
-    :meth:`RunContext.detokenize`.
+    :meth:`RunContext.detokenize`, :meth:`RunContext.last_phase`, :meth:`RunContext.reference`,
+    :meth:`RunContext.engine_metrics_text`, :meth:`RunContext.reset_prefix_cache`.
     """
 
     __slots__ = ("_run",)
@@ -76,7 +77,8 @@ class ScenarioContext:
             "reference_cache_state", "engine_probe", "run_dir", "run_id", "scenario_name",
             "phase_prefix", "run_phase", "take_references", "keep_warm_references",
             "add_phase_check", "issue", "prompt_builder", "note", "add_table", "set_table",
-            "add_planned_phases", "mark", "since", "detokenize")
+            "add_planned_phases", "mark", "since", "detokenize", "last_phase", "reference",
+            "engine_metrics_text", "reset_prefix_cache")
 
     def __init__(self, run: "RunContext"):
         self._run = run
@@ -284,6 +286,54 @@ class RunContext:
         if key not in self._prompt_builders:
             self._prompt_builders[key] = ChatPromptBuilder(self.client, filler, tail)
         return self._prompt_builders[key]
+
+    # -- engine endpoints for scenarios (issue 26: disconnects, prefix-cache isolation) -----------
+    def last_phase(self) -> PhaseRecord:
+        """The record of the phase the last :meth:`run_phase` (or :meth:`take_references`) call
+        wrote: for :meth:`add_phase_check` and its ``engaged`` counters (e.g.
+        ``engaged["prefix_cache"]["hit_tokens"]``). Raises LookupError before any phase."""
+        if not self.manifest.phases:
+            raise LookupError("no phase recorded yet")
+        return self.manifest.phases[-1]
+
+    def reference(self, spec: RequestSpec) -> ReferenceRecord | None:
+        """The single-request reference ``spec`` is compared with (its ``output_ids``, per-position
+        top-1/top-2 ``margins``, ``cache_state``, ...), or None when there is none yet."""
+        return self.references.get(spec.ref_key)
+
+    def engine_metrics_text(self) -> str | None:
+        """The engine's Prometheus ``/metrics`` text (parse it with
+        :mod:`pleharness.engine.metrics`), or None when the engine does not serve it."""
+        return self.client.metrics_text()
+
+    def reset_prefix_cache(self, attempts: int = 20, wait_s: float = 0.5) -> str | None:
+        """``POST /reset_prefix_cache``: empty the engine's prefix cache, so that the next
+        requests run on a fresh cache. vLLM serves it only with ``VLLM_SERVER_DEV_MODE=1`` (set
+        on the engines the harness launches on a loopback address) and answers ``{"success":
+        false}`` while blocks are still held (e.g. by a request being aborted): then it is asked
+        again, up to ``attempts`` times ``wait_s`` seconds apart. Returns None once the engine
+        reset its cache, else why not (e.g. ``"/reset_prefix_cache answered 404: ..."``); never
+        raises."""
+        import requests
+        why = "not tried"
+        for i in range(max(1, attempts)):
+            try:
+                r = self.client.session.post(self.client.base_url + "/reset_prefix_cache",
+                                             timeout=30)
+            except requests.RequestException as exc:
+                return f"/reset_prefix_cache failed: {exc.__class__.__name__}: {exc}"[:300]
+            if r.status_code != 200:
+                return f"/reset_prefix_cache answered {r.status_code}: {r.text[:160]}"
+            try:
+                ok = r.json().get("success", True) is not False
+            except (ValueError, AttributeError):
+                ok = True  # an older vLLM answers 200 with no body
+            if ok:
+                return None
+            why = (f"/reset_prefix_cache answered success=false {i + 1} times (blocks still "
+                   "held)")
+            time.sleep(wait_s)
+        return why
 
     def detokenize(self, ids: Sequence[int]) -> str:
         """The engine's text of token IDs ``ids`` (POST /detokenize; special tokens such as EOS
@@ -531,7 +581,8 @@ class RunContext:
         return {"prompt_ids": list(spec.prompt.ids), "max_tokens": spec.max_tokens,
                 "logprobs": lp, "temperature": spec.temperature, "seed": spec.seed,
                 "stream": spec.stream, "ignore_eos": spec.ignore_eos, "stop": spec.stop,
-                "keep_chunks": spec.keep_chunks, "extra": extra or None}
+                "keep_chunks": spec.keep_chunks, "extra": extra or None,
+                "abandon_after_tokens": spec.abandon_after_tokens}
 
     async def _aissue(self, spec: RequestSpec) -> Completion:
         """Issue one spec on the client's event loop (the default request path of run_phase)."""
@@ -552,7 +603,9 @@ class RunContext:
             http_status=c.http_status, note=spec.note, temperature=spec.temperature,
             seed=spec.seed, stream=spec.stream, params=spec.params or None,
             error_expected=bool(spec.accept_4xx and c.error == "http" and c.http_status is not None
-                                and 400 <= c.http_status < 500))
+                                and 400 <= c.http_status < 500)
+                                or (c.error == "abandoned" and spec.abandon_after_tokens
+                                    is not None))
         self.judge.judge_request(ph, spec, c, rec, self.checks_view)
         self.manifest.requests.append(rec)
         return rec

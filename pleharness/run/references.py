@@ -91,7 +91,7 @@ class References:
             if s.ref_key not in self.by_key and s.ref_key not in seen:
                 seen.add(s.ref_key)
                 # a copy keeps the sampling (temperature, seed); references always stream
-                todo.append(replace(s, compare=False, stream=True))
+                todo.append(replace(s, compare=False, stream=True, abandon_after_tokens=None))
         if not todo:
             return None
         if self.mode == "golden" and not self.collect_only:

