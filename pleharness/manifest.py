@@ -171,6 +171,8 @@ class RequestRecord(BaseModel):
     temperature: float = 0.0  # sampling sent (0: greedy)
     seed: int | None = None  # per-request seed sent, if any
     stream: bool = True  # streamed (SSE) or one JSON response
+    top_p: float | None = None  # nucleus sampling sent with a sampled request (None: not sent)
+    top_k: int | None = None  # top-k sampling sent with a sampled request (None: not sent)
 
     @property
     def failed_checks(self) -> list[CheckResult]:

@@ -20,6 +20,8 @@ class RequestSpec:
     ``checks``: reference-free checks to run on the output, as {check name: params}.
     ``temperature`` / ``seed``: sampling (greedy by default); a seeded sampled request must
     reproduce its seed's sample, so the sampling is part of the reference key.
+    ``top_p`` / ``top_k``: nucleus and top-k truncation of a sampled request (None: not sent,
+    the engine's default, which is off), part of the reference key of a sampled request.
     ``stream``: streamed (SSE) or one JSON response; not part of the reference key (both
     deliveries must give the same IDs).
     """
@@ -35,14 +37,20 @@ class RequestSpec:
     temperature: float = 0.0
     seed: int | None = None
     stream: bool = True
+    top_p: float | None = None
+    top_k: int | None = None
 
     @property
     def ref_key(self) -> tuple:
         """The reference this request is compared with: (prompt hash, max_tokens) for greedy
-        requests, plus (temperature, seed) for sampled ones."""
+        requests, plus (temperature, seed) for sampled ones, plus (top_p, top_k) when either
+        is set."""
         if self.temperature == 0.0:
             return (self.prompt.hash, self.max_tokens)
-        return (self.prompt.hash, self.max_tokens, self.temperature, self.seed)
+        if self.top_p is None and self.top_k is None:
+            return (self.prompt.hash, self.max_tokens, self.temperature, self.seed)
+        return (self.prompt.hash, self.max_tokens, self.temperature, self.seed, self.top_p,
+                self.top_k)
 
 
 @dataclass

@@ -176,6 +176,12 @@ class RunContext:
     reference_source = property(lambda self: self.options.reference_source)
     collect_only = property(lambda self: self.options.collect_only)
 
+    def last_phase(self) -> PhaseRecord | None:
+        """The record of the phase issued last (:meth:`run_phase` appends it before it
+        returns), e.g. for :meth:`add_phase_check` after a scenario's own judgement of its
+        outcomes; None before any phase."""
+        return self.manifest.phases[-1] if self.manifest.phases else None
+
     @property
     def phase_role(self) -> str:
         """Role of the phase whose requests are being recorded (load | reference | warmup): the
@@ -431,9 +437,14 @@ class RunContext:
 
     def _request_args(self, spec: RequestSpec) -> dict[str, Any]:
         lp = spec.logprobs if spec.logprobs is not None else self.logprobs
-        return {"prompt_ids": list(spec.prompt.ids), "max_tokens": spec.max_tokens,
+        args = {"prompt_ids": list(spec.prompt.ids), "max_tokens": spec.max_tokens,
                 "logprobs": lp, "temperature": spec.temperature, "seed": spec.seed,
                 "stream": spec.stream}
+        extra = {k: v for k, v in (("top_p", spec.top_p), ("top_k", spec.top_k))
+                 if v is not None and spec.temperature > 0}
+        if extra:
+            args["extra"] = extra
+        return args
 
     def _issue(self, spec: RequestSpec, on_token: Callable[[int], None] | None = None
                ) -> Completion:  # the old name; scenarios call issue()
@@ -455,6 +466,8 @@ class RunContext:
             ttft_s=c.ttft_s, latency_s=c.latency_s, error=c.error, error_detail=c.error_detail,
             http_status=c.http_status, note=spec.note, temperature=spec.temperature,
             seed=spec.seed, stream=spec.stream,
+            top_p=spec.top_p if spec.temperature > 0 else None,
+            top_k=spec.top_k if spec.temperature > 0 else None,
             error_expected=bool(spec.accept_4xx and c.error == "http" and c.http_status is not None
                                 and 400 <= c.http_status < 500))
         if spec.compare:
