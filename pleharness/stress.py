@@ -33,7 +33,7 @@ from .runner import (EXIT_ENGINE, EXIT_FAIL, EXIT_OK, RequestTimeoutAbort, RunCo
                      RunOptions, new_run_dir)
 from .scenarios import Scenario, load_scenario_file
 
-DEFAULT_SCENARIOS = ["transitions", "boundary", "pairs", "insert"]
+DEFAULT_SCENARIOS = ["transitions", "boundary", "pairs", "insert", "sampled"]
 REFERENCE_MODES = ("solo", "engine", "manifest", "golden")
 
 

