@@ -12,8 +12,12 @@ with a statistic that needs no kernel:
 
 - samples are token-ID lists; position j of a sample is its j-th output token (a sample shorter
   than j + 1 has the category "ended", -1);
-- the statistic is the sum over positions j = 0 .. ``positions`` - 1 of Pearson's chi-square
-  statistic of the 2 x K contingency table (solo / load x the tokens seen at position j);
+- at each position j = 0 .. ``positions`` - 1, Pearson's chi-square statistic X_j of the
+  2 x K_j contingency table (solo / load x the K_j tokens seen at position j), standardised by
+  its null mean and spread, Z_j = (X_j - d_j) / sqrt(2 d_j) with d_j = K_j - 1; the statistic is
+  the largest Z_j (a shift at one position, the usual corruption of one step, is not diluted by
+  the noise of the others, which a plain sum of X_j over sparse tables was: measured, a first
+  token replaced in 29 of 32 load samples gave p = 3e-4 with the sum);
 - the p-value is a Monte-Carlo permutation p-value over ``permutations`` random relabellings of
   the pooled samples (whole samples are permuted, so the dependence between positions of one
   sample is kept): ``p = (1 + #{T_perm >= T_obs}) / (1 + permutations)`` (Phipson and Smyth 2010,
@@ -40,7 +44,8 @@ ENDED = -1  # the category of a position past a sample's end
 
 @dataclass
 class TwoSampleResult:
-    """One two-sample test: ``statistic`` (summed chi-square), ``p_value`` (permutation),
+    """One two-sample test: ``statistic`` (the largest standardised chi-square),
+    ``p_value`` (permutation),
     ``n_solo`` / ``n_load`` (samples), ``per_position`` (chi-square per position), and the most
     shifted cell: ``shift`` = {position, token, solo_count, load_count}."""
 
@@ -89,7 +94,7 @@ def permutation_test(solo: Sequence[Sequence[int]], load: Sequence[Sequence[int]
     np.put_along_axis(labels, order, 1.0, axis=1)
     observed = np.zeros(n)
     observed[len(solo):] = 1.0
-    t_obs, t_perm = 0.0, np.zeros(permutations)
+    t_obs, t_perm = -np.inf, np.full(permutations, -np.inf)
     per_pos, shift, best = [], None, -1.0
     for j in range(positions):
         codes = _codes(pooled, j)
@@ -103,16 +108,18 @@ def permutation_test(solo: Sequence[Sequence[int]], load: Sequence[Sequence[int]
         obs_load = observed @ onehot
         chi = float(_chi2(obs_load, totals, n_load, n))
         per_pos.append(round(chi, 6))
-        t_obs += chi
-        t_perm += _chi2(labels @ onehot, totals, n_load, n)
+        dof = len(cats) - 1
+        scale = np.sqrt(2.0 * dof)
+        t_obs = max(t_obs, (chi - dof) / scale)
+        t_perm = np.maximum(t_perm, (_chi2(labels @ onehot, totals, n_load, n) - dof) / scale)
         e = totals * (n_load / n)
         k = int(np.argmax(np.abs(obs_load - e)))
         if abs(obs_load[k] - e[k]) > best:
             best = float(abs(obs_load[k] - e[k]))
             shift = {"position": j, "token": int(cats[k]),
                      "solo_count": int(totals[k] - obs_load[k]), "load_count": int(obs_load[k])}
-    if t_obs == 0.0 and all(c == 0.0 for c in per_pos):
-        p = 1.0
+    if t_obs == -np.inf:  # no position with two categories: nothing can differ
+        p, t_obs = 1.0, 0.0
     else:
         # a small tolerance: a permutation equal to the observed labelling must count as >=
         p = (1 + int(np.sum(t_perm >= t_obs - 1e-9))) / (1 + permutations)

@@ -411,7 +411,7 @@ class Sampled(ChatScenario):
                                  rng_seed=p.seed)
             sh = r.shift or {}
             detail = (f"first {p.positions} tokens of {r.n_load} samples under load vs "
-                      f"{r.n_solo} alone: chi-square sum {r.statistic:.2f}, permutation p = "
+                      f"{r.n_solo} alone: largest standardised chi-square {r.statistic:.2f}, permutation p = "
                       f"{r.p_value:.2g} (threshold {thr:.2g})")
             if sh:
                 detail += (f"; most shifted: token {sh['token']} at position {sh['position']} "
