@@ -411,7 +411,7 @@ def stress(
     api_key_env: ApiKeyEnvOpt = None,
     scenario: Annotated[Optional[list[str]], typer.Option(rich_help_panel=P_SCEN,
         help="Scenario name (shipped, see `ple-harness scenarios`) or TOML path; repeatable. "
-             "Default: transitions, boundary, pairs, insert.")] = None,
+             "Default: transitions, boundary, pairs, insert, sampled.")] = None,
     suite: Annotated[Optional[str], typer.Option(rich_help_panel=P_SCEN,
         help="A suite file (name in scenarios/suites/ or path): scenarios with parameters, "
              "repeats and compare gates, e.g. nightly or premerge.")] = None,
