@@ -3,8 +3,7 @@ from .base import REGISTRY, Scenario, ScenarioError, load_scenario_file, registe
 
 # Import kinds so that they register themselves.
 from . import (boundary, capture_edges, determinism, fuzz, insert, kv_pressure,  # noqa: E402,F401
-               pairs, replay, transitions)
-from . import sampled  # noqa: E402,F401
+               pairs, replay, sampled, transitions)
 
 __all__ = ["REGISTRY", "Scenario", "ScenarioError", "load_scenario_file", "register",
            "scenario_dirs"]
