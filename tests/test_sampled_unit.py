@@ -110,3 +110,16 @@ def test_top_p_top_k_are_sent_and_keyed():
     ctx = SimpleNamespace(logprobs=2)
     assert RunContext._request_args(ctx, s)["extra"] == {"top_p": 0.95, "top_k": 20}
     assert "extra" not in RunContext._request_args(ctx, g)
+
+
+def test_truncation_is_left_out_only_with_spec_decode_on_a_cpu_engine():
+    from pleharness.engine.facts import server_info_observations
+    assert server_info_observations(
+        {"vllm_config": {"device_config": {"device": "cpu"}}})["device_type"] == "cpu"
+    sc = load_scenario_file("sampled")
+    assert sc.truncation({"num_speculative_tokens": 3, "device_type": "cpu"})[0] is False
+    assert sc.truncation({"num_speculative_tokens": 0, "device_type": "cpu"}) == (True, "")
+    assert sc.truncation({"num_speculative_tokens": 3, "device_type": "cuda"}) == (True, "")
+    assert sc.truncation({"num_speculative_tokens": 3})[0] is True  # unknown device: sent
+    on = load_scenario_file("sampled", {"truncation_with_spec_decode": "on"})
+    assert on.truncation({"num_speculative_tokens": 3, "device_type": "cpu"})[0] is True
