@@ -26,8 +26,8 @@ from .engine.session import Target, resolve_target
 from .errors import UsageError
 from .redact import redact_argv, redact_url
 
-DEFAULT_SCENARIOS = ["transitions", "boundary", "pairs", "insert", "stop_strings", "mixed_params",
-                     "disconnects", "prefix_isolation"]
+DEFAULT_SCENARIOS = ["transitions", "boundary", "pairs", "insert", "sampled", "stop_strings",
+                     "mixed_params", "disconnects", "prefix_isolation"]
 REFERENCE_MODES = ("solo", "engine", "manifest", "golden")
 
 # launch-only options (python name, flag)

@@ -21,6 +21,8 @@ class RequestSpec:
     ``checks``: reference-free checks to run on the output, as {check name: params}.
     ``temperature`` / ``seed``: sampling (greedy by default); a seeded sampled request must
     reproduce its seed's sample, so the sampling is part of the reference key.
+    ``top_p`` / ``top_k``: nucleus and top-k truncation of a sampled request (None: not sent,
+    the engine's default, which is off), part of the reference key of a sampled request.
     ``stream``: streamed (SSE) or one JSON response; not part of the reference key (both
     deliveries must give the same IDs).
     ``ignore_eos`` (default on: fixed lengths), ``stop`` (stop strings, OpenAI ``stop``),
@@ -54,6 +56,8 @@ class RequestSpec:
     presence_penalty: float | None = None
     logit_bias: tuple[tuple[int, float], ...] | None = None
     keep_chunks: bool = False
+    top_p: float | None = None
+    top_k: int | None = None
     abandon_after_tokens: int | None = None
 
     @property
@@ -77,12 +81,14 @@ class RequestSpec:
     @property
     def ref_key(self) -> tuple:
         """The reference this request is compared with: (prompt hash, max_tokens) for greedy
-        requests, plus (temperature, seed) for sampled ones, plus the canonical JSON of
-        :attr:`params` when the request sets any (a stop string or a penalty gives another
-        output than the same prompt without it)."""
+        requests, plus (temperature, seed) for sampled ones and (top_p, top_k) when either is
+        set, plus the canonical JSON of :attr:`params` when the request sets any (a stop string
+        or a penalty gives another output than the same prompt without it)."""
         key: tuple = (self.prompt.hash, self.max_tokens)
         if self.temperature != 0.0:
             key += (self.temperature, self.seed)
+            if self.top_p is not None or self.top_k is not None:
+                key += (self.top_p, self.top_k)
         p = self.params
         if p:
             key += (params_key(p),)

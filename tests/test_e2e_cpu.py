@@ -11,7 +11,7 @@ pytestmark = pytest.mark.engine
 
 def test_stress_default_suite_launch(tmp_path):
     """The main job, launched by the harness: the default suite (transitions, boundary, pairs,
-    insert, stop_strings, mixed_params ...) on the CPU engine with ngram speculative decoding (k = 3), block size 32,
+    insert, sampled, stop_strings, mixed_params ...) on the CPU engine with ngram speculative decoding (k = 3), block size 32,
     max_num_batched_tokens 256 and prefix caching."""
     r = run_cli("stress", "--engine-profile", "profiles/cpu-ngram.toml", "--results-dir",
                 str(tmp_path), "--run-id", "e2e")
@@ -21,7 +21,7 @@ def test_stress_default_suite_launch(tmp_path):
     m = load_json(run_dir / "manifest.json")
     assert m["status"] == "complete" and m["verdict"] == "pass" and m["exit_code"] == 0
     assert [s["name"] for s in m["scenarios"]] == ["transitions", "boundary", "pairs", "insert",
-                                                   "stop_strings", "mixed_params",
+                                                   "sampled", "stop_strings", "mixed_params",
                                                    "disconnects", "prefix_isolation"]
     assert all(p["status"] == "pass" for p in m["phases"])
     # transitions: 16 ladder phases, every hash matched

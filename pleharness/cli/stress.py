@@ -19,7 +19,7 @@ class ScenarioOptions:
 
     scenario: Annotated[Optional[list[str]], typer.Option(rich_help_panel=P_SCEN,
         help="Scenario name (shipped, see `ple-harness scenarios`) or TOML path; repeatable. "
-             "Default: transitions, boundary, pairs, insert, stop_strings, mixed_params, "
+             "Default: transitions, boundary, pairs, insert, sampled, stop_strings, mixed_params, "
              "disconnects, prefix_isolation.")] = None
     suite: Annotated[Optional[str], typer.Option(rich_help_panel=P_SCEN,
         help="A suite file (name in scenarios/suites/ or path): scenarios with parameters, "

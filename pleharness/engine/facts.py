@@ -79,6 +79,7 @@ FACT_DOCS: dict[str, str] = {
     "dtype": "serving dtype: bfloat16 | float16 | float32",
     "kv_cache_dtype": "auto (= dtype) or e.g. fp8",
     "eos_token_id": "from config.json",
+    "device_type": "cpu, cuda, ... (the engine's device_config, /server_info)",
 }
 
 
@@ -341,6 +342,7 @@ def server_info_observations(info: dict | None) -> dict[str, Any]:
         "cudagraph_capture_sizes": _dig(cfg, "compilation_config.cudagraph_capture_sizes"),
         "vocab_size": _dig(cfg, "model_config.hf_text_config.vocab_size",
                            "model_config.hf_config.vocab_size"),
+        "device_type": _dig(cfg, "device_config.device_type", "device_config.device"),
     }
     if isinstance(spec, dict):
         out["num_speculative_tokens"] = _dig(spec, "num_speculative_tokens", "num_spec_tokens")

@@ -578,6 +578,9 @@ class RunContext:
     def _request_args(self, spec: RequestSpec) -> dict[str, Any]:
         lp = spec.logprobs if spec.logprobs is not None else self.logprobs
         extra = {k: v for k, v in spec.params.items() if k not in ("stop", "ignore_eos")}
+        if spec.temperature > 0:  # nucleus / top-k sampling (vLLM's top_p, top_k fields)
+            extra.update({k: v for k, v in (("top_p", spec.top_p), ("top_k", spec.top_k))
+                          if v is not None})
         return {"prompt_ids": list(spec.prompt.ids), "max_tokens": spec.max_tokens,
                 "logprobs": lp, "temperature": spec.temperature, "seed": spec.seed,
                 "stream": spec.stream, "ignore_eos": spec.ignore_eos, "stop": spec.stop,
@@ -602,6 +605,8 @@ class RunContext:
             ttft_s=c.ttft_s, latency_s=c.latency_s, error=c.error, error_detail=c.error_detail,
             http_status=c.http_status, note=spec.note, temperature=spec.temperature,
             seed=spec.seed, stream=spec.stream, params=spec.params or None,
+            top_p=spec.top_p if spec.temperature > 0 else None,
+            top_k=spec.top_k if spec.temperature > 0 else None,
             error_expected=bool(spec.accept_4xx and c.error == "http" and c.http_status is not None
                                 and 400 <= c.http_status < 500)
                                 or (c.error == "abandoned" and spec.abandon_after_tokens
