@@ -320,7 +320,8 @@ class RunContext:
                 margins=margins(c.logprobs), source=self.reference_source,
                 top_ids=[sorted(t) for t in c.logprobs] if c.logprobs is not None else None,
                 cache_state=cache_state, request_id=o.record.id,
-                cold_output_hash=old.output_hash if old is not None else None)
+                cold_output_hash=old.output_hash if old is not None else None,
+                temperature=o.spec.temperature, seed=o.spec.seed)
             if old is not None:
                 self.manifest.references = [r for r in self.manifest.references if r is not old]
             self.references[o.spec.ref_key] = ref
@@ -768,6 +769,10 @@ def rejudge(rec: RequestRecord, new: ReferenceRecord, what: str) -> None:
 
 
 def _vote_key(r: RequestRecord) -> tuple:
+    """(prompt hash, max_tokens, temperature, seed): the runs that vote together, and (with the
+    reference hash) the key of a corrupt reference: a greedy and a seeded request of one prompt
+    can have equal references (a one-token answer often is the greedy token) and are still
+    judged apart."""
     return (r.prompt_hash, r.max_tokens, r.temperature, r.seed)
 
 
@@ -791,7 +796,8 @@ def judge_sides(main: Manifest, control: Manifest | None = None) -> dict[str, in
                 votes.setdefault(_vote_key(r), {}).setdefault(r.output_hash, []).append(
                     src + r.id)
     ids_by_hash = {r.output_hash: r.output_ids for r in main.requests if r.output_ids}
-    refs = {(x.prompt_hash, x.max_tokens, x.output_hash): x for x in main.references}
+    refs = {(x.prompt_hash, x.max_tokens, x.temperature, x.seed, x.output_hash): x
+            for x in main.references}
     run_ids = {r.id for r in main.requests}
     corrupt: dict[tuple, tuple[str, list[RequestRecord]]] = {}
     changed: set[str] = set()
@@ -815,19 +821,20 @@ def judge_sides(main: Manifest, control: Manifest | None = None) -> dict[str, in
         d.side_evidence, d.corrupt_side = ev, side
         changed.add(r.phase)
         if side == "reference" and d.fails:  # a near tie is an outlier, not corruption
-            corrupt.setdefault((r.prompt_hash, r.max_tokens, r.reference_hash), (r.output_hash, []))
-            corrupt[(r.prompt_hash, r.max_tokens, r.reference_hash)][1].append(r)
+            corrupt.setdefault(_vote_key(r) + (r.reference_hash,), (r.output_hash, []))[1] \
+                .append(r)
         if side == "load":
             for ch in r.checks:
                 if ch.name == "parity" and "is the outlier" not in ch.detail:
                     ch.detail = side_sentence(d, r.prompt_key) + "; " + ch.detail
-    for (ph_, mt, bad_hash), (_, revealed) in corrupt.items():
-        v = votes.get(_vote_key(revealed[0]), {})
+    for key, (_, revealed) in corrupt.items():
+        ph_, mt, bad_hash = key[0], key[1], key[-1]
+        v = votes.get(key[:-1], {})
         best = max((h for h in v if h != bad_hash), key=lambda h: len(v[h]))
         first = revealed[0]
         d = first.divergence
         text = side_sentence(d, first.prompt_key)
-        ref = refs.get((ph_, mt, bad_hash)) or ReferenceRecord(
+        ref = refs.get(key) or ReferenceRecord(
             prompt_key=first.prompt_key, prompt_hash=ph_, prompt_len=first.prompt_len,
             max_tokens=mt, output_hash=bad_hash or "", output_ids=[],
             request_id=d.side_evidence.reference_run, source=d.side_evidence.reference_source
@@ -852,7 +859,7 @@ def judge_sides(main: Manifest, control: Manifest | None = None) -> dict[str, in
              "method": "majority", "evidence": text, "revealed_by": first.id,
              "judged_against": what})
         for r in main.requests:
-            if (r.prompt_hash, r.max_tokens, r.reference_hash) != (ph_, mt, bad_hash) \
+            if _vote_key(r) + (r.reference_hash,) != key \
                     or r.match is None or r.divergence is None:
                 continue
             rejudge(r, new, what)
