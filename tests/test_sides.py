@@ -320,3 +320,63 @@ def test_failed_solo_runs_are_left_out_of_the_noise_floor(tmp_path):
     tol = ctx.manifest.run_options["golden_tolerance"]
     assert tol["solo_runs_scored"] == 5 and tol["solo_runs_left_out"] == 1
     assert tol["tolerance_nats"] == pytest.approx(2.0) and r.divergence.cls == "hard"
+
+
+def test_a_corrupt_seeded_reference_is_judged_apart_from_an_equal_greedy_one():
+    # one prompt, max_tokens 1: the greedy reference and the seeded sample's reference are the
+    # same token (common for a one-token answer), so they have one hash. The seeded reference
+    # r00002 is the outlier of its 3 runs; the greedy reference r00001 is right (2 of 3) and
+    # the greedy load run r00006 is the outlier there. Keyed by (prompt, max_tokens, reference
+    # hash) alone, the seeded majority replaced the greedy reference too, r00006 "matched" it,
+    # and r00001 (listed last) was named the corrupt reference.
+    from pleharness.divergence import first_divergence
+    from pleharness.manifest import CheckResult, SideEvidence
+    A, B = [5], [9]
+
+    def one(i, phase, out, ref_out, ref_run, temperature=0.0, seed=None):
+        r = RequestRecord(id=f"r{i:05d}", scenario="s", phase=phase, concurrency=2,
+                          prompt_key="p0", prompt_len=1, prompt_hash="ph", max_tokens=1,
+                          output_hash=token_hash(out), output_len=1, temperature=temperature,
+                          seed=seed)
+        if ref_out is not None:
+            r.reference_hash, r.match = token_hash(ref_out), out == ref_out
+            if not r.match:
+                r.first_divergence = first_divergence(ref_out, out)
+                r.output_ids = list(out)
+                r.divergence = analyse(ref_out, out, r.first_divergence, None, 0.01)
+                if temperature > 0:
+                    r.divergence.fails = True
+                r.divergence.side_evidence = SideEvidence(
+                    reference_run=ref_run, reference_source="solo", observed_run=r.id,
+                    observed_role="load")
+                r.checks.append(CheckResult(name="parity", status="fail", detail="hard at 0"))
+        return r
+
+    m = Manifest(run_id="t")
+    m.phases = [PhaseRecord(index=0, name="refs", scenario="s", concurrency=1, role="reference"),
+                PhaseRecord(index=1, name="load", scenario="s", concurrency=2)]
+    seeded_ref = ReferenceRecord(prompt_key="p0", prompt_hash="ph", prompt_len=1, max_tokens=1,
+                                 output_hash=token_hash(A), output_ids=A, request_id="r00002",
+                                 temperature=1.0, seed=3)
+    greedy_ref = ReferenceRecord(prompt_key="p0", prompt_hash="ph", prompt_len=1, max_tokens=1,
+                                 output_hash=token_hash(A), output_ids=A, request_id="r00001")
+    m.references = [seeded_ref, greedy_ref]
+    m.requests = [one(1, "refs", A, None, None), one(2, "refs", A, None, None, 1.0, 3),
+                  one(3, "load", B, A, "r00002", 1.0, 3), one(4, "load", B, A, "r00002", 1.0, 3),
+                  one(5, "load", A, A, "r00001"), one(6, "load", B, A, "r00001")]
+    for ph in m.phases:
+        RunContext._finish_phase(ph, [type("O", (), {"record": r})() for r in m.requests
+                                      if r.phase == ph.name])
+    judge_sides(m)
+    greedy_run, seeded_run = m.requests[0], m.requests[1]
+    assert [c.name for c in seeded_run.failed_checks] == ["corrupt_reference"]
+    assert greedy_run.failed_checks == []
+    assert all(r.match for r in m.requests[2:4])  # they equal the seeded majority
+    odd = m.requests[5]  # the greedy outlier stays a failure, against the greedy reference
+    assert odd.match is False and odd.is_problem and odd.reference_hash == token_hash(A)
+    assert odd.divergence.corrupt_side == "load"
+    assert greedy_ref in m.references and seeded_ref not in m.references
+    (new,) = [x for x in m.references if x.source == "majority"]
+    assert (new.output_ids, new.temperature, new.seed) == (B, 1.0, 3)
+    (cr,) = m.summary["corrupt_references"]
+    assert cr["reference_run"] == "r00002"

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.engine
 def sh(*cmd, cwd, timeout=600, env=None):
     clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     return subprocess.run([str(c) for c in cmd], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env={**clean, "PLE_HARNESS_ENGINE_PROBE": "0", **(env or {}), "COLUMNS": "200"})
+                          timeout=timeout, env={**clean, **(env or {}), "COLUMNS": "200"})
 
 
 @pytest.fixture(scope="module")
@@ -63,11 +63,17 @@ def test_installed_wheel_runs_the_documented_commands(installed, request):
     eng = request.getfixturevalue("cpu_engine")
     r = sh(exe, "fuzz", "--url", eng.url, "--block-size", "32", "--chunk-size", "256",
            "--num-speculative-tokens", "3", "--max-num-seqs", "8", "--max-examples", "5",
-           "--seed", "5", "--max-tokens", "6", "--no-golden", "--no-engine-probe", "--no-sampled", "--db", work / "fuzz-db",
+           "--seed", "5", "--max-tokens", "6", "--no-golden", "--db", work / "fuzz-db",
            "--results-dir", "results", "--run-id", "fz", cwd=work, timeout=900)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
-    s = json.loads((work / "results" / "fz" / "manifest.json").read_text())["tables"]["fuzz_summary"][0]
+    fz = json.loads((work / "results" / "fz" / "manifest.json").read_text())
+    s = fz["tables"]["fuzz_summary"][0]
     assert 0 < s["examples_run"] <= 5
+    # the engine probe (on, as for users) chose the seeded draws: on this engine seeded samples
+    # do not reproduce alone or in a batch, so none were drawn (a probe that measured them alone
+    # only let them in once, and this run failed with 21 hard divergences)
+    p = fz["engine_probe"]
+    assert p["status"] == "measured" and s["space"]["sampled"] is bool(p["seeded_samples_reproduce"])
     r = sh(exe, "report", "results/fz", cwd=work)
     assert r.returncode == 0, r.stderr[-2000:]
 

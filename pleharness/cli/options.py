@@ -222,9 +222,9 @@ class GoldenProbeOptions:
              "teacher-forced logprobs decide near tie vs hard.")] = True
     engine_probe: Annotated[bool, typer.Option(rich_help_panel=P_REF,
         envvar="PLE_HARNESS_ENGINE_PROBE", show_envvar=True,
-        help="Measure the engine first with a few solo requests (seeded samples reproduce alone, "
-             "greedy outputs repeat alone, warm run = cold run; manifest section engine_probe) "
-             "and choose the seeded sampled requests from what was measured; off: from the "
+        help="Measure the engine first with a few short requests (seeded samples reproduce alone "
+             "and in a batch, greedy outputs repeat alone, warm run = cold run; manifest section "
+             "engine_probe) and choose the seeded sampled requests from what was measured; off: from the "
              "configuration (only without speculative decoding).")] = True
 
 

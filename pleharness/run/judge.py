@@ -413,7 +413,11 @@ def rejudge(rec: RequestRecord, new: ReferenceRecord, what: str) -> None:
         rec.reference_hash = new.output_hash
 
 
-def _vote_key(r: RequestRecord) -> tuple:
+def _vote_key(r: RequestRecord | ReferenceRecord) -> tuple:
+    """(prompt hash, max_tokens, temperature, seed, params): the runs that vote together, and
+    (with the reference hash) the key of a corrupt reference: a greedy and a seeded request of
+    one prompt can have equal references (a one-token answer often is the greedy token) and are
+    still judged apart."""
     return (r.prompt_hash, r.max_tokens, r.temperature, r.seed, params_key(r.params))
 
 
@@ -459,8 +463,8 @@ def judge_sides(main: Manifest, control: Manifest | None = None) -> dict[str, in
         d.side_evidence, d.corrupt_side = ev, side
         changed.add(r.phase)
         if side == "reference" and d.fails:  # a near tie is an outlier, not corruption
-            corrupt.setdefault((r.prompt_hash, r.max_tokens, r.reference_hash), (r.output_hash, []))
-            corrupt[(r.prompt_hash, r.max_tokens, r.reference_hash)][1].append(r)
+            corrupt.setdefault(_vote_key(r) + (r.reference_hash,), (r.output_hash, []))[1] \
+                .append(r)
         if side == "load":
             for ch in r.checks:
                 if ch.name == "parity" and "is the outlier" not in ch.detail:
@@ -478,18 +482,19 @@ def judge_sides(main: Manifest, control: Manifest | None = None) -> dict[str, in
 def _replace_corrupt(main: Manifest, corrupt: dict[tuple, tuple[str, list[RequestRecord]]],
                      votes: dict[tuple, dict[str, list[str]]], changed: set[str]) -> None:
     """The majority pass's second half (:func:`judge_sides`): each corrupt reference (by
-    (prompt hash, max_tokens, bad hash), with the runs that revealed it) fails its run, is
+    vote key (:func:`_vote_key`) and bad hash, with the runs that revealed it) fails its run, is
     replaced by the majority output, and every run compared with it is judged again; the
     phases touched are added to ``changed``."""
     ids_by_hash = {r.output_hash: r.output_ids for r in main.requests if r.output_ids}
-    refs = {(x.prompt_hash, x.max_tokens, x.output_hash): x for x in main.references}
-    for (ph_, mt, bad_hash), (_, revealed) in corrupt.items():
-        v = votes.get(_vote_key(revealed[0]), {})
+    refs = {_vote_key(x) + (x.output_hash,): x for x in main.references}
+    for key, (_, revealed) in corrupt.items():
+        ph_, mt, bad_hash = key[0], key[1], key[-1]
+        v = votes.get(key[:-1], {})
         best = max((h for h in v if h != bad_hash), key=lambda h: len(v[h]))
         first = revealed[0]
         d = first.divergence
         text = side_sentence(d, first.prompt_key)
-        ref = refs.get((ph_, mt, bad_hash)) or ReferenceRecord(
+        ref = refs.get(key) or ReferenceRecord(
             prompt_key=first.prompt_key, prompt_hash=ph_, prompt_len=first.prompt_len,
             max_tokens=mt, output_hash=bad_hash or "", output_ids=[],
             request_id=d.side_evidence.reference_run, source=d.side_evidence.reference_source
@@ -505,6 +510,7 @@ def _replace_corrupt(main: Manifest, corrupt: dict[tuple, tuple[str, list[Reques
             prompt_key=first.prompt_key, prompt_hash=ph_, prompt_len=first.prompt_len,
             max_tokens=mt, output_hash=best, output_ids=list(best_ids), source="majority",
             cache_state="n/a", temperature=first.temperature, seed=first.seed,
+            params=first.params,
             replaces=f"{ref.request_id or ref.source}: {text}")
         if ref in main.references:
             main.references = [x for x in main.references if x is not ref] + [new]
@@ -514,7 +520,7 @@ def _replace_corrupt(main: Manifest, corrupt: dict[tuple, tuple[str, list[Reques
              "method": "majority", "evidence": text, "revealed_by": first.id,
              "judged_against": what})
         for r in main.requests:
-            if (r.prompt_hash, r.max_tokens, r.reference_hash) != (ph_, mt, bad_hash) \
+            if _vote_key(r) + (r.reference_hash,) != key \
                     or r.match is None or r.divergence is None:
                 continue
             rejudge(r, new, what)

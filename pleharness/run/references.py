@@ -146,7 +146,7 @@ class References:
                 top_ids=[sorted(t) for t in c.logprobs] if c.logprobs is not None else None,
                 cache_state=cache_state, request_id=o.record.id,
                 cold_output_hash=old.output_hash if old is not None else None,
-                params=o.spec.params or None)
+                params=o.spec.params or None, temperature=o.spec.temperature, seed=o.spec.seed)
             if old is not None:
                 self.manifest.references = [r for r in self.manifest.references if r is not old]
             self.by_key[o.spec.ref_key] = ref

@@ -16,9 +16,11 @@ requests issued together. Each request is
 
 with a ``max_tokens`` in 1..``max_tokens`` (every residue mod q when ``max_tokens`` >= q),
 streamed or not (one JSON response; references are always streamed, and a non-streamed output
-must equal its streamed reference), and, where speculative decoding is known to be off
-(``num_speculative_tokens`` known and 0), sometimes a seeded sample (``temperature``, one of 4
-seeds; it must reproduce its solo sample, never excused as a near tie).
+must equal its streamed reference), and, where the engine probe measured that seeded samples
+reproduce alone and in a batch (:func:`sampling_allowed`; without a probe: where speculative
+decoding is known to be off, ``num_speculative_tokens`` known and 0), sometimes a seeded sample
+(``temperature``, one of 4 seeds; it must reproduce its solo sample, never excused as a near
+tie).
 
 One phase in three also gets a *carrier*: a streamed decode of up to ``carrier_tokens`` tokens
 (a prompt with room for it), issued with the phase's requests, and 1..``max_inserts`` *inserts*,
@@ -103,8 +105,9 @@ class FuzzParams(Params):
                                                     "carrier decode (0: no inserts drawn)")
     carrier_tokens: int = Field(48, ge=2, le=4096, description="longest carrier decode "
                                                              "(max_tokens of the carrier)")
-    sampled: bool = Field(True, description="draw seeded sampled requests where speculative "
-                                            "decoding is known to be off")
+    sampled: bool = Field(True, description="draw seeded sampled requests where the engine "
+                                            "probe measured that they reproduce (no probe: "
+                                            "where speculative decoding is known to be off)")
     temperature: float = Field(1.0, gt=0.0, le=10.0, description="of the seeded sampled requests")
     sampled_prompt_len: int = Field(1, ge=0, le=1_000_000, description=(
         "longest prompt of a seeded sampled request (0: any): a seeded prefill split into "

@@ -24,7 +24,8 @@ Schedules the ladder also sends, at no extra requests (each varies per prompt or
   ``RuntimeError: CPU Generator does not use offset`` (measured; the same bug is reported for
   other CPU-generator backends). A one-token prefill is never split, at any concurrency.
   They are sent when the engine probe at the start of the run measured that seeded samples
-  reproduce alone (manifest ``engine_probe``, :mod:`pleharness.engine_probe`), and left out, with
+  reproduce alone and in a batch (manifest ``engine_probe``, :mod:`pleharness.engine_probe`),
+  and left out, with
   a note in the manifest (``tables.transitions_notes``), when it measured that they do not,
   whatever the configuration says; ``sampled_with_spec_decode`` sends them anyway. Without a
   measurement (``--no-engine-probe``) the configuration decides: left out with speculative
