@@ -365,8 +365,7 @@ def test_a_corrupt_seeded_reference_is_judged_apart_from_an_equal_greedy_one():
                   one(3, "load", B, A, "r00002", 1.0, 3), one(4, "load", B, A, "r00002", 1.0, 3),
                   one(5, "load", A, A, "r00001"), one(6, "load", B, A, "r00001")]
     for ph in m.phases:
-        RunContext._finish_phase(ph, [type("O", (), {"record": r})() for r in m.requests
-                                      if r.phase == ph.name])
+        finish_phase(ph, [r for r in m.requests if r.phase == ph.name])
     judge_sides(m)
     greedy_run, seeded_run = m.requests[0], m.requests[1]
     assert [c.name for c in seeded_run.failed_checks] == ["corrupt_reference"]
