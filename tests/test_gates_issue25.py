@@ -388,7 +388,7 @@ def test_redaction_rule_on_engine_command_lines():
      "--engine-python is used only with --verify"),  # X11
     (["facts", "--url", "ftp://127.0.0.1:9"], "--url 'ftp://127.0.0.1:9': expected an http://"),
     (["facts", "--url", DEAD, "--tp", "4", "--engine-arg=--enforce-eager"],
-     "--tp, --engine-arg: launch option(s), but --url reads a running engine"),  # C15
+     "--tp, --engine-arg: launch option(s), but --url attaches to a running engine"),  # C15
     (["stress", "--run-id", "a\nb", "--engine-python", sys.executable, "--results-dir",
       "/tmp/ple-h5-never-created"], "no control characters"),  # D09
 ])
