@@ -34,15 +34,20 @@ IGNORED = [
     r"requests\.\d+\.(id|latency_s|ttft_s)", r"log_tail(\..*)?",
     r"facts\..*\.(source_detail)",
     r"(phases\.\d+|summary)\.engaged\.in_flight_peak",  # from the client's clock
+    # the engine probe draws its prompts from a fresh seed each run (engine_probe.prompt_seed):
+    # its prompts and their hashes differ by design; its verdicts (the properties) are compared
+    r"engine_probe\.prompt_seed", r"engine_probe\.evidence(\..*)?",
 ]
 _IGNORED = re.compile("|".join(f"(?:{p})" for p in IGNORED))
 _VOLATILE_TEXT = re.compile(r"/\S*?/(?=(pleharness|scenarios|profiles)/)"
-                            r"|https?://[\w.]+:\d+|/tmp/\S+|\d+(\.\d+)? ?s\b")
+                            r"|https?://[\w.]+:\d+|/\S+/(?=engine\.log)|/tmp/\S+"
+                            r"|client-seen decode position \d+|\d+(\.\d+)? ?s\b")
 
 
 def _norm(x: Any) -> Any:
-    """Strings lose URLs with ports, temporary paths, durations (e.g. in notes) and the folder
-    of the checkout (``/work/a/pleharness/...`` and ``/work/b/pleharness/...`` compare equal)."""
+    """Strings lose URLs with ports, temporary paths, the run folder of an engine log, the
+    client-seen decode position of an insert (streaming speed), durations (e.g. in notes) and
+    the folder of the checkout (``/work/a/pleharness/...`` and ``/work/b/pleharness/...`` compare equal)."""
     return _VOLATILE_TEXT.sub("<volatile>", x) if isinstance(x, str) else x
 
 

@@ -60,3 +60,14 @@ def test_schema_2_records_file_compares_with_inline_records(tmp_path):
     assert cm.main([str(tmp_path / "old.json"), str(d / "manifest.json")]) == 0
     (d / "requests.jsonl").write_text(json.dumps(dict(rec, output_hash="zz")) + "\n")
     assert cm.main([str(tmp_path / "old.json"), str(d / "manifest.json")]) == 1
+
+
+def test_probe_prompts_insert_positions_and_log_folders_are_left_out_not_the_probe_verdict():
+    def m(seed, pos, folder, reproduce=True):
+        return {"engine_probe": {"prompt_seed": seed, "seeded_samples_reproduce": reproduce,
+                                 "evidence": {"greedy": {"prompt_hash": f"h{seed}"}}},
+                "tables": {"insert": [{"note": f"inserted (client-seen decode position {pos})"}],
+                           "fact_sources": [{"note": f"engine log {folder}/engine.log: B"}]}}
+    assert cm.diff(m(1, 24, "/work/baseline/x"), m(2, 31, "/tmp/r1-after/after")) == []
+    out = cm.diff(m(1, 24, "/a"), m(2, 24, "/a", reproduce=False))
+    assert out == ["engine_probe.seeded_samples_reproduce: True -> False"], out
