@@ -274,12 +274,33 @@ def schedules(space: Space):
     positions and the longest carrier decode."""
     from hypothesis import strategies as st
 
+    phase = _phase_strategy(space, _request_strategy(space))
+
+    def resolve(raw) -> Schedule:
+        return _resolve(space, raw)
+
+    # phases as a list (the shrinker deletes any of them); warm repeats and copies refer to
+    # earlier prompts by index, resolved after drawing
+    # (min_size 0 and a filter: with min_size 1 the first element cannot be deleted)
+    # hypothesis 6.170 fails an internal assertion drawing lists(min_size=0, max_size <= 2)
+    # through a filter ('--max-phases 1' / '2' crashed with exit 4): min_size 1 there (the
+    # delete pass removes a harmless leading phase)
+    if space.max_phases <= 2:
+        return st.lists(phase(), min_size=1, max_size=space.max_phases).map(resolve)
+    return st.lists(phase(), min_size=0, max_size=space.max_phases).filter(bool).map(resolve)
+
+
+def _request_strategy(space: Space):
+    """The composite strategy ``request(carrier=False)`` of :func:`schedules`: draws (kind,
+    index, new :class:`FuzzRequest`). Hypothesis is imported here, not at module import."""
+    from hypothesis import strategies as st
+
     carrier_lengths = [x for x in space.lengths if x[0] <= space.carrier_max_len]
 
     @st.composite
     def request(draw, carrier: bool = False) -> tuple[str, int, FuzzRequest]:
         """(kind, index, new request): kind new | warm | copy; a warm or copy request takes the
-        index-th earlier prompt (resolved in :func:`resolve`), and is this new request when
+        index-th earlier prompt (resolved in :func:`_resolve`), and is this new request when
         there is none. ``carrier``: a prompt with room for the carrier decode."""
         kind = ("new",) * 4 + ("warm", "copy")
         k = kind[draw(st.integers(0, 5))]
@@ -305,6 +326,14 @@ def schedules(space: Space):
             if space.chat_min is not None and length >= space.chat_min else "random"
         seed = draw(st.integers(0, PROMPT_SEEDS - 1))
         return k, idx, FuzzRequest("new", length, shape, seed, mt, stream, why, sample_seed)
+
+    return request
+
+
+def _phase_strategy(space: Space, request):
+    """The composite strategy ``phase()`` of :func:`schedules`: draws (concurrency, requests,
+    carrier or None, inserts) with ``request`` (:func:`_request_strategy`), unresolved."""
+    from hypothesis import strategies as st
 
     @st.composite
     def phase(draw):
@@ -333,60 +362,58 @@ def schedules(space: Space):
             inserts = tuple((at, draw(request())) for at in ats)
         return c, reqs, carrier, inserts
 
-    def resolve(raw) -> Schedule:
-        phases, earlier = [], []
+    return phase
 
-        def one_(k, idx, r, here, own: bool = False):
-            """``own``: a copy keeps its own max_tokens, delivery and sampling (an insert: the
-            prompt of a request in flight, sent later)."""
-            src = earlier if k == "warm" else here if k == "copy" else []
-            if not src:
-                return r
-            e = src[idx % len(src)]
-            if k == "warm" or own:
-                return FuzzRequest(k, e.length, e.shape, e.seed, r.max_tokens, r.stream,
-                                   e.why, r.sample_seed)
-            return FuzzRequest("copy", e.length, e.shape, e.seed, e.max_tokens, e.stream, e.why,
-                               e.sample_seed)
 
-        def fit(r: FuzzRequest) -> FuzzRequest:
-            """A warm repeat or copy of a longer prompt is not sampled (seeded prompts stay
-            within sampled_prompt_len)."""
-            n = space.sampled_prompt_len
-            if r.sample_seed is not None and n and r.length > n:
-                return replace(r, sample_seed=None)
-            return r
+def _resolve_one(space: Space, earlier: list, k: str, idx: int, r: FuzzRequest, here: list,
+                 own: bool = False) -> FuzzRequest:
+    """One drawn request resolved: a warm repeat takes the ``idx``-th of ``earlier`` (new
+    prompts of earlier phases), a copy the ``idx``-th of ``here`` (this phase's so far); with
+    none it stays ``r``. ``own``: a copy keeps its own max_tokens, delivery and sampling (an
+    insert: the prompt of a request in flight, sent later). A warm repeat or copy of a longer
+    prompt is not sampled (seeded prompts stay within sampled_prompt_len)."""
+    src = earlier if k == "warm" else here if k == "copy" else []
+    if not src:
+        out = r
+    else:
+        e = src[idx % len(src)]
+        if k == "warm" or own:
+            out = FuzzRequest(k, e.length, e.shape, e.seed, r.max_tokens, r.stream,
+                              e.why, r.sample_seed)
+        else:
+            out = FuzzRequest("copy", e.length, e.shape, e.seed, e.max_tokens, e.stream, e.why,
+                              e.sample_seed)
+    n = space.sampled_prompt_len
+    if out.sample_seed is not None and n and out.length > n:
+        return replace(out, sample_seed=None)
+    return out
 
-        def one(k, idx, r, here, own=False):  # noqa: F811 - the checked version of one
-            return fit(one_(k, idx, r, here, own))
 
-        for c, reqs, carrier, inserts in raw:
-            out: list[FuzzRequest] = []
-            for k, idx, r in reqs:
-                out.append(one(k, idx, r, out))
-            car, ins = None, ()
-            if carrier is not None:
-                k, idx, r = carrier
-                car = one(k, idx, r, out)
-                if car.source == "warm":  # the carrier keeps its own (long) decode, streamed
-                    car = FuzzRequest("warm", car.length, car.shape, car.seed, r.max_tokens, True,
-                                      car.why, car.sample_seed)
-                ins = tuple(FuzzInsert(at, one(k, idx, r, out + [car], own=True))
-                            for at, (k, idx, r) in inserts)
-            ph = FuzzPhase(c, tuple(out), car, ins)
-            phases.append(ph)
-            earlier.extend(r for r in ph.members() if r.source == "new")
-        return Schedule(tuple(phases))
+def _resolve(space: Space, raw) -> Schedule:
+    """The drawn phases (:func:`_phase_strategy`'s tuples) as a :class:`Schedule`, warm repeats
+    and copies resolved by :func:`_resolve_one`."""
+    phases, earlier = [], []
 
-    # phases as a list (the shrinker deletes any of them); warm repeats and copies refer to
-    # earlier prompts by index, resolved after drawing
-    # (min_size 0 and a filter: with min_size 1 the first element cannot be deleted)
-    # hypothesis 6.170 fails an internal assertion drawing lists(min_size=0, max_size <= 2)
-    # through a filter ('--max-phases 1' / '2' crashed with exit 4): min_size 1 there (the
-    # delete pass removes a harmless leading phase)
-    if space.max_phases <= 2:
-        return st.lists(phase(), min_size=1, max_size=space.max_phases).map(resolve)
-    return st.lists(phase(), min_size=0, max_size=space.max_phases).filter(bool).map(resolve)
+    def one(k, idx, r, here, own=False):
+        return _resolve_one(space, earlier, k, idx, r, here, own)
+
+    for c, reqs, carrier, inserts in raw:
+        out: list[FuzzRequest] = []
+        for k, idx, r in reqs:
+            out.append(one(k, idx, r, out))
+        car, ins = None, ()
+        if carrier is not None:
+            k, idx, r = carrier
+            car = one(k, idx, r, out)
+            if car.source == "warm":  # the carrier keeps its own (long) decode, streamed
+                car = FuzzRequest("warm", car.length, car.shape, car.seed, r.max_tokens, True,
+                                  car.why, car.sample_seed)
+            ins = tuple(FuzzInsert(at, one(k, idx, r, out + [car], own=True))
+                        for at, (k, idx, r) in inserts)
+        ph = FuzzPhase(c, tuple(out), car, ins)
+        phases.append(ph)
+        earlier.extend(r for r in ph.members() if r.source == "new")
+    return Schedule(tuple(phases))
 
 
 def relabel(sched: Schedule) -> Schedule:
@@ -882,41 +909,67 @@ def write_repro(phases: list[PhaseSpecs], sched: Schedule, path: Path, run_id: s
         lines += ["", "[[params.phases]]", f'name = "{name}"', f"concurrency = {n}"]
         rows = [("", r, s, None, s.max_tokens) for r, s in zip(ph.requests, specs.requests)]
         if ph.carrier:
-            ins = []
-            for j, (x, (s, _)) in enumerate(zip(ph.inserts, specs.inserts)):
-                at, role = x.at, f"insert after {x.at} carrier tokens, "
-                seen, running = pos.get((i, j), (None, False))
-                if seen is not None and running and seen > at:
-                    at = seen
-                    role = (f"insert after {at} carrier tokens (drawn {x.at}; sent at "
-                            f"client-seen carrier position {seen} in the failing run), ")
-                ins.append([role, x.request, s, at])
-            cmt = specs.carrier.max_tokens
-            want = max([a for *_, a in ins], default=0) + runway if ins else cmt
-            if max_model_len:
-                want = min(want, int(max_model_len) - len(specs.carrier.prompt))
-            role = "carrier decode, "
-            if want > cmt:
-                role = (f"carrier decode (max_tokens {cmt} in the failing run, {want} here: "
-                        f"{want - max(a for *_, a in ins)} tokens past the last insert, so it "
-                        "lands while the carrier runs), ")
-                cmt = want
-            for x in ins:
-                x[3] = min(x[3], cmt - 1)
-            rows.append((role, ph.carrier, specs.carrier, None, cmt))
-            rows += [(a, b, c, d, c.max_tokens) for a, b, c, d in ins]
-        for role, r, s, at, mt in rows:
-            note = (f"{role}{r.source} len {r.length} ({r.why}); max_tokens "
-                    f"{r.max_tokens}").replace('"', "'")
-            lines += ["", "[[params.phases.requests]]",
-                      f"prompt = {json.dumps(list(s.prompt.ids))}",
-                      f"max_tokens = {mt}", f"stream = {str(r.stream).lower()}"]
-            if s.temperature > 0:
-                lines += [f"temperature = {s.temperature!r}", f"seed = {s.seed}"]
-            if at is not None:
-                lines += [f"insert_into = {len(ph.requests)}", f"insert_after_tokens = {at}"]
-            lines.append(f'note = "{note}"')
-    for f in failed or []:
+            rows += _repro_carrier_rows(i, ph, specs, pos, runway, max_model_len)
+        lines += _repro_request_lines(ph, rows)
+    lines += _repro_failed_lines(failed or [], names)
+    write_atomic(path, "\n".join(lines) + "\n")
+
+
+def _repro_carrier_rows(i: int, ph: FuzzPhase, specs: PhaseSpecs, pos: dict, runway: int,
+                        max_model_len: int | None) -> list[tuple]:
+    """The rows (role note, request, spec, insert_after_tokens or None, max_tokens) of phase
+    ``i``'s carrier and its inserts for :func:`write_repro`: an insert at the later of its drawn
+    and its sent position (``pos``: (phase, insert) -> (client-seen position, carrier still
+    running)); the carrier's max_tokens raised to ``runway`` past the last insert (within
+    ``max_model_len`` when known), and each insert kept below the carrier's max_tokens."""
+    ins = []
+    for j, (x, (s, _)) in enumerate(zip(ph.inserts, specs.inserts)):
+        at, role = x.at, f"insert after {x.at} carrier tokens, "
+        seen, running = pos.get((i, j), (None, False))
+        if seen is not None and running and seen > at:
+            at = seen
+            role = (f"insert after {at} carrier tokens (drawn {x.at}; sent at "
+                    f"client-seen carrier position {seen} in the failing run), ")
+        ins.append([role, x.request, s, at])
+    cmt = specs.carrier.max_tokens
+    want = max([a for *_, a in ins], default=0) + runway if ins else cmt
+    if max_model_len:
+        want = min(want, int(max_model_len) - len(specs.carrier.prompt))
+    role = "carrier decode, "
+    if want > cmt:
+        role = (f"carrier decode (max_tokens {cmt} in the failing run, {want} here: "
+                f"{want - max(a for *_, a in ins)} tokens past the last insert, so it "
+                "lands while the carrier runs), ")
+        cmt = want
+    for x in ins:
+        x[3] = min(x[3], cmt - 1)
+    return [(role, ph.carrier, specs.carrier, None, cmt)] + \
+        [(a, b, c, d, c.max_tokens) for a, b, c, d in ins]
+
+
+def _repro_request_lines(ph: FuzzPhase, rows: list[tuple]) -> list[str]:
+    """The ``[[params.phases.requests]]`` TOML lines of one phase's ``rows`` (role note,
+    request, spec, insert_after_tokens or None, max_tokens) for :func:`write_repro`."""
+    lines: list[str] = []
+    for role, r, s, at, mt in rows:
+        note = (f"{role}{r.source} len {r.length} ({r.why}); max_tokens "
+                f"{r.max_tokens}").replace('"', "'")
+        lines += ["", "[[params.phases.requests]]",
+                  f"prompt = {json.dumps(list(s.prompt.ids))}",
+                  f"max_tokens = {mt}", f"stream = {str(r.stream).lower()}"]
+        if s.temperature > 0:
+            lines += [f"temperature = {s.temperature!r}", f"seed = {s.seed}"]
+        if at is not None:
+            lines += [f"insert_into = {len(ph.requests)}", f"insert_after_tokens = {at}"]
+        lines.append(f'note = "{note}"')
+    return lines
+
+
+def _repro_failed_lines(failed: list, names: list[str]) -> list[str]:
+    """The ``[[params.failed]]`` TOML lines of ``failed`` (:meth:`Fuzz._failed`'s rows), each
+    phase named by ``names`` (1-based; any other phase is ``references``)."""
+    lines: list[str] = []
+    for f in failed:
         ph = f.get("phase")
         name = names[ph - 1] if isinstance(ph, int) and 0 < ph <= len(names) else "references"
         lines += ["", "[[params.failed]]", f'phase = "{name}"']
@@ -929,7 +982,7 @@ def write_repro(phases: list[PhaseSpecs], sched: Schedule, path: Path, run_id: s
         for key in ("run", "compared_with", "detail"):
             if f.get(key):
                 lines.append(f"{key} = {json.dumps(str(f[key]))}")
-    write_atomic(path, "\n".join(lines) + "\n")
+    return lines
 
 
 def _keep(ctx: "ScenarioContext", rows: list[dict], table: str, row: dict) -> None:
