@@ -705,22 +705,15 @@ class Fuzz(Scenario):
         return markdown_lines(m)
 
     def run(self, ctx: "ScenarioContext") -> None:
-        from hypothesis import HealthCheck, Phase, given, seed, settings
-        from hypothesis.database import DirectoryBasedExampleDatabase
         from hypothesis.errors import HypothesisException
 
-        from .shared.chat import ChatParams, builder
         p = self.params
         run_dir = Path(ctx.run_dir)
         space = build_space(ctx.facts.values if hasattr(ctx.facts, "values") else ctx.facts, p,
                             ctx.engine_probe)
         self._prompts: dict[tuple, Prompt] = {}
         if p.chat:
-            try:
-                self._builder = builder(ctx, ChatParams())
-                space.chat_min = len(self._builder.template(INSTRUCTION))
-            except Exception as exc:  # noqa: BLE001 - no /tokenize: random prompts only
-                ctx.console.print(f"fuzz: chat-shaped prompts off ({exc})")
+            self._chat_prompts(ctx, space)
         db_path = Path(p.db) if p.db else run_dir / "hypothesis-db"
         examples: list[dict] = []  # also the manifest's tables of these names (_keep)
         steps: list[dict] = []
@@ -740,6 +733,71 @@ class Fuzz(Scenario):
                                     description=f"fuzz: {state['n']} examples, "
                                     f"{state['failures']} failing, "
                                     f"{time.monotonic() - t_start:.0f} s")
+
+        prop = self._property(ctx, memo, state, examples, steps, live, t_start)
+        test = self._hypothesis_test(prop, space, db_path)
+        minimal: Schedule | None = None
+        first = ctx.mark()
+        live()
+        try:
+            test()
+        except _Abort as a:
+            if task is not None:
+                ctx.progress.remove_task(task)
+            raise a.exc from None
+        except _PropertyFailed:
+            minimal = state.get("last_fail") or state["minimal"]
+        except HypothesisException as exc:  # e.g. Flaky: keep the smallest failure seen
+            ctx.console.print(f"fuzz: hypothesis: {exc.__class__.__name__}: {exc}")
+            minimal = state["minimal"]
+        if minimal is not None and p.shrink:
+            try:
+                minimal = self._delete_pass(ctx, minimal, memo, state, examples, steps, live,
+                                            t_start)
+            except _Abort as a:
+                if task is not None:
+                    ctx.progress.remove_task(task)
+                raise a.exc from None
+        if task is not None:
+            ctx.progress.remove_task(task)
+        elapsed = time.monotonic() - t_start
+        summary = self._summary(state, space, examples, db_path, elapsed)
+        if minimal is not None and p.confirm:
+            smallest = minimal
+            minimal, summary["rechecked_in_process"] = self._confirm(
+                ctx, minimal, state["failing"], examples)
+            if summary["rechecked_in_process"] and minimal.key() != smallest.key():
+                summary["smallest_unconfirmed"] = smallest.summary()
+                ctx.console.print("fuzz: the smallest failing schedule did not fail again; the "
+                                  f"reproducer is the smallest one that did: {minimal.summary()}")
+        if minimal is not None:
+            repro = self._write_reproducers(ctx, minimal, state, examples, summary, run_dir)
+            ctx.console.print(f"fuzz: minimal failing schedule {minimal.summary()} "
+                              f"(after {len(steps)} failing example(s)); reproducer: {repro}")
+        else:
+            ctx.console.print(f"fuzz: {state['n']} examples passed in {elapsed:.0f} s")
+        ctx.set_table("fuzz_summary", [summary])
+        ctx.add_planned_phases(sum(1 for ph in ctx.since(first)[0] if ph.role == "load"))
+
+    def _chat_prompts(self, ctx: "ScenarioContext", space: Space) -> None:
+        """Chat-shaped prompts on: the chat template's builder kept and ``space.chat_min`` set
+        to the template's length; without /tokenize (any error) random prompts only, said on
+        the console."""
+        from .shared.chat import ChatParams, builder
+        try:
+            self._builder = builder(ctx, ChatParams())
+            space.chat_min = len(self._builder.template(INSTRUCTION))
+        except Exception as exc:  # noqa: BLE001 - no /tokenize: random prompts only
+            ctx.console.print(f"fuzz: chat-shaped prompts off ({exc})")
+
+    def _property(self, ctx: "ScenarioContext", memo: dict, state: dict, examples: list,
+                  steps: list, live, t_start: float):
+        """The hypothesis property over one :class:`Schedule`: runs it once (a replayed key
+        takes its ``memo`` row), skips it out of time (``time_budget_s`` while searching,
+        ``shrink_budget_s`` after the first failure; counted in ``state["skipped"]``), keeps
+        the rows (``fuzz_examples``, ``fuzz_shrink_steps``) and raises
+        :class:`_PropertyFailed` on a failing example."""
+        p = self.params
 
         def prop(sched: Schedule) -> None:
             k = sched.key()
@@ -775,100 +833,85 @@ class Fuzz(Scenario):
                 state["last_fail"] = sched
                 raise _PropertyFailed(f"{row['example']}: {row['schedule']}")
 
+        return prop
+
+    def _hypothesis_test(self, prop, space: Space, db_path: Path):
+        """``prop`` as a hypothesis test over :func:`schedules` (seed, max_examples, the example
+        database at ``db_path``, no deadline, shrinking only with ``shrink``)."""
+        from hypothesis import HealthCheck, Phase, given, seed, settings
+        from hypothesis.database import DirectoryBasedExampleDatabase
+        p = self.params
         test = given(schedules(space))(prop)
         test = seed(p.seed)(test)
-        test = settings(max_examples=p.max_examples, deadline=None, derandomize=False,
+        return settings(max_examples=p.max_examples, deadline=None, derandomize=False,
                         database=DirectoryBasedExampleDatabase(str(db_path)),
                         phases=[Phase.explicit, Phase.reuse, Phase.generate]
                         + ([Phase.shrink] if p.shrink else []),
                         suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
                         print_blob=False)(test)
-        minimal: Schedule | None = None
-        first = ctx.mark()
-        live()
-        try:
-            test()
-        except _Abort as a:
-            if task is not None:
-                ctx.progress.remove_task(task)
-            raise a.exc from None
-        except _PropertyFailed:
-            minimal = state.get("last_fail") or state["minimal"]
-        except HypothesisException as exc:  # e.g. Flaky: keep the smallest failure seen
-            ctx.console.print(f"fuzz: hypothesis: {exc.__class__.__name__}: {exc}")
-            minimal = state["minimal"]
-        if minimal is not None and p.shrink:
-            try:
-                minimal = self._delete_pass(ctx, minimal, memo, state, examples, steps, live,
-                                            t_start)
-            except _Abort as a:
-                if task is not None:
-                    ctx.progress.remove_task(task)
-                raise a.exc from None
-        if task is not None:
-            ctx.progress.remove_task(task)
-        elapsed = time.monotonic() - t_start
+
+    def _summary(self, state: dict, space: Space, examples: list, db_path: Path,
+                 elapsed: float) -> dict[str, Any]:
+        """The ``fuzz_summary`` row before confirmation and reproducers (their keys None)."""
+        p = self.params
         run_walls = [r["wall_s"] for r in examples]
-        summary = {"examples_run": state["n"], "failing_examples": state["failures"],
-                   "examples_to_failure": state.get("examples_to_failure"),
-                   "skipped_out_of_time": state["skipped"], "seed": p.seed,
-                   "max_examples": p.max_examples, "time_budget_s": p.time_budget_s,
-                   "database": str(db_path), "elapsed_s": round(elapsed, 3),
-                   "s_per_example": round(sum(run_walls) / len(run_walls), 3) if run_walls
-                   else None, "repro": None, "minimal_schedule": None,
-                   "rechecked_in_process": None, "confirmed": None, "reproduction": None,
-                   "space": {"q": space.q, "lengths": [x for x, _ in space.lengths],
-                             "uniform_max_len": space.max_len,
-                             "concurrency_edges": space.concurrency_edges,
-                             "max_concurrency": space.max_concurrency,
-                             "chat_min_len": space.chat_min, "max_inserts": space.max_inserts,
-                             "carrier_tokens": space.carrier_tokens,
-                             "carrier_max_len": space.carrier_max_len,
-                             "sampled": space.sampled, "notes": space.notes}}
-        if minimal is not None and p.confirm:
-            smallest = minimal
-            minimal, summary["rechecked_in_process"] = self._confirm(
-                ctx, minimal, state["failing"], examples)
-            if summary["rechecked_in_process"] and minimal.key() != smallest.key():
-                summary["smallest_unconfirmed"] = smallest.summary()
-                ctx.console.print("fuzz: the smallest failing schedule did not fail again; the "
-                                  f"reproducer is the smallest one that did: {minimal.summary()}")
-        if minimal is not None:
-            repro = run_dir / "repro.toml"
-            last = self._last_failing(examples, minimal)
-            mml = ctx.facts.get("max_model_len")
-            write_repro(self.specs(ctx, minimal), minimal, repro, ctx.run_id,
-                        sent=last.get("insert_sent"), failed=last.get("failed"),
+        return {"examples_run": state["n"], "failing_examples": state["failures"],
+                "examples_to_failure": state.get("examples_to_failure"),
+                "skipped_out_of_time": state["skipped"], "seed": p.seed,
+                "max_examples": p.max_examples, "time_budget_s": p.time_budget_s,
+                "database": str(db_path), "elapsed_s": round(elapsed, 3),
+                "s_per_example": round(sum(run_walls) / len(run_walls), 3) if run_walls
+                else None, "repro": None, "minimal_schedule": None,
+                "rechecked_in_process": None, "confirmed": None, "reproduction": None,
+                "space": {"q": space.q, "lengths": [x for x, _ in space.lengths],
+                          "uniform_max_len": space.max_len,
+                          "concurrency_edges": space.concurrency_edges,
+                          "max_concurrency": space.max_concurrency,
+                          "chat_min_len": space.chat_min, "max_inserts": space.max_inserts,
+                          "carrier_tokens": space.carrier_tokens,
+                          "carrier_max_len": space.carrier_max_len,
+                          "sampled": space.sampled, "notes": space.notes}}
+
+    def _write_reproducers(self, ctx: "ScenarioContext", minimal: Schedule, state: dict,
+                           examples: list, summary: dict, run_dir: Path) -> Path:
+        """``repro.toml`` of ``minimal`` (and ``repro-larger.toml`` of the first failing
+        schedule when it differs) in ``run_dir``; the ``reproducers`` and ``fuzz_failing``
+        tables added and ``summary`` updated. Returns the reproducer's path."""
+        repro = run_dir / "repro.toml"
+        last = self._last_failing(examples, minimal)
+        mml = ctx.facts.get("max_model_len")
+        write_repro(self.specs(ctx, minimal), minimal, repro, ctx.run_id,
+                    sent=last.get("insert_sent"), failed=last.get("failed"),
+                    max_model_len=mml)
+        summary.update(repro=str(repro), minimal_schedule=minimal.summary())
+        entry = {"source": "fuzz", "path": repro.name, "schedule": minimal.summary(),
+                 "summary_table": "fuzz_summary"}
+        larger = state["failing"][0] if state["failing"] else None
+        if larger is not None and larger.key() != minimal.key():
+            fb = run_dir / "repro-larger.toml"
+            lrow = self._last_failing(examples, larger)
+            write_repro(self.specs(ctx, larger), larger, fb, ctx.run_id,
+                        sent=lrow.get("insert_sent"), failed=lrow.get("failed"),
+                        what="first failing schedule (before shrinking)",
                         max_model_len=mml)
-            summary.update(repro=str(repro), minimal_schedule=minimal.summary())
-            entry = {"source": "fuzz", "path": repro.name, "schedule": minimal.summary(),
-                     "summary_table": "fuzz_summary"}
-            larger = state["failing"][0] if state["failing"] else None
-            if larger is not None and larger.key() != minimal.key():
-                fb = run_dir / "repro-larger.toml"
-                lrow = self._last_failing(examples, larger)
-                write_repro(self.specs(ctx, larger), larger, fb, ctx.run_id,
-                            sent=lrow.get("insert_sent"), failed=lrow.get("failed"),
-                            what="first failing schedule (before shrinking)",
-                            max_model_len=mml)
-                entry.update(fallback=fb.name, fallback_schedule=larger.summary())
-                summary["repro_larger"] = str(fb)
-            ctx.add_table("reproducers", [entry])
-            ctx.set_table("fuzz_failing", [
-                {"phase": i, "concurrency": ph.concurrency, "role": role, "source": r.source,
-                 "prompt_len": r.length, "why": r.why, "shape": r.shape, "seed": r.seed,
-                 "max_tokens": r.max_tokens, "stream": r.stream, "sample_seed": r.sample_seed,
-                 "insert_after_tokens": at}
-                for i, ph in enumerate(minimal.phases, 1)
-                for role, r, at in [("request", r, None) for r in ph.requests]
-                + ([("carrier", ph.carrier, None)] if ph.carrier else [])
-                + [("insert", x.request, x.at) for x in ph.inserts]])
-            ctx.console.print(f"fuzz: minimal failing schedule {minimal.summary()} "
-                              f"(after {len(steps)} failing example(s)); reproducer: {repro}")
-        else:
-            ctx.console.print(f"fuzz: {state['n']} examples passed in {elapsed:.0f} s")
-        ctx.set_table("fuzz_summary", [summary])
-        ctx.add_planned_phases(sum(1 for ph in ctx.since(first)[0] if ph.role == "load"))
+            entry.update(fallback=fb.name, fallback_schedule=larger.summary())
+            summary["repro_larger"] = str(fb)
+        ctx.add_table("reproducers", [entry])
+        ctx.set_table("fuzz_failing", _failing_rows(minimal))
+        return repro
+
+
+def _failing_rows(sched: Schedule) -> list[dict[str, Any]]:
+    """The ``fuzz_failing`` table of ``sched``: one row per request, carrier and insert."""
+    return [
+        {"phase": i, "concurrency": ph.concurrency, "role": role, "source": r.source,
+         "prompt_len": r.length, "why": r.why, "shape": r.shape, "seed": r.seed,
+         "max_tokens": r.max_tokens, "stream": r.stream, "sample_seed": r.sample_seed,
+         "insert_after_tokens": at}
+        for i, ph in enumerate(sched.phases, 1)
+        for role, r, at in [("request", r, None) for r in ph.requests]
+        + ([("carrier", ph.carrier, None)] if ph.carrier else [])
+        + [("insert", x.request, x.at) for x in ph.inserts]]
 
 
 def write_repro(phases: list[PhaseSpecs], sched: Schedule, path: Path, run_id: str, *,
