@@ -90,6 +90,47 @@ def run_probe(ctx, prompt_seed: int | None = None) -> dict[str, Any]:
     seed = secrets.randbits(31) if prompt_seed is None else int(prompt_seed)
     v = int(ctx.facts.get("vocab_size") or 256)
     lo = min(16, v - 1)
+    seeded_ev, seeded_ok, seeded_err, solo, n_req = _seeded_alone(ctx, seed, lo, v)
+    alone = None if seeded_err else seeded_ok
+    batch_ok, batch_ev = None, None
+    if alone:
+        batch_ok, batch_ev, n = _seeded_batch(ctx, seeded_ev, solo)
+        n_req += n
+        if batch_ev.get("error"):
+            seeded_err, batch_ok = batch_ev["error"], None
+    length, gp, outs, greedy_err, n = _greedy_runs(ctx, seed, lo, v)
+    n_req += n
+    cold_warm = repeat = None
+    if greedy_err is None:
+        cold_warm = first_divergence(outs[0], outs[1])
+        repeat = first_divergence(outs[1][:MAX_TOKENS - 1], outs[2])
+    probe: dict[str, Any] = {
+        "status": "measured",
+        "seeded_samples_reproduce": (False if False in (alone, batch_ok) else
+                                     None if None in (alone, batch_ok) else True),
+        "seeded_samples_reproduce_alone": alone,
+        "seeded_samples_reproduce_in_batch": batch_ok,
+        "greedy_repeats": None if greedy_err else repeat is None,
+        "warm_equals_cold": None if greedy_err else cold_warm is None,
+        "evidence": {
+            "seeded_samples": {"temperature": TEMPERATURE, "max_tokens": MAX_TOKENS,
+                               "repeats": REPEATS, "prompts": seeded_ev, "error": seeded_err,
+                               "batch": batch_ev},
+            "greedy": {"prompt_len": length, "prompt_hash": gp.hash, "max_tokens": MAX_TOKENS,
+                       "output_hashes": [token_hash(o) for o in outs],
+                       "warm_vs_cold_first_divergence": cold_warm,
+                       "warm_repeat_first_divergence": repeat, "error": greedy_err}},
+        "requests": n_req, "prompt_seed": seed,
+        "wall_s": round(time.monotonic() - t0, 3), "warnings": []}
+    probe["warnings"] += _warnings(probe, repeat, cold_warm, seeded_err, greedy_err)
+    return probe
+
+
+def _seeded_alone(ctx, seed: int, lo: int, v: int):
+    """The seeded samples alone: SEEDED_PROMPTS one-token prompts (token IDs in [lo, v)), each
+    sent REPEATS times, one at a time, with its own seed; stops at the first request error or
+    the first prompt whose runs differ. Returns (evidence per prompt, all repeated, the error
+    or None, [(spec, outputs)] per prompt, requests sent)."""
     n_req = 0
     seeded_ev, seeded_ok, seeded_err = [], True, None
     solo: list[tuple[RequestSpec, list[list[int]]]] = []  # per seeded prompt: spec, outputs
@@ -115,13 +156,13 @@ def run_probe(ctx, prompt_seed: int | None = None) -> dict[str, Any]:
                           "first_divergence": next((d for d in div if d is not None), None)})
         if not same:
             break  # measured: one pair that differs settles it
-    alone = None if seeded_err else seeded_ok
-    batch_ok, batch_ev = None, None
-    if alone:
-        batch_ok, batch_ev, n = _seeded_batch(ctx, seeded_ev, solo)
-        n_req += n
-        if batch_ev.get("error"):
-            seeded_err, batch_ok = batch_ev["error"], None
+    return seeded_ev, seeded_ok, seeded_err, solo, n_req
+
+
+def _greedy_runs(ctx, seed: int, lo: int, v: int):
+    """One greedy prompt of block_size + GREEDY_EXTRA tokens (within max_model_len) sent cold,
+    warm, and warm with one token fewer, one at a time; stops at the first error. Returns
+    (prompt length, prompt, outputs, the error or None, requests sent)."""
     b = int(ctx.facts.get("block_size") or 16)
     m = ctx.facts.get("max_model_len")
     length = b + GREEDY_EXTRA
@@ -131,7 +172,7 @@ def run_probe(ctx, prompt_seed: int | None = None) -> dict[str, Any]:
     greedy = [RequestSpec(gp, MAX_TOKENS, compare=False, checks={}),
               RequestSpec(gp, MAX_TOKENS, compare=False, checks={}),
               RequestSpec(gp, MAX_TOKENS - 1, compare=False, checks={})]
-    outs, greedy_err = [], None
+    outs, greedy_err, n_req = [], None, 0
     for s in greedy:
         ids, err = _run(ctx, s)
         n_req += 1
@@ -139,41 +180,26 @@ def run_probe(ctx, prompt_seed: int | None = None) -> dict[str, Any]:
             greedy_err = err
             break
         outs.append(ids)
-    cold_warm = repeat = None
-    if greedy_err is None:
-        cold_warm = first_divergence(outs[0], outs[1])
-        repeat = first_divergence(outs[1][:MAX_TOKENS - 1], outs[2])
-    probe: dict[str, Any] = {
-        "status": "measured",
-        "seeded_samples_reproduce": (False if False in (alone, batch_ok) else
-                                     None if None in (alone, batch_ok) else True),
-        "seeded_samples_reproduce_alone": alone,
-        "seeded_samples_reproduce_in_batch": batch_ok,
-        "greedy_repeats": None if greedy_err else repeat is None,
-        "warm_equals_cold": None if greedy_err else cold_warm is None,
-        "evidence": {
-            "seeded_samples": {"temperature": TEMPERATURE, "max_tokens": MAX_TOKENS,
-                               "repeats": REPEATS, "prompts": seeded_ev, "error": seeded_err,
-                               "batch": batch_ev},
-            "greedy": {"prompt_len": length, "prompt_hash": gp.hash, "max_tokens": MAX_TOKENS,
-                       "output_hashes": [token_hash(o) for o in outs],
-                       "warm_vs_cold_first_divergence": cold_warm,
-                       "warm_repeat_first_divergence": repeat, "error": greedy_err}},
-        "requests": n_req, "prompt_seed": seed,
-        "wall_s": round(time.monotonic() - t0, 3), "warnings": []}
+    return length, gp, outs, greedy_err, n_req
+
+
+def _warnings(probe: dict, repeat, cold_warm, seeded_err, greedy_err) -> list[str]:
+    """The probe's warnings: greedy outputs that do not repeat, a warm run unlike the cold one,
+    and each part not measured for a request error."""
+    out = []
     if probe["greedy_repeats"] is False:
-        probe["warnings"].append(
+        out.append(
             f"greedy outputs do not repeat alone (two warm solo runs differ at position "
             f"{repeat}): solo parity has no stable reference on this engine; run a control "
             "(docs/attribution.md)")
     if probe["warm_equals_cold"] is False:
-        probe["warnings"].append(
+        out.append(
             f"a warm (prefix-cached) solo run differs from the cold one at position {cold_warm}: "
             "cold and warm references may disagree without a load bug")
     for name, err in (("seeded samples", seeded_err), ("greedy repeats", greedy_err)):
         if err:
-            probe["warnings"].append(f"engine probe of {name} failed ({err}): not measured")
-    return probe
+            out.append(f"engine probe of {name} failed ({err}): not measured")
+    return out
 
 
 def _seeded_batch(ctx, seeded_ev: list[dict], solo: list[tuple[RequestSpec, list[list[int]]]]

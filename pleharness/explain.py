@@ -374,7 +374,18 @@ def narrow_down(case: "Case", suspects: Sequence[Suspect]) -> dict[str, Any]:
         if s.combines and set(s.combines) <= set(conds) and "fails" in res.get(s.name, {}):
             out["interaction"] = {"features": list(s.combines),
                                   "confirmed": not res[s.name]["fails"], "cell": s.name}
+    out["numeric"] = _numeric_settings(case, suspects)
+    out["summary"] = _summary(out, by_name)
+    return out
+
+
+def _numeric_settings(case: "Case", suspects: Sequence[Suspect]) -> list[dict[str, Any]]:
+    """:func:`narrow_down`'s ``numeric``: per numeric setting whose suspects ran, ``{"fact",
+    "symbol", "formula", "points": [{value, length, fails, fails_as_run}] (sorted by value; the
+    first the configuration under test), "moves"}`` (True / False / None as documented
+    there)."""
     settings: dict[str, dict[str, Any]] = {}
+    res = case.results
     for s in suspects:
         r = res.get(s.name, {})
         if not s.setting or "fails" not in r:
@@ -398,9 +409,7 @@ def narrow_down(case: "Case", suspects: Sequence[Suspect]) -> dict[str, Any]:
             st["moves"] = None
         st["points"].sort(key=lambda p: p["value"])
         del st["old_length_fails"]
-        out["numeric"].append(st)
-    out["summary"] = _summary(out, by_name)
-    return out
+    return list(settings.values())
 
 
 def _numeric_text(st: dict[str, Any]) -> str:

@@ -573,14 +573,14 @@ class EngineClient:
 
     async def _stream(self, body: dict, out: Completion, a: _Active, on_token,
                       abandon_after: int | None = None) -> None:
-        t0 = a.t0
+        """A streamed completion (SSE ``data:`` events, each read as it arrives): token IDs,
+        TTFT and ITL (seconds, from ``a.t0``) into ``out``; ``abandon_after``: close the stream
+        after that many tokens (0: before the first), the request recorded as ``abandoned``."""
         out.started_at = time.time()
-        last = t0
         resp = await self._post(body, out)
         if resp is None:
             return
         ids_out = out.token_ids
-        itl = out.itl_s
         texts: list[str] = []
         try:
             if resp.status != 200:
@@ -606,57 +606,11 @@ class EngineClient:
                     lines = data.split(b"\n")
                     buf = lines.pop()
                 for raw in lines:
-                    if raw[:5] != b"data:":
-                        continue
-                    payload = raw[5:].strip()
-                    if payload == b"[DONE]":
+                    got = _take_line(raw, now, out, a, on_token, texts)
+                    if got is _STOP:
+                        return
+                    if got is _DONE:
                         done = True  # read on to the end of the body so the connection is reused
-                        continue
-                    try:
-                        chunk = _loads(payload)
-                    except ValueError:
-                        return _fail(out, "protocol", f"malformed stream chunk after "
-                                     f"{len(ids_out)} tokens: {_show(payload)}")
-                    if type(chunk) is not dict:
-                        return _fail(out, "protocol", f"unexpected stream chunk: {_show(payload)}")
-                    choices = chunk.get("choices")
-                    if "error" in chunk and not choices:
-                        return _fail(out, "http", f"error in stream: {str(chunk['error'])[:300]}")
-                    usage = chunk.get("usage")
-                    if usage:
-                        out.prompt_tokens = usage.get("prompt_tokens")
-                        out.completion_tokens = usage.get("completion_tokens")
-                    if not choices:
-                        continue
-                    for choice in choices:
-                        if choice.get("prompt_token_ids") is not None:
-                            out.prompt_token_ids = list(choice["prompt_token_ids"])
-                        ids = choice.get("token_ids")
-                        text = choice.get("text") or ""
-                        if ids is None:
-                            if text or choice.get("finish_reason") is None:
-                                return _fail(out, "protocol",
-                                             "stream chunk without token_ids (return_token_ids "
-                                             f"unsupported?): {_show(payload)}")
-                            ids = ()
-                        if ids:
-                            if out.ttft_s is None:
-                                out.ttft_s = now - t0
-                            else:
-                                itl.append(now - last)
-                            last = now
-                            ids_out.extend(map(int, ids))
-                            a.last, a.tokens = now, len(ids_out)
-                            if on_token is not None:
-                                on_token(len(ids_out))
-                        if text:
-                            texts.append(text)
-                        if out.chunks is not None and (ids or text):
-                            out.chunks.append(([int(i) for i in ids], text))
-                        if out.logprobs is not None:
-                            _take_logprobs(choice, out)
-                        if choice.get("finish_reason") is not None:
-                            out.finish_reason = choice["finish_reason"]
                 if abandon_after is not None and len(ids_out) >= abandon_after and not done \
                         and out.finish_reason is None:
                     return _abandon(resp, out, f"after {len(ids_out)} tokens")
@@ -722,6 +676,80 @@ class EngineClient:
             return _fail(out, kind, f"{exc.__class__.__name__}: {_text(exc)}")
         finally:
             resp.release()
+
+
+_DONE, _STOP = object(), object()  # _take_line: [DONE] seen / the request failed (recorded)
+
+
+def _take_line(raw: bytes, now: float, out: Completion, a: _Active, on_token,
+               texts: list[str]):
+    """One SSE line of a streamed completion arrived at ``now`` (monotonic s) taken into
+    ``out`` (usage, then each choice by :func:`_take_choice`). Returns ``_DONE`` for
+    ``data: [DONE]``, ``_STOP`` when the line failed the request (recorded by :func:`_fail`),
+    else None (also for a line that is not a ``data:`` event)."""
+    if raw[:5] != b"data:":
+        return None
+    payload = raw[5:].strip()
+    if payload == b"[DONE]":
+        return _DONE
+    try:
+        chunk = _loads(payload)
+    except ValueError:
+        _fail(out, "protocol", f"malformed stream chunk after "
+              f"{len(out.token_ids)} tokens: {_show(payload)}")
+        return _STOP
+    if type(chunk) is not dict:
+        _fail(out, "protocol", f"unexpected stream chunk: {_show(payload)}")
+        return _STOP
+    choices = chunk.get("choices")
+    if "error" in chunk and not choices:
+        _fail(out, "http", f"error in stream: {str(chunk['error'])[:300]}")
+        return _STOP
+    usage = chunk.get("usage")
+    if usage:
+        out.prompt_tokens = usage.get("prompt_tokens")
+        out.completion_tokens = usage.get("completion_tokens")
+    for choice in choices or ():
+        if _take_choice(choice, payload, now, out, a, on_token, texts):
+            return _STOP
+    return None
+
+
+def _take_choice(choice: dict, payload: bytes, now: float, out: Completion, a: _Active,
+                 on_token, texts: list[str]) -> bool:
+    """One stream choice taken into ``out``: its token IDs (the first sets TTFT = ``now`` -
+    ``a.t0``, each later one an ITL of ``now`` - ``a.last``, the previous arrival with tokens;
+    ``on_token(total)`` called), text, chunk, logprobs and finish_reason. Returns True when it
+    failed the request (a chunk without token_ids that is not a bare finish)."""
+    if choice.get("prompt_token_ids") is not None:
+        out.prompt_token_ids = list(choice["prompt_token_ids"])
+    ids = choice.get("token_ids")
+    text = choice.get("text") or ""
+    if ids is None:
+        if text or choice.get("finish_reason") is None:
+            _fail(out, "protocol", "stream chunk without token_ids (return_token_ids "
+                  f"unsupported?): {_show(payload)}")
+            return True
+        ids = ()
+    if ids:
+        ids_out = out.token_ids
+        if out.ttft_s is None:
+            out.ttft_s = now - a.t0
+        else:
+            out.itl_s.append(now - a.last)
+        ids_out.extend(map(int, ids))
+        a.last, a.tokens = now, len(ids_out)
+        if on_token is not None:
+            on_token(len(ids_out))
+    if text:
+        texts.append(text)
+    if out.chunks is not None and (ids or text):
+        out.chunks.append(([int(i) for i in ids], text))
+    if out.logprobs is not None:
+        _take_logprobs(choice, out)
+    if choice.get("finish_reason") is not None:
+        out.finish_reason = choice["finish_reason"]
+    return False
 
 
 def _text(exc: BaseException, n: int = 200) -> str:

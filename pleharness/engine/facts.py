@@ -469,29 +469,11 @@ def fetch_server_info(client) -> tuple[dict | None, str]:
         return None, "/server_info did not answer JSON"
 
 
-def gather_facts(*, explicit: dict[str, Any] | None = None, engine_args: Sequence[str] | None = None,
-                 launched: bool = False, tp: int | None = None, model_card: dict | None = None,
-                 model_path: str | None = None, client=None, engine_log: str | Path | None = None,
-                 engine_first: bool = True) -> EngineFacts:
-    """Collect engine facts from every source in the module docstring and resolve them.
-
-    Args:
-        explicit: {fact: value} from the harness's flags (``--block-size`` ...).
-        engine_args: the launched engine's command line (launch arguments).
-        launched: True for an engine the harness launched (absent flags then mean vLLM defaults).
-        tp: tensor-parallel size the harness asked for.
-        model_card: the model's /v1/models entry (``max_model_len``).
-        model_path: local model folder (config.json hints).
-        client: an :class:`~.client.EngineClient` of a ready engine: /metrics and /server_info
-            are read through it.
-        engine_log: path of the engine's log (launched engines).
-        engine_first: False ranks the launch arguments and flags above the engine's own values
-            (used for a reference engine that must take the references of the engine under
-            test's lengths; the engine's values then only fill what the arguments leave open).
-    """
-    f = EngineFacts()
-    eng = 0 if engine_first else 100
-
+def _observe_engine(f: EngineFacts, client, engine_log: str | Path | None,
+                    model_card: dict | None, eng: int) -> None:
+    """The engine's own values observed in ``f``: /metrics and /server_info (through
+    ``client``), the engine log, the /v1/models card; each rank raised by ``eng`` (0, or 100
+    when the launch arguments rank above the engine's values)."""
     if client is not None:
         text = client.metrics_text()
         obs = metrics_observations(text)
@@ -518,51 +500,58 @@ def gather_facts(*, explicit: dict[str, Any] | None = None, engine_args: Sequenc
     if model_card:
         f.observe("max_model_len", model_card.get("max_model_len"), "/v1/models", RANK_MODELS + eng)
 
-    for name, value in (explicit or {}).items():
-        f.observe(name, value, "command-line flag", RANK_FLAG)
-    if engine_args is not None:
-        parsed = parse_engine_args(engine_args)
-        for name, flag in FACT_FLAGS.items():
-            v = parsed.get(flag)
-            if isinstance(v, str) and v.lstrip("-").isdigit():
-                f.observe(name, int(v), f"launch argument {flag}", RANK_LAUNCH)
-        for flag in ("--dtype", "--kv-cache-dtype"):
-            v = parsed.get(flag)
-            if isinstance(v, str) and v != "auto":
-                f.observe(flag[2:].replace("-", "_"), v, f"launch argument {flag}", RANK_LAUNCH)
-        if parsed.get("--enforce-eager") is True:
-            f.observe("enforce_eager", True, "launch argument --enforce-eager", RANK_LAUNCH)
-        spec = parsed.get("--speculative-config") or parsed.get("--speculative_config")
-        if isinstance(spec, str):
-            try:
-                sc = json.loads(spec)
-                k, meth = sc.get("num_speculative_tokens"), sc.get("method")
-            except (ValueError, AttributeError):
-                k = meth = None
-            f.observe("num_speculative_tokens", k, "launch argument --speculative-config",
+
+def _observe_launch_args(f: EngineFacts, parsed: dict, launched: bool, tp: int | None) -> None:
+    """The launch arguments (``parsed``: :func:`parse_engine_args`) observed in ``f``: the
+    numeric FACT_FLAGS, dtypes, --enforce-eager and --speculative-config; for an engine the
+    harness ``launched``, absent flags as vLLM's defaults (no speculative decoding, prefix
+    caching on, tensor parallel ``tp`` or 1)."""
+    for name, flag in FACT_FLAGS.items():
+        v = parsed.get(flag)
+        if isinstance(v, str) and v.lstrip("-").isdigit():
+            f.observe(name, int(v), f"launch argument {flag}", RANK_LAUNCH)
+    for flag in ("--dtype", "--kv-cache-dtype"):
+        v = parsed.get(flag)
+        if isinstance(v, str) and v != "auto":
+            f.observe(flag[2:].replace("-", "_"), v, f"launch argument {flag}", RANK_LAUNCH)
+    if parsed.get("--enforce-eager") is True:
+        f.observe("enforce_eager", True, "launch argument --enforce-eager", RANK_LAUNCH)
+    spec = parsed.get("--speculative-config") or parsed.get("--speculative_config")
+    if isinstance(spec, str):
+        try:
+            sc = json.loads(spec)
+            k, meth = sc.get("num_speculative_tokens"), sc.get("method")
+        except (ValueError, AttributeError):
+            k = meth = None
+        f.observe("num_speculative_tokens", k, "launch argument --speculative-config",
+                  RANK_LAUNCH)
+        f.observe("speculative_method", meth, "launch argument --speculative-config",
+                  RANK_LAUNCH)
+    elif launched:
+        f.observe("num_speculative_tokens", 0, "launch arguments (no --speculative-config)",
+                  RANK_DEFAULT)
+    if launched:
+        if "--no-enable-prefix-caching" in parsed:
+            f.observe("prefix_caching", False, "launch argument --no-enable-prefix-caching",
                       RANK_LAUNCH)
-            f.observe("speculative_method", meth, "launch argument --speculative-config",
+        elif "--enable-prefix-caching" in parsed:
+            f.observe("prefix_caching", True, "launch argument --enable-prefix-caching",
                       RANK_LAUNCH)
-        elif launched:
-            f.observe("num_speculative_tokens", 0, "launch arguments (no --speculative-config)",
+        else:
+            f.observe("prefix_caching", True, "launch arguments (vLLM default: on)",
                       RANK_DEFAULT)
-        if launched:
-            if "--no-enable-prefix-caching" in parsed:
-                f.observe("prefix_caching", False, "launch argument --no-enable-prefix-caching",
-                          RANK_LAUNCH)
-            elif "--enable-prefix-caching" in parsed:
-                f.observe("prefix_caching", True, "launch argument --enable-prefix-caching",
-                          RANK_LAUNCH)
-            else:
-                f.observe("prefix_caching", True, "launch arguments (vLLM default: on)",
-                          RANK_DEFAULT)
-            tp_arg = parsed.get("--tensor-parallel-size") or parsed.get("-tp")
-            if isinstance(tp_arg, str):
-                f.observe("tensor_parallel_size", int(tp_arg),
-                          "launch argument --tensor-parallel-size", RANK_LAUNCH)
-            else:
-                f.observe("tensor_parallel_size", tp or 1, "launch arguments (default 1)",
-                          RANK_DEFAULT)
+        tp_arg = parsed.get("--tensor-parallel-size") or parsed.get("-tp")
+        if isinstance(tp_arg, str):
+            f.observe("tensor_parallel_size", int(tp_arg),
+                      "launch argument --tensor-parallel-size", RANK_LAUNCH)
+        else:
+            f.observe("tensor_parallel_size", tp or 1, "launch arguments (default 1)",
+                      RANK_DEFAULT)
+
+
+def _observe_model_config(f: EngineFacts, model_path: str | None) -> None:
+    """The model folder's config.json hints observed in ``f`` (its declared dtype as the
+    dtype vLLM's ``auto`` resolves to)."""
     cfg, cfg_path = model_config_observations(model_path)
     declared = cfg.pop("dtype", None)
     for n, v in cfg.items():
@@ -570,6 +559,36 @@ def gather_facts(*, explicit: dict[str, Any] | None = None, engine_args: Sequenc
     if declared is not None:
         name, value, source = _auto_dtype(declared, cfg_path or "config.json")
         f.observe(name, value, source, RANK_MODEL_CONFIG)
+
+
+def gather_facts(*, explicit: dict[str, Any] | None = None, engine_args: Sequence[str] | None = None,
+                 launched: bool = False, tp: int | None = None, model_card: dict | None = None,
+                 model_path: str | None = None, client=None, engine_log: str | Path | None = None,
+                 engine_first: bool = True) -> EngineFacts:
+    """Collect engine facts from every source in the module docstring and resolve them.
+
+    Args:
+        explicit: {fact: value} from the harness's flags (``--block-size`` ...).
+        engine_args: the launched engine's command line (launch arguments).
+        launched: True for an engine the harness launched (absent flags then mean vLLM defaults).
+        tp: tensor-parallel size the harness asked for.
+        model_card: the model's /v1/models entry (``max_model_len``).
+        model_path: local model folder (config.json hints).
+        client: an :class:`~.client.EngineClient` of a ready engine: /metrics and /server_info
+            are read through it.
+        engine_log: path of the engine's log (launched engines).
+        engine_first: False ranks the launch arguments and flags above the engine's own values
+            (used for a reference engine that must take the references of the engine under
+            test's lengths; the engine's values then only fill what the arguments leave open).
+    """
+    f = EngineFacts()
+    eng = 0 if engine_first else 100
+    _observe_engine(f, client, engine_log, model_card, eng)
+    for name, value in (explicit or {}).items():
+        f.observe(name, value, "command-line flag", RANK_FLAG)
+    if engine_args is not None:
+        _observe_launch_args(f, parse_engine_args(engine_args), launched, tp)
+    _observe_model_config(f, model_path)
     f.resolve_conflicts()
     return f
 

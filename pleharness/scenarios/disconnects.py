@@ -128,6 +128,57 @@ class Disconnects(Scenario):
     def run(self, ctx: "ScenarioContext") -> None:
         p = self.params
         facts = ctx.facts
+        m = facts.get("max_model_len")
+        neighbours, mid, long, sharers = self._prompts(facts)
+        mt = p.max_tokens
+        # the abandoned mid-decode run asks for more tokens, so that its stream is still going
+        # when the client walks away (its first tokens are compared with the re-sent run's)
+        mid_mt = min(max(4 * mt, 4 * p.abandon_after_tokens), int(m) - len(mid)) if m else 4 * mt
+        follow = [(RequestSpec(mid, mt), "re-sent (was abandoned mid-decode)"),
+                  (RequestSpec(long, mt), "re-sent (was abandoned before the first token)")]
+        follow += [(RequestSpec(s, mt), why) for s, why in sharers]
+        near = [RequestSpec(x, mt) for x in neighbours]
+        ctx.take_references(near + [s for s, _ in follow], phase_name="disconnect-references")
+
+        fresh = _fresh_cache_check(ctx.reset_prefix_cache())
+        abandon = {mid.hash: p.abandon_after_tokens, long.hash: 0}
+        specs = near + [
+            RequestSpec(mid, mid_mt, compare=False, checks={},
+                        abandon_after_tokens=p.abandon_after_tokens,
+                        note=f"abandoned after {p.abandon_after_tokens} tokens"),
+            RequestSpec(long, mt, compare=False, checks={},
+                        abandon_after_tokens=0, note="abandoned before the first token")]
+        streamed: dict[str, list[int]] = {}
+
+        before = ctx.engine_metrics_text()
+        outs = ctx.run_phase("disconnect", len(specs), specs,
+                             on_outcome=lambda o: _disconnect_check(o, streamed))
+        if not outs:
+            return  # references only (a reference engine)
+        ph = ctx.last_phase()
+        ctx.add_phase_check(ph, fresh)
+        ctx.add_phase_check(ph, self._settle(ctx, before, outs))
+
+        fspecs = [s for s, _ in follow]
+        after = ctx.run_phase("after-disconnect", min(4, len(fspecs)), fspecs,
+                              on_outcome=lambda o: _prefix_check(o, streamed, abandon))
+        ph2 = ctx.last_phase()
+        ctx.add_phase_check(ph2, _reuse_check(ctx, ph2))
+        roles = {x.hash: "neighbour" for x in neighbours}
+        roles[mid.hash] = "abandoned mid-decode"
+        roles[long.hash] = "abandoned before the first token"
+        froles = {s.prompt.hash: why for s, why in follow}
+        rows = [_row("disconnect", roles[o.spec.prompt.hash], o) for o in outs]
+        rows += [_row("after-disconnect", froles[o.spec.prompt.hash], o) for o in after]
+        self.put_table(ctx, "disconnects", rows)
+
+    def _prompts(self, facts) -> tuple[list[Prompt], Prompt, Prompt, list[tuple[Prompt, str]]]:
+        """(neighbours, the mid-decode prompt, the long prefill prompt, sharers): random token
+        IDs from ``seed``, drawn in that order; a sharer (prompt, why) shares the abandoned
+        prompts' blocks: the mid-decode one's first block, the long one's first prefill chunk
+        (max_num_batched_tokens / block_size blocks; fewer when the prompt is shorter), skipped
+        where it would not fit (max_model_len)."""
+        p = self.params
         vocab = int(facts.get("vocab_size") or 256)
         b = int(facts.get("block_size") or 16)
         m = facts.get("max_model_len")
@@ -140,8 +191,6 @@ class Disconnects(Scenario):
         neighbours = [prompt(f"disc-neighbour{i}", p.prompt_len) for i in range(p.neighbours)]
         mid = prompt("disc-mid", p.prompt_len)
         long = prompt("disc-prefill", self._long_len(facts))
-        # prompts sharing the abandoned prompts' blocks: the mid-decode one's first block, the
-        # long one's first prefill chunk (C / B blocks; fewer when the prompt is shorter)
         tail = max(2, b // 2 + 3)
         chunk_blocks = max(1, min(len(long) // b - 1,
                                   int(facts.get("max_num_batched_tokens") or 256) // b))
@@ -152,104 +201,7 @@ class Disconnects(Scenario):
                 continue
             sharers.append((prompt(f"disc-share{blocks}b-{src.key}", n + tail, src.ids[:n]),
                             f"shares {blocks} block(s) of {src.key}"))
-        mt = p.max_tokens
-        # the abandoned mid-decode run asks for more tokens, so that its stream is still going
-        # when the client walks away (its first tokens are compared with the re-sent run's)
-        mid_mt = min(max(4 * mt, 4 * p.abandon_after_tokens), int(m) - len(mid)) if m else 4 * mt
-        follow = [(RequestSpec(mid, mt), "re-sent (was abandoned mid-decode)"),
-                  (RequestSpec(long, mt), "re-sent (was abandoned before the first token)")]
-        follow += [(RequestSpec(s, mt), why) for s, why in sharers]
-        near = [RequestSpec(x, mt) for x in neighbours]
-        ctx.take_references(near + [s for s, _ in follow], phase_name="disconnect-references")
-
-        why_not = ctx.reset_prefix_cache()
-        fresh = CheckResult(
-            name="fresh_cache", status="pass" if why_not is None else "skip",
-            detail="prefix cache reset before the disconnects: the follow-ups reuse the entries "
-                   "the abandoned runs inserted" if why_not is None else
-                   f"prefix cache not reset ({why_not}; attached without "
-                   "VLLM_SERVER_DEV_MODE=1?): the abandoned prompts' blocks were cached by their "
-                   "reference runs, so the follow-ups test the reuse of freed KV blocks, not of "
-                   "entries an abandoned run inserted")
-
-        abandon = {mid.hash: p.abandon_after_tokens, long.hash: 0}
-        specs = near + [
-            RequestSpec(mid, mid_mt, compare=False, checks={},
-                        abandon_after_tokens=p.abandon_after_tokens,
-                        note=f"abandoned after {p.abandon_after_tokens} tokens"),
-            RequestSpec(long, mt, compare=False, checks={},
-                        abandon_after_tokens=0, note="abandoned before the first token")]
-        streamed: dict[str, list[int]] = {}
-
-        def disconnect_check(o: Outcome) -> None:
-            want = o.spec.abandon_after_tokens
-            if want is None:
-                return
-            c = o.completion
-            streamed[o.spec.prompt.hash] = list(c.token_ids)
-            if c.error == "abandoned":
-                ok = len(c.token_ids) >= want and (want > 0 or not c.token_ids)
-                st, d = ("pass" if ok else "fail"), (
-                    f"client closed the stream after {len(c.token_ids)} token(s) "
-                    f"(planned: {'before the first token' if want == 0 else f'after {want}'})")
-            elif c.error is None:
-                st, d = "warn", (f"not abandoned: the stream ended ({len(c.token_ids)} tokens, "
-                                 "finish_reason " f"{c.finish_reason}) before the client could "
-                                 "close it; nothing was aborted")
-            else:
-                st, d = "fail", f"request failed before the planned disconnect: {c.error}"
-            o.record.checks.append(CheckResult(name="client_disconnect", status=st, detail=d))
-
-        before = ctx.engine_metrics_text()
-        outs = ctx.run_phase("disconnect", len(specs), specs, on_outcome=disconnect_check)
-        if not outs:
-            return  # references only (a reference engine)
-        ph = ctx.last_phase()
-        ctx.add_phase_check(ph, fresh)
-        ctx.add_phase_check(ph, self._settle(ctx, before, outs))
-
-        def prefix_check(o: Outcome) -> None:
-            got = streamed.get(o.spec.prompt.hash)
-            if got is None or abandon.get(o.spec.prompt.hash) is None:
-                return
-            c = o.completion
-            n = min(len(got), len(c.token_ids))
-            if c.error is not None:
-                st, d = "skip", "request failed"
-            elif got[:n] == list(c.token_ids[:n]):
-                st, d = "pass", (f"the {len(got)} token(s) the abandoned run streamed equal this "
-                                 "run's first ones")
-            else:
-                pos = next(i for i in range(n) if got[i] != c.token_ids[i])
-                st, d = "fail", (f"the abandoned run streamed token {got[pos]} at position {pos}, "
-                                 f"this run {c.token_ids[pos]}")
-            o.record.checks.append(CheckResult(name="abandoned_prefix", status=st, detail=d))
-
-        fspecs = [s for s, _ in follow]
-        after = ctx.run_phase("after-disconnect", min(4, len(fspecs)), fspecs,
-                              on_outcome=prefix_check)
-        ph2 = ctx.last_phase()
-        hits = ((ph2.engaged or {}).get("prefix_cache") or {}).get("hit_tokens")
-        if hits is None:
-            hit = CheckResult(name="prefix_cache_reuse", status="skip",
-                              detail="no prefix-cache counters at /metrics")
-        elif hits > 0:
-            hit = CheckResult(name="prefix_cache_reuse", status="pass",
-                              detail=f"{hits:.0f} prefix-cache hit tokens in the follow-ups")
-        else:
-            hit = CheckResult(name="prefix_cache_reuse", status="warn",
-                              detail="0 prefix-cache hit tokens in the follow-ups: the reuse of "
-                                     "the abandoned runs' blocks was not tested")
-            from ..evidence import mark_vacuous
-            mark_vacuous(ctx, ph2, "after-disconnect: 0 prefix-cache hit tokens")
-        ctx.add_phase_check(ph2, hit)
-        roles = {x.hash: "neighbour" for x in neighbours}
-        roles[mid.hash] = "abandoned mid-decode"
-        roles[long.hash] = "abandoned before the first token"
-        froles = {s.prompt.hash: why for s, why in follow}
-        rows = [_row("disconnect", roles[o.spec.prompt.hash], o) for o in outs]
-        rows += [_row("after-disconnect", froles[o.spec.prompt.hash], o) for o in after]
-        self.put_table(ctx, "disconnects", rows)
+        return neighbours, mid, long, sharers
 
     def _settle(self, ctx, before: str | None, outs: list[Outcome]) -> CheckResult:
         """Wait (up to ``settle_s``) until the engine has no request running or waiting and no KV
@@ -285,6 +237,80 @@ class Disconnects(Scenario):
                            detail="no request running or waiting and no KV block in use after "
                                   "the disconnects" + (f" ({', '.join(missing)} not exposed)"
                                                        if missing else "") + "; " + seen)
+
+
+def _fresh_cache_check(why_not: str | None) -> CheckResult:
+    """``fresh_cache``: pass when the prefix cache was reset before the disconnects
+    (``why_not`` None), else skip naming why it was not."""
+    return CheckResult(
+        name="fresh_cache", status="pass" if why_not is None else "skip",
+        detail="prefix cache reset before the disconnects: the follow-ups reuse the entries "
+               "the abandoned runs inserted" if why_not is None else
+               f"prefix cache not reset ({why_not}; attached without "
+               "VLLM_SERVER_DEV_MODE=1?): the abandoned prompts' blocks were cached by their "
+               "reference runs, so the follow-ups test the reuse of freed KV blocks, not of "
+               "entries an abandoned run inserted")
+
+
+def _disconnect_check(o: Outcome, streamed: dict[str, list[int]]) -> None:
+    """``client_disconnect`` on an abandoned request's record (others untouched): did the
+    client close the stream as planned; its streamed token IDs kept in ``streamed`` (by prompt
+    hash)."""
+    want = o.spec.abandon_after_tokens
+    if want is None:
+        return
+    c = o.completion
+    streamed[o.spec.prompt.hash] = list(c.token_ids)
+    if c.error == "abandoned":
+        ok = len(c.token_ids) >= want and (want > 0 or not c.token_ids)
+        st, d = ("pass" if ok else "fail"), (
+            f"client closed the stream after {len(c.token_ids)} token(s) "
+            f"(planned: {'before the first token' if want == 0 else f'after {want}'})")
+    elif c.error is None:
+        st, d = "warn", (f"not abandoned: the stream ended ({len(c.token_ids)} tokens, "
+                         "finish_reason " f"{c.finish_reason}) before the client could "
+                         "close it; nothing was aborted")
+    else:
+        st, d = "fail", f"request failed before the planned disconnect: {c.error}"
+    o.record.checks.append(CheckResult(name="client_disconnect", status=st, detail=d))
+
+
+def _prefix_check(o: Outcome, streamed: dict[str, list[int]], abandon: dict) -> None:
+    """``abandoned_prefix`` on a re-sent request's record: the tokens its abandoned run
+    streamed (``streamed``) equal this run's first ones."""
+    got = streamed.get(o.spec.prompt.hash)
+    if got is None or abandon.get(o.spec.prompt.hash) is None:
+        return
+    c = o.completion
+    n = min(len(got), len(c.token_ids))
+    if c.error is not None:
+        st, d = "skip", "request failed"
+    elif got[:n] == list(c.token_ids[:n]):
+        st, d = "pass", (f"the {len(got)} token(s) the abandoned run streamed equal this "
+                         "run's first ones")
+    else:
+        pos = next(i for i in range(n) if got[i] != c.token_ids[i])
+        st, d = "fail", (f"the abandoned run streamed token {got[pos]} at position {pos}, "
+                         f"this run {c.token_ids[pos]}")
+    o.record.checks.append(CheckResult(name="abandoned_prefix", status=st, detail=d))
+
+
+def _reuse_check(ctx: "ScenarioContext", ph2) -> CheckResult:
+    """``prefix_cache_reuse`` of the after-disconnect phase ``ph2``: pass with prefix-cache
+    hit tokens, warn (and the phase marked vacuous) with 0, skip without counters."""
+    hits = ((ph2.engaged or {}).get("prefix_cache") or {}).get("hit_tokens")
+    if hits is None:
+        return CheckResult(name="prefix_cache_reuse", status="skip",
+                           detail="no prefix-cache counters at /metrics")
+    if hits > 0:
+        return CheckResult(name="prefix_cache_reuse", status="pass",
+                           detail=f"{hits:.0f} prefix-cache hit tokens in the follow-ups")
+    hit = CheckResult(name="prefix_cache_reuse", status="warn",
+                      detail="0 prefix-cache hit tokens in the follow-ups: the reuse of "
+                             "the abandoned runs' blocks was not tested")
+    from ..evidence import mark_vacuous
+    mark_vacuous(ctx, ph2, "after-disconnect: 0 prefix-cache hit tokens")
+    return hit
 
 
 def _row(phase: str, role: str, o: Outcome) -> DisconnectRow:

@@ -274,12 +274,33 @@ def schedules(space: Space):
     positions and the longest carrier decode."""
     from hypothesis import strategies as st
 
+    phase = _phase_strategy(space, _request_strategy(space))
+
+    def resolve(raw) -> Schedule:
+        return _resolve(space, raw)
+
+    # phases as a list (the shrinker deletes any of them); warm repeats and copies refer to
+    # earlier prompts by index, resolved after drawing
+    # (min_size 0 and a filter: with min_size 1 the first element cannot be deleted)
+    # hypothesis 6.170 fails an internal assertion drawing lists(min_size=0, max_size <= 2)
+    # through a filter ('--max-phases 1' / '2' crashed with exit 4): min_size 1 there (the
+    # delete pass removes a harmless leading phase)
+    if space.max_phases <= 2:
+        return st.lists(phase(), min_size=1, max_size=space.max_phases).map(resolve)
+    return st.lists(phase(), min_size=0, max_size=space.max_phases).filter(bool).map(resolve)
+
+
+def _request_strategy(space: Space):
+    """The composite strategy ``request(carrier=False)`` of :func:`schedules`: draws (kind,
+    index, new :class:`FuzzRequest`). Hypothesis is imported here, not at module import."""
+    from hypothesis import strategies as st
+
     carrier_lengths = [x for x in space.lengths if x[0] <= space.carrier_max_len]
 
     @st.composite
     def request(draw, carrier: bool = False) -> tuple[str, int, FuzzRequest]:
         """(kind, index, new request): kind new | warm | copy; a warm or copy request takes the
-        index-th earlier prompt (resolved in :func:`resolve`), and is this new request when
+        index-th earlier prompt (resolved in :func:`_resolve`), and is this new request when
         there is none. ``carrier``: a prompt with room for the carrier decode."""
         kind = ("new",) * 4 + ("warm", "copy")
         k = kind[draw(st.integers(0, 5))]
@@ -305,6 +326,14 @@ def schedules(space: Space):
             if space.chat_min is not None and length >= space.chat_min else "random"
         seed = draw(st.integers(0, PROMPT_SEEDS - 1))
         return k, idx, FuzzRequest("new", length, shape, seed, mt, stream, why, sample_seed)
+
+    return request
+
+
+def _phase_strategy(space: Space, request):
+    """The composite strategy ``phase()`` of :func:`schedules`: draws (concurrency, requests,
+    carrier or None, inserts) with ``request`` (:func:`_request_strategy`), unresolved."""
+    from hypothesis import strategies as st
 
     @st.composite
     def phase(draw):
@@ -333,60 +362,58 @@ def schedules(space: Space):
             inserts = tuple((at, draw(request())) for at in ats)
         return c, reqs, carrier, inserts
 
-    def resolve(raw) -> Schedule:
-        phases, earlier = [], []
+    return phase
 
-        def one_(k, idx, r, here, own: bool = False):
-            """``own``: a copy keeps its own max_tokens, delivery and sampling (an insert: the
-            prompt of a request in flight, sent later)."""
-            src = earlier if k == "warm" else here if k == "copy" else []
-            if not src:
-                return r
-            e = src[idx % len(src)]
-            if k == "warm" or own:
-                return FuzzRequest(k, e.length, e.shape, e.seed, r.max_tokens, r.stream,
-                                   e.why, r.sample_seed)
-            return FuzzRequest("copy", e.length, e.shape, e.seed, e.max_tokens, e.stream, e.why,
-                               e.sample_seed)
 
-        def fit(r: FuzzRequest) -> FuzzRequest:
-            """A warm repeat or copy of a longer prompt is not sampled (seeded prompts stay
-            within sampled_prompt_len)."""
-            n = space.sampled_prompt_len
-            if r.sample_seed is not None and n and r.length > n:
-                return replace(r, sample_seed=None)
-            return r
+def _resolve_one(space: Space, earlier: list, k: str, idx: int, r: FuzzRequest, here: list,
+                 own: bool = False) -> FuzzRequest:
+    """One drawn request resolved: a warm repeat takes the ``idx``-th of ``earlier`` (new
+    prompts of earlier phases), a copy the ``idx``-th of ``here`` (this phase's so far); with
+    none it stays ``r``. ``own``: a copy keeps its own max_tokens, delivery and sampling (an
+    insert: the prompt of a request in flight, sent later). A warm repeat or copy of a longer
+    prompt is not sampled (seeded prompts stay within sampled_prompt_len)."""
+    src = earlier if k == "warm" else here if k == "copy" else []
+    if not src:
+        out = r
+    else:
+        e = src[idx % len(src)]
+        if k == "warm" or own:
+            out = FuzzRequest(k, e.length, e.shape, e.seed, r.max_tokens, r.stream,
+                              e.why, r.sample_seed)
+        else:
+            out = FuzzRequest("copy", e.length, e.shape, e.seed, e.max_tokens, e.stream, e.why,
+                              e.sample_seed)
+    n = space.sampled_prompt_len
+    if out.sample_seed is not None and n and out.length > n:
+        return replace(out, sample_seed=None)
+    return out
 
-        def one(k, idx, r, here, own=False):  # noqa: F811 - the checked version of one
-            return fit(one_(k, idx, r, here, own))
 
-        for c, reqs, carrier, inserts in raw:
-            out: list[FuzzRequest] = []
-            for k, idx, r in reqs:
-                out.append(one(k, idx, r, out))
-            car, ins = None, ()
-            if carrier is not None:
-                k, idx, r = carrier
-                car = one(k, idx, r, out)
-                if car.source == "warm":  # the carrier keeps its own (long) decode, streamed
-                    car = FuzzRequest("warm", car.length, car.shape, car.seed, r.max_tokens, True,
-                                      car.why, car.sample_seed)
-                ins = tuple(FuzzInsert(at, one(k, idx, r, out + [car], own=True))
-                            for at, (k, idx, r) in inserts)
-            ph = FuzzPhase(c, tuple(out), car, ins)
-            phases.append(ph)
-            earlier.extend(r for r in ph.members() if r.source == "new")
-        return Schedule(tuple(phases))
+def _resolve(space: Space, raw) -> Schedule:
+    """The drawn phases (:func:`_phase_strategy`'s tuples) as a :class:`Schedule`, warm repeats
+    and copies resolved by :func:`_resolve_one`."""
+    phases, earlier = [], []
 
-    # phases as a list (the shrinker deletes any of them); warm repeats and copies refer to
-    # earlier prompts by index, resolved after drawing
-    # (min_size 0 and a filter: with min_size 1 the first element cannot be deleted)
-    # hypothesis 6.170 fails an internal assertion drawing lists(min_size=0, max_size <= 2)
-    # through a filter ('--max-phases 1' / '2' crashed with exit 4): min_size 1 there (the
-    # delete pass removes a harmless leading phase)
-    if space.max_phases <= 2:
-        return st.lists(phase(), min_size=1, max_size=space.max_phases).map(resolve)
-    return st.lists(phase(), min_size=0, max_size=space.max_phases).filter(bool).map(resolve)
+    def one(k, idx, r, here, own=False):
+        return _resolve_one(space, earlier, k, idx, r, here, own)
+
+    for c, reqs, carrier, inserts in raw:
+        out: list[FuzzRequest] = []
+        for k, idx, r in reqs:
+            out.append(one(k, idx, r, out))
+        car, ins = None, ()
+        if carrier is not None:
+            k, idx, r = carrier
+            car = one(k, idx, r, out)
+            if car.source == "warm":  # the carrier keeps its own (long) decode, streamed
+                car = FuzzRequest("warm", car.length, car.shape, car.seed, r.max_tokens, True,
+                                  car.why, car.sample_seed)
+            ins = tuple(FuzzInsert(at, one(k, idx, r, out + [car], own=True))
+                        for at, (k, idx, r) in inserts)
+        ph = FuzzPhase(c, tuple(out), car, ins)
+        phases.append(ph)
+        earlier.extend(r for r in ph.members() if r.source == "new")
+    return Schedule(tuple(phases))
 
 
 def relabel(sched: Schedule) -> Schedule:
@@ -678,22 +705,15 @@ class Fuzz(Scenario):
         return markdown_lines(m)
 
     def run(self, ctx: "ScenarioContext") -> None:
-        from hypothesis import HealthCheck, Phase, given, seed, settings
-        from hypothesis.database import DirectoryBasedExampleDatabase
         from hypothesis.errors import HypothesisException
 
-        from .shared.chat import ChatParams, builder
         p = self.params
         run_dir = Path(ctx.run_dir)
         space = build_space(ctx.facts.values if hasattr(ctx.facts, "values") else ctx.facts, p,
                             ctx.engine_probe)
         self._prompts: dict[tuple, Prompt] = {}
         if p.chat:
-            try:
-                self._builder = builder(ctx, ChatParams())
-                space.chat_min = len(self._builder.template(INSTRUCTION))
-            except Exception as exc:  # noqa: BLE001 - no /tokenize: random prompts only
-                ctx.console.print(f"fuzz: chat-shaped prompts off ({exc})")
+            self._chat_prompts(ctx, space)
         db_path = Path(p.db) if p.db else run_dir / "hypothesis-db"
         examples: list[dict] = []  # also the manifest's tables of these names (_keep)
         steps: list[dict] = []
@@ -713,6 +733,71 @@ class Fuzz(Scenario):
                                     description=f"fuzz: {state['n']} examples, "
                                     f"{state['failures']} failing, "
                                     f"{time.monotonic() - t_start:.0f} s")
+
+        prop = self._property(ctx, memo, state, examples, steps, live, t_start)
+        test = self._hypothesis_test(prop, space, db_path)
+        minimal: Schedule | None = None
+        first = ctx.mark()
+        live()
+        try:
+            test()
+        except _Abort as a:
+            if task is not None:
+                ctx.progress.remove_task(task)
+            raise a.exc from None
+        except _PropertyFailed:
+            minimal = state.get("last_fail") or state["minimal"]
+        except HypothesisException as exc:  # e.g. Flaky: keep the smallest failure seen
+            ctx.console.print(f"fuzz: hypothesis: {exc.__class__.__name__}: {exc}")
+            minimal = state["minimal"]
+        if minimal is not None and p.shrink:
+            try:
+                minimal = self._delete_pass(ctx, minimal, memo, state, examples, steps, live,
+                                            t_start)
+            except _Abort as a:
+                if task is not None:
+                    ctx.progress.remove_task(task)
+                raise a.exc from None
+        if task is not None:
+            ctx.progress.remove_task(task)
+        elapsed = time.monotonic() - t_start
+        summary = self._summary(state, space, examples, db_path, elapsed)
+        if minimal is not None and p.confirm:
+            smallest = minimal
+            minimal, summary["rechecked_in_process"] = self._confirm(
+                ctx, minimal, state["failing"], examples)
+            if summary["rechecked_in_process"] and minimal.key() != smallest.key():
+                summary["smallest_unconfirmed"] = smallest.summary()
+                ctx.console.print("fuzz: the smallest failing schedule did not fail again; the "
+                                  f"reproducer is the smallest one that did: {minimal.summary()}")
+        if minimal is not None:
+            repro = self._write_reproducers(ctx, minimal, state, examples, summary, run_dir)
+            ctx.console.print(f"fuzz: minimal failing schedule {minimal.summary()} "
+                              f"(after {len(steps)} failing example(s)); reproducer: {repro}")
+        else:
+            ctx.console.print(f"fuzz: {state['n']} examples passed in {elapsed:.0f} s")
+        ctx.set_table("fuzz_summary", [summary])
+        ctx.add_planned_phases(sum(1 for ph in ctx.since(first)[0] if ph.role == "load"))
+
+    def _chat_prompts(self, ctx: "ScenarioContext", space: Space) -> None:
+        """Chat-shaped prompts on: the chat template's builder kept and ``space.chat_min`` set
+        to the template's length; without /tokenize (any error) random prompts only, said on
+        the console."""
+        from .shared.chat import ChatParams, builder
+        try:
+            self._builder = builder(ctx, ChatParams())
+            space.chat_min = len(self._builder.template(INSTRUCTION))
+        except Exception as exc:  # noqa: BLE001 - no /tokenize: random prompts only
+            ctx.console.print(f"fuzz: chat-shaped prompts off ({exc})")
+
+    def _property(self, ctx: "ScenarioContext", memo: dict, state: dict, examples: list,
+                  steps: list, live, t_start: float):
+        """The hypothesis property over one :class:`Schedule`: runs it once (a replayed key
+        takes its ``memo`` row), skips it out of time (``time_budget_s`` while searching,
+        ``shrink_budget_s`` after the first failure; counted in ``state["skipped"]``), keeps
+        the rows (``fuzz_examples``, ``fuzz_shrink_steps``) and raises
+        :class:`_PropertyFailed` on a failing example."""
+        p = self.params
 
         def prop(sched: Schedule) -> None:
             k = sched.key()
@@ -748,100 +833,85 @@ class Fuzz(Scenario):
                 state["last_fail"] = sched
                 raise _PropertyFailed(f"{row['example']}: {row['schedule']}")
 
+        return prop
+
+    def _hypothesis_test(self, prop, space: Space, db_path: Path):
+        """``prop`` as a hypothesis test over :func:`schedules` (seed, max_examples, the example
+        database at ``db_path``, no deadline, shrinking only with ``shrink``)."""
+        from hypothesis import HealthCheck, Phase, given, seed, settings
+        from hypothesis.database import DirectoryBasedExampleDatabase
+        p = self.params
         test = given(schedules(space))(prop)
         test = seed(p.seed)(test)
-        test = settings(max_examples=p.max_examples, deadline=None, derandomize=False,
+        return settings(max_examples=p.max_examples, deadline=None, derandomize=False,
                         database=DirectoryBasedExampleDatabase(str(db_path)),
                         phases=[Phase.explicit, Phase.reuse, Phase.generate]
                         + ([Phase.shrink] if p.shrink else []),
                         suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
                         print_blob=False)(test)
-        minimal: Schedule | None = None
-        first = ctx.mark()
-        live()
-        try:
-            test()
-        except _Abort as a:
-            if task is not None:
-                ctx.progress.remove_task(task)
-            raise a.exc from None
-        except _PropertyFailed:
-            minimal = state.get("last_fail") or state["minimal"]
-        except HypothesisException as exc:  # e.g. Flaky: keep the smallest failure seen
-            ctx.console.print(f"fuzz: hypothesis: {exc.__class__.__name__}: {exc}")
-            minimal = state["minimal"]
-        if minimal is not None and p.shrink:
-            try:
-                minimal = self._delete_pass(ctx, minimal, memo, state, examples, steps, live,
-                                            t_start)
-            except _Abort as a:
-                if task is not None:
-                    ctx.progress.remove_task(task)
-                raise a.exc from None
-        if task is not None:
-            ctx.progress.remove_task(task)
-        elapsed = time.monotonic() - t_start
+
+    def _summary(self, state: dict, space: Space, examples: list, db_path: Path,
+                 elapsed: float) -> dict[str, Any]:
+        """The ``fuzz_summary`` row before confirmation and reproducers (their keys None)."""
+        p = self.params
         run_walls = [r["wall_s"] for r in examples]
-        summary = {"examples_run": state["n"], "failing_examples": state["failures"],
-                   "examples_to_failure": state.get("examples_to_failure"),
-                   "skipped_out_of_time": state["skipped"], "seed": p.seed,
-                   "max_examples": p.max_examples, "time_budget_s": p.time_budget_s,
-                   "database": str(db_path), "elapsed_s": round(elapsed, 3),
-                   "s_per_example": round(sum(run_walls) / len(run_walls), 3) if run_walls
-                   else None, "repro": None, "minimal_schedule": None,
-                   "rechecked_in_process": None, "confirmed": None, "reproduction": None,
-                   "space": {"q": space.q, "lengths": [x for x, _ in space.lengths],
-                             "uniform_max_len": space.max_len,
-                             "concurrency_edges": space.concurrency_edges,
-                             "max_concurrency": space.max_concurrency,
-                             "chat_min_len": space.chat_min, "max_inserts": space.max_inserts,
-                             "carrier_tokens": space.carrier_tokens,
-                             "carrier_max_len": space.carrier_max_len,
-                             "sampled": space.sampled, "notes": space.notes}}
-        if minimal is not None and p.confirm:
-            smallest = minimal
-            minimal, summary["rechecked_in_process"] = self._confirm(
-                ctx, minimal, state["failing"], examples)
-            if summary["rechecked_in_process"] and minimal.key() != smallest.key():
-                summary["smallest_unconfirmed"] = smallest.summary()
-                ctx.console.print("fuzz: the smallest failing schedule did not fail again; the "
-                                  f"reproducer is the smallest one that did: {minimal.summary()}")
-        if minimal is not None:
-            repro = run_dir / "repro.toml"
-            last = self._last_failing(examples, minimal)
-            mml = ctx.facts.get("max_model_len")
-            write_repro(self.specs(ctx, minimal), minimal, repro, ctx.run_id,
-                        sent=last.get("insert_sent"), failed=last.get("failed"),
+        return {"examples_run": state["n"], "failing_examples": state["failures"],
+                "examples_to_failure": state.get("examples_to_failure"),
+                "skipped_out_of_time": state["skipped"], "seed": p.seed,
+                "max_examples": p.max_examples, "time_budget_s": p.time_budget_s,
+                "database": str(db_path), "elapsed_s": round(elapsed, 3),
+                "s_per_example": round(sum(run_walls) / len(run_walls), 3) if run_walls
+                else None, "repro": None, "minimal_schedule": None,
+                "rechecked_in_process": None, "confirmed": None, "reproduction": None,
+                "space": {"q": space.q, "lengths": [x for x, _ in space.lengths],
+                          "uniform_max_len": space.max_len,
+                          "concurrency_edges": space.concurrency_edges,
+                          "max_concurrency": space.max_concurrency,
+                          "chat_min_len": space.chat_min, "max_inserts": space.max_inserts,
+                          "carrier_tokens": space.carrier_tokens,
+                          "carrier_max_len": space.carrier_max_len,
+                          "sampled": space.sampled, "notes": space.notes}}
+
+    def _write_reproducers(self, ctx: "ScenarioContext", minimal: Schedule, state: dict,
+                           examples: list, summary: dict, run_dir: Path) -> Path:
+        """``repro.toml`` of ``minimal`` (and ``repro-larger.toml`` of the first failing
+        schedule when it differs) in ``run_dir``; the ``reproducers`` and ``fuzz_failing``
+        tables added and ``summary`` updated. Returns the reproducer's path."""
+        repro = run_dir / "repro.toml"
+        last = self._last_failing(examples, minimal)
+        mml = ctx.facts.get("max_model_len")
+        write_repro(self.specs(ctx, minimal), minimal, repro, ctx.run_id,
+                    sent=last.get("insert_sent"), failed=last.get("failed"),
+                    max_model_len=mml)
+        summary.update(repro=str(repro), minimal_schedule=minimal.summary())
+        entry = {"source": "fuzz", "path": repro.name, "schedule": minimal.summary(),
+                 "summary_table": "fuzz_summary"}
+        larger = state["failing"][0] if state["failing"] else None
+        if larger is not None and larger.key() != minimal.key():
+            fb = run_dir / "repro-larger.toml"
+            lrow = self._last_failing(examples, larger)
+            write_repro(self.specs(ctx, larger), larger, fb, ctx.run_id,
+                        sent=lrow.get("insert_sent"), failed=lrow.get("failed"),
+                        what="first failing schedule (before shrinking)",
                         max_model_len=mml)
-            summary.update(repro=str(repro), minimal_schedule=minimal.summary())
-            entry = {"source": "fuzz", "path": repro.name, "schedule": minimal.summary(),
-                     "summary_table": "fuzz_summary"}
-            larger = state["failing"][0] if state["failing"] else None
-            if larger is not None and larger.key() != minimal.key():
-                fb = run_dir / "repro-larger.toml"
-                lrow = self._last_failing(examples, larger)
-                write_repro(self.specs(ctx, larger), larger, fb, ctx.run_id,
-                            sent=lrow.get("insert_sent"), failed=lrow.get("failed"),
-                            what="first failing schedule (before shrinking)",
-                            max_model_len=mml)
-                entry.update(fallback=fb.name, fallback_schedule=larger.summary())
-                summary["repro_larger"] = str(fb)
-            ctx.add_table("reproducers", [entry])
-            ctx.set_table("fuzz_failing", [
-                {"phase": i, "concurrency": ph.concurrency, "role": role, "source": r.source,
-                 "prompt_len": r.length, "why": r.why, "shape": r.shape, "seed": r.seed,
-                 "max_tokens": r.max_tokens, "stream": r.stream, "sample_seed": r.sample_seed,
-                 "insert_after_tokens": at}
-                for i, ph in enumerate(minimal.phases, 1)
-                for role, r, at in [("request", r, None) for r in ph.requests]
-                + ([("carrier", ph.carrier, None)] if ph.carrier else [])
-                + [("insert", x.request, x.at) for x in ph.inserts]])
-            ctx.console.print(f"fuzz: minimal failing schedule {minimal.summary()} "
-                              f"(after {len(steps)} failing example(s)); reproducer: {repro}")
-        else:
-            ctx.console.print(f"fuzz: {state['n']} examples passed in {elapsed:.0f} s")
-        ctx.set_table("fuzz_summary", [summary])
-        ctx.add_planned_phases(sum(1 for ph in ctx.since(first)[0] if ph.role == "load"))
+            entry.update(fallback=fb.name, fallback_schedule=larger.summary())
+            summary["repro_larger"] = str(fb)
+        ctx.add_table("reproducers", [entry])
+        ctx.set_table("fuzz_failing", _failing_rows(minimal))
+        return repro
+
+
+def _failing_rows(sched: Schedule) -> list[dict[str, Any]]:
+    """The ``fuzz_failing`` table of ``sched``: one row per request, carrier and insert."""
+    return [
+        {"phase": i, "concurrency": ph.concurrency, "role": role, "source": r.source,
+         "prompt_len": r.length, "why": r.why, "shape": r.shape, "seed": r.seed,
+         "max_tokens": r.max_tokens, "stream": r.stream, "sample_seed": r.sample_seed,
+         "insert_after_tokens": at}
+        for i, ph in enumerate(sched.phases, 1)
+        for role, r, at in [("request", r, None) for r in ph.requests]
+        + ([("carrier", ph.carrier, None)] if ph.carrier else [])
+        + [("insert", x.request, x.at) for x in ph.inserts]]
 
 
 def write_repro(phases: list[PhaseSpecs], sched: Schedule, path: Path, run_id: str, *,
@@ -882,41 +952,67 @@ def write_repro(phases: list[PhaseSpecs], sched: Schedule, path: Path, run_id: s
         lines += ["", "[[params.phases]]", f'name = "{name}"', f"concurrency = {n}"]
         rows = [("", r, s, None, s.max_tokens) for r, s in zip(ph.requests, specs.requests)]
         if ph.carrier:
-            ins = []
-            for j, (x, (s, _)) in enumerate(zip(ph.inserts, specs.inserts)):
-                at, role = x.at, f"insert after {x.at} carrier tokens, "
-                seen, running = pos.get((i, j), (None, False))
-                if seen is not None and running and seen > at:
-                    at = seen
-                    role = (f"insert after {at} carrier tokens (drawn {x.at}; sent at "
-                            f"client-seen carrier position {seen} in the failing run), ")
-                ins.append([role, x.request, s, at])
-            cmt = specs.carrier.max_tokens
-            want = max([a for *_, a in ins], default=0) + runway if ins else cmt
-            if max_model_len:
-                want = min(want, int(max_model_len) - len(specs.carrier.prompt))
-            role = "carrier decode, "
-            if want > cmt:
-                role = (f"carrier decode (max_tokens {cmt} in the failing run, {want} here: "
-                        f"{want - max(a for *_, a in ins)} tokens past the last insert, so it "
-                        "lands while the carrier runs), ")
-                cmt = want
-            for x in ins:
-                x[3] = min(x[3], cmt - 1)
-            rows.append((role, ph.carrier, specs.carrier, None, cmt))
-            rows += [(a, b, c, d, c.max_tokens) for a, b, c, d in ins]
-        for role, r, s, at, mt in rows:
-            note = (f"{role}{r.source} len {r.length} ({r.why}); max_tokens "
-                    f"{r.max_tokens}").replace('"', "'")
-            lines += ["", "[[params.phases.requests]]",
-                      f"prompt = {json.dumps(list(s.prompt.ids))}",
-                      f"max_tokens = {mt}", f"stream = {str(r.stream).lower()}"]
-            if s.temperature > 0:
-                lines += [f"temperature = {s.temperature!r}", f"seed = {s.seed}"]
-            if at is not None:
-                lines += [f"insert_into = {len(ph.requests)}", f"insert_after_tokens = {at}"]
-            lines.append(f'note = "{note}"')
-    for f in failed or []:
+            rows += _repro_carrier_rows(i, ph, specs, pos, runway, max_model_len)
+        lines += _repro_request_lines(ph, rows)
+    lines += _repro_failed_lines(failed or [], names)
+    write_atomic(path, "\n".join(lines) + "\n")
+
+
+def _repro_carrier_rows(i: int, ph: FuzzPhase, specs: PhaseSpecs, pos: dict, runway: int,
+                        max_model_len: int | None) -> list[tuple]:
+    """The rows (role note, request, spec, insert_after_tokens or None, max_tokens) of phase
+    ``i``'s carrier and its inserts for :func:`write_repro`: an insert at the later of its drawn
+    and its sent position (``pos``: (phase, insert) -> (client-seen position, carrier still
+    running)); the carrier's max_tokens raised to ``runway`` past the last insert (within
+    ``max_model_len`` when known), and each insert kept below the carrier's max_tokens."""
+    ins = []
+    for j, (x, (s, _)) in enumerate(zip(ph.inserts, specs.inserts)):
+        at, role = x.at, f"insert after {x.at} carrier tokens, "
+        seen, running = pos.get((i, j), (None, False))
+        if seen is not None and running and seen > at:
+            at = seen
+            role = (f"insert after {at} carrier tokens (drawn {x.at}; sent at "
+                    f"client-seen carrier position {seen} in the failing run), ")
+        ins.append([role, x.request, s, at])
+    cmt = specs.carrier.max_tokens
+    want = max([a for *_, a in ins], default=0) + runway if ins else cmt
+    if max_model_len:
+        want = min(want, int(max_model_len) - len(specs.carrier.prompt))
+    role = "carrier decode, "
+    if want > cmt:
+        role = (f"carrier decode (max_tokens {cmt} in the failing run, {want} here: "
+                f"{want - max(a for *_, a in ins)} tokens past the last insert, so it "
+                "lands while the carrier runs), ")
+        cmt = want
+    for x in ins:
+        x[3] = min(x[3], cmt - 1)
+    return [(role, ph.carrier, specs.carrier, None, cmt)] + \
+        [(a, b, c, d, c.max_tokens) for a, b, c, d in ins]
+
+
+def _repro_request_lines(ph: FuzzPhase, rows: list[tuple]) -> list[str]:
+    """The ``[[params.phases.requests]]`` TOML lines of one phase's ``rows`` (role note,
+    request, spec, insert_after_tokens or None, max_tokens) for :func:`write_repro`."""
+    lines: list[str] = []
+    for role, r, s, at, mt in rows:
+        note = (f"{role}{r.source} len {r.length} ({r.why}); max_tokens "
+                f"{r.max_tokens}").replace('"', "'")
+        lines += ["", "[[params.phases.requests]]",
+                  f"prompt = {json.dumps(list(s.prompt.ids))}",
+                  f"max_tokens = {mt}", f"stream = {str(r.stream).lower()}"]
+        if s.temperature > 0:
+            lines += [f"temperature = {s.temperature!r}", f"seed = {s.seed}"]
+        if at is not None:
+            lines += [f"insert_into = {len(ph.requests)}", f"insert_after_tokens = {at}"]
+        lines.append(f'note = "{note}"')
+    return lines
+
+
+def _repro_failed_lines(failed: list, names: list[str]) -> list[str]:
+    """The ``[[params.failed]]`` TOML lines of ``failed`` (:meth:`Fuzz._failed`'s rows), each
+    phase named by ``names`` (1-based; any other phase is ``references``)."""
+    lines: list[str] = []
+    for f in failed:
         ph = f.get("phase")
         name = names[ph - 1] if isinstance(ph, int) and 0 < ph <= len(names) else "references"
         lines += ["", "[[params.failed]]", f'phase = "{name}"']
@@ -929,7 +1025,7 @@ def write_repro(phases: list[PhaseSpecs], sched: Schedule, path: Path, run_id: s
         for key in ("run", "compared_with", "detail"):
             if f.get(key):
                 lines.append(f"{key} = {json.dumps(str(f[key]))}")
-    write_atomic(path, "\n".join(lines) + "\n")
+    return lines
 
 
 def _keep(ctx: "ScenarioContext", rows: list[dict], table: str, row: dict) -> None:

@@ -137,40 +137,10 @@ class PrefixIsolation(Scenario):
                      "(attach with --block-size)")
             return
         b = int(b)
-        n, positions = self._lengths(b)
-        vocab = int(ctx.facts.get("vocab_size") or 256)
-        rng = random.Random(p.seed)
-        orig_ids = [rng.randrange(16, vocab) for _ in range(n)]
-        original = Prompt(key=f"iso-original-len{n}", ids=tuple(orig_ids))
-        dups: list[tuple[Prompt, int]] = []
-        for pos in positions:
-            ids = list(orig_ids)
-            ids[pos] = 16 + (ids[pos] - 16 + 1 + rng.randrange(vocab - 17)) % (vocab - 16)
-            dups.append((Prompt(key=f"iso-b{pos // b}o{pos % b}-len{n}", ids=tuple(ids)), pos))
+        original, dups = self._prompts(ctx, b)
         orig_spec = RequestSpec(original, p.max_tokens)
         dup_specs = [RequestSpec(d, p.max_tokens) for d, _ in dups]
-
-        why_not = ctx.reset_prefix_cache()
-        if why_not is None:
-            for s in [orig_spec] + dup_specs:
-                if s is not orig_spec:
-                    ctx.reset_prefix_cache()
-                ctx.take_references([s], phase_name=f"isolation-ref-{s.prompt.key}",
-                                    cache_state="cold")
-            ctx.reset_prefix_cache()
-            ref_cache = "fresh (reset)"
-        else:
-            # no reset: the near duplicates' references before the original has run here
-            ctx.take_references(dup_specs, phase_name="isolation-refs", cache_state="cold")
-            ctx.take_references([orig_spec], phase_name="isolation-ref-original",
-                                cache_state="cold")
-            ref_cache = f"not fresh: {why_not}"
-        fresh = CheckResult(
-            name="fresh_cache", status="pass" if why_not is None else "skip",
-            detail="every reference taken on a fresh cache (reset before each)" if why_not is None
-            else f"references not on a fresh cache ({why_not}; attached without "
-                 "VLLM_SERVER_DEV_MODE=1?): the near duplicates' references were taken before the "
-                 "original ran in this scenario")
+        fresh, ref_cache = _take_references(ctx, orig_spec, dup_specs)
 
         orig_out = ctx.run_phase("isolation-original", 1, [orig_spec])
         if not orig_out:
@@ -180,50 +150,10 @@ class PrefixIsolation(Scenario):
         oc = orig_out[0].completion
         orig_sig = _signature(oc.token_ids, margins(oc.logprobs)) if oc.error is None else None
         telling: dict[str, bool | None] = {}
-
-        def isolation(o: Outcome) -> None:
-            c, ref = o.completion, ctx.reference(o.spec)
-            if c.error is not None or orig_sig is None or ref is None:
-                o.record.checks.append(CheckResult(name="prefix_isolation", status="skip",
-                                                   detail="no output, original or reference"))
-                return
-            differs = _signature(ref.output_ids, ref.margins) != orig_sig
-            telling[o.spec.prompt.key] = differs
-            if _signature(c.token_ids, margins(c.logprobs)) == orig_sig and differs:
-                st, d = "fail", ("answered with the original prompt's output (token IDs and "
-                                 "top-1/top-2 logprob margins, exactly) although its own "
-                                 "reference differs: served from the original's cached blocks")
-            elif not differs:
-                st, d = "skip", ("its reference equals the original's output (IDs and "
-                                 "margins): this near duplicate cannot tell isolation from a "
-                                 "collision")
-            else:
-                st, d = "pass", ("its output is not the original's, whose differs from its "
-                                 "reference (parity judges it against its reference)")
-            o.record.checks.append(CheckResult(name="prefix_isolation", status=st, detail=d))
-
-        outs = ctx.run_phase("isolation-near-duplicates", 1, dup_specs, on_outcome=isolation)
+        outs = ctx.run_phase("isolation-near-duplicates", 1, dup_specs,
+                             on_outcome=lambda o: _isolation_check(ctx, o, orig_sig, telling))
         ph = ctx.last_phase()
-        expected = sum((pos // b) * b for _, pos in dups)
-        hits = ((ph.engaged or {}).get("prefix_cache") or {}).get("hit_tokens")
-        n_tell = sum(1 for v in telling.values() if v)
-        what = (f"{n_tell} of {len(outs)} near duplicates have a reference that differs from the "
-                "original's output (IDs or logprob margins)")
-        from ..evidence import mark_vacuous
-        if hits is None:
-            tested = CheckResult(name="prefix_isolation_tested", status="skip",
-                                 detail="no prefix-cache counters at /metrics; " + what)
-        elif (expected and hits <= 0) or not n_tell:
-            why = (f"0 prefix-cache hit tokens where the shared whole blocks allow {expected}"
-                   if expected and hits <= 0 else what)
-            tested = CheckResult(name="prefix_isolation_tested", status="warn",
-                                 detail=f"isolation not tested: {why}")
-            mark_vacuous(ctx, ph, f"isolation-near-duplicates: {why}")
-        else:
-            tested = CheckResult(name="prefix_isolation_tested", status="pass",
-                                 detail=f"{hits:.0f} prefix-cache hit tokens (the shared whole "
-                                        f"blocks allow {expected}); " + what)
-        ctx.add_phase_check(ph, tested)
+        ctx.add_phase_check(ph, _tested_check(ctx, ph, dups, b, telling, len(outs)))
         rows = []
         for (d, pos), o in zip(dups, outs):
             r = o.record
@@ -237,6 +167,104 @@ class PrefixIsolation(Scenario):
                 reference_differs_from_original=telling.get(d.key), result=res,
                 request_id=r.id))
         self.put_table(ctx, "prefix_isolation", rows)
+
+    def _prompts(self, ctx: "ScenarioContext", b: int) -> tuple[Prompt, list[tuple[Prompt, int]]]:
+        """(original, near duplicates): the original's random token IDs from ``seed``; each
+        near duplicate (prompt, changed position) is the original with one token changed at a
+        position of :meth:`_lengths` (block size ``b``)."""
+        p = self.params
+        n, positions = self._lengths(b)
+        vocab = int(ctx.facts.get("vocab_size") or 256)
+        rng = random.Random(p.seed)
+        orig_ids = [rng.randrange(16, vocab) for _ in range(n)]
+        original = Prompt(key=f"iso-original-len{n}", ids=tuple(orig_ids))
+        dups: list[tuple[Prompt, int]] = []
+        for pos in positions:
+            ids = list(orig_ids)
+            ids[pos] = 16 + (ids[pos] - 16 + 1 + rng.randrange(vocab - 17)) % (vocab - 16)
+            dups.append((Prompt(key=f"iso-b{pos // b}o{pos % b}-len{n}", ids=tuple(ids)), pos))
+        return original, dups
+
+
+def _take_references(ctx: "ScenarioContext", orig_spec: RequestSpec,
+                     dup_specs: list[RequestSpec]) -> tuple[CheckResult, str]:
+    """Every prompt's reference, each on a fresh prefix cache (reset before each, and once more
+    after) where the engine allows a reset, else the near duplicates' before the original's.
+    Returns (the ``fresh_cache`` check, the reference cache state for the table)."""
+    why_not = ctx.reset_prefix_cache()
+    if why_not is None:
+        for s in [orig_spec] + dup_specs:
+            if s is not orig_spec:
+                ctx.reset_prefix_cache()
+            ctx.take_references([s], phase_name=f"isolation-ref-{s.prompt.key}",
+                                cache_state="cold")
+        ctx.reset_prefix_cache()
+        ref_cache = "fresh (reset)"
+    else:
+        # no reset: the near duplicates' references before the original has run here
+        ctx.take_references(dup_specs, phase_name="isolation-refs", cache_state="cold")
+        ctx.take_references([orig_spec], phase_name="isolation-ref-original",
+                            cache_state="cold")
+        ref_cache = f"not fresh: {why_not}"
+    fresh = CheckResult(
+        name="fresh_cache", status="pass" if why_not is None else "skip",
+        detail="every reference taken on a fresh cache (reset before each)" if why_not is None
+        else f"references not on a fresh cache ({why_not}; attached without "
+             "VLLM_SERVER_DEV_MODE=1?): the near duplicates' references were taken before the "
+             "original ran in this scenario")
+    return fresh, ref_cache
+
+
+def _isolation_check(ctx: "ScenarioContext", o: Outcome, orig_sig: tuple | None,
+                     telling: dict[str, bool | None]) -> None:
+    """``prefix_isolation`` on a near duplicate's record: fail when it was answered with the
+    original's output (``orig_sig``, :func:`_signature`) although its own reference differs;
+    whether its reference differs is kept in ``telling`` (by prompt key)."""
+    c, ref = o.completion, ctx.reference(o.spec)
+    if c.error is not None or orig_sig is None or ref is None:
+        o.record.checks.append(CheckResult(name="prefix_isolation", status="skip",
+                                           detail="no output, original or reference"))
+        return
+    differs = _signature(ref.output_ids, ref.margins) != orig_sig
+    telling[o.spec.prompt.key] = differs
+    if _signature(c.token_ids, margins(c.logprobs)) == orig_sig and differs:
+        st, d = "fail", ("answered with the original prompt's output (token IDs and "
+                         "top-1/top-2 logprob margins, exactly) although its own "
+                         "reference differs: served from the original's cached blocks")
+    elif not differs:
+        st, d = "skip", ("its reference equals the original's output (IDs and "
+                         "margins): this near duplicate cannot tell isolation from a "
+                         "collision")
+    else:
+        st, d = "pass", ("its output is not the original's, whose differs from its "
+                         "reference (parity judges it against its reference)")
+    o.record.checks.append(CheckResult(name="prefix_isolation", status=st, detail=d))
+
+
+def _tested_check(ctx: "ScenarioContext", ph, dups: list[tuple[Prompt, int]], b: int,
+                  telling: dict[str, bool | None], n_outs: int) -> CheckResult:
+    """``prefix_isolation_tested`` of the near-duplicates phase ``ph``: warn (and the phase
+    marked vacuous) with 0 prefix-cache hit tokens where shared whole blocks allow some, or
+    when no near duplicate's reference differs from the original's output; skip without
+    counters."""
+    expected = sum((pos // b) * b for _, pos in dups)
+    hits = ((ph.engaged or {}).get("prefix_cache") or {}).get("hit_tokens")
+    n_tell = sum(1 for v in telling.values() if v)
+    what = (f"{n_tell} of {n_outs} near duplicates have a reference that differs from the "
+            "original's output (IDs or logprob margins)")
+    from ..evidence import mark_vacuous
+    if hits is None:
+        return CheckResult(name="prefix_isolation_tested", status="skip",
+                           detail="no prefix-cache counters at /metrics; " + what)
+    if (expected and hits <= 0) or not n_tell:
+        why = (f"0 prefix-cache hit tokens where the shared whole blocks allow {expected}"
+               if expected and hits <= 0 else what)
+        mark_vacuous(ctx, ph, f"isolation-near-duplicates: {why}")
+        return CheckResult(name="prefix_isolation_tested", status="warn",
+                           detail=f"isolation not tested: {why}")
+    return CheckResult(name="prefix_isolation_tested", status="pass",
+                       detail=f"{hits:.0f} prefix-cache hit tokens (the shared whole "
+                              f"blocks allow {expected}); " + what)
 
 
 def _signature(ids, margins_) -> tuple:

@@ -292,32 +292,7 @@ class Sampled(ChatScenario):
         self.truncate, trunc_note = self.truncation(ctx.facts)
         boundary, expect = self._boundary_specs(ctx)
         dist = self._dist_specs(ctx)
-        solo_refs = getattr(ctx, "reference_mode", "solo") == "solo"
-        reproduce, sent, equal, divs = self._probe_seeds(ctx) if solo_refs else (None, 0, 0, [])
-        seeded: list[RequestSpec] = []
-        if reproduce:
-            vocab = int(ctx.facts.get("vocab_size") or 256)
-            for i, pr in enumerate(seeded_prompts(p.seed + 2, p.seeded, 1, 1, 16, vocab)):
-                s = self._sampling(RequestSpec(Prompt(key=f"seeded{i}", ids=pr.ids),
-                                               p.max_tokens), seed=p.seed + 200 + i)
-                s.note = f"seeded sample (seed {s.seed}): must equal its solo reference"
-                seeded.append(s)
-            if seeded:
-                ctx.take_references(seeded, phase_name="sampled-seeded-references")
-            why = f"sent: {len(seeded)} seeded one-token prompts in every ladder phase"
-        elif reproduce is False:
-            why = (f"left out: {sent - equal} of {sent} seeded solo pairs differed (first "
-                   f"divergent positions {divs}); the distribution test judges instead")
-        elif not solo_refs:
-            why = ("left out: references come from elsewhere (--reference "
-                   f"{getattr(ctx, 'reference_mode', '?')}), which has no seeded samples")
-        else:
-            why = "left out: not measured (seed_probe_pairs = 0 or a probe request failed)"
-        sampling = f"temperature {p.temperature:g}" + (
-            f", top_p {p.top_p:g}, top_k {p.top_k}" if self.truncate else "")
-        ctx_rows = [SeedRow(sampling=sampling, sampling_note=trunc_note, pairs_sent=sent, pairs_equal=equal, first_divergences=divs,
-                            reproduce=reproduce, seeded_parity=why)]
-        self.put_table(ctx, "sampled_seeds", ctx_rows)
+        seeded = self._seeded(ctx, trunc_note)
 
         # solo samples: N per distribution prompt, solo_samples per boundary length
         solo_specs = [s for s, _ in dist for _ in range(p.samples)]
@@ -326,34 +301,8 @@ class Sampled(ChatScenario):
             s.checks[SAMPLED_DEGENERATION] = self._degen_params({})
         matches: dict[str, list[int]] = {"solo": [0, 0], "load": [0, 0]}
         samples: dict[tuple, dict[str, list[list[int]]]] = {}
-        eos = eos_ids(ctx)
         solo_longest: dict[str, list[int]] = {}
-
-        def collect(side: str):
-            def on_outcome(o: Outcome) -> None:
-                c = o.completion
-                if c.error is not None:
-                    return
-                key = o.spec.prompt.key
-                # the test compares the distribution prompts' own samples (a boundary request of
-                # the same prompt, e.g. L = n*C + q, asks for another max_tokens)
-                samples.setdefault((key, o.spec.max_tokens), {"solo": [], "load": []})[
-                    side].append(list(c.token_ids))
-                if side == "solo":
-                    lr = solo_longest.setdefault(key, [0, 0, 0])
-                    lr[0] = max(lr[0], longest_run(list(c.token_ids), eos)[0])
-                    lr[1] = max(lr[1], longest_punct_run(c.text or "")[0])
-                    lr[2] += 1
-                rx = expect.get(key)
-                if rx is not None:
-                    ok = re.match(rx, c.text or "") is not None
-                    matches[side][0] += ok
-                    matches[side][1] += 1
-                    o.record.checks.append(CheckResult(
-                        name="expected_text", status="pass" if ok else "note",
-                        detail="" if ok else f"sample {c.text[:40]!r} does not match /{rx}/ "
-                        "(a sample: judged by rate, phase check sampled_expected_text)"))
-            return on_outcome
+        collect = _collector(expect, eos_ids(ctx), samples, matches, solo_longest)
 
         ctx.run_phase("sampled-solo", 1, solo_specs, role="reference",
                       counts_for_throughput=False, on_outcome=collect("solo"))
@@ -380,6 +329,41 @@ class Sampled(ChatScenario):
         if last is None:  # no load phase ran (a reference engine's pass takes references only)
             return
         self._judge(ctx, last, dist, samples, matches)
+
+    def _seeded(self, ctx: "ScenarioContext", trunc_note: str) -> list[RequestSpec]:
+        """The seeded one-token samples sent in every ladder phase (each must equal its solo
+        reference, taken here): only where solo references are on and :meth:`_probe_seeds`
+        measured that a per-request seed reproduces; else none. The ``sampled_seeds`` table
+        says which and why."""
+        p = self.params
+        solo_refs = getattr(ctx, "reference_mode", "solo") == "solo"
+        reproduce, sent, equal, divs = self._probe_seeds(ctx) if solo_refs else (None, 0, 0, [])
+        seeded: list[RequestSpec] = []
+        if reproduce:
+            vocab = int(ctx.facts.get("vocab_size") or 256)
+            for i, pr in enumerate(seeded_prompts(p.seed + 2, p.seeded, 1, 1, 16, vocab)):
+                s = self._sampling(RequestSpec(Prompt(key=f"seeded{i}", ids=pr.ids),
+                                               p.max_tokens), seed=p.seed + 200 + i)
+                s.note = f"seeded sample (seed {s.seed}): must equal its solo reference"
+                seeded.append(s)
+            if seeded:
+                ctx.take_references(seeded, phase_name="sampled-seeded-references")
+            why = f"sent: {len(seeded)} seeded one-token prompts in every ladder phase"
+        elif reproduce is False:
+            why = (f"left out: {sent - equal} of {sent} seeded solo pairs differed (first "
+                   f"divergent positions {divs}); the distribution test judges instead")
+        elif not solo_refs:
+            why = ("left out: references come from elsewhere (--reference "
+                   f"{getattr(ctx, 'reference_mode', '?')}), which has no seeded samples")
+        else:
+            why = "left out: not measured (seed_probe_pairs = 0 or a probe request failed)"
+        sampling = f"temperature {p.temperature:g}" + (
+            f", top_p {p.top_p:g}, top_k {p.top_k}" if self.truncate else "")
+        ctx_rows = [SeedRow(sampling=sampling, sampling_note=trunc_note, pairs_sent=sent,
+                            pairs_equal=equal, first_divergences=divs,
+                            reproduce=reproduce, seeded_parity=why)]
+        self.put_table(ctx, "sampled_seeds", ctx_rows)
+        return seeded
 
     def _degen_params(self, longest: dict) -> dict:
         p = self.params
@@ -468,6 +452,42 @@ class Sampled(ChatScenario):
             raise ScenarioError(f"{self.source}: params.dist_max_tokens "
                                 f"{self.params.dist_max_tokens} leaves no room for a prompt: "
                                 f"max_model_len is {m}")
+
+
+def _collector(expect: dict[str, str], eos, samples: dict, matches: dict[str, list[int]],
+               solo_longest: dict[str, list[int]]):
+    """``collect(side)``: an on_outcome hook for the ``solo`` or ``load`` side that keeps each
+    answered sample's token IDs in ``samples`` (by (prompt key, max_tokens), then side), on the
+    solo side the longest token and punctuation runs in ``solo_longest`` (by prompt key:
+    [longest token run, longest punctuation run, samples]), and, for a prompt with an expected
+    pattern (``expect``), an ``expected_text`` check counted in ``matches[side]`` ([matched,
+    judged])."""
+    def collect(side: str):
+        def on_outcome(o: Outcome) -> None:
+            c = o.completion
+            if c.error is not None:
+                return
+            key = o.spec.prompt.key
+            # the test compares the distribution prompts' own samples (a boundary request of
+            # the same prompt, e.g. L = n*C + q, asks for another max_tokens)
+            samples.setdefault((key, o.spec.max_tokens), {"solo": [], "load": []})[
+                side].append(list(c.token_ids))
+            if side == "solo":
+                lr = solo_longest.setdefault(key, [0, 0, 0])
+                lr[0] = max(lr[0], longest_run(list(c.token_ids), eos)[0])
+                lr[1] = max(lr[1], longest_punct_run(c.text or "")[0])
+                lr[2] += 1
+            rx = expect.get(key)
+            if rx is not None:
+                ok = re.match(rx, c.text or "") is not None
+                matches[side][0] += ok
+                matches[side][1] += 1
+                o.record.checks.append(CheckResult(
+                    name="expected_text", status="pass" if ok else "note",
+                    detail="" if ok else f"sample {c.text[:40]!r} does not match /{rx}/ "
+                    "(a sample: judged by rate, phase check sampled_expected_text)"))
+        return on_outcome
+    return collect
 
 
 def _interleave(groups: list[list[RequestSpec]]) -> list[RequestSpec]:
