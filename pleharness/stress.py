@@ -25,8 +25,8 @@ from .causes import headline
 from .config import StressConfig
 from .engine.session import Engine, EngineSession, Interrupted, Target, Variant, launch_record
 from .environment import environment_info, harness_info
-from .errors import (EXIT_ENGINE, EXIT_FAIL, EXIT_INTERNAL, EXIT_OK, EngineError, HarnessError,
-                     RequestTimeoutAbort, UsageError, write_crash_log)
+from .errors import (EngineError, ExitCode, HarnessError, RequestTimeoutAbort, UsageError,
+                     write_crash_log)
 from .manifest import Manifest, now_iso, write_manifest
 from .redact import redact_argv, redact_url
 from .render import render
@@ -102,7 +102,7 @@ def run_stress(cfg: StressConfig, console: Console | None = None,
         if problem:
             raise UsageError(f"--reference golden: {problem}")
     run = _Run.begin(cfg, scenarios, target, console, err_console or Console(stderr=True))
-    code = EXIT_FAIL
+    code = ExitCode.FAIL
     try:
         with contextlib.ExitStack() as stack:  # closing it stops engines, restores handlers
             try:
@@ -212,11 +212,11 @@ class _Run:
         elif isinstance(exc, KeyboardInterrupt):
             m.status, m.verdict, m.reason, code = "interrupted", "error", "SIGINT", 130
         elif isinstance(exc, RequestTimeoutAbort):
-            m.status, m.verdict, m.reason, code = "incomplete", "fail", str(exc), EXIT_FAIL
+            m.status, m.verdict, m.reason, code = "incomplete", "fail", str(exc), ExitCode.FAIL
             self.err.print(f"[red]aborted:[/red] {esc(exc)}")
         elif isinstance(exc, EngineError):
             m.status, m.verdict, code = ("engine_died" if self.ready else "failed"), "error", \
-                EXIT_ENGINE
+                ExitCode.ENGINE
             m.reason = str(exc.args[0]) if exc.args else str(exc)
             m.root_cause = exc.root_cause or (srv.root_cause() if srv else None)
             m.log_tail = srv.log_tail(20) if srv else []
@@ -232,7 +232,7 @@ class _Run:
             self.err.print(f"[red]error:[/red] {esc(exc)}")
         else:  # a harness bug still leaves an honest manifest
             log = write_crash_log(traceback.format_exc(), self.run_dir)
-            m.status, m.verdict, code = "failed", "error", EXIT_INTERNAL
+            m.status, m.verdict, code = "failed", "error", ExitCode.INTERNAL
             m.reason = (f"internal harness error: {exc.__class__.__name__}: {exc} "
                         f"(traceback in {Path(log).name})")
             self.err.print(f"[red]internal error:[/red] {esc(exc.__class__.__name__)}: "
@@ -623,6 +623,6 @@ def _verdict(m: Manifest) -> int:
     failed = (any(r.is_problem for r in m.requests) or any(p.status == "fail" for p in m.phases)
               or bool(m.run_options.get("strict") and m.summary.get("vacuous_run_level")))
     m.verdict = "fail" if failed else "pass"
-    return EXIT_FAIL if failed else EXIT_OK
+    return ExitCode.FAIL if failed else ExitCode.OK
 
 
