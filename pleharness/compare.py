@@ -181,10 +181,10 @@ def _describe(d) -> str:
 
 
 def _model_id(m: Manifest) -> str | None:
-    dig = (m.engine.get("model_digest") or {}).get("weights_sha256")
+    dig = (m.engine.model_digest or {}).get("weights_sha256")
     if dig:
         return f"weights SHA256 {dig[:16]}"
-    name = m.engine.get("model_root") or m.engine.get("model")
+    name = m.engine.model_root or m.engine.model
     return f"model {name}" if name else None
 
 
@@ -207,9 +207,9 @@ def compare(base: Manifest, head: Manifest, min_throughput_ratio: float | None =
     res = Comparison()
     _own_verdicts(res, base, head, same_run)
     bm, hm = _model_id(base), _model_id(head)
-    threshold = head.run_options.get("near_tie_nats") or base.run_options.get("near_tie_nats")
+    threshold = head.run_options.near_tie_nats or base.run_options.near_tie_nats
     threshold = float(threshold) if threshold is not None else DEFAULT_NEAR_TIE_NATS
-    strict = bool(head.run_options.get("strict") or base.run_options.get("strict"))
+    strict = bool(head.run_options.strict or base.run_options.strict)
     bo, ho = _outputs(base), _outputs(head)
     for key in sorted(set(bo) | set(ho)):
         if key not in bo or key not in ho:

@@ -55,23 +55,23 @@ def _engine_md(m: Manifest) -> list[str]:
     """The "Engine" section: version, model, commands, thresholds, facts, GPUs."""
     e = m.engine
     lines = ["### Engine", ""]
-    lines.append(f"- vLLM {e.get('version')}, model `{e.get('model')}`, max_model_len "
-                 f"{e.get('max_model_len')}, {e.get('mode')}")
-    if e.get("command"):
-        lines.append(f"- command: `{shlex.join(e['command'])}`")
-    if e.get("control_engine", {}).get("command"):
-        lines.append(f"- control engine: `{shlex.join(e['control_engine']['command'])}`")
-    if e.get("reference_engine", {}).get("command"):
-        lines.append(f"- reference engine: `{shlex.join(e['reference_engine']['command'])}`")
-    digest = e.get("model_digest") or {}
+    lines.append(f"- vLLM {e.version}, model `{e.model}`, max_model_len "
+                 f"{e.max_model_len}, {e.mode}")
+    if e.command:
+        lines.append(f"- command: `{shlex.join(e.command)}`")
+    if (e.control_engine or {}).get("command"):
+        lines.append(f"- control engine: `{shlex.join(e.control_engine['command'])}`")
+    if (e.reference_engine or {}).get("command"):
+        lines.append(f"- reference engine: `{shlex.join(e.reference_engine['command'])}`")
+    digest = e.model_digest or {}
     if digest.get("weights_sha256"):
         lines.append(f"- model: embedded, weights SHA256 `{digest['weights_sha256']}` (verified)")
     o = m.run_options
-    if o.get("near_tie_nats") is not None:
-        lines.append(f"- near-tie threshold: {o['near_tie_nats']:g} nats "
-                     f"({o.get('near_tie_source', 'given')}); reference: {o.get('reference')}; "
+    if o.near_tie_nats is not None:
+        lines.append(f"- near-tie threshold: {o.near_tie_nats:g} nats "
+                     f"({o.get('near_tie_source', 'given')}); reference: {o.reference}; "
                      f"golden classifier: {o.get('golden_classifier', 'n/a')}")
-    gt = o.get("golden_tolerance")
+    gt = o.golden_tolerance
     if gt:
         lines.append(f"- golden tolerance (half precision): {gt.get('tolerance_nats')} nats "
                      f"({gt.get('source')})")
@@ -94,7 +94,7 @@ def _phases_md(m: Manifest) -> list[str]:
         lines.append(f"| {p.name} | {p.scenario} | {p.concurrency} | {p.requests} | "
                      f"{p.matched}/{compared} | {p.near_ties} | {p.errors} | {tps} | {p.status}"
                      f"{' (' + p.reason + ')' if p.reason else ''} |")
-    tbc = m.summary.get("throughput_by_concurrency") or throughput_by_concurrency(m)
+    tbc = m.summary.throughput_by_concurrency or throughput_by_concurrency(m)
     if tbc:
         lines += ["", "### Decode throughput per concurrency (over repeats)", "",
                   "| C | median tok/s | min | max | repeats |", "|---|---:|---:|---:|---:|"]
