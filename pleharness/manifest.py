@@ -369,7 +369,8 @@ class RunOptionsRecord(_Section):
     near_tie_source: str | None = None  # where the threshold came from (given | dtype default)
     serving_dtype: str | None = None
     golden: bool | None = None
-    golden_classifier: str | None = None
+    golden_classifier: str | None = None  # on | off (--no-golden) | unavailable: why
+    golden_classifier_error: str | None = None  # why the golden classifier stopped mid-run
     golden_log: str | None = None
     golden_tolerance: dict[str, Any] | None = None  # tolerance_nats and its source
     reference_cache_state: str | None = None
@@ -399,6 +400,8 @@ class Summary(_Section):
     throughput_by_concurrency: dict[str, Any] | None = None  # C -> median/min/max tok/s, repeats
     vacuous: list[Any] | None = None
     vacuous_run_level: list[Any] | None = None
+    reproducers: list[dict[str, Any]] | None = None  # path and verdict of each replayed repro
+    report_error: str | None = None  # why summary.md / junit.xml could not be written
 
 
 _SECTIONS = {"engine": EngineRecord, "run_options": RunOptionsRecord, "summary": Summary}
