@@ -457,6 +457,14 @@ class Manifest(BaseModel):
             value = _SECTIONS[name].model_validate(value)
         super().__setattr__(name, value)
 
+    def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False):
+        """As :meth:`pydantic.BaseModel.model_copy`; a section given in ``update`` as a dict
+        becomes its model (``model_copy`` does not validate)."""
+        if update:
+            update = {k: _SECTIONS[k].model_validate(v) if k in _SECTIONS and isinstance(v, dict)
+                      else v for k, v in update.items()}
+        return super().model_copy(update=update, deep=deep)
+
     def records_changed(self) -> None:
         """Say that records or phases already written were changed in place (other than the last
         :data:`PHASES_REFRESHED` phases, which every write serializes again): the next

@@ -282,6 +282,9 @@ def test_engine_run_options_summary_are_typed_and_keep_every_key(tmp_path):
     assert data["run_options"] == {"strict": True, "near_tie_nats": 2}  # 2 stays an int
     back = load_manifest(path)
     assert back.engine.new_key == {"a": 1} and back.run_options.near_tie_nats == 2
+    copy = back.model_copy(update={"engine": {"mode": "launched"}})
+    assert isinstance(copy.engine, EngineRecord) and copy.engine.mode == "launched"
+    assert json.loads(copy.model_dump_json())["engine"] == {"mode": "launched"}
     data["engine"]["max_model_len"] = "4096"  # another JSON type: refused, never coerced
     path.write_text(json.dumps(data))
     with pytest.raises(ValueError, match="manifest.json"):
