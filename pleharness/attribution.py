@@ -105,7 +105,7 @@ def attribute(main: Manifest, control: Manifest) -> dict[str, int]:
         if cls == "also_in_control" and not d.checks_failed:
             d.fails = False
         if (cls == "also_in_control" and d.cls == "hard" and d.classified_by == "golden"
-                and is_half_precision(main.run_options.get("serving_dtype"))):
+                and is_half_precision(main.run_options.serving_dtype)):
             # issue 24: on half precision a control twin that reproduces the divergence is what
             # the dtype gives (an expert-routing flip moves later logits by several nats)
             d.cls = "near_tie"

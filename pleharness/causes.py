@@ -14,35 +14,35 @@ def headline(m: Manifest) -> str:
     divergences), so a FAIL never sits next to a line that reads like a pass."""
     s = m.summary
     lead = ""
-    for c in (s.get("corrupt_references") or [])[:3]:  # the corrupt request first
+    for c in (s.corrupt_references or [])[:3]:  # the corrupt request first
         lead += f"corrupt reference: {c.get('evidence')}; "
-    line = lead + (f"{s.get('phases_completed', 0)}/{s.get('phases_planned', 0)} phases completed; "
-            f"{s.get('hashes_matched', 0)}/{s.get('hashes_compared', 0)} token hashes matched "
+    line = lead + (f"{s.phases_completed or 0}/{s.phases_planned or 0} phases completed; "
+            f"{s.hashes_matched or 0}/{s.hashes_compared or 0} token hashes matched "
             "their single-request references")
-    if s.get("corrupt_references"):
-        line += (f"; {len(s['corrupt_references'])} corrupt reference(s) (later runs judged "
+    if s.corrupt_references:
+        line += (f"; {len(s.corrupt_references)} corrupt reference(s) (later runs judged "
                  "against " + ", ".join(sorted({c['method'] == 'golden' and 'the golden '
                                                 'continuation' or 'the majority output'
-                                                for c in s['corrupt_references']})) + ")")
-    if s.get("near_ties"):
-        line += f"; {s['near_ties']} near-tie divergence(s) (warnings)"
-    if s.get("hard_divergences"):
-        line += f"; {s['hard_divergences']} hard divergence(s)"
-    if s.get("checks_failed"):
+                                                for c in s.corrupt_references})) + ")")
+    if s.near_ties:
+        line += f"; {s.near_ties} near-tie divergence(s) (warnings)"
+    if s.hard_divergences:
+        line += f"; {s.hard_divergences} hard divergence(s)"
+    if s.checks_failed:
         names = sorted({c.name for r in m.requests for c in r.failed_checks
                         if c.name != "parity"})
-        line += f"; {s['checks_failed']} check failure(s)" + (f" ({', '.join(names)})"
+        line += f"; {s.checks_failed} check failure(s)" + (f" ({', '.join(names)})"
                                                              if names else "")
-    if s.get("request_errors"):
-        line += f"; {s['request_errors']} request error(s)"
-    if s.get("also_in_control") or s.get("only_under_test"):
-        line += (f"; control run: {s.get('also_in_control', 0)} divergence(s) also in the control "
-                 f"(engine numerics, warnings), {s.get('only_under_test', 0)} only under test")
-    if s.get("model_behaviour_notes"):
-        line += f"; {s['model_behaviour_notes']} model-behaviour note(s) (not failures)"
-    if s.get("vacuous"):
-        strict = " (--strict: failures)" if m.run_options.get("strict") else " (warnings)"
-        line += f"; VACUOUS{strict}: " + "; ".join(s["vacuous"])
+    if s.request_errors:
+        line += f"; {s.request_errors} request error(s)"
+    if s.also_in_control or s.only_under_test:
+        line += (f"; control run: {s.also_in_control or 0} divergence(s) also in the control "
+                 f"(engine numerics, warnings), {s.only_under_test or 0} only under test")
+    if s.model_behaviour_notes:
+        line += f"; {s.model_behaviour_notes} model-behaviour note(s) (not failures)"
+    if s.vacuous:
+        strict = " (--strict: failures)" if m.run_options.strict else " (warnings)"
+        line += f"; VACUOUS{strict}: " + "; ".join(s.vacuous)
     return line
 
 
@@ -122,8 +122,8 @@ def causes(m: Manifest, limit: int = 8) -> list[str]:
         for c in p.checks:
             if c.status == "fail":
                 out.append(f"phase check {c.name} failed after phase {p.name}: {c.detail}")
-    if m.run_options.get("strict"):
-        out += [f"vacuous (--strict): {v}" for v in m.summary.get("vacuous_run_level") or []]
+    if m.run_options.strict:
+        out += [f"vacuous (--strict): {v}" for v in m.summary.vacuous_run_level or []]
     if not out and m.verdict == "fail":
         bad = [p for p in m.phases if p.status == "fail"]
         out += [f"phase {p.name} failed: {p.reason}" for p in bad[:limit]] or [

@@ -181,10 +181,10 @@ def _describe(d) -> str:
 
 
 def _model_id(m: Manifest) -> str | None:
-    dig = (m.engine.get("model_digest") or {}).get("weights_sha256")
+    dig = (m.engine.model_digest or {}).get("weights_sha256")
     if dig:
         return f"weights SHA256 {dig[:16]}"
-    name = m.engine.get("model_root") or m.engine.get("model")
+    name = m.engine.model_root or m.engine.model
     return f"model {name}" if name else None
 
 
@@ -204,8 +204,28 @@ def compare(base: Manifest, head: Manifest, min_throughput_ratio: float | None =
     HEAD are the same folder (a warning; it passes when HEAD passed).
     """
     from .divergence import DEFAULT_NEAR_TIE_NATS
-    from .causes import causes
     res = Comparison()
+    _own_verdicts(res, base, head, same_run)
+    bm, hm = _model_id(base), _model_id(head)
+    threshold = head.run_options.near_tie_nats or base.run_options.near_tie_nats
+    threshold = float(threshold) if threshold is not None else DEFAULT_NEAR_TIE_NATS
+    strict = bool(head.run_options.strict or base.run_options.strict)
+    bo, ho = _outputs(base), _outputs(head)
+    for key in sorted(set(bo) | set(ho)):
+        if key not in bo or key not in ho:
+            res.only_in_one += 1
+            continue
+        res.parity_compared += 1
+        _compare_prompt(res, key, bo[key], ho[key], threshold, strict)
+    _parity_gate(res, bm, hm)
+    _throughput_gates(res, base, head, min_throughput_ratio, min_phase_ratio)
+    _threshold_gates(res, base, head, thresholds or [])
+    return res
+
+
+def _own_verdicts(res: Comparison, base: Manifest, head: Manifest, same_run: bool) -> None:
+    """Gates on each run's status and HEAD's own verdict; both runs' causes."""
+    from .causes import causes
     if same_run:
         res.warnings.append("BASE and HEAD are the same run: the comparison only re-checks HEAD's "
                             "own verdict and completeness")
@@ -221,50 +241,48 @@ def compare(base: Manifest, head: Manifest, min_throughput_ratio: float | None =
                                     f"{res.head_verdict!r} on its own: {why}")
     else:
         res.gates_passed.insert(0, f"HEAD verdict: HEAD ({head.run_id}) passed on its own")
-    bm, hm = _model_id(base), _model_id(head)
-    models_differ = bm is not None and hm is not None and bm != hm
-    threshold = head.run_options.get("near_tie_nats") or base.run_options.get("near_tie_nats")
-    threshold = float(threshold) if threshold is not None else DEFAULT_NEAR_TIE_NATS
-    strict = bool(head.run_options.get("strict") or base.run_options.get("strict"))
-    bo, ho = _outputs(base), _outputs(head)
-    for key in sorted(set(bo) | set(ho)):
-        if key not in bo or key not in ho:
-            res.only_in_one += 1
-            continue
-        res.parity_compared += 1
-        b, h = bo[key], ho[key]
-        name = f"{h['prompt'] or b['prompt']} (max_tokens {key[1]}" + \
-            (f", {key[2]})" if len(key) > 2 else ")")
-        bc, hc = _core(b), _core(h)
-        if bc == hc:
-            extra = set(b["tolerated"]) | set(h["tolerated"])
-            if extra:
-                kinds = sorted({d.attribution if d.attribution == "also_in_control" else d.cls
-                                for e in (b, h) for d in e["tolerated"].values()})
-                res.warnings.append(f"parity: {name}: identical, with {len(extra)} output(s) "
-                                    "that differ from their reference only by divergences their "
-                                    f"own run tolerated ({', '.join(kinds)})")
-            continue
-        found, bad = [], []
-        for label, ref_side, other, hashes in (("HEAD", b, h, hc - bc), ("BASE", h, b, bc - hc)):
-            for x in sorted(hashes):
-                d, ok = _cross_run(ref_side, other, x, threshold, strict)
-                if d is not None and label == "BASE":  # say it from BASE to HEAD
-                    d = d.model_copy(update={"reference_token": d.observed_token,
-                                             "observed_token": d.reference_token})
-                (found if ok else bad).append((label, x, d))
-        if not bad:
-            res.warnings.append(f"parity: {name}: BASE and HEAD differ by a near tie, "
-                                f"{_describe(found[0][2])}")
-            continue
-        label, x, d = bad[0]
-        res.parity_mismatches.append({
-            "prompt": h["prompt"] or b["prompt"], "prompt_hash": key[0][:12],
-            "max_tokens": key[1], "base": sorted(v[:12] for v in bc),
-            "head": sorted(v[:12] for v in hc),
-            "first_divergence": None if d is None else d.position,
-            "detail": _describe(d)})
-    if models_differ:
+
+
+def _compare_prompt(res: Comparison, key: tuple, b: dict, h: dict, threshold: float,
+                    strict: bool) -> None:
+    """One (prompt, max_tokens[, sampling]) issued by both runs: identical, a near tie (a warning)
+    or a mismatch (appended to ``res.parity_mismatches``)."""
+    name = f"{h['prompt'] or b['prompt']} (max_tokens {key[1]}" + \
+        (f", {key[2]})" if len(key) > 2 else ")")
+    bc, hc = _core(b), _core(h)
+    if bc == hc:
+        extra = set(b["tolerated"]) | set(h["tolerated"])
+        if extra:
+            kinds = sorted({d.attribution if d.attribution == "also_in_control" else d.cls
+                            for e in (b, h) for d in e["tolerated"].values()})
+            res.warnings.append(f"parity: {name}: identical, with {len(extra)} output(s) "
+                                "that differ from their reference only by divergences their "
+                                f"own run tolerated ({', '.join(kinds)})")
+        return
+    found, bad = [], []
+    for label, ref_side, other, hashes in (("HEAD", b, h, hc - bc), ("BASE", h, b, bc - hc)):
+        for x in sorted(hashes):
+            d, ok = _cross_run(ref_side, other, x, threshold, strict)
+            if d is not None and label == "BASE":  # say it from BASE to HEAD
+                d = d.model_copy(update={"reference_token": d.observed_token,
+                                         "observed_token": d.reference_token})
+            (found if ok else bad).append((label, x, d))
+    if not bad:
+        res.warnings.append(f"parity: {name}: BASE and HEAD differ by a near tie, "
+                            f"{_describe(found[0][2])}")
+        return
+    label, x, d = bad[0]
+    res.parity_mismatches.append({
+        "prompt": h["prompt"] or b["prompt"], "prompt_hash": key[0][:12],
+        "max_tokens": key[1], "base": sorted(v[:12] for v in bc),
+        "head": sorted(v[:12] for v in hc),
+        "first_divergence": None if d is None else d.position,
+        "detail": _describe(d)})
+
+
+def _parity_gate(res: Comparison, bm: str | None, hm: str | None) -> None:
+    """The token-parity gate from the compared prompts and the two runs' model ids."""
+    if bm is not None and hm is not None and bm != hm:
         res.models_differ = f"BASE {bm}, HEAD {hm}"
         res.gate_failures.append(f"token parity: BASE and HEAD serve different models (BASE {bm}, "
                                  f"HEAD {hm}): their tokens cannot be compared")
@@ -278,6 +296,11 @@ def compare(base: Manifest, head: Manifest, min_throughput_ratio: float | None =
         warned = sum(1 for w in res.warnings if w.startswith("parity:"))
         res.gates_passed.append(f"token parity: {res.parity_compared} prompts identical"
                                 + (f" ({warned} with near-tie warnings)" if warned else ""))
+
+
+def _throughput_gates(res: Comparison, base: Manifest, head: Manifest,
+                      min_throughput_ratio: float | None, min_phase_ratio: float | None) -> None:
+    """HEAD/BASE decode-throughput ratios per phase and per concurrency level, and their gates."""
     bp = {p.name: p for p in base.phases if p.counts_for_throughput and p.decode_tok_per_s}
     for p in head.phases:
         if p.counts_for_throughput and p.decode_tok_per_s and p.name in bp:
@@ -292,8 +315,13 @@ def compare(base: Manifest, head: Manifest, min_throughput_ratio: float | None =
                 "{} median ratio", "concurrency level", "concurrency levels")
     _ratio_gate(res, "--min-phase-ratio", min_phase_ratio, res.phase_ratios, "phase {} ratio",
                 "phase", "phases")
+
+
+def _threshold_gates(res: Comparison, base: Manifest, head: Manifest,
+                     thresholds: list[str]) -> None:
+    """Each ``--threshold``: a compare spec, or an absolute HEAD median tok/s at a level."""
     from . import compare_spec
-    for t in thresholds or []:
+    for t in thresholds:
         if compare_spec.looks_like_spec(t):
             compare_spec.gate(res, base, head, t)
             continue
@@ -306,7 +334,6 @@ def compare(base: Manifest, head: Manifest, min_throughput_ratio: float | None =
                                      f"it by {abs(got - val):.3f}")
         else:
             res.gates_passed.append(f"--threshold {t}: HEAD median {got:.3f} tok/s")
-    return res
 
 
 def _ratio_gate(res: Comparison, flag: str, floor: float | None, ratios: dict[str, float],

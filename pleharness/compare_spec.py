@@ -54,7 +54,7 @@ def check(text: str) -> None:
 
 def _health(m) -> dict[str, Any]:
     from .evidence import spec_by_concurrency
-    e = (m.summary.get("engaged") or {}).get("spec_decode")
+    e = (m.summary.engaged or {}).get("spec_decode")
     return e or spec_by_concurrency(m)
 
 

@@ -23,12 +23,6 @@ class ExitCode(IntEnum):
     SIGTERM = 143  #: interrupted by SIGTERM
 
 
-# the same codes under their older names (the job modules compare with them)
-EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_ENGINE = ExitCode.OK, ExitCode.FAIL, ExitCode.USAGE, \
-    ExitCode.ENGINE
-EXIT_INTERNAL = ExitCode.INTERNAL
-
-
 def write_crash_log(text: str, directory=None) -> str:
     """Write a traceback to ``<directory>/harness-error.log`` (a run folder) or, without one, to a
     new ``ple-harness-error-*.log`` in the temporary directory; returns the path. Never raises."""
@@ -93,4 +87,4 @@ class RequestTimeoutAbort(HarnessError):
     """Raised after a phase with timed-out requests when the policy is ``--on-timeout abort``
     (exit 1: the run fails, incomplete)."""
 
-    exit_code = 1
+    exit_code = ExitCode.FAIL

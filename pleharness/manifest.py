@@ -258,6 +258,155 @@ class ReferenceRecord(BaseModel):
     replaces: str | None = None  # this reference replaced a corrupt one: which run, and why
 
 
+class _Section(BaseModel):
+    """A manifest section with its known keys as typed fields and any other key a writer adds
+    kept as it is (``extra="allow"``); its JSON holds only the keys that were set (loaded, built
+    or assigned), so a section reads the same as when it was a plain dict. Strict types: a value
+    of another JSON type is refused at load time, never coerced (the file is not rewritten).
+
+    Readers use the attributes (None where the key is absent). Writers may still use the mapping
+    methods (``s["k"] = v``, ``update``, ``setdefault``, ``get``, ``in``, ``items``) while they
+    are moved to attributes; a key that is not set reads as absent there (KeyError / default)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    @model_serializer(mode="wrap")
+    def _only_set(self, handler):
+        data = handler(self)
+        return {k: v for k, v in data.items() if k in self.model_fields_set}
+
+    def keys(self):
+        return [k for k in (*type(self).model_fields, *(self.__pydantic_extra__ or {}))
+                if k in self.model_fields_set]
+
+    def items(self):
+        return [(k, getattr(self, k)) for k in self.keys()]
+
+    def values(self):
+        return [v for _, v in self.items()]
+
+    def __iter__(self):
+        return iter(self.keys())
+
+    def __len__(self) -> int:
+        return len(self.model_fields_set)
+
+    def __bool__(self) -> bool:
+        return bool(self.model_fields_set)
+
+    def __contains__(self, key) -> bool:
+        return key in self.model_fields_set
+
+    def __getitem__(self, key):
+        if key not in self.model_fields_set:
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __setitem__(self, key, value) -> None:
+        setattr(self, key, value)
+
+    def get(self, key, default=None):
+        return getattr(self, key) if key in self.model_fields_set else default
+
+    def setdefault(self, key, default=None):
+        if key not in self.model_fields_set:
+            setattr(self, key, default)
+        return getattr(self, key)
+
+    def update(self, other=(), **kw) -> None:
+        for k, v in (dict(other) | kw).items():
+            setattr(self, k, v)
+
+    def pop(self, key, *default):
+        if key not in self.model_fields_set:
+            if default:
+                return default[0]
+            raise KeyError(key)
+        value = getattr(self, key)
+        if key in type(self).model_fields:
+            setattr(self, key, type(self).model_fields[key].default)
+            self.model_fields_set.discard(key)
+        else:
+            del self.__pydantic_extra__[key]
+            self.model_fields_set.discard(key)
+        return value
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, dict):
+            return dict(self.items()) == other
+        return super().__eq__(other)
+
+
+class EngineRecord(_Section):
+    """``manifest.engine``: the engine under test as the run saw it (:mod:`pleharness.stress`,
+    :mod:`pleharness.engine.session`)."""
+
+    mode: str | None = None  # launched | attached
+    url: str | None = None  # the OpenAI-compatible base URL (credentials redacted)
+    model: str | None = None  # the served model id
+    version: str | None = None  # vLLM version the server reports
+    max_model_len: int | None = None  # tokens
+    ready_s: float | int | None = None  # seconds from launch to ready
+    command: list[str] | None = None  # the launch command (secrets redacted)
+    launch: dict[str, Any] | None = None  # pleharness.engine.session.launch_record
+    engine_log: str | None = None  # path of engine.log
+    launcher_log: str | None = None  # path of the launcher's own log
+    model_root: str | None = None  # folder of an embedded model
+    model_digest: dict[str, Any] | None = None  # embedded model's weights_sha256 (verified)
+    control_engine: dict[str, Any] | None = None  # the control engine (its "command", ...)
+    reference_engine: dict[str, Any] | None = None  # the reference engine (its "command", ...)
+
+
+class RunOptionsRecord(_Section):
+    """``manifest.run_options``: the options that decide how outputs were judged."""
+
+    reference: str | None = None  # solo | warm | golden | engine | manifest
+    repeat: int | None = None
+    strict: bool | None = None  # near ties fail (--strict)
+    on_timeout: str | None = None  # --on-timeout policy
+    logprobs: int | None = None  # top-k logprobs asked for
+    near_tie_nats: float | int | None = None  # near-tie threshold, nats
+    near_tie_source: str | None = None  # where the threshold came from (given | dtype default)
+    serving_dtype: str | None = None
+    golden: bool | None = None
+    golden_classifier: str | None = None  # on | off (--no-golden) | unavailable: why
+    golden_classifier_error: str | None = None  # why the golden classifier stopped mid-run
+    golden_log: str | None = None
+    golden_tolerance: dict[str, Any] | None = None  # tolerance_nats and its source
+    reference_cache_state: str | None = None
+
+
+class Summary(_Section):
+    """``manifest.summary``: the run's counts and headline (:func:`pleharness.stress` writes it;
+    counts are requests or outputs unless named otherwise)."""
+
+    headline: str | None = None
+    phases_planned: int | None = None
+    phases_completed: int | None = None
+    phases_failed: int | None = None
+    hashes_compared: int | None = None
+    hashes_matched: int | None = None
+    near_ties: int | None = None
+    hard_divergences: int | None = None
+    checks_failed: int | None = None
+    request_errors: int | None = None
+    model_behaviour_notes: int | None = None
+    also_in_control: int | None = None
+    only_under_test: int | None = None
+    no_twin: int | None = None
+    corrupt_side: dict[str, Any] | None = None
+    corrupt_references: list[dict[str, Any]] | None = None  # method, evidence (run/judge.py)
+    engaged: dict[str, Any] | None = None  # what the run exercised (pleharness.evidence)
+    throughput_by_concurrency: dict[str, Any] | None = None  # C -> median/min/max tok/s, repeats
+    vacuous: list[Any] | None = None
+    vacuous_run_level: list[Any] | None = None
+    reproducers: list[dict[str, Any]] | None = None  # path and verdict of each replayed repro
+    report_error: str | None = None  # why summary.md / junit.xml could not be written
+
+
+_SECTIONS = {"engine": EngineRecord, "run_options": RunOptionsRecord, "summary": Summary}
+
+
 class Manifest(BaseModel):
     """One run: provenance, engine facts, references, phases, summary and verdict.
 
@@ -281,8 +430,8 @@ class Manifest(BaseModel):
     log_tail: list[str] = Field(default_factory=list)
     harness: dict[str, Any] = Field(default_factory=dict)
     invocation: list[str] = Field(default_factory=list)
-    run_options: dict[str, Any] = Field(default_factory=dict)
-    engine: dict[str, Any] = Field(default_factory=dict)
+    run_options: RunOptionsRecord = Field(default_factory=RunOptionsRecord)
+    engine: EngineRecord = Field(default_factory=EngineRecord)
     facts: dict[str, Any] = Field(default_factory=dict)
     # what the engine probe measured at the start of the run (pleharness.engine_probe)
     engine_probe: dict[str, Any] = Field(default_factory=dict)
@@ -297,11 +446,24 @@ class Manifest(BaseModel):
     # token IDs of the prompts of every phase where an output diverged (prompt hash -> IDs), so
     # that `ple-harness explain` can replay the case
     prompts: dict[str, list[int]] = Field(default_factory=dict)
-    summary: dict[str, Any] = Field(default_factory=dict)
+    summary: Summary = Field(default_factory=Summary)
     # (records file, records already in it) of the last write; not serialized
     _records_written: tuple[Path, int] | None = PrivateAttr(default=None)
     # (phase, its JSON) per phase at the last write: older phases are not serialized again
     _phase_json: list[tuple[PhaseRecord, str]] = PrivateAttr(default_factory=list)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _SECTIONS and isinstance(value, dict):  # a writer assigns a whole section
+            value = _SECTIONS[name].model_validate(value)
+        super().__setattr__(name, value)
+
+    def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False):
+        """As :meth:`pydantic.BaseModel.model_copy`; a section given in ``update`` as a dict
+        becomes its model (``model_copy`` does not validate)."""
+        if update:
+            update = {k: _SECTIONS[k].model_validate(v) if k in _SECTIONS and isinstance(v, dict)
+                      else v for k, v in update.items()}
+        return super().model_copy(update=update, deep=deep)
 
     def records_changed(self) -> None:
         """Say that records or phases already written were changed in place (other than the last

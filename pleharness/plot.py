@@ -31,7 +31,7 @@ def plot_run(m: Manifest, out: Path) -> Path:
             ax.axvline(i, color="red", alpha=0.3, linewidth=6)
     ax2.set_xticks(x)
     ax2.set_xticklabels([f"{p.name}\nC{p.concurrency}" for p in phases], rotation=90, fontsize=7)
-    ax1.set_title(f"{m.run_id}: {m.summary.get('headline', '')}"[:110], fontsize=9)
+    ax1.set_title(f"{m.run_id}: {m.summary.headline or ''}"[:110], fontsize=9)
     fig.tight_layout()
     out = Path(out)
     if out.suffix.lower() != ".png":

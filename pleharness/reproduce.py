@@ -147,8 +147,7 @@ def replay_reproducer(path: Path, target: ReplayTarget, runs: int, out_dir: Path
                 row["error"] = quiet.file.getvalue()[-500:]
         if (rdir / "manifest.json").exists():
             try:
-                row["engine_ready_s"] = load_manifest(rdir, with_requests=False).engine.get(
-                    "ready_s")
+                row["engine_ready_s"] = load_manifest(rdir, with_requests=False).engine.ready_s
             except (ValueError, OSError):
                 pass
         replays.append(row)

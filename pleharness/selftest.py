@@ -35,7 +35,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from .errors import EXIT_ENGINE, EXIT_FAIL, EXIT_OK, UsageError
+from .errors import ExitCode, UsageError
 from .faults.builtin import BUILTIN, SelftestFault
 
 DEFAULT_SUITE = "selftest"
@@ -83,13 +83,13 @@ def judge(name: str, fault: SelftestFault | None, code: int, m) -> PassResult:
                      fired=len(set(fault.hits)) if fault is not None else 0,
                      caught_by=caught_by(m) if m else [], causes=causes(m)[:5] if m else [],
                      summary=fault.summary if fault is not None else "no fault")
-    if code not in (EXIT_OK, EXIT_FAIL):
+    if code not in (ExitCode.OK, ExitCode.FAIL):
         res.outcome = f"error (exit {code})"
     elif fault is None:
-        res.outcome = "clean" if code == EXIT_OK else "false alarm"
+        res.outcome = "clean" if code == ExitCode.OK else "false alarm"
     elif not res.fired:
         res.outcome = "missed (never triggered)"
-    elif code == EXIT_FAIL:
+    elif code == ExitCode.FAIL:
         res.outcome = "detected"
     else:
         res.outcome = "missed"
@@ -141,7 +141,7 @@ def run_selftest(cfg, faults: list[str], console: Console, err: Console,
                   f"{escape(str(sdir))}")
     results: list[PassResult] = []
     alarms = 0
-    code = EXIT_OK
+    code = ExitCode.OK
     with EngineSession(console, sdir, timeouts=cfg.timeouts, explicit_facts=cfg.explicit_facts,
                        gpus_before=gpu_inventory() if cfg.url is None else None,
                        gpu_tolerance_mib=cfg.gpu_memory_tolerance_mib) as session:
@@ -149,7 +149,7 @@ def run_selftest(cfg, faults: list[str], console: Console, err: Console,
             eng = session.start(target, gather=False)
         except EngineError as exc:
             err.print(f"[red]error:[/red] {escape(str(exc))}")
-            return EXIT_ENGINE
+            return ExitCode.ENGINE
         facts = dict(cfg.explicit_facts)
         plan: list[tuple[str, SelftestFault | None]] = [("clean", None)] + \
             [(f, BUILTIN[f]()) for f in faults]
@@ -159,7 +159,7 @@ def run_selftest(cfg, faults: list[str], console: Console, err: Console,
                            invocation=cfg.invocation + [f"(selftest pass {name})"])
             res, pcode, m = _run_pass(pcfg, name, fault, eng.client)
             if fault is None:
-                alarms = false_alarms(m) if pcode in (EXIT_OK, EXIT_FAIL) else alarms
+                alarms = false_alarms(m) if pcode in (ExitCode.OK, ExitCode.FAIL) else alarms
             results.append(res)
             console.print(f"  {name}: {res.outcome}"
                           + (f" (fired on {res.fired} request(s); caught by "
@@ -167,17 +167,17 @@ def run_selftest(cfg, faults: list[str], console: Console, err: Console,
                              f" ({alarms} false alarm(s))")
                           + f" [{res.wall_s:.0f} s]")
             if res.outcome.startswith("error"):
-                code = EXIT_ENGINE if pcode == EXIT_ENGINE else pcode
+                code = ExitCode.ENGINE if pcode == ExitCode.ENGINE else pcode
                 break
             if eng.server is not None and not eng.server.alive():
-                code = EXIT_ENGINE
+                code = ExitCode.ENGINE
                 break
     line = headline(results, alarms)
-    ok = code == EXIT_OK and alarms == 0 and all(
+    ok = code == ExitCode.OK and alarms == 0 and all(
         r.outcome == "detected" for r in results if r.name != "clean") and \
         len(results) == len(faults) + 1
-    if code == EXIT_OK and not ok:
-        code = EXIT_FAIL
+    if code == ExitCode.OK and not ok:
+        code = ExitCode.FAIL
     out = {"selftest_id": sid, "scenarios": [s if isinstance(s, str) else s[0]
                                              for s in cfg.scenarios],
            "headline": line, "false_alarms": alarms, "exit_code": code,

@@ -25,8 +25,8 @@ from .causes import headline
 from .config import StressConfig
 from .engine.session import Engine, EngineSession, Interrupted, Target, Variant, launch_record
 from .environment import environment_info, harness_info
-from .errors import (EXIT_ENGINE, EXIT_FAIL, EXIT_INTERNAL, EXIT_OK, EngineError, HarnessError,
-                     RequestTimeoutAbort, UsageError, write_crash_log)
+from .errors import (EngineError, ExitCode, HarnessError, RequestTimeoutAbort, UsageError,
+                     write_crash_log)
 from .manifest import Manifest, now_iso, write_manifest
 from .redact import redact_argv, redact_url
 from .render import render
@@ -102,7 +102,7 @@ def run_stress(cfg: StressConfig, console: Console | None = None,
         if problem:
             raise UsageError(f"--reference golden: {problem}")
     run = _Run.begin(cfg, scenarios, target, console, err_console or Console(stderr=True))
-    code = EXIT_FAIL
+    code = ExitCode.FAIL
     try:
         with contextlib.ExitStack() as stack:  # closing it stops engines, restores handlers
             try:
@@ -174,7 +174,7 @@ class _Run:
         manifest.environment = environment_info(cfg.engine_python if cfg.url is None else None)
         if target.model_path is not None:
             from .model import model_digest
-            manifest.engine["model_digest"] = model_digest(target.model_path)
+            manifest.engine.model_digest = model_digest(target.model_path)
         if manifest.environment.get("gpus"):
             from .probe import capability_summary  # cheap: capability only, never raises
             manifest.environment["ple_probe"] = capability_summary()
@@ -212,11 +212,11 @@ class _Run:
         elif isinstance(exc, KeyboardInterrupt):
             m.status, m.verdict, m.reason, code = "interrupted", "error", "SIGINT", 130
         elif isinstance(exc, RequestTimeoutAbort):
-            m.status, m.verdict, m.reason, code = "incomplete", "fail", str(exc), EXIT_FAIL
+            m.status, m.verdict, m.reason, code = "incomplete", "fail", str(exc), ExitCode.FAIL
             self.err.print(f"[red]aborted:[/red] {esc(exc)}")
         elif isinstance(exc, EngineError):
             m.status, m.verdict, code = ("engine_died" if self.ready else "failed"), "error", \
-                EXIT_ENGINE
+                ExitCode.ENGINE
             m.reason = str(exc.args[0]) if exc.args else str(exc)
             m.root_cause = exc.root_cause or (srv.root_cause() if srv else None)
             m.log_tail = srv.log_tail(20) if srv else []
@@ -232,7 +232,7 @@ class _Run:
             self.err.print(f"[red]error:[/red] {esc(exc)}")
         else:  # a harness bug still leaves an honest manifest
             log = write_crash_log(traceback.format_exc(), self.run_dir)
-            m.status, m.verdict, code = "failed", "error", EXIT_INTERNAL
+            m.status, m.verdict, code = "failed", "error", ExitCode.INTERNAL
             m.reason = (f"internal harness error: {exc.__class__.__name__}: {exc} "
                         f"(traceback in {Path(log).name})")
             self.err.print(f"[red]internal error:[/red] {esc(exc.__class__.__name__)}: "
@@ -276,8 +276,8 @@ def _engine_under_test(run: _Run, scenarios: list[Scenario], target: Target) -> 
     eng = run.engine(target)
     run.ready = True
     if eng.server is not None:
-        m.engine["command"] = eng.server.command
-        m.engine["ready_s"] = round(eng.server.ready_s or 0, 3)
+        m.engine.command = eng.server.command
+        m.engine.ready_s = round(eng.server.ready_s or 0, 3)
     m.engine.update({"url": eng.server.url if eng.server else redact_url(cfg.url), "model": eng.client.model,
                      "version": eng.version, "max_model_len": eng.card.get("max_model_len"),
                      "model_root": eng.card.get("root")})
@@ -287,7 +287,7 @@ def _engine_under_test(run: _Run, scenarios: list[Scenario], target: Target) -> 
     local_model = _local_model(cfg, target, eng)
     if "model_digest" not in m.engine and local_model:
         from .model import model_digest
-        m.engine["model_digest"] = model_digest(local_model)
+        m.engine.model_digest = model_digest(local_model)
     return eng
 
 
@@ -304,18 +304,18 @@ def _golden_model(cfg: StressConfig, model_dir: str | None, mode: str, manifest:
     ``--reference golden`` cannot have one."""
     from .golden import GoldenModel, golden_problem
     if not cfg.golden:
-        manifest.run_options["golden_classifier"] = "off (--no-golden)"
+        manifest.run_options.golden_classifier = "off (--no-golden)"
         return None
     problem = golden_problem(model_dir)
     if problem:
         if mode == "golden":
             raise UsageError(f"--reference golden: {problem}")
-        manifest.run_options["golden_classifier"] = f"unavailable: {problem}"
+        manifest.run_options.golden_classifier = f"unavailable: {problem}"
         return None
-    manifest.run_options["golden_classifier"] = (
+    manifest.run_options.golden_classifier = (
         f"transformers float32 on {model_dir} (python {cfg.engine_python}); started on the first "
         "divergence" + (" and for every reference" if mode == "golden" else ""))
-    manifest.run_options["golden_log"] = "golden.log"
+    manifest.run_options.golden_log = "golden.log"
     return GoldenModel(model_dir, cfg.engine_python, log_path=run_dir / "golden.log")
 
 
@@ -328,9 +328,9 @@ def _context(cfg: StressConfig, eng: Engine, manifest: Manifest, mpath: Path, fa
     serving dtype (recorded in ``run_options``), every registered check."""
     from .divergence import near_tie_threshold, normalize_dtype
     nats, why = near_tie_threshold(facts.get("dtype"), cfg.near_tie_nats)
-    manifest.run_options["near_tie_nats"] = nats
-    manifest.run_options["near_tie_source"] = why
-    manifest.run_options["serving_dtype"] = normalize_dtype(facts.get("dtype"))
+    manifest.run_options.near_tie_nats = nats
+    manifest.run_options.near_tie_source = why
+    manifest.run_options.serving_dtype = normalize_dtype(facts.get("dtype"))
     opts = RunOptions(on_timeout=cfg.on_timeout, logprobs=cfg.logprobs or None,
                       near_tie_nats=nats, strict=cfg.strict,
                       serving_dtype=normalize_dtype(facts.get("dtype")),
@@ -483,7 +483,7 @@ def _confirm_reproducers(run: _Run, eng: Engine, target: Target) -> None:
                       start_timeout_s=cfg.start_timeout_s, timeouts=cfg.timeouts)
     rows = confirm_run_reproducers(run.manifest, run.run_dir, rt, cfg.confirm_runs,
                                    log=lambda x: run.console.print(esc(x), highlight=False))
-    run.manifest.summary["reproducers"] = [{"path": r["path"], "verdict": r.get("verdict")}
+    run.manifest.summary.reproducers = [{"path": r["path"], "verdict": r.get("verdict")}
                                            for r in rows]
     run.save()
 
@@ -495,7 +495,7 @@ def _reference_pass(run: _Run, scenarios: list[Scenario], target: Target) -> dic
     Returns the references by request key. Raises EngineError when the reference engine fails."""
     cfg, m = run.cfg, run.manifest
     spec = _reference_variant(cfg).spec(target)
-    m.engine["reference_engine"] = {"launch": launch_record(spec, cfg.profile),
+    m.engine.reference_engine = {"launch": launch_record(spec, cfg.profile),
                                     "engine_log": "reference-engine.log",
                                     "inherits": REFERENCE_INHERITS,
                                     "dropped": list(cfg.reference_drop_args),
@@ -505,7 +505,7 @@ def _reference_pass(run: _Run, scenarios: list[Scenario], target: Target) -> dic
     eng = run.engine(target, spec=spec, log_name="reference-engine", what="reference engine",
                      facts_engine_args=target.engine_args, engine_first=False)
     try:
-        m.engine["reference_engine"].update(eng.record())
+        m.engine.reference_engine.update(eng.record())
         with _progress(run.console) as progress:
             ctx = _context(cfg, eng, m, run.mpath, eng.facts, progress, collect_only=True,
                            reference_source="engine")
@@ -531,7 +531,7 @@ def _control_pass(run: _Run, scenarios: list[Scenario], facts, target: Target
     from .attribution import attribute
     cfg, manifest = run.cfg, run.manifest
     spec = _control_variant(cfg).spec(target)
-    rec = manifest.engine["control_engine"] = {
+    rec = manifest.engine.control_engine = {
         "launch": launch_record(spec, cfg.profile), "engine_log": "control-engine.log",
         "manifest": "control-manifest.json", "dropped": list(cfg.control_drop_args),
         "added": list(cfg.control_engine_args), "profile": cfg.control_profile}
@@ -581,7 +581,7 @@ def _write_reports(m: Manifest, run_dir: Path) -> None:
         write_atomic(run_dir / "summary.md", to_markdown(m))
         write_atomic(run_dir / "junit.xml", to_junit(m))
     except Exception as exc:  # noqa: BLE001 - reports never hide the manifest
-        m.summary["report_error"] = str(exc)
+        m.summary.report_error = str(exc)
 
 
 def _summarize(m: Manifest) -> None:
@@ -606,13 +606,13 @@ def _summarize(m: Manifest) -> None:
                                      if c.status == "note"),
     })
     from .summary import throughput_by_concurrency
-    m.summary["throughput_by_concurrency"] = throughput_by_concurrency(m)
+    m.summary.throughput_by_concurrency = throughput_by_concurrency(m)
     from .evidence import run_evidence
     engaged, vacuous = run_evidence(m)
-    m.summary["engaged"] = engaged
-    m.summary["vacuous"] = vacuous
-    m.summary["vacuous_run_level"] = [v for v in vacuous if not v.startswith("phase ")]
-    m.summary["headline"] = headline(m)
+    m.summary.engaged = engaged
+    m.summary.vacuous = vacuous
+    m.summary.vacuous_run_level = [v for v in vacuous if not v.startswith("phase ")]
+    m.summary.headline = headline(m)
 
 
 def _verdict(m: Manifest) -> int:
@@ -621,8 +621,8 @@ def _verdict(m: Manifest) -> int:
     check) or a phase failed (phase checks such as health_after_phase). Returns the exit code."""
     _summarize(m)
     failed = (any(r.is_problem for r in m.requests) or any(p.status == "fail" for p in m.phases)
-              or bool(m.run_options.get("strict") and m.summary.get("vacuous_run_level")))
+              or bool(m.run_options.strict and m.summary.vacuous_run_level))
     m.verdict = "fail" if failed else "pass"
-    return EXIT_FAIL if failed else EXIT_OK
+    return ExitCode.FAIL if failed else ExitCode.OK
 
 

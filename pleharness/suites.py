@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from .engine.errors import UsageError
+from .errors import UsageError
 from .scenarios.base import scenario_dirs
 from .tomlfile import find_named, read_toml, validate
 

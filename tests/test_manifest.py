@@ -256,3 +256,36 @@ def test_manifest_json_reuses_old_phases_but_sees_changes(tmp_path):
     del m.phases[3:]
     write_manifest(path, m)
     assert on_disk() == full() and len(load_manifest(tmp_path).phases) == 3
+
+
+def test_engine_run_options_summary_are_typed_and_keep_every_key(tmp_path):
+    """The three sections are models: declared keys read as attributes (None when absent), a key
+    no model declares is kept, an unset key is not written, and a whole section assigned as a
+    dict becomes the model; the JSON reads as the dict it was."""
+    from pleharness.manifest import EngineRecord, RunOptionsRecord, Summary
+    m = Manifest(run_id="r")
+    m.engine.update({"mode": "attached", "url": "http://x", "new_key": {"a": 1}})
+    m.summary = {"phases_planned": 3, "something_else": [1]}
+    m.summary["near_ties"] = 0
+    m.summary.setdefault("corrupt_references", []).append({"method": "golden"})
+    m.run_options = {"strict": True, "near_tie_nats": 2}
+    assert isinstance(m.engine, EngineRecord) and isinstance(m.summary, Summary)
+    assert isinstance(m.run_options, RunOptionsRecord)
+    assert m.engine.mode == "attached" and m.engine.version is None and "version" not in m.engine
+    assert m.summary.phases_planned == 3 and m.summary.corrupt_references == [{"method": "golden"}]
+    path = tmp_path / "manifest.json"
+    write_manifest(path, m)
+    data = json.loads(path.read_text())
+    assert data["engine"] == {"mode": "attached", "url": "http://x", "new_key": {"a": 1}}
+    assert data["summary"] == {"phases_planned": 3, "something_else": [1], "near_ties": 0,
+                               "corrupt_references": [{"method": "golden"}]}
+    assert data["run_options"] == {"strict": True, "near_tie_nats": 2}  # 2 stays an int
+    back = load_manifest(path)
+    assert back.engine.new_key == {"a": 1} and back.run_options.near_tie_nats == 2
+    copy = back.model_copy(update={"engine": {"mode": "launched"}})
+    assert isinstance(copy.engine, EngineRecord) and copy.engine.mode == "launched"
+    assert json.loads(copy.model_dump_json())["engine"] == {"mode": "launched"}
+    data["engine"]["max_model_len"] = "4096"  # another JSON type: refused, never coerced
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="manifest.json"):
+        load_manifest(path)

@@ -80,7 +80,7 @@ def _judge_output(ctx, spec) -> tuple[list[int] | None, str, str | None]:
         ctx.golden_error = str(exc)
         m = getattr(ctx, "manifest", None)
         if m is not None:
-            m.run_options["golden_classifier_error"] = ctx.golden_error
+            m.run_options.golden_classifier_error = ctx.golden_error
         return None, "golden model", f"the golden model failed: {exc}"
     return list(g.ids), "golden model", None
 

@@ -29,7 +29,6 @@ def _side(d) -> str:
 def to_markdown(m: Manifest) -> str:
     """The "Test plan and result" section a maintainer pastes into a PR: the verdict and its
     causes first, then next steps (logs, tokens, the reproduce command), then the tables."""
-    s = m.summary
     lines = ["## Test plan and result", ""]
     lines.append(f"**Verdict: {(m.verdict or 'none').upper()}** (status {m.status}, exit "
                  f"{m.exit_code}). {headline(m)}.")
@@ -42,26 +41,37 @@ def to_markdown(m: Manifest) -> str:
         if cmd:
             lines += ["", "  ```bash", f"  {cmd}", "  ```"]
     lines.append("")
+    lines += _engine_md(m) + _phases_md(m)
+    from .text import engaged_lines
+    eng = engaged_lines(m)
+    if eng:
+        lines += ["", "### What the run exercised (engine counters)", ""] + \
+            [f"- {x.strip()}" for x in eng]
+    lines += _kinds_md(m) + _divergences_md(m) + _requests_md(m)
+    return "\n".join(lines) + "\n"
+
+
+def _engine_md(m: Manifest) -> list[str]:
+    """The "Engine" section: version, model, commands, thresholds, facts, GPUs."""
     e = m.engine
-    lines.append("### Engine")
-    lines.append("")
-    lines.append(f"- vLLM {e.get('version')}, model `{e.get('model')}`, max_model_len "
-                 f"{e.get('max_model_len')}, {e.get('mode')}")
-    if e.get("command"):
-        lines.append(f"- command: `{shlex.join(e['command'])}`")
-    if e.get("control_engine", {}).get("command"):
-        lines.append(f"- control engine: `{shlex.join(e['control_engine']['command'])}`")
-    if e.get("reference_engine", {}).get("command"):
-        lines.append(f"- reference engine: `{shlex.join(e['reference_engine']['command'])}`")
-    digest = e.get("model_digest") or {}
+    lines = ["### Engine", ""]
+    lines.append(f"- vLLM {e.version}, model `{e.model}`, max_model_len "
+                 f"{e.max_model_len}, {e.mode}")
+    if e.command:
+        lines.append(f"- command: `{shlex.join(e.command)}`")
+    if (e.control_engine or {}).get("command"):
+        lines.append(f"- control engine: `{shlex.join(e.control_engine['command'])}`")
+    if (e.reference_engine or {}).get("command"):
+        lines.append(f"- reference engine: `{shlex.join(e.reference_engine['command'])}`")
+    digest = e.model_digest or {}
     if digest.get("weights_sha256"):
         lines.append(f"- model: embedded, weights SHA256 `{digest['weights_sha256']}` (verified)")
     o = m.run_options
-    if o.get("near_tie_nats") is not None:
-        lines.append(f"- near-tie threshold: {o['near_tie_nats']:g} nats "
-                     f"({o.get('near_tie_source', 'given')}); reference: {o.get('reference')}; "
+    if o.near_tie_nats is not None:
+        lines.append(f"- near-tie threshold: {o.near_tie_nats:g} nats "
+                     f"({o.get('near_tie_source', 'given')}); reference: {o.reference}; "
                      f"golden classifier: {o.get('golden_classifier', 'n/a')}")
-    gt = o.get("golden_tolerance")
+    gt = o.golden_tolerance
     if gt:
         lines.append(f"- golden tolerance (half precision): {gt.get('tolerance_nats')} nats "
                      f"({gt.get('source')})")
@@ -71,27 +81,33 @@ def to_markdown(m: Manifest) -> str:
     gpus = m.environment.get("gpus")
     if gpus:
         lines.append(f"- GPUs: {', '.join(g['name'] for g in gpus)}")
-    lines += ["", "### Phases", "", "| phase | scenario | C | requests | matched | near ties | "
-              "errors | decode tok/s | status |", "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+    return lines
+
+
+def _phases_md(m: Manifest) -> list[str]:
+    """The phase table and the decode throughput per concurrency level."""
+    lines = ["", "### Phases", "", "| phase | scenario | C | requests | matched | near ties | "
+             "errors | decode tok/s | status |", "|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for p in m.phases:
         tps = f"{p.decode_tok_per_s:.1f}" if p.decode_tok_per_s is not None else "-"
         compared = p.matched + p.mismatched + p.near_ties
         lines.append(f"| {p.name} | {p.scenario} | {p.concurrency} | {p.requests} | "
                      f"{p.matched}/{compared} | {p.near_ties} | {p.errors} | {tps} | {p.status}"
                      f"{' (' + p.reason + ')' if p.reason else ''} |")
-    tbc = s.get("throughput_by_concurrency") or throughput_by_concurrency(m)
+    tbc = m.summary.throughput_by_concurrency or throughput_by_concurrency(m)
     if tbc:
         lines += ["", "### Decode throughput per concurrency (over repeats)", "",
                   "| C | median tok/s | min | max | repeats |", "|---|---:|---:|---:|---:|"]
         for c, v in tbc.items():
             lines.append(f"| {c} | {v['median_tok_per_s']:.1f} | {v['min_tok_per_s']:.1f} | "
                          f"{v['max_tok_per_s']:.1f} | {v['repeats']} |")
-    from .text import engaged_lines
-    eng = engaged_lines(m)
-    if eng:
-        lines += ["", "### What the run exercised (engine counters)", ""] + \
-            [f"- {x.strip()}" for x in eng]
+    return lines
+
+
+def _kinds_md(m: Manifest) -> list[str]:
+    """Each scenario kind's own Markdown section (a table of another schema: one line why not)."""
     from ..scenarios import REGISTRY
+    lines: list[str] = []
     for kind in dict.fromkeys(sc.get("kind") for sc in m.scenarios):  # each kind renders its own
         if kind in REGISTRY:
             try:
@@ -101,21 +117,33 @@ def to_markdown(m: Manifest) -> str:
                 lines += ["", f"### {kind}", "", f"(this manifest's {kind} table does not fit "
                           f"this ple-harness's row model, so it is not shown: "
                           f"{' '.join(first[:2])})"]
+    return lines
+
+
+def _divergences_md(m: Manifest) -> list[str]:
+    """The divergence table (one row per request with a first divergent token)."""
     div = [r for r in m.requests if r.divergence]
-    if div:
-        lines += ["", "### Divergences", "", "| request | phase | prompt | position | class | "
-                  "classified by | reference margin (nats) | golden gap (nats) | reconverged | "
-                  "checks failed | control run | corrupt side |",
-                  "|---|---|---|---:|---|---|---:|---:|---|---|---|---|"]
-        for r in div:
-            d = r.divergence
-            mg = "-" if d.margin_nats is None else f"{d.margin_nats:.4f}"
-            gg = "-" if d.golden_gap_nats is None else f"{d.golden_gap_nats:.4f}"
-            lines.append(f"| {r.id} | {r.phase} | {r.prompt_key} | {d.position} | {d.cls}"
-                         f"{'' if d.fails else ' (warning)'} | {d.classified_by or '-'} | "
-                         f"{mg} | {gg} | {d.reconverged} | "
-                         f"{', '.join(d.checks_failed) or '-'} | {d.attribution or '-'} | "
-                         f"{_side(d)} |")
+    if not div:
+        return []
+    lines = ["", "### Divergences", "", "| request | phase | prompt | position | class | "
+             "classified by | reference margin (nats) | golden gap (nats) | reconverged | "
+             "checks failed | control run | corrupt side |",
+             "|---|---|---|---:|---|---|---:|---:|---|---|---|---|"]
+    for r in div:
+        d = r.divergence
+        mg = "-" if d.margin_nats is None else f"{d.margin_nats:.4f}"
+        gg = "-" if d.golden_gap_nats is None else f"{d.golden_gap_nats:.4f}"
+        lines.append(f"| {r.id} | {r.phase} | {r.prompt_key} | {d.position} | {d.cls}"
+                     f"{'' if d.fails else ' (warning)'} | {d.classified_by or '-'} | "
+                     f"{mg} | {gg} | {d.reconverged} | "
+                     f"{', '.join(d.checks_failed) or '-'} | {d.attribution or '-'} | "
+                     f"{_side(d)} |")
+    return lines
+
+
+def _requests_md(m: Manifest) -> list[str]:
+    """Model-behaviour notes (not failures) and the failed requests."""
+    lines: list[str] = []
     notes = [(r, c) for r in m.requests for c in r.checks if c.status == "note"]
     if notes:
         lines += ["", "### Model-behaviour notes (not failures)", ""]
@@ -128,4 +156,4 @@ def to_markdown(m: Manifest) -> str:
             why = [f"{r.error}: {r.error_detail}"] if r.error else []
             why += [f"{c.name}: {c.detail}" for c in r.failed_checks]
             lines.append(f"- {r.id} ({r.phase}, {r.prompt_key}): {'; '.join(why)[:300]}")
-    return "\n".join(lines) + "\n"
+    return lines

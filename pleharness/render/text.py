@@ -21,7 +21,7 @@ def engaged_lines(m: Manifest) -> list[str]:
     :mod:`pleharness.evidence`): speculative-decoding acceptance overall and per concurrency,
     prefix-cache hit tokens, preemptions, chunked prefills, peak in flight; then every vacuous
     finding. [] for a manifest without that evidence."""
-    e = m.summary.get("engaged")
+    e = m.summary.engaged
     if not e:
         return []
     out = []
@@ -41,7 +41,7 @@ def engaged_lines(m: Manifest) -> list[str]:
             if e.get(k) is not None]
     if bits:
         out.append("; ".join(bits))
-    out += [f"VACUOUS: {v}" for v in m.summary.get("vacuous") or []]
+    out += [f"VACUOUS: {v}" for v in m.summary.vacuous or []]
     return out
 
 
@@ -50,20 +50,20 @@ def next_steps(m: Manifest, run_dir: str | None = None) -> list[tuple[str, str |
     tokens, the reproduce command."""
     d = (run_dir or f"{_results_dir(m)}/{m.run_id}").rstrip("/")
     steps: list[tuple[str, str | None]] = []
-    if m.engine.get("engine_log"):
-        steps.append((f"engine log: {d}/{m.engine['engine_log']}"
-                      + (f" (launcher: {d}/{m.engine['launcher_log']})"
-                         if m.engine.get("launcher_log") else ""), None))
-    elif m.engine.get("mode") == "attached":
-        steps.append((f"engine log: the attached engine's own log ({m.engine.get('url')})", None))
+    if m.engine.engine_log:
+        steps.append((f"engine log: {d}/{m.engine.engine_log}"
+                      + (f" (launcher: {d}/{m.engine.launcher_log})"
+                         if m.engine.launcher_log else ""), None))
+    elif m.engine.mode == "attached":
+        steps.append((f"engine log: the attached engine's own log ({m.engine.url})", None))
     if any(r.match is False or r.divergence for r in m.requests):
         records = m.requests_file or "requests.jsonl"
         steps.append((f"tokens: {d}/{records} keeps the output_ids of every mismatch (the "
                       "references' are in manifest.json):",
                       "jq -c 'select(.match == false) | {id, first_divergence, "
                       f"divergence, output_ids}}' {d}/{records}"))
-    note = (f" (attached run: the engine at {m.engine.get('url')} must be running)"
-            if m.engine.get("mode") == "attached" else "")
+    note = (f" (attached run: the engine at {m.engine.url} must be running)"
+            if m.engine.mode == "attached" else "")
     steps.append((f"reproduce{note}:", reproduce_command(m)))
     return steps
 

@@ -105,7 +105,7 @@ class CheckContext:
     phase_role = property(lambda self: self._run.phase_role)
     golden = property(lambda self: self._run.golden)
     client = property(lambda self: self._run.client)
-    engine_version = property(lambda self: (self._run.manifest.engine or {}).get("version"))
+    engine_version = property(lambda self: self._run.manifest.engine.version)
 
     def detokenize(self, ids: Sequence[int]) -> str:
         """The engine's text of ``ids`` (:meth:`RunContext.detokenize`, cached per run)."""
@@ -388,7 +388,7 @@ class RunContext:
         if self.options.collect_only:
             return
         s = self.manifest.summary
-        s["phases_planned"] = s.get("phases_planned", 0) + n
+        s.phases_planned = (s.phases_planned or 0) + n
         self.save()
 
     def mark(self) -> Mark:

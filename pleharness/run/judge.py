@@ -92,7 +92,7 @@ class Judge:
     def golden_failed(self, why: str) -> None:
         """Stop using the golden model (recorded once in ``run_options``)."""
         self.golden_error = why
-        self.manifest.run_options["golden_classifier_error"] = why
+        self.manifest.run_options.golden_classifier_error = why
 
     def judge_request(self, ph: PhaseRecord, spec: RequestSpec, c: Completion,
                       rec: RequestRecord, check_ctx: Any) -> None:
@@ -199,7 +199,7 @@ class Judge:
         try:
             gold = self.golden.generate(list(spec.prompt.ids), spec.max_tokens)
         except GoldenError as exc:
-            self.manifest.summary["corrupt_references"][-1]["judged_against"] = \
+            self.manifest.summary.corrupt_references[-1]["judged_against"] = \
                 f"the corrupt reference (golden continuation failed: {exc})"
             return
         new = ReferenceRecord(
@@ -235,14 +235,14 @@ class Judge:
             for prompt, out in runs:
                 gaps += solo_gaps(self.golden.force(prompt, out), out)
         except GoldenError as exc:
-            self.manifest.run_options["golden_tolerance"] = {
+            self.manifest.run_options.golden_tolerance = {
                 "source": f"not measured (golden model failed: {exc})",
                 "tolerance_nats": self.rule.near_tie_nats}
             return
         tol, info = noise_floor(gaps, self.rule.serving_dtype, self.rule.near_tie_nats)
         info["solo_runs_scored"] = len(runs)
         info["solo_runs_left_out"] = len(self._solo_runs) - len(runs)
-        self.manifest.run_options["golden_tolerance"] = info
+        self.manifest.run_options.golden_tolerance = info
         changed = set()
         for r in self.manifest.requests:
             d = r.divergence
@@ -475,7 +475,7 @@ def judge_sides(main: Manifest, control: Manifest | None = None) -> dict[str, in
     for r in main.requests:
         if r.divergence is not None and r.divergence.corrupt_side in counts:
             counts[r.divergence.corrupt_side] += 1
-    main.summary["corrupt_side"] = counts
+    main.summary.corrupt_side = counts
     return counts
 
 
