@@ -153,3 +153,43 @@ def test_compare_outputs_applies_the_same_rule(margin, temperature, fails, cls):
                         temperature=temperature)
     assert (d.position, d.cls, d.fails) == (2, cls, fails)
     assert compare_outputs(REF, [10, 11, 99, 13], Rule(0.5, strict=True), [0.1] * 4).fails
+
+
+def test_golden_mode_keeps_the_engines_own_reference_for_what_the_golden_model_cannot_model():
+    """--reference golden: a greedy default request gets the golden continuation; a sampled
+    request and one with a stop string (the golden model decodes max_tokens greedy tokens with
+    no stop, penalty or EOS) get the engine's own solo run, in a phase of their own."""
+    from pleharness.run.references import References, golden_models
+
+    class Golden:
+        def generate(self, ids, n):
+            return GoldenOutput(ids=[7] * n, top=[[(7, -0.1), (8, -3.0)]] * n)
+
+    m, phases = Manifest(run_id="t"), []
+
+    def run_phase(name, conc, specs, role="load"):
+        phases.append((name, [s.ref_key for s in specs]))
+        outs = []
+        for s in specs:
+            ids = [5] * s.max_tokens
+            rec = RequestRecord(id=f"r{len(m.requests) + 1:05d}", scenario="s", phase=name,
+                                concurrency=1, prompt_key=s.prompt.key, prompt_len=3,
+                                prompt_hash=s.prompt.hash, max_tokens=s.max_tokens,
+                                output_hash=token_hash(ids))
+            m.requests.append(rec)
+            outs.append(type("O", (), {"spec": s, "record": rec, "completion": Completion(
+                token_ids=ids, finish_reason="length")})())
+        return outs
+
+    refs = References(m, mode="golden", golden=Golden(), run_phase=run_phase, cache_state="cold")
+    greedy = RequestSpec(PROMPT, 4)
+    sampled = RequestSpec(PROMPT, 4, temperature=1.0, seed=3)
+    stopped = RequestSpec(PROMPT, 4, stop=("ab",))
+    assert golden_models(greedy) and not golden_models(sampled) and not golden_models(stopped)
+    refs.take([greedy, sampled, stopped], phase_name="refs")
+    assert refs.by_key[greedy.ref_key].source == "golden"
+    assert refs.by_key[greedy.ref_key].output_ids == [7] * 4
+    for s in (sampled, stopped):
+        assert refs.by_key[s.ref_key].source == "solo" and refs.by_key[s.ref_key].output_ids == [5] * 4
+    assert phases[0] == ("refs-engine", [sampled.ref_key, stopped.ref_key])
+    assert phases[1] == ("refs", [greedy.ref_key])  # the engine's solo run, judged vs golden

@@ -28,6 +28,16 @@ from ..request import Outcome, RequestSpec
 MODES_RUN_HERE = ("solo", "golden")  # the modes whose references are taken on this engine
 
 
+def golden_models(spec: RequestSpec) -> bool:
+    """Whether the golden model's continuation can be ``spec``'s reference (``--reference
+    golden``): a greedy request with no per-request parameters. The golden model decodes
+    max_tokens greedy tokens with no stop strings, penalties or logit bias and never stops at
+    EOS (:mod:`pleharness.golden`), so a sampled or parameterised request (``sampled``,
+    ``stop_strings``, ``mixed_params``) takes the engine's own solo run as its reference even
+    in golden mode (its phase is named ``...-engine`` beside the golden prompts')."""
+    return spec.temperature == 0.0 and not spec.params
+
+
 class References:
     """The references of one run context, by request key (:attr:`RequestSpec.ref_key`).
 
@@ -95,7 +105,16 @@ class References:
         if not todo:
             return None
         if self.mode == "golden" and not self.collect_only:
-            return self._golden(todo, phase_name, state)
+            own = [s for s in todo if not golden_models(s)]
+            gold = [s for s in todo if golden_models(s)]
+            result = self._solo(own, phase_name + ("-engine" if gold else ""), state) \
+                if own else None
+            return self._golden(gold, phase_name, state) if gold else result
+        return self._solo(todo, phase_name, state)
+
+    def _solo(self, todo: Sequence[RequestSpec], phase_name: str, state: str):
+        """The engine's own single-request runs of ``todo`` as their references: cold, then warm
+        (kept) when ``state`` is warm; cold (kept) otherwise."""
         if state == "warm":
             cold = self.run_phase(phase_name + "-cold", 1, todo, role="reference")
             self.store(cold, "cold")
