@@ -109,6 +109,23 @@ class Scenario(ABC):
         return [model.model_validate(r) for r in m.tables.get(key) or []]
 
     @classmethod
+    def markdown_table(cls, m: "Manifest", key: str, title: str,
+                       columns: list[tuple[str, Any]]) -> list[str]:
+        """A summary.md section for :meth:`markdown`: a blank line, ``### title`` and a Markdown
+        table of the rows of ``m.tables[key]`` (:meth:`table`), one column per ``(header,
+        cell)``: ``cell`` is a row attribute's name or a function of the row giving its text; a
+        header ending in ``:`` is right-aligned (numbers) and shown without it. [] when the
+        table is empty or absent."""
+        rows = cls.table(m, key)
+        if not rows:
+            return []
+        cells = [(lambda r, a=c: getattr(r, a)) if isinstance(c, str) else c for _, c in columns]
+        return ["", f"### {title}", "",
+                "| " + " | ".join(h.rstrip(":") for h, _ in columns) + " |",
+                "|" + "|".join("---:" if h.endswith(":") else "---" for h, _ in columns) + "|",
+                *("| " + " | ".join(str(f(r)) for f in cells) + " |" for r in rows)]
+
+    @classmethod
     def markdown(cls, m: "Manifest") -> list[str]:
         """This kind's section(s) of summary.md for manifest ``m``, as Markdown lines (each
         section starts with a blank line); [] when it has nothing to show. Default: []."""

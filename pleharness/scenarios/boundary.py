@@ -74,17 +74,11 @@ class Boundary(ChatScenario):
     @classmethod
     def markdown(cls, m: Manifest) -> list[str]:
         """The "Boundary lengths" section of summary.md."""
-        rows = cls.table(m, "boundary")
-        if not rows:
-            return []
-        lines = ["", "### Boundary lengths", "", "| length | formula | L mod C | L mod B | cold | "
-                 "warm | cache-hit tokens | checks failed |",
-                 "|---:|---|---:|---:|---|---|---:|---|"]
-        for r in rows:
-            lines.append(f"| {r.length} | {r.formula} | {r.mod_C} | {r.mod_B} | {r.cold} | "
-                         f"{r.warm} | {r.prefix_cache_hit_tokens} | "
-                         f"{', '.join(r.checks_failed) or '-'} |")
-        return lines
+        return cls.markdown_table(m, "boundary", "Boundary lengths", [
+            ("length:", "length"), ("formula", "formula"), ("L mod C:", "mod_C"),
+            ("L mod B:", "mod_B"), ("cold", "cold"), ("warm", "warm"),
+            ("cache-hit tokens:", "prefix_cache_hit_tokens"),
+            ("checks failed", lambda r: ", ".join(r.checks_failed) or "-")])
 
     def planned_phases(self) -> int:
         return 1 + int(self.params.cold_warm) + int(self.params.edges)

@@ -95,14 +95,9 @@ class Disconnects(Scenario):
     @classmethod
     def markdown(cls, m: Manifest) -> list[str]:
         """The "Client disconnects" section of summary.md."""
-        rows = cls.table(m, "disconnects")
-        if not rows:
-            return []
-        lines = ["", "### Client disconnects", "", "| phase | request | role | prompt length | "
-                 "result | tokens |", "|---|---|---|---:|---|---:|"]
-        lines += [f"| {r.phase} | {r.request_id} | {r.role} | {r.prompt_len} | {r.result} | "
-                  f"{r.tokens} |" for r in rows]
-        return lines
+        return cls.markdown_table(m, "disconnects", "Client disconnects", [
+            ("phase", "phase"), ("request", "request_id"), ("role", "role"),
+            ("prompt length:", "prompt_len"), ("result", "result"), ("tokens:", "tokens")])
 
     def _long_len(self, facts) -> int:
         p = self.params

@@ -211,15 +211,11 @@ class MixedParams(Scenario):
 
     @classmethod
     def markdown(cls, m) -> list[str]:
-        rows = cls.table(m, "mixed_params")
-        if not rows:
-            return []
-        out = ["", "### Mixed per-request parameters", "",
-               "| variant | prompt | parameters | compared | differs from default | left out |",
-               "|---|---|---|---|---|---|"]
-        for r in rows:
-            d = "n/a" if r.differs_from_default is None else \
-                ("yes" if r.differs_from_default else "no")
-            out.append(f"| {r.variant} | {r.prompt_key} | `{r.params}` | "
-                       f"{'yes' if r.compared else 'no'} | {d} | {r.left_out or ''} |")
-        return out
+        """The "Mixed per-request parameters" section of summary.md."""
+        return cls.markdown_table(m, "mixed_params", "Mixed per-request parameters", [
+            ("variant", "variant"), ("prompt", "prompt_key"),
+            ("parameters", lambda r: f"`{r.params}`"),
+            ("compared", lambda r: "yes" if r.compared else "no"),
+            ("differs from default", lambda r: "n/a" if r.differs_from_default is None
+             else "yes" if r.differs_from_default else "no"),
+            ("left out", lambda r: r.left_out or "")])

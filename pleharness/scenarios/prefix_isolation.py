@@ -92,16 +92,11 @@ class PrefixIsolation(Scenario):
     @classmethod
     def markdown(cls, m: Manifest) -> list[str]:
         """The "Prefix-cache isolation" section of summary.md."""
-        rows = cls.table(m, "prefix_isolation")
-        if not rows:
-            return []
-        lines = ["", "### Prefix-cache isolation", "", "| near duplicate | changed position | "
-                 "block | offset | shared blocks | reference | differs from original | result |",
-                 "|---|---:|---:|---:|---:|---|---|---|"]
-        lines += [f"| {r.prompt_key} | {r.changed_position} | {r.block} | {r.offset} | "
-                  f"{r.shared_whole_blocks} | {r.reference_cache} | "
-                  f"{r.reference_differs_from_original} | {r.result} |" for r in rows]
-        return lines
+        return cls.markdown_table(m, "prefix_isolation", "Prefix-cache isolation", [
+            ("near duplicate", "prompt_key"), ("changed position:", "changed_position"),
+            ("block:", "block"), ("offset:", "offset"), ("shared blocks:", "shared_whole_blocks"),
+            ("reference", "reference_cache"),
+            ("differs from original", "reference_differs_from_original"), ("result", "result")])
 
     def _lengths(self, b: int) -> tuple[int, list[int]]:
         """(prompt length, changed positions) for block size ``b``."""

@@ -221,13 +221,9 @@ class StopStrings(Scenario):
 
     @classmethod
     def markdown(cls, m) -> list[str]:
-        rows = cls.table(m, "stop_strings")
-        if not rows:
-            return []
-        out = ["", "### Stop strings", "",
-               "| prompt | stop | position | step | inside step | IDs expected |",
-               "|---|---|---|---|---|---|"]
-        for r in rows:
-            out.append(f"| {r.prompt_key} | `{r.stop!r}` | {r.position} | {r.step_len} | "
-                       f"{'yes' if r.inside_step else 'no'} | {r.expected_ids} |")
-        return out
+        """The "Stop strings" section of summary.md."""
+        return cls.markdown_table(m, "stop_strings", "Stop strings", [
+            ("prompt", "prompt_key"), ("stop", lambda r: f"`{r.stop!r}`"),
+            ("position", "position"), ("step", "step_len"),
+            ("inside step", lambda r: "yes" if r.inside_step else "no"),
+            ("IDs expected", "expected_ids")])
