@@ -39,6 +39,24 @@ def test_space_from_facts():
     assert sp.concurrency_edges == [1, 2, 8]
 
 
+def test_a_warm_carrier_never_repeats_a_prompt_without_room_for_its_decode():
+    """A carrier drawn as a warm repeat takes an earlier prompt only if prompt + carrier decode
+    fit max_model_len (found by a fresh clone's run: a 1015-token earlier prompt + 48 > 1024);
+    with none that fits it is the carrier as drawn."""
+    from pleharness.scenarios.fuzz import FuzzRequest, _resolve
+    space = build_space(FACTS, FuzzParams(max_tokens=9, max_concurrency=6, max_phases=5))
+    long_ = FuzzRequest("new", space.carrier_max_len + 40, "random", 1, 4, True)
+    short = FuzzRequest("new", 20, "random", 2, 4, True)
+    drawn = FuzzRequest("new", 30, "random", 3, 48, True)
+    for first, want in (([long_], drawn), ([long_, short], short)):
+        raw = [(len(first), [("new", 0, x) for x in first], None, ()),
+               (1, [("new", 0, FuzzRequest("new", 5, "random", 4, 2, True))],
+                ("warm", 0, drawn), ((1, ("new", 0, FuzzRequest("new", 6, "random", 5, 2, True))),))]
+        car = _resolve(space, raw).phases[1].carrier
+        assert (car.length, car.seed) == (want.length, want.seed)
+        assert car.length + car.max_tokens <= 1024 and car.max_tokens == 48 and car.stream
+
+
 def test_concurrency_edges_follow_capture_sizes_and_q():
     edges = concurrency_edges({"num_speculative_tokens": 3, "max_num_seqs": 64,
                                "cudagraph_capture_sizes": [1, 2, 4, 8, 16]}, cap=16)

@@ -404,7 +404,10 @@ def _resolve(space: Space, raw) -> Schedule:
         car, ins = None, ()
         if carrier is not None:
             k, idx, r = carrier
-            car = one(k, idx, r, out)
+            # a warm carrier repeats an earlier prompt with room for its own long decode (an
+            # earlier prompt longer than carrier_max_len would run past max_model_len)
+            fits = [e for e in earlier if e.length <= space.carrier_max_len]
+            car = _resolve_one(space, fits, k, idx, r, out)
             if car.source == "warm":  # the carrier keeps its own (long) decode, streamed
                 car = FuzzRequest("warm", car.length, car.shape, car.seed, r.max_tokens, True,
                                   car.why, car.sample_seed)
