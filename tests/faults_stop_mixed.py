@@ -3,7 +3,8 @@
 
 - :class:`IdsAfterStop`: the first streamed request with a stop string that ``select(ctx)``
   picks gets ``extra`` more token IDs (and logprob entries) appended to its last delta, the one
-  that finishes with "stop", and usage counting them; the text stays cut at the stop (the public
+  that finishes with "stop" (copies of the last ID seen: the finishing delta may carry no IDs
+  of its own when the client reads behind the engine), and usage counting them; the text stays cut at the stop (the public
   bug pattern: a stop inside a multi-token speculative step, text cut, IDs kept).
 - :class:`PenaltyOnNeighbour`: a request without penalties or stop strings that arrives while a
   request with a penalty (repetition / frequency / presence) or a logit bias is in flight gets
@@ -39,14 +40,22 @@ class IdsAfterStop(Fault):
                     self.picked.append(ctx.number)
         if not ctx.state["selected"]:
             return chunk
+        keys = ("token_logprobs", "top_logprobs", "tokens", "text_offset")
         for ch in chunk.get("choices") or []:
             ids = ch.get("token_ids")
-            if ch.get("finish_reason") == "stop" and ids:
-                ids.extend([ids[-1]] * self.extra)
-                lp = ch.get("logprobs") or {}
-                for key in ("token_logprobs", "top_logprobs", "tokens", "text_offset"):
-                    if isinstance(lp.get(key), list) and lp[key]:
-                        lp[key].extend([lp[key][-1]] * self.extra)
+            lp = ch.get("logprobs") or {}
+            if ids:  # the last ID and logprob entries seen: the finishing delta may carry none
+                ctx.state["last"] = (ids[-1], {k: lp[k][-1] for k in keys
+                                               if isinstance(lp.get(k), list) and lp[k]})
+            if ch.get("finish_reason") == "stop" and "last" in ctx.state:
+                last_id, last_lp = ctx.state["last"]
+                ch["token_ids"] = list(ids or []) + [last_id] * self.extra
+                if last_lp:
+                    if ch.get("logprobs") is None:
+                        ch["logprobs"] = {}
+                    lp = ch["logprobs"]
+                    for k, v in last_lp.items():
+                        lp[k] = list(lp.get(k) or []) + [v] * self.extra
                 ctx.state["appended"] = True
                 self.hits.append((ctx.number, self.extra))
         if ctx.state.get("appended") and chunk.get("usage"):
