@@ -91,3 +91,86 @@ def test_blocking_facade_and_coroutine_agree():
     assert a.error is None and b.error is None
     assert a.token_ids == b.token_ids and a.logprobs == b.logprobs and len(a.itl_s) == 5
     assert a.ttft_s is not None and a.ttft_s <= a.latency_s
+
+
+# -- several prompts in one request (EngineClient.acomplete_many, the kv_pressure path) ---------
+class CannedSSE:
+    """Answers every POST with the SSE events ``events`` (dicts, then ``data: [DONE]``) and
+    keeps the request bodies: the wire format of vLLM's batched-prompt stream, for the faults
+    a real engine never produces."""
+
+    def __init__(self, events):
+        import json
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        self.bodies = []
+        me = self
+
+        class H(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):
+                pass
+
+            def do_POST(self):
+                me.bodies.append(json.loads(self.rfile.read(int(self.headers["content-length"]))))
+                data = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events)
+                data += b"data: [DONE]\n\n"
+                self.send_response(200)
+                self.send_header("content-type", "text/event-stream")
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.srv.server_port}"
+        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        self.srv.shutdown()
+
+
+def _choice(i, ids, finish=None, usage=None):
+    ev = {"choices": [{"index": i, "text": "t" * len(ids), "token_ids": ids,
+                       "finish_reason": finish}]}
+    if usage:
+        ev["usage"] = {"prompt_tokens": usage[0], "completion_tokens": usage[1]}
+    return ev
+
+
+def test_acomplete_many_splits_choices_by_index_with_their_own_usage():
+    events = [_choice(1, [7], usage=(2, 1)), _choice(0, [5], usage=(3, 1)),
+              _choice(0, [6], "length", (3, 2)), _choice(1, [8], "length", (2, 2)),
+              {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 4}}]
+    with CannedSSE(events) as srv:
+        cl = EngineClient(srv.url, "m")
+        try:
+            a, b = cl._run(cl.acomplete_many([[1, 2, 3], [4, 5]], 2))
+        finally:
+            cl.close()
+    body = srv.bodies[0]
+    assert body["prompt"] == [[1, 2, 3], [4, 5]] and body["stream"] is True
+    assert body["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+    assert (a.token_ids, a.prompt_tokens, a.completion_tokens, a.finish_reason, a.error) == \
+        ([5, 6], 3, 2, "length", None)
+    assert (b.token_ids, b.prompt_tokens, b.completion_tokens, b.finish_reason, b.error) == \
+        ([7, 8], 2, 2, "length", None)  # the last, summed usage event is nobody's
+    assert a.text == "tt" and a.ttft_s is not None and a.latency_s >= a.ttft_s
+
+
+@pytest.mark.parametrize("events, error", [
+    ([_choice(0, [5], "length"), _choice(2, [6], "length")], "index 2 outside the 2 prompts"),
+    ([_choice(0, [5], "length"), _choice(1, [6])], "without a finish_reason"),
+])
+def test_acomplete_many_fails_what_it_cannot_place(events, error):
+    with CannedSSE(events) as srv:
+        cl = EngineClient(srv.url, "m")
+        try:
+            outs = cl._run(cl.acomplete_many([[1], [2]], 1))
+        finally:
+            cl.close()
+    bad = [o for o in outs if o.error is not None]
+    assert bad and all(o.error == "protocol" and error in o.error_detail for o in bad), \
+        [(o.error, o.error_detail) for o in outs]

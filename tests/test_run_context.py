@@ -163,3 +163,20 @@ def test_the_collect_only_pass_runs_references_only_and_writes_no_tables(tmp_pat
     ctx.refs.run_phase = lambda name, c, specs, role: ran.append((name, role)) or []
     assert ctx.take_references([spec], cache_state="cold") is None
     assert ran == [("references", "reference")]
+
+
+@pytest.mark.parametrize("change, why", [
+    ({"max_tokens": 4}, "differ in more than their prompts"),
+    ({"stream": False}, "not streamed"),
+])
+def test_a_together_phase_refuses_requests_that_cannot_share_one(tmp_path, change, why):
+    from pleharness.errors import UsageError
+    ctx = _ctx(tmp_path)
+    a = RequestSpec(Prompt(key="a", ids=(1, 2)), 3)
+    b = dataclasses.replace(RequestSpec(Prompt(key="b", ids=(3, 4)), 3), **change)
+    first = a if "max_tokens" in change else dataclasses.replace(a, **change)  # both unstreamed
+    with pytest.raises(UsageError, match=why):
+        ctx.run_phase("p", 2, [first, b], together=True)
+    with pytest.raises(UsageError, match="concurrency 1 != 2"):
+        ctx.run_phase("p", 1, [a, a], together=True)
+    assert ctx.manifest.phases == []  # refused before anything was recorded or sent

@@ -474,22 +474,9 @@ class EngineClient:
         """
         if abandon_after_tokens is not None and (not stream or abandon_after_tokens < 0):
             raise ValueError("abandon_after_tokens: a number >= 0, for streamed requests only")
-        body: dict[str, Any] = {
-            "model": self.model, "prompt": list(prompt_ids), "max_tokens": max_tokens,
-            "temperature": temperature, "ignore_eos": ignore_eos, "stream": stream,
-            "return_token_ids": True,
-        }
-        if stream:
-            body["stream_options"] = {"include_usage": True}
-        if seed is not None:
-            body["seed"] = seed
-        if stop:
-            body["stop"] = list(stop)
-        if logprobs is not None:
-            body["logprobs"] = logprobs
-            body["return_tokens_as_token_ids"] = True  # top_logprobs keyed "token_id:N"
-        if extra:
-            body.update(extra)
+        body = self._body(list(prompt_ids), max_tokens, temperature=temperature,
+                          ignore_eos=ignore_eos, logprobs=logprobs, seed=seed, stream=stream,
+                          stop=stop, extra=extra)
         out = Completion(logprobs=[] if logprobs is not None else None,
                          token_logprobs=[] if logprobs is not None else None, streamed=stream,
                          chunks=[] if keep_chunks else None)
@@ -511,6 +498,88 @@ class EngineClient:
             out.error, out.error_detail = a.reason
         out.latency_s = time.monotonic() - a.t0
         return out
+
+    async def acomplete_many(self, prompts: Sequence[Sequence[int]], max_tokens: int, *,
+                             temperature: float = 0.0, ignore_eos: bool = True,
+                             logprobs: int | None = None, seed: int | None = None,
+                             stop: Sequence[str] | None = None,
+                             extra: dict | None = None) -> list[Completion]:
+        """Several token-ID prompts in ONE streamed completions request (the OpenAI batched
+        ``prompt``: a list of prompts), one :class:`Completion` per prompt, in order; never
+        raises for request failures (a failed request fails every prompt's Completion).
+
+        vLLM's API server hands the prompts of one request to the engine one after another
+        without parsing another HTTP request in between (``merge_async_iterators`` in
+        vllm/entrypoints/openai/completion/serving.py), so they are in flight together even on an
+        overloaded host where separate requests arrive seconds apart. Choices are matched to
+        prompts by ``index`` (n = 1: index = prompt position); ``stream_options.
+        continuous_usage_stats`` makes every chunk carry its own prompt's usage. TTFT is per
+        prompt from the one send; ``latency_s`` is the time its finish_reason arrived. The other
+        arguments are :meth:`acomplete`'s, applied to every prompt.
+        """
+        body = self._body([list(p) for p in prompts], max_tokens, temperature=temperature,
+                          ignore_eos=ignore_eos, logprobs=logprobs, seed=seed, stream=True,
+                          stop=stop, extra=extra)
+        body["stream_options"]["continuous_usage_stats"] = True
+        agg = Completion(streamed=True)
+        a = _Active()
+        many = []
+        for _ in prompts:
+            part = _Active()
+            part.t0 = a.t0
+            many.append((Completion(logprobs=[] if logprobs is not None else None,
+                                    token_logprobs=[] if logprobs is not None else None),
+                         part, []))
+        a.task = asyncio.get_running_loop().create_task(
+            self._stream(body, agg, a, None, many=many))
+        self._watch(a)
+        try:
+            await a.task
+        except asyncio.CancelledError:
+            me = asyncio.current_task()
+            if a.reason is None or (me is not None and me.cancelling()):
+                a.task.cancel()
+                raise
+        finally:
+            self._unwatch(a)
+        if a.reason is not None:
+            agg.error, agg.error_detail = a.reason
+        end = time.monotonic() - a.t0
+        outs = []
+        for out, part, texts in many:
+            out.text = "".join(texts)
+            out.started_at, out.http_status = agg.started_at, agg.http_status
+            if agg.error is not None:
+                out.error, out.error_detail = agg.error, agg.error_detail
+            elif out.finish_reason is None:
+                _fail(out, "protocol", f"the stream ended without a finish_reason for this "
+                      f"prompt after {len(out.token_ids)} tokens")
+            if out.latency_s is None:
+                out.latency_s = end
+            outs.append(out)
+        return outs
+
+    def _body(self, prompt: list, max_tokens: int, *, temperature: float, ignore_eos: bool,
+              logprobs: int | None, seed: int | None, stream: bool,
+              stop: Sequence[str] | None, extra: dict | None) -> dict[str, Any]:
+        """The /v1/completions request body (see :meth:`acomplete` for the fields)."""
+        body: dict[str, Any] = {
+            "model": self.model, "prompt": prompt, "max_tokens": max_tokens,
+            "temperature": temperature, "ignore_eos": ignore_eos, "stream": stream,
+            "return_token_ids": True,
+        }
+        if stream:
+            body["stream_options"] = {"include_usage": True}
+        if seed is not None:
+            body["seed"] = seed
+        if stop:
+            body["stop"] = list(stop)
+        if logprobs is not None:
+            body["logprobs"] = logprobs
+            body["return_tokens_as_token_ids"] = True  # top_logprobs keyed "token_id:N"
+        if extra:
+            body.update(extra)
+        return body
 
     def run_batch(self, items: Sequence[Any], concurrency: int, job: Callable[[Any], Any],
                   on_done: Callable[[int], None] | None = None) -> Batch:
@@ -572,10 +641,13 @@ class EngineClient:
         return resp
 
     async def _stream(self, body: dict, out: Completion, a: _Active, on_token,
-                      abandon_after: int | None = None) -> None:
+                      abandon_after: int | None = None, many: list | None = None) -> None:
         """A streamed completion (SSE ``data:`` events, each read as it arrives): token IDs,
         TTFT and ITL (seconds, from ``a.t0``) into ``out``; ``abandon_after``: close the stream
-        after that many tokens (0: before the first), the request recorded as ``abandoned``."""
+        after that many tokens (0: before the first), the request recorded as ``abandoned``.
+        ``many``: a batched prompt (:meth:`acomplete_many`): each choice goes to
+        ``many[index]`` = (Completion, its _Active, its texts); ``out`` gets the failures and
+        the final, summed usage."""
         out.started_at = time.time()
         resp = await self._post(body, out)
         if resp is None:
@@ -606,7 +678,7 @@ class EngineClient:
                     lines = data.split(b"\n")
                     buf = lines.pop()
                 for raw in lines:
-                    got = _take_line(raw, now, out, a, on_token, texts)
+                    got = _take_line(raw, now, out, a, on_token, texts, many)
                     if got is _STOP:
                         return
                     if got is _DONE:
@@ -682,11 +754,12 @@ _DONE, _STOP = object(), object()  # _take_line: [DONE] seen / the request faile
 
 
 def _take_line(raw: bytes, now: float, out: Completion, a: _Active, on_token,
-               texts: list[str]):
+               texts: list[str], many: list | None = None):
     """One SSE line of a streamed completion arrived at ``now`` (monotonic s) taken into
-    ``out`` (usage, then each choice by :func:`_take_choice`). Returns ``_DONE`` for
-    ``data: [DONE]``, ``_STOP`` when the line failed the request (recorded by :func:`_fail`),
-    else None (also for a line that is not a ``data:`` event)."""
+    ``out`` (usage, then each choice by :func:`_take_choice`; with ``many``, see
+    :meth:`EngineClient._stream`). Returns ``_DONE`` for ``data: [DONE]``, ``_STOP`` when the
+    line failed the request (recorded by :func:`_fail`), else None (also for a line that is not
+    a ``data:`` event)."""
     if raw[:5] != b"data:":
         return None
     payload = raw[5:].strip()
@@ -706,12 +779,39 @@ def _take_line(raw: bytes, now: float, out: Completion, a: _Active, on_token,
         _fail(out, "http", f"error in stream: {str(chunk['error'])[:300]}")
         return _STOP
     usage = chunk.get("usage")
+    if many is not None and choices:
+        return _take_many(choices, usage, payload, now, out, a, many)
     if usage:
         out.prompt_tokens = usage.get("prompt_tokens")
         out.completion_tokens = usage.get("completion_tokens")
     for choice in choices or ():
         if _take_choice(choice, payload, now, out, a, on_token, texts):
             return _STOP
+    return None
+
+
+def _take_many(choices: list, usage: dict | None, payload: bytes, now: float, out: Completion,
+               a: _Active, many: list):
+    """The choices of one chunk of a batched-prompt stream, each taken into its prompt's
+    Completion (``many[index]``) with the chunk's (continuous, per-prompt) usage; ``a`` (the
+    one request the monitor watches) gets the arrival. Returns ``_STOP`` (``out`` failed) for a
+    choice index outside the prompts, else None."""
+    for choice in choices:
+        i = choice.get("index") if isinstance(choice, dict) else None
+        if type(i) is not int or not 0 <= i < len(many):
+            _fail(out, "protocol", f"stream choice index {i!r} outside the {len(many)} "
+                  f"prompts: {_show(payload)}")
+            return _STOP
+        o, part, texts = many[i]
+        if _take_choice(choice, payload, now, o, part, None, texts):
+            out.error, out.error_detail = o.error, o.error_detail
+            return _STOP
+        if usage and len(choices) == 1:
+            o.prompt_tokens = usage.get("prompt_tokens")
+            o.completion_tokens = usage.get("completion_tokens")
+        if o.finish_reason is not None and o.latency_s is None:
+            o.latency_s = now - part.t0
+    a.last, a.tokens = now, sum(len(m[0].token_ids) for m in many)
     return None
 
 

@@ -456,9 +456,15 @@ class RunContext:
     def run_phase(self, name: str, concurrency: int, specs: Sequence[RequestSpec], *,
                   counts_for_throughput: bool = True, role: str = "load",
                   issue: Callable[[RequestSpec], Completion] | None = None,
-                  on_outcome: Callable[[Outcome], None] | None = None) -> PhaseResult:
+                  on_outcome: Callable[[Outcome], None] | None = None,
+                  together: bool = False) -> PhaseResult:
         """Issue ``specs`` keeping exactly ``concurrency`` requests in flight; record the phase,
         judge it and write the manifest.
+
+        ``together``: send every spec in ONE completions request with a list of prompts
+        (:meth:`EngineClient.acomplete_many`), so that the engine gets them all at once even on
+        an overloaded host (``concurrency`` must then be ``len(specs)``; the specs must be
+        streamed, not abandoned, and differ only in their prompts: UsageError otherwise).
 
         ``issue``: a custom (blocking) request function, run in a pool of ``concurrency``
         threads (default: the client's event loop). ``on_outcome(outcome)``: called for each
@@ -475,6 +481,12 @@ class RunContext:
         if self.options.collect_only and role != "reference":
             return PhaseResult()  # reference pass on the reference engine: only references
         name = self.phase_prefix + name
+        # the default request path runs on the client's event loop (no thread per request);
+        # a custom ``issue`` (which may block) runs in a pool of ``concurrency`` threads
+        job = self._aissue if issue is None else issue
+        items: Sequence[Any] = specs
+        if together:
+            job, items = self._together(name, specs, concurrency, issue), [specs]
         ph = PhaseRecord(index=len(self.manifest.phases), name=name, scenario=self.scenario_name,
                          repeat=self.repeat_index,
                          concurrency=concurrency, requests=len(specs),
@@ -485,23 +497,22 @@ class RunContext:
         if self.progress is not None:
             task = self.progress.add_task(f"{self.scenario_name}: {name} (C{concurrency})",
                                           total=len(specs))
-        # the default request path runs on the client's event loop (no thread per request);
-        # a custom ``issue`` (which may block) runs in a pool of ``concurrency`` threads
-        job = self._aissue if issue is None else issue
 
         def done(_i: int) -> None:
             if task is not None:
-                self.progress.advance(task)
+                self.progress.advance(task, len(specs) if together else 1)
 
         from ..engine import metrics
         before = metrics.snapshot(self.client)
         t0 = time.monotonic()
-        batch = self.client.run_batch(specs, concurrency, job, on_done=done)
+        batch = self.client.run_batch(items, 1 if together else concurrency, job, on_done=done)
         watchdog = _Watchdog(self)
         try:
             completions = batch.wait()
+            if together:
+                completions = completions[0]
         except BaseException:
-            self._interrupted(ph, specs, batch, t0, task)
+            self._interrupted(ph, specs, batch, t0, task, together)
             raise
         finally:
             watchdog.stop()
@@ -516,10 +527,13 @@ class RunContext:
         return outcomes
 
     def _interrupted(self, ph: PhaseRecord, specs: Sequence[RequestSpec], batch, t0: float,
-                     task) -> None:
+                     task, together: bool = False) -> None:
         """Interrupted: keep (record and compare) the requests that had finished, abandon the
         ones in flight; the phase is "interrupted" (or "not_run" when none had finished)."""
-        finished = [(specs[i], c) for i, c in batch.finished()]
+        if together:  # one item: the list of every spec's completion, or nothing
+            finished = [x for _, cs in batch.finished() for x in zip(specs, cs)]
+        else:
+            finished = [(specs[i], c) for i, c in batch.finished()]
         batch.cancel()  # start no further request
         self.client.abort_all("harness interrupted")
         ph.wall_s = time.monotonic() - t0
@@ -586,6 +600,30 @@ class RunContext:
                 "stream": spec.stream, "ignore_eos": spec.ignore_eos, "stop": spec.stop,
                 "keep_chunks": spec.keep_chunks, "extra": extra or None,
                 "abandon_after_tokens": spec.abandon_after_tokens}
+
+    def _together(self, name: str, specs: Sequence[RequestSpec], concurrency: int,
+                  issue) -> Callable:
+        """The job of a ``together`` phase (see :meth:`run_phase`): one coroutine sending every
+        spec's prompt in one request. Raises UsageError for specs that cannot share one."""
+        args = [self._request_args(s) for s in specs]
+        first = {k: v for k, v in args[0].items() if k != "prompt_ids"} if args else {}
+        why = ("a custom issue function" if issue is not None else
+               f"concurrency {concurrency} != {len(specs)} requests"
+               if concurrency != len(specs) else
+               "requests differ in more than their prompts"
+               if any({k: v for k, v in a.items() if k != "prompt_ids"} != first for a in args)
+               else "not streamed, abandoned or keep_chunks"
+               if first and (not first["stream"] or first["abandon_after_tokens"] is not None
+                             or first["keep_chunks"]) else None)
+        if why:
+            raise UsageError(f"phase {name}: requests sent together in one "
+                             f"request: {why}")
+        many = {k: v for k, v in first.items()
+                if k not in ("stream", "abandon_after_tokens", "keep_chunks")}
+
+        async def job(group: Sequence[RequestSpec]) -> list[Completion]:
+            return await self.client.acomplete_many([list(s.prompt.ids) for s in group], **many)
+        return job
 
     async def _aissue(self, spec: RequestSpec) -> Completion:
         """Issue one spec on the client's event loop (the default request path of run_phase)."""

@@ -18,6 +18,12 @@ Derivation (:func:`pressure_plan`; K = ``kv_cache_size_tokens`` (engine /metrics
   also ``VLLM_CPU_KVCACHE_SPACE``).
 
 Prompts are distinct seeded random IDs (no shared prefix: prefix caching cannot share their blocks).
+The N requests go out as ONE completions request with N prompts (``send = "batched"``, the
+default; OpenAI's batched ``prompt``): vLLM's API server hands them to the engine at once. Sent
+as N separate requests (``send = "separate"``) they were seen to arrive one after another on an
+overloaded 2-core host (CI, 2026-12-02: the first request had finished before the others
+streamed a token; 0 preemptions); batched, 4 of 4 trials preempted (11 each) with 3 CPU hogs
+beside the engine.
 ``vllm:num_preemptions_total`` is scraped before and after the phase: a rise passes the phase check
 ``preemptions``; none is a warning (a failure with ``require_preemption = true``): the phase then did
 not test recomputation; no counter at /metrics is a skip with the reason. Table ``kv_pressure``:
@@ -26,7 +32,7 @@ the formula, K, P, T, N, in-flight tokens, preemptions, matched / compared.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
@@ -83,6 +89,9 @@ class KvPressureParams(Params):
     overcommit: float = Field(2.0, gt=1.0, le=100.0, description="in-flight tokens / capacity")
     max_requests: int = Field(64, ge=2, le=1024)
     require_preemption: bool = False
+    send: Literal["batched", "separate"] = Field(
+        "batched", description="batched: one completions request with every prompt (they reach "
+        "the engine together); separate: one request each")
     seed: int = 20261130
 
 
@@ -113,7 +122,8 @@ class KvPressure(Scenario):
         specs = [RequestSpec(pr, plan["max_tokens"], note=plan["why"]) for pr in prompts]
         ctx.take_references(specs)
         before = metrics.scrape(ctx.client)
-        outs = ctx.run_phase("kv-pressure", plan["n"], specs, counts_for_throughput=False)
+        outs = ctx.run_phase("kv-pressure", plan["n"], specs, counts_for_throughput=False,
+                             together=p.send == "batched")
         if not outs:  # nothing run here (the reference engine's collect-only pass)
             return
         pre = metrics.delta(before, metrics.scrape(ctx.client), metrics.PREEMPTIONS)
