@@ -10,7 +10,9 @@ buggy configuration (H200, vLLM 0.26). So every reproducer the harness writes (f
 FILE`` run, each on a newly launched engine (same model, Python, arguments and environment as
 the run it came from), and judged like any run: exit 1 (a parity or check failure) is a
 reproduction, exit 0 is not, anything else (the engine failed to start, a usage error) is an
-error that counts as neither.
+error that counts as neither. A passing replay whose inserts did not reach the engine while
+their carrier ran (phase check ``inserts_landed``) did not exercise the schedule: it is
+*inconclusive*, left out of the rate and replaced by another replay (up to N more).
 
 Each replay is a whole ``stress`` run, so its engine lives in that run's
 :class:`~pleharness.engine.session.EngineSession` (launched, waited for, stopped with its process
@@ -22,7 +24,7 @@ engine, and the result says so (``fresh_engine: false``).
 
 Result (a dict, stored in the manifest's ``reproducers`` table and shown in the reports)::
 
-    {"runs": 3, "reproduced": 3, "errors": 0, "fresh_engine": true,
+    {"runs": 3, "reproduced": 3, "errors": 0, "inconclusive": 0, "fresh_engine": true,
      "rate": "3/3", "verdict": "reproduced 3/3 on fresh engines",
      "replays": [{"run": 1, "exit_code": 1, "reproduced": true, "manifest": "...",
                   "failing": ["r2-... differs from its reference at token position 5"]}, ...]}
@@ -66,15 +68,21 @@ class ReplayTarget:
         return self.url is None
 
 
-def rate_verdict(reproduced: int, runs: int, errors: int = 0, fresh: bool = True) -> str:
+def rate_verdict(reproduced: int, runs: int, errors: int = 0, fresh: bool = True,
+                 inconclusive: int = 0) -> str:
     """The one-line reproduction verdict, e.g. ``reproduced 3/3 on fresh engines``,
     ``reproduced 1/3 on fresh engines: intermittent (timing-dependent)``, ``0/3: not
     reproduced on fresh engines, timing-dependent``; attached runs say ``on the same engine
     (attached: no fresh engine can be started)``. ``errors``: replays that ended neither
-    pass nor fail (counted in the denominator, named at the end)."""
+    pass nor fail (counted in the denominator, named at the end). ``inconclusive``: passing
+    replays that did not exercise the schedule (an insert that did not land while its carrier
+    ran), not counted in ``runs``, named at the end."""
     where = "on fresh engines" if fresh else \
         "on the same engine (attached with --url: no fresh engine can be started)"
     err = f"; {errors} replay(s) ended in an error" if errors else ""
+    if inconclusive:
+        err += (f"; {inconclusive} more replay(s) inconclusive (an insert did not reach the "
+                "engine while its carrier ran), not counted")
     if runs and reproduced == runs:
         return f"reproduced {reproduced}/{runs} {where}{err}"
     if reproduced:
@@ -110,7 +118,11 @@ def replay_reproducer(path: Path, target: ReplayTarget, runs: int, out_dir: Path
     label = label or Path(path).stem
     out_dir.mkdir(parents=True, exist_ok=True)
     replays = []
-    for i in range(1, runs + 1):
+    i = 0
+    # an inconclusive replay (it passed without exercising its inserts) is replaced by another,
+    # up to ``runs`` extra replays in all
+    while sum(1 for r in replays if not r.get("inconclusive")) < runs and i < 2 * runs:
+        i += 1
         run_id = f"{label}-{i}"
         kw: dict[str, Any] = dict(
             scenarios=[str(path)], results_dir=out_dir, run_id=run_id, golden=target.golden,
@@ -140,7 +152,10 @@ def replay_reproducer(path: Path, target: ReplayTarget, runs: int, out_dir: Path
                "manifest": str(rdir / "manifest.json")}
         if code == 1:
             row["failing"] = _failing_lines(rdir)
-        elif code != 0:
+        elif code == 0:
+            why = _not_exercised(rdir)
+            if why:
+                row["inconclusive"] = why
             try:
                 row["error"] = load_manifest(rdir, with_requests=False).reason
             except (ValueError, OSError):
@@ -151,15 +166,35 @@ def replay_reproducer(path: Path, target: ReplayTarget, runs: int, out_dir: Path
             except (ValueError, OSError):
                 pass
         replays.append(row)
-        what = "reproduced" if code == 1 else "passed (not reproduced)" if code == 0 else \
+        what = "reproduced" if code == 1 else \
+            f"inconclusive ({row['inconclusive']}): another replay" if row.get("inconclusive") \
+            else "passed (not reproduced)" if code == 0 else \
             f"error (exit {code}): {row.get('error')}"
-        log(f"  replay {i}/{runs} of {Path(path).name} "
+        log(f"  replay {i} ({runs} wanted) of {Path(path).name} "
             f"{'on a fresh engine' if target.fresh else 'on the same engine'}: {what}")
-    n = sum(r["reproduced"] for r in replays)
-    errors = sum(1 for r in replays if r["exit_code"] not in (0, 1))
-    return {"runs": runs, "reproduced": n, "errors": errors, "fresh_engine": target.fresh,
-            "rate": f"{n}/{runs}", "verdict": rate_verdict(n, runs, errors, target.fresh),
+    counted = [r for r in replays if not r.get("inconclusive")]
+    n = sum(r["reproduced"] for r in counted)
+    errors = sum(1 for r in counted if r["exit_code"] not in (0, 1))
+    left_out = len(replays) - len(counted)
+    return {"runs": len(counted), "reproduced": n, "errors": errors, "inconclusive": left_out,
+            "fresh_engine": target.fresh, "rate": f"{n}/{len(counted)}",
+            "verdict": rate_verdict(n, len(counted), errors, target.fresh, left_out),
             "replays": replays}
+
+
+def _not_exercised(run_dir: Path) -> str | None:
+    """Why a passing replay did not exercise its schedule (a phase check ``inserts_landed``
+    that warned: :func:`pleharness.scenarios.shared.inserting.landing_check`), else None."""
+    from .manifest import load_manifest
+    try:
+        m = load_manifest(run_dir, with_requests=False)
+    except (ValueError, OSError):
+        return None
+    for ph in m.phases:
+        for c in ph.checks:
+            if c.name == "inserts_landed" and c.status != "pass":
+                return f"phase {ph.name}: {c.detail}"
+    return None
 
 
 def confirm_run_reproducers(manifest, run_dir: Path, target: ReplayTarget, runs: int,

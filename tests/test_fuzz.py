@@ -20,8 +20,8 @@ from conftest import ROOT, load_json, run_cli
 from doubles import CorruptInserted, CorruptWhenCrowded, FakeEngine, FaultProxy
 from pleharness.scenarios import load_scenario_file
 from pleharness.scenarios.fuzz import (FuzzInsert, FuzzParams, FuzzPhase, FuzzRequest, PhaseSpecs,
-                                       Schedule, build_space, concurrency_edges, schedules,
-                                       write_repro)
+                                       REPRO_RUNWAY_TOKENS, Schedule, build_space,
+                                       concurrency_edges, schedules, write_repro)
 
 FACTS = {"num_speculative_tokens": 3, "block_size": 32, "max_num_batched_tokens": 256,
          "max_model_len": 1024, "max_num_seqs": 8, "vocab_size": 793}
@@ -164,13 +164,13 @@ def test_repro_round_trips_inserts_and_seeded_samples(tmp_path):
     assert ph.concurrency == 2  # the request and the carrier; the insert comes on top
     got = [(r.prompt, r.max_tokens, r.stream, r.temperature, r.seed, r.insert_into,
             r.insert_after_tokens) for r in ph.requests]
-    # the carrier runs 64 tokens past the insert (REPRO_RUNWAY_TOKENS): 17 + 64 = 81, not 40
+    # the carrier runs 256 tokens past the insert (REPRO_RUNWAY_TOKENS): 17 + 256 = 273, not 40
     assert got == [([20, 21, 22], 2, True, 1.0, 2, None, None),
-                   ([30, 31, 32, 33], 81, True, 0.0, None, None, None),
+                   ([30, 31, 32, 33], 273, True, 0.0, None, None, None),
                    ([40, 41, 42, 43, 44], 3, False, 0.0, None, 1, 17)]
     assert sched.summary() == "C1[3s2+2] D4+40{5n+3@17}"
     assert "insert after 17 carrier tokens" in ph.requests[2].note
-    assert "max_tokens 40 in the failing run, 81 here" in ph.requests[1].note
+    assert "max_tokens 40 in the failing run, 273 here" in ph.requests[1].note
     # an insert that went out later than drawn (client-seen carrier position 25: one merged
     # chunk) is written at 25; max_model_len 50 caps the carrier at 50 - 4 = 46 tokens
     write_repro(specs, sched, path, "run1", sent=[[1, 0, 25, True]], max_model_len=50)
@@ -470,7 +470,7 @@ def test_engine_planted_insert_fault_is_found(cpu_engine, tmp_path):
     repro = tmp_path / "f" / "repro.toml"
     assert "insert_after_tokens" in repro.read_text()
     # what a replay needs to hit the fault on a slower or faster machine: each insert no
-    # earlier than the carrier position it went out at, and the carrier running 64 tokens past
+    # earlier than the carrier position it went out at, and the carrier running 256 tokens past
     # the last insert (REPRO_RUNWAY_TOKENS), so the insert reaches the engine while it runs
     s = m["tables"]["fuzz_summary"][0]
     phs = [ph for ph in load_scenario_file(str(repro)).params.phases
@@ -479,17 +479,27 @@ def test_engine_planted_insert_fault_is_found(cpu_engine, tmp_path):
     for ph in phs:
         ats = [r.insert_after_tokens for r in ph.requests if r.insert_after_tokens]
         car = ph.requests[next(r.insert_into for r in ph.requests if r.insert_into is not None)]
-        assert car.max_tokens >= min(max(ats) + 64, 1024 - len(car.prompt))
-    if max(r.insert_after_tokens or 0 for ph in phs for r in ph.requests) >= 24:
+        assert car.max_tokens >= min(max(ats) + REPRO_RUNWAY_TOKENS, 1024 - len(car.prompt))
+    past = max(r.insert_after_tokens or 0 for ph in phs for r in ph.requests) >= 24
+    if past:
         # an insert sent past the fault's threshold (client-seen, so the engine was past it
-        # too) with runway to land: the replays on the (stateless) double all fail
-        assert s["reproduction_rate"] == "2/2", s
+        # too) with runway to land: every conclusive replay on the (stateless) double fails;
+        # one whose insert reached the engine after its carrier ended is inconclusive (not
+        # counted, replaced) and says so
+        n, runs = map(int, s["reproduction_rate"].split("/"))
+        assert n == runs >= 1, s
     proxy2 = FaultProxy(cpu_engine.url, CorruptInserted(24, VOCAB))
     proxy2.fault.proxy = proxy2
     with proxy2:
         r = run_cli("stress", "--url", proxy2.url, "--scenario", str(repro), "--results-dir",
                     str(tmp_path), "--run-id", "replay", *CLI_FACTS, "--no-golden", timeout=900)
-    assert r.returncode == 1, (r.stdout + r.stderr)[-3000:]
+    landed = [c for ph in load_json(tmp_path / "replay" / "manifest.json")["phases"]
+              for c in ph["checks"] if c["name"] == "inserts_landed"]
+    assert landed, "the replay did not check where its inserts landed"
+    if past and all(c["status"] == "pass" for c in landed):
+        assert r.returncode == 1, (r.stdout + r.stderr)[-3000:]
+    else:  # not exercised: the replay says so instead of passing silently
+        assert r.returncode in (0, 1) and "vacuous" in r.stdout + r.stderr, r.stdout[-3000:]
     r = run_cli("stress", "--url", cpu_engine.url, "--scenario", str(repro), "--results-dir",
                 str(tmp_path), "--run-id", "clean-replay", *CLI_FACTS, "--no-golden",
                 timeout=900)
@@ -596,6 +606,8 @@ def test_reproduction_verdicts_and_report_lines():
     assert rate_verdict(0, 3, errors=1).endswith("; 1 replay(s) ended in an error")
     assert rate_verdict(2, 2, fresh=False) == ("reproduced 2/2 on the same engine (attached "
                                                "with --url: no fresh engine can be started)")
+    assert rate_verdict(1, 1, inconclusive=1).startswith("reproduced 1/1 on fresh engines; 1 "
+                                                         "more replay(s) inconclusive")
     m = Manifest(run_id="x")
     assert markdown_lines(m) == []
     m.tables["reproducers"] = [{"path": "repro.toml", "source": "fuzz", "schedule": "C1[3+6]",
@@ -604,6 +616,41 @@ def test_reproduction_verdicts_and_report_lines():
     lines = markdown_lines(m)
     assert "| `repro.toml` | fuzz | C1[3+6] | reproduced 3/3 on fresh engines |" in lines
     assert any("not confirmed (--confirm-runs 0)" in x for x in lines)
+
+
+def test_an_insert_that_reached_the_engine_after_its_carrier_ended_did_not_land(tmp_path):
+    """InsertTrigger.not_landed: an insert sent while the carrier ran landed only when its first
+    token (streamed) or its answer (not streamed) came before the carrier's last token; a passing
+    replay that warns so is inconclusive (reproduce._not_exercised)."""
+    from types import SimpleNamespace as NS
+
+    from pleharness.engine.client import Completion
+    from pleharness.manifest import CheckResult, Manifest, PhaseRecord, write_manifest
+    from pleharness.reproduce import _not_exercised
+    from pleharness.request import RequestSpec
+    from pleharness.scenarios.replay import prompt_of
+    from pleharness.scenarios.shared.inserting import InsertTrigger, Sent
+    car, a, b, c = (RequestSpec(prompt_of([20 + i]), 300 if i == 0 else 4) for i in range(4))
+    b.stream = False
+    trig = InsertTrigger(None, car, [(a, 10), (b, 10), (c, 10)])
+    trig.sent = {id(a): Sent(12, True), id(b): Sent(12, True), id(c): Sent(299, False)}
+    done = [(car, 100.0, 0.5, 5.0), (a, 101.0, 3.9, 4.0), (b, 101.0, None, 3.0),
+            (c, 104.0, 0.1, 0.2)]  # started_at, ttft_s, latency_s: the carrier ends at 105
+    outs = [NS(spec=sp, completion=Completion(started_at=t, ttft_s=f, latency_s=lat,
+                                              streamed=sp.stream))
+            for sp, t, f, lat in done]
+    # a: first token at 104.9 (landed); b: whole answer at 104.0 (landed); c: sent after the end
+    assert [o.spec for o in trig.not_landed(outs)] == [c]
+    outs[1].completion.ttft_s = 4.1  # a's first token at 105.1: after the carrier's last token
+    assert [o.spec for o in trig.not_landed(outs)] == [a, c]
+    m = Manifest(run_id="r")
+    m.phases.append(PhaseRecord(index=0, name="fuzz-p1", scenario="s", concurrency=2, requests=3,
+                                checks=[CheckResult(name="inserts_landed", status="pass")]))
+    write_manifest(tmp_path / "manifest.json", m)
+    assert _not_exercised(tmp_path) is None
+    m.phases[0].checks[0] = CheckResult(name="inserts_landed", status="warn", detail="1 of 2")
+    write_manifest(tmp_path / "manifest.json", m)
+    assert _not_exercised(tmp_path) == "phase fuzz-p1: 1 of 2"
 
 
 def test_confirm_runs_usage_error():

@@ -77,8 +77,11 @@ INSTRUCTION = "Reply with OK."
 # a reproducer's carrier decodes at least this many tokens past its last insert's position, so
 # the insert reaches the engine while the carrier still runs on a slower or faster machine too
 # (measured, CPU engine: an insert meant for carrier token 27 of 45 went out at client-seen
-# position 39, one merged chunk later, and reached the engine after the carrier had ended)
-REPRO_RUNWAY_TOKENS = 64
+# position 39, one merged chunk later, and reached the engine after the carrier had ended; with
+# 64 tokens of runway, 1 of 2 replays on a loaded 2-core host still landed its insert after the
+# carrier's end: the tiny model decodes 64 tokens in ~0.1 s). A replay that still misses says so
+# (phase check inserts_landed) and is not counted as a failure to reproduce.
+REPRO_RUNWAY_TOKENS = 256
 PROMPT_SEEDS = 4  # distinct random prompts per length (small: prompts recur, references are reused)
 
 

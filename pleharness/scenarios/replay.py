@@ -20,7 +20,10 @@ run on the output beside the default ones, as a table {check name = {params}}, e
 ``checks = { expected_text = { regex = '^\\s*OK' } }``). A request with ``insert_into = j`` and
 ``insert_after_tokens = N`` is an *insert*: it is sent once request j of its phase (the carrier,
 streamed) has streamed N tokens (:mod:`pleharness.scenarios.shared.inserting`); ``concurrency`` then
-counts the other requests, and the inserts come on top (what ``ple-harness fuzz`` writes).
+counts the other requests, and the inserts come on top (what ``ple-harness fuzz`` writes). Phase
+check ``inserts_landed``: each insert's first token came before the carrier's last (it reached
+the engine while the carrier ran); a warning, and the phase vacuous, when not (a passing replay
+is then inconclusive, never "not reproduced").
 
 Every run of a prompt is judged, cold ones included: each distinct (prompt, max_tokens,
 sampling) runs alone first (cold; with the default warm references a second, warm run is
@@ -183,7 +186,7 @@ class Replay(Scenario):
         return spec
 
     def run(self, ctx: "ScenarioContext") -> None:
-        from .shared.inserting import run_phase_with_inserts
+        from .shared.inserting import landing_check, run_phase_with_inserts
 
         phases = [[self._spec(r) for r in ph.requests] for ph in self.params.phases]
         start = ctx.mark()
@@ -199,8 +202,9 @@ class Replay(Scenario):
                 carrier = specs[next(r.insert_into for r in ph.requests
                                      if r.insert_into is not None)]
                 plain = [s for r, s in zip(ph.requests, specs) if r.insert_into is None]
-                outs, _ = run_phase_with_inserts(ctx, ph.name, ph.concurrency, plain, carrier,
-                                                 ins)
+                outs, trig = run_phase_with_inserts(ctx, ph.name, ph.concurrency, plain,
+                                                    carrier, ins)
+                landing_check(ctx, trig, outs)
             by_spec = {id(o.spec): o.record for o in outs or []}
             records[ph.name] = [by_spec.get(id(s)) for s in specs]
         if self.params.failed:

@@ -110,6 +110,55 @@ class InsertTrigger:
         """The inserts among ``specs`` that went out after the carrier had ended."""
         return [s for s in specs if id(s) in self.sent and not self.sent[id(s)].running]
 
+    def not_landed(self, outcomes: Sequence) -> list:
+        """The outcomes (of this trigger's phase) of the inserts not shown to have reached the
+        engine while the carrier ran: sent after it ended, or whose first token (streamed; its
+        whole answer when not streamed) arrived after the carrier's last one. Sent while the
+        carrier ran is not enough: the carrier can end before the insert's request reaches the
+        engine (a loaded host: the client sends it late, the engine is fast). Client clocks:
+        ``started_at`` + ``ttft_s`` / ``latency_s`` of each Completion."""
+        car = next((o.completion for o in outcomes if o.spec is self.carrier), None)
+        if car is None or car.started_at is None or car.latency_s is None:
+            return [o for o in outcomes if id(o.spec) in self.sent]
+        end = car.started_at + car.latency_s
+        out = []
+        for o in outcomes:
+            sent = self.sent.get(id(o.spec))
+            if sent is None:
+                continue
+            c = o.completion
+            first = c.ttft_s if c.streamed and c.ttft_s is not None else c.latency_s
+            if not sent.running or c.started_at is None or first is None \
+                    or c.started_at + first >= end:
+                out.append(o)
+        return out
+
+
+def landing_check(ctx: "ScenarioContext", trig: "InsertTrigger | None", outcomes) -> None:
+    """Phase check ``inserts_landed`` on the phase of ``outcomes`` (a PhaseResult of
+    :func:`run_phase_with_inserts`): pass when every insert reached the engine while the carrier
+    ran (:meth:`InsertTrigger.not_landed`), else warn and mark the phase vacuous (it did not
+    exercise a prefill inserted into a running decode; a replay that passes so is inconclusive,
+    not a failure to reproduce: :mod:`pleharness.reproduce`). Nothing without inserts or a
+    phase record."""
+    from ...evidence import mark_vacuous
+    from ...manifest import CheckResult
+    if trig is None or not outcomes or outcomes.phase is None:
+        return
+    bad = trig.not_landed(outcomes)
+    n = sum(1 for o in outcomes if id(o.spec) in trig.sent)
+    if not bad:
+        ctx.add_phase_check(outcomes.phase, CheckResult(
+            name="inserts_landed", status="pass",
+            detail=f"{n} insert(s): each first token before the carrier's last"))
+        return
+    why = (f"{len(bad)} of {n} insert(s) did not reach the engine while the carrier ran "
+           f"(first token after the carrier's last, client-seen): "
+           f"{', '.join(o.record.id for o in bad)}")
+    ctx.add_phase_check(outcomes.phase, CheckResult(name="inserts_landed", status="warn",
+                                                    detail=why))
+    mark_vacuous(ctx, outcomes.phase, why)
+
 
 def run_phase_with_inserts(ctx: "ScenarioContext", name: str, concurrency: int,
                            specs: Sequence["RequestSpec"], carrier: "RequestSpec | None" = None,
