@@ -15,8 +15,8 @@ import pytest
 from rich.console import Console
 
 import pleharness.probe as probe
-from pleharness.probe import _build, _core, capability_summary, render, run_probe
-from pleharness.probe._render import fmt_bytes, fmt_us
+from pleharness.probe import _build, _core, capability_summary, run_probe
+from pleharness.render.probe import fmt_bytes, fmt_us, render
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs" / "probe"

@@ -36,7 +36,8 @@ def probe(
     Exit 0 when the probe answered (ok, fallback: synchronous, or unavailable: no GPU / no CUDA),
     1 when the self-test failed, 2 for a --json path that cannot be written.
     """
-    from ..probe import render, run_probe
+    from ..probe import run_probe
+    from ..render.probe import render
     if json_path is not None:
         config.check_json_path(json_path)
     result = run_probe(selftest=True, timings=not quick, replays=100 if quick else replays)

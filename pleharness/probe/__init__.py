@@ -52,9 +52,8 @@ from ._build import ProbeUnavailable, build_info, load_extension, one_line
 from ._core import (TorchBackend, classify, graph_capture_trial, memops_capability, require_cuda_torch,
                     run_selftest, run_timings)
 from ._env import cuda_runtime_version, fmt_cuda_version, host_detail, host_name, now_iso, nvidia_driver_version
-from ._render import render
 
-__all__ = ["run_probe", "capability_summary", "render"]
+__all__ = ["run_probe", "capability_summary"]
 
 SCHEMA_VERSION = 1
 MEMOP_FLAGS = ("wait_value_32", "write_value_32", "wait_value_64", "write_value_64", "64bit_attribute",

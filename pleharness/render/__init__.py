@@ -1,7 +1,8 @@
 """Renderers of a run's manifest, one module per output: :mod:`.console` (rich, the terminal),
 :mod:`.markdown` (``summary.md``), :mod:`.junit` (``junit.xml``), :mod:`.text` (the next steps
-and reproduce command they share), :mod:`.compare` (``ple-harness compare``) and :mod:`.facts`
-(``ple-harness facts``). The headline and causes they quote: :mod:`pleharness.causes`."""
+and reproduce command they share), :mod:`.compare` (``ple-harness compare``), :mod:`.facts`
+(``ple-harness facts``), :mod:`.explain` (``ple-harness explain``) and :mod:`.probe` (``ple-harness
+probe``). The headline and causes they quote: :mod:`pleharness.causes`."""
 from .console import render
 from .junit import to_junit
 from .markdown import to_markdown
