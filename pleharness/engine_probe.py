@@ -88,7 +88,7 @@ def run_probe(ctx, prompt_seed: int | None = None) -> dict[str, Any]:
     ``wall_s``, ``prompt_seed`` and ``warnings``. Never raises for request failures."""
     t0 = time.monotonic()
     seed = secrets.randbits(31) if prompt_seed is None else int(prompt_seed)
-    v = int(ctx.facts.get("vocab_size") or 256)
+    v = ctx.facts.vocab_or()
     lo = min(16, v - 1)
     seeded_ev, seeded_ok, seeded_err, solo, n_req = _seeded_alone(ctx, seed, lo, v)
     alone = None if seeded_err else seeded_ok
@@ -163,8 +163,8 @@ def _greedy_runs(ctx, seed: int, lo: int, v: int):
     """One greedy prompt of block_size + GREEDY_EXTRA tokens (within max_model_len) sent cold,
     warm, and warm with one token fewer, one at a time; stops at the first error. Returns
     (prompt length, prompt, outputs, the error or None, requests sent)."""
-    b = int(ctx.facts.get("block_size") or 16)
-    m = ctx.facts.get("max_model_len")
+    b = (ctx.facts.block_size or 16)
+    m = ctx.facts.max_model_len
     length = b + GREEDY_EXTRA
     if m is not None:
         length = max(1, min(length, int(m) - MAX_TOKENS))
@@ -211,7 +211,7 @@ def _seeded_batch(ctx, seeded_ev: list[dict], solo: list[tuple[RequestSpec, list
     ``batched_first_divergence`` in each prompt's evidence. Returns (all equal, the ``batch``
     evidence, requests sent); a failed request sets ``error`` in the evidence."""
     from concurrent.futures import ThreadPoolExecutor
-    mns = ctx.facts.get("max_num_seqs")
+    mns = ctx.facts.max_num_seqs
     width = max(1, min(len(seeded_ev), int(mns) if mns else len(seeded_ev)))
     mt = MAX_TOKENS - 1
     specs = [replace(spec, max_tokens=mt) for spec, _ in solo]

@@ -160,9 +160,8 @@ def run_evidence(m: Manifest) -> tuple[dict[str, Any], list[str]]:
     tot["in_flight_peak"] = max(peaks) if peaks else None
     tot["spec_decode"] = spec_by_concurrency(m) or None
     reasons = [f"phase {p.name}: {p.vacuous}" for p in m.phases if p.vacuous]
-    k = (m.facts.get("num_speculative_tokens") or {}).get("value") \
-        if isinstance(m.facts.get("num_speculative_tokens"), dict) \
-        else m.facts.get("num_speculative_tokens")
+    from .engine.facts import as_facts
+    k = as_facts(m.fact_values()).num_speculative_tokens
     sd = tot["spec_decode"]
     if k and tot["phases_with_counters"] and sd is not None and not sd["overall"]["drafts"]:
         reasons.append(f"speculative decoding: 0 drafts in {tot['phases_with_counters']} load "

@@ -143,7 +143,7 @@ class Case:
 
 
 def _facts(m: Manifest) -> dict[str, Any]:
-    return {k: (v or {}).get("value") for k, v in m.facts.items()}
+    return m.fact_values()
 
 
 def _arg_value(args: Sequence[str], flag: str) -> str | None:

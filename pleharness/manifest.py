@@ -465,6 +465,11 @@ class Manifest(BaseModel):
                       else v for k, v in update.items()}
         return super().model_copy(update=update, deep=deep)
 
+    def fact_values(self) -> dict[str, Any]:
+        """{fact: value} of the recorded facts (``facts`` holds {fact: {"value", "source", ...}}),
+        e.g. for :func:`pleharness.engine.facts.as_facts`."""
+        return {k: v.get("value") if isinstance(v, dict) else v for k, v in self.facts.items()}
+
     def records_changed(self) -> None:
         """Say that records or phases already written were changed in place (other than the last
         :data:`PHASES_REFRESHED` phases, which every write serializes again): the next

@@ -10,6 +10,8 @@ and an exit code in one place (:meth:`_Run.fail`).
 """
 from __future__ import annotations
 
+from .engine.facts import as_facts
+
 import contextlib
 import signal
 import traceback
@@ -283,7 +285,7 @@ def _engine_under_test(run: _Run, scenarios: list[Scenario], target: Target) -> 
                      "model_root": eng.card.get("root")})
     eng.facts.record(m, run.console)
     for sc in scenarios:
-        sc.validate_against(eng.facts.values)
+        sc.validate_against(eng.facts)
     local_model = _local_model(cfg, target, eng)
     if "model_digest" not in m.engine and local_model:
         from .model import model_digest
@@ -326,14 +328,15 @@ def _context(cfg: StressConfig, eng: Engine, manifest: Manifest, mpath: Path, fa
     """The run context of one engine (under test, reference or control), complete: options
     from ``cfg`` (``options`` overrides, e.g. collect_only), the near-tie threshold from the
     serving dtype (recorded in ``run_options``), every registered check."""
+    facts = as_facts(facts)
     from .divergence import near_tie_threshold, normalize_dtype
-    nats, why = near_tie_threshold(facts.get("dtype"), cfg.near_tie_nats)
+    nats, why = near_tie_threshold(facts.dtype, cfg.near_tie_nats)
     manifest.run_options.near_tie_nats = nats
     manifest.run_options.near_tie_source = why
-    manifest.run_options.serving_dtype = normalize_dtype(facts.get("dtype"))
+    manifest.run_options.serving_dtype = normalize_dtype(facts.dtype)
     opts = RunOptions(on_timeout=cfg.on_timeout, logprobs=cfg.logprobs or None,
                       near_tie_nats=nats, strict=cfg.strict,
-                      serving_dtype=normalize_dtype(facts.get("dtype")),
+                      serving_dtype=normalize_dtype(facts.dtype),
                       reference_cache_state=cfg.reference_cache_state, **options)
     return RunContext(eng.client, manifest, mpath, facts, progress.console,
                       eng.server, progress, options=opts, golden=golden,

@@ -386,3 +386,18 @@ def test_dtype_hint_from_config_is_what_auto_serves(tmp_path):
     # the engine's own value (here: --dtype float32 on its command line) wins over the hint
     g = gather_facts(model_path=str(tmp_path), engine_args=["--dtype", "float32"], launched=True)
     assert g.get("dtype") == "float32" and g.conflicts == []
+
+
+def test_typed_fact_reads():
+    """EngineFacts' typed reads (issue 28): the resolved value in its type, None when unknown,
+    an AttributeError for a name that is no fact (a typo never reads as "unknown")."""
+    from pleharness.engine.facts import EngineFacts, _Fact, as_facts
+    f = as_facts({"block_size": "32", "cudagraph_capture_sizes": [8, "1", 4],
+                  "prefix_caching": 1, "num_speculative_tokens": 3, "sliding_window": [64, 512]})
+    assert (f.block_size, f.cudagraph_capture_sizes, f.prefix_caching) == (32, [1, 4, 8], True)
+    assert (f.q, f.max_model_len, f.vocab_or(), f.sliding_window) == (4, None, 256, [64, 512])
+    assert as_facts(f) is f and as_facts(None).values == {}
+    with pytest.raises(AttributeError):
+        f.blocksize  # noqa: B018 - a typo
+    with pytest.raises((TypeError, RuntimeError)):  # a descriptor for a name that is no fact
+        type("Bad", (EngineFacts,), {"block_sise": _Fact(int)})

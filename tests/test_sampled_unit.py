@@ -8,6 +8,7 @@ import pytest
 from pleharness.checks import REGISTRY
 from pleharness.checks.sampled_degeneration import longest_punct_run
 from pleharness.engine.client import Completion
+from pleharness.engine.facts import as_facts
 from pleharness.prompts import Prompt
 from pleharness.request import RequestSpec
 from pleharness.scenarios import ScenarioError, load_scenario_file
@@ -63,7 +64,7 @@ def test_fisher_less_is_one_sided_and_exact():
 
 
 def _ctx(role="load"):
-    return SimpleNamespace(phase_role=role, facts={"eos_token_id": 1}, references={})
+    return SimpleNamespace(phase_role=role, facts=as_facts({"eos_token_id": 1}), references={})
 
 
 def _spec():
@@ -134,7 +135,8 @@ def test_seeded_parity_follows_the_engine_probe_before_the_seed_probe():
 
     def ctx(probe, k):
         return SimpleNamespace(reference_mode="solo", engine_probe=probe,
-                               facts={"num_speculative_tokens": k, "vocab_size": 793},
+                               facts=as_facts({"num_speculative_tokens": k,
+                                                 "vocab_size": 793}),
                                set_table=lambda key, rows: tables.__setitem__(key, rows),
                                take_references=lambda specs, phase_name=None: None)
 

@@ -5,6 +5,7 @@ from types import SimpleNamespace
 
 from pleharness.checks.stop_string import check as stop_check
 from pleharness.engine.client import Completion
+from pleharness.engine.facts import as_facts
 from pleharness.prompts import Prompt
 from pleharness.request import RequestSpec
 from pleharness.scenarios.stop_strings import pick_positions, steps_of
@@ -13,7 +14,7 @@ WORDS = {1: "</s>", 10: " 1", 11: " 2", 12: " 3", 13: " 4", 14: " 5", 15: " 6", 
 
 
 class Ctx:
-    facts = {"eos_token_id": 1}
+    facts = as_facts({"eos_token_id": 1})
 
     def detokenize(self, ids):
         return "".join(WORDS[i] for i in ids)

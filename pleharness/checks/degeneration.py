@@ -94,7 +94,7 @@ def check(ctx, spec, c, params) -> CheckResult:
     golden_ref = ref is not None and ref.source == "golden"
     # a reference or warm-up run is judged only by an independent (golden) reference
     judge = ref if (role == "load" or golden_ref) else None
-    eos = ctx.facts.get("eos_token_id") if ctx is not None else None
+    eos = ctx.facts.eos_token_id if ctx is not None else None
     eos = frozenset(eos if isinstance(eos, list) else [eos] if eos is not None else [])
     ids = c.token_ids
     problems, notes = [], []

@@ -71,7 +71,7 @@ def check(ctx, spec, c, params) -> CheckResult:
     the module docstring): pass, warn (either answer accepted for an unmeasured version), fail
     (a 5xx, a broken connection, a timeout, or a 200 whose usage or length is wrong) or skip (M
     unknown). ``params``: ``max_model_len``, ``policy``, ``version``. Never raises."""
-    m = params.get("max_model_len") or (ctx.facts.get("max_model_len") if ctx is not None else None)
+    m = params.get("max_model_len") or (ctx.facts.max_model_len if ctx is not None else None)
     L, T = len(spec.prompt), spec.max_tokens
     where = f"prompt {L} + max_tokens {T} vs M {m}"
     clean_4xx = c.error == "http" and c.http_status is not None and 400 <= c.http_status < 500

@@ -51,7 +51,7 @@ def longest_punct_run(text: str) -> tuple[int, str, int]:
 
 def eos_ids(ctx) -> frozenset:
     """The EOS token IDs of ``ctx``'s engine facts (a list or one ID), as a frozenset."""
-    eos = ctx.facts.get("eos_token_id") if ctx is not None else None
+    eos = ctx.facts.eos_token_id if ctx is not None else None
     return frozenset(eos if isinstance(eos, list) else [eos] if eos is not None else [])
 
 

@@ -40,7 +40,7 @@ from . import register
 
 def eos_ids(ctx) -> set[int]:
     """The engine's EOS token IDs (fact ``eos_token_id``: one or a list), or an empty set."""
-    eos = ctx.facts.get("eos_token_id") if ctx is not None else None
+    eos = ctx.facts.eos_token_id if ctx is not None else None
     if eos is None:
         return set()
     return {int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])}

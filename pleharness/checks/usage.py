@@ -43,7 +43,7 @@ def check(ctx, spec, c, params) -> CheckResult:
             problems.append(f"usage.completion_tokens {c.completion_tokens} != "
                             f"{len(c.token_ids)} returned IDs")
     n, mt = len(c.token_ids), spec.max_tokens
-    m = ctx.facts.get("max_model_len") if ctx is not None else None
+    m = ctx.facts.max_model_len if ctx is not None else None
     at_m = m is not None and len(spec.prompt) + n >= int(m)
     mode = "" if getattr(c, "streamed", True) else " (non-streamed)"
     if n > mt:

@@ -15,7 +15,7 @@ def check(ctx, spec, c, params) -> CheckResult:
     """Every ID of ``c.token_ids`` is in [0, V), V = ``params["vocab_size"]`` or else the
     ``vocab_size`` fact. Returns pass, fail (how many IDs are out of range, the first one and its
     position) or skip (V unknown, or the request failed). Never raises."""
-    v = params.get("vocab_size") or ctx.facts.get("vocab_size")
+    v = params.get("vocab_size") or ctx.facts.vocab_size
     if v is None:
         return CheckResult(name="vocab_range", status="skip", detail="vocabulary size unknown")
     if c.error is not None:

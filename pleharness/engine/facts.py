@@ -165,6 +165,12 @@ def _norm(name: str, value: Any) -> Any:
     return value
 
 
+def as_facts(facts: "EngineFacts | dict[str, Any]") -> "EngineFacts":
+    """``facts`` itself, or an :class:`EngineFacts` holding a plain dict of fact values (as the
+    length derivations and the tests pass them), so both have the typed reads."""
+    return facts if isinstance(facts, EngineFacts) else EngineFacts(values=dict(facts or {}))
+
+
 def query_len(facts) -> int | None:
     """q = 1 + k, the query length of one verify step (k = num_speculative_tokens; q = 1 without
     speculative decoding); ``facts``: an :class:`EngineFacts` or a dict of fact values.
@@ -177,12 +183,64 @@ def query_len(facts) -> int | None:
     return None if k is None else 1 + int(k)
 
 
+class _Fact:
+    """A typed read of one fact on :class:`EngineFacts`: ``facts.block_size`` is the resolved
+    value of ``block_size`` as ``kind`` (int, bool, str; None keeps the value as resolved, e.g.
+    an int or a list for ``sliding_window``), or None when unknown. The name must be one of
+    :data:`FACT_DOCS` (an unknown name is an AttributeError, never a silent None)."""
+
+    def __init__(self, kind=None):
+        self.kind = kind
+
+    def __set_name__(self, owner, name: str) -> None:
+        if name not in FACT_DOCS:
+            raise TypeError(f"{name} is not an engine fact (FACT_DOCS)")
+        self.name = name
+
+    def __get__(self, obj, owner=None):
+        if obj is None:
+            return self
+        v = obj.values.get(self.name)
+        if v is None or self.kind is None:
+            return v
+        if self.kind is list:
+            return sorted(int(x) for x in v)
+        return self.kind(v)
+
+
 @dataclass
 class EngineFacts:
     """Facts with all their observations. ``values[name]`` is the value used (None: unknown, or
     for :data:`NONE_MEANS_ABSENT` facts possibly "the engine has none": ``said_none[name]`` names
     that source); ``sources[name]`` names where it came from; ``conflicts`` lists disagreements (dicts with
-    ``fact``, ``used``, ``used_source``, ``other``, ``other_source``); ``warnings`` one line each."""
+    ``fact``, ``used``, ``used_source``, ``other``, ``other_source``); ``warnings`` one line each.
+
+    Typed reads (units in :data:`FACT_DOCS`; None when unknown): ``max_model_len`` (M),
+    ``vocab_size`` (V), ``block_size`` (B), ``max_num_batched_tokens`` (C),
+    ``num_speculative_tokens`` (k; :attr:`q` = 1 + k), ``max_num_seqs``,
+    ``kv_cache_size_tokens``, ``cudagraph_capture_sizes`` (S, ascending ints) and the others of
+    :data:`FACT_DOCS` below; :func:`as_facts` makes one of a plain dict of values."""
+
+    max_model_len = _Fact(int)
+    vocab_size = _Fact(int)
+    block_size = _Fact(int)
+    max_num_batched_tokens = _Fact(int)
+    num_speculative_tokens = _Fact(int)
+    speculative_method = _Fact(str)
+    max_num_seqs = _Fact(int)
+    prefix_caching = _Fact(bool)
+    sliding_window = _Fact()  # an int, or a list of distinct windows
+    attention_chunk_size = _Fact(int)
+    cudagraph_mode = _Fact(str)
+    cudagraph_capture_sizes = _Fact(list)
+    enforce_eager = _Fact(bool)
+    kv_cache_size_tokens = _Fact(int)
+    num_gpu_blocks = _Fact(int)
+    tensor_parallel_size = _Fact(int)
+    dtype = _Fact(str)
+    kv_cache_dtype = _Fact(str)
+    eos_token_id = _Fact()  # an int, or a list of ids
+    device_type = _Fact(str)
 
     values: dict[str, Any] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
@@ -230,6 +288,11 @@ class EngineFacts:
     def q(self) -> int:
         """q as the length derivations use it: ``query_len(self) or 1`` (see :func:`query_len`)."""
         return query_len(self) or 1
+
+    def vocab_or(self, default: int = 256) -> int:
+        """V for drawing random prompt IDs: ``vocab_size``, or ``default`` when unknown (random
+        IDs below 256 are valid IDs of every tokenizer the harness meets)."""
+        return self.vocab_size or default
 
     def to_dict(self) -> dict[str, Any]:
         """{fact: {"value", "source"[, "observed": [{"value", "source"}...]][, "conflict": True]}}

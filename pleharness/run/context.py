@@ -556,7 +556,7 @@ class RunContext:
         ph.engaged = evidence.phase_evidence(before, metrics.snapshot(self.client),
                                              [o.completion for o in outcomes],
                                              [len(o.spec.prompt) for o in outcomes],
-                                             self.facts.get("max_num_batched_tokens"))
+                                             self.facts.max_num_batched_tokens)
         if on_outcome is not None:
             for o in outcomes:
                 on_outcome(o)

@@ -21,6 +21,7 @@ from ..errors import UsageError
 from ..tomlfile import find_named, read_toml, validate
 
 if TYPE_CHECKING:  # pragma: no cover
+    from ..engine.facts import EngineFacts
     from ..manifest import Manifest
     from ..run.context import ScenarioContext
 
@@ -71,8 +72,9 @@ class Scenario(ABC):
         return {"name": self.name, "kind": self.kind, "source": self.source,
                 "description": self.description, "params": self.params.model_dump()}
 
-    def validate_against(self, facts: dict[str, Any]) -> None:  # noqa: B027 - optional hook
-        """Check parameters against engine facts (e.g. max_model_len) before any request.
+    def validate_against(self, facts: "EngineFacts") -> None:  # noqa: B027 - optional hook
+        """Check parameters against engine facts (e.g. ``facts.max_model_len``) before any
+        request (a plain dict of values is accepted too: ``as_facts(facts)`` reads it typed).
 
         Raises ScenarioError. Default: nothing to check.
         """

@@ -86,7 +86,7 @@ class Boundary(ChatScenario):
     def run(self, ctx: "ScenarioContext") -> None:
         p = self.params
         dropped: list = []
-        lengths, notes = boundary_lengths(ctx.facts.values, p.depth, p.controls,
+        lengths, notes = boundary_lengths(ctx.facts, p.depth, p.controls,
                                           max_prompt_len(ctx, p.max_tokens), p.extra_lengths,
                                           max_tokens=p.max_tokens, dropped=dropped)
         specs = [boundary_spec(ctx, p, bl.length, bl.why) for bl in lengths]
@@ -140,7 +140,7 @@ class Boundary(ChatScenario):
         ph.engaged = {**(ph.engaged or {}), "warm_runs": len(warm), "warm_runs_hit": hit,
                       "warm_runs_with_counters": len(known),
                       "warm_hit_tokens": sum(known) if known else None}
-        fact = ctx.facts.get("prefix_caching")
+        fact = ctx.facts.prefix_caching
         off = fact is False or str(fact).lower() == "false"
         if hit or not (known or off):
             return  # a hit, or no counters and no fact that says the cache is off: unknown
@@ -151,8 +151,8 @@ class Boundary(ChatScenario):
                                                         " (no prefix-cache counters either)"))
 
     def _table(self, ctx, lengths, specs, hits, dropped, cold_outs, warm_outs) -> None:
-        b = ctx.facts.get("block_size")
-        c = ctx.facts.get("max_num_batched_tokens")
+        b = ctx.facts.block_size
+        c = ctx.facts.max_num_batched_tokens
         by_key: dict[str, dict] = {}
         for phase, outs in (("boundary-cold", cold_outs), ("boundary-warm", warm_outs)):
             for o in outs:
@@ -192,7 +192,7 @@ class Boundary(ChatScenario):
                 cold=f"skipped: longer than M - max_tokens = {limit}", warm="skipped",
                 prefix_cache_hit_tokens=None, checks_failed=[],
                 facts=_fact_sources(ctx, bl.facts)))
-        for fam in skipped_families(ctx.facts.values):
+        for fam in skipped_families(ctx.facts):
             rows.append(BoundaryRow(
                 length=None, formula=fam["formula"], control=False, mod_C=None, mod_B=None,
                 cold=f"skipped: {fam['reason']}", warm="skipped", prefix_cache_hit_tokens=None,
@@ -203,7 +203,7 @@ class Boundary(ChatScenario):
         """prompt + max_tokens at M - 1, M, M + 1 and a prompt of exactly M (M: max_model_len)."""
 
         p = self.params
-        m = ctx.facts.get("max_model_len")
+        m = ctx.facts.max_model_len
         if not m:
             ctx.note("boundary_notes", "max_model_len edges skipped: max_model_len unknown")
             return

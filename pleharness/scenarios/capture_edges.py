@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import Field
 
-from ..engine.facts import query_len
+from ..engine.facts import as_facts, query_len
 from ..prompts import seeded_prompts
 from ..request import RequestSpec
 from .base import Params, Scenario, ScenarioError, register
@@ -55,10 +55,11 @@ class Level:
 
 def graphs_off_reason(facts: dict) -> str | None:
     """Why capture-size edges cannot be derived (None when they can)."""
-    if facts.get("enforce_eager") is True:
+    facts = as_facts(facts)
+    if facts.enforce_eager is True:
         return "enforce_eager: no CUDA graphs"
-    mode = facts.get("cudagraph_mode")
-    sizes = facts.get("cudagraph_capture_sizes")
+    mode = facts.cudagraph_mode
+    sizes = facts.cudagraph_capture_sizes
     if isinstance(mode, str) and mode.upper() == "NONE":
         return "cudagraph_mode NONE: no CUDA graphs"
     if sizes is None:
@@ -73,6 +74,7 @@ def concurrency_levels(facts: dict, max_concurrency: int = 1025, max_levels: int
     """(levels ascending, notes, skipped families). See the module docstring for the formulas.
 
     Skipped families are dicts with ``formula``, ``needs`` (fact names) and ``reason``."""
+    facts = as_facts(facts)
     q = query_len(facts) or 1
     found: dict[int, Level] = {}
     notes: list[str] = []
@@ -94,7 +96,7 @@ def concurrency_levels(facts: dict, max_concurrency: int = 1025, max_levels: int
         skipped.append({"formula": "capture-size edges (c = s, s + 1, S_max + 1)",
                         "needs": ["cudagraph_capture_sizes", "cudagraph_mode"], "reason": off})
     else:
-        sizes = sorted(int(s) for s in facts["cudagraph_capture_sizes"])
+        sizes = sorted(int(s) for s in facts.cudagraph_capture_sizes)
         smax = sizes[-1]
         used = ["cudagraph_capture_sizes"]
         if q == 1:
@@ -114,7 +116,7 @@ def concurrency_levels(facts: dict, max_concurrency: int = 1025, max_levels: int
                 add(lo + 1, f"c = floor(s/q) + 1 = {lo + 1} (c*q = {(lo + 1) * q} crosses {s}"
                     + (", decode falls out of the graphs)" if s == smax else ")"), used,
                     s == smax)
-    mns = facts.get("max_num_seqs")
+    mns = facts.max_num_seqs
     if mns:
         add(int(mns), f"c = max_num_seqs = {mns} (every request scheduled)", ["max_num_seqs"],
             True)
@@ -164,7 +166,8 @@ class CaptureEdges(Scenario):
 
     def validate_against(self, facts) -> None:
         """Raises ScenarioError when the longest prompt + max_tokens exceeds max_model_len."""
-        m = facts.get("max_model_len")
+        facts = as_facts(facts)
+        m = facts.max_model_len
         p = self.params
         if m is not None and p.prompts.max_len + p.max_tokens > int(m):
             raise ScenarioError(f"{self.source}: params.prompts.max_len + params.max_tokens "
@@ -174,10 +177,10 @@ class CaptureEdges(Scenario):
 
     def run(self, ctx: "ScenarioContext") -> None:
         p = self.params
-        facts = ctx.facts.values
+        facts = ctx.facts
         levels, notes, skipped = concurrency_levels(facts, p.max_concurrency, p.max_levels)
         q = ctx.facts.q
-        hi = p.prompts.id_high or int(facts.get("vocab_size") or 256)
+        hi = p.prompts.id_high or facts.vocab_or()
         prompts = seeded_prompts(p.prompts.seed, p.prompts.count, p.prompts.min_len,
                                  p.prompts.max_len, p.prompts.id_low, hi)
         rows: list[dict] = []

@@ -7,6 +7,8 @@ produced each (the distribution); more than one distinct output fails the phase 
 """
 from __future__ import annotations
 
+from ..engine.facts import as_facts
+
 from collections import Counter
 from typing import TYPE_CHECKING
 
@@ -43,7 +45,8 @@ class Determinism(Scenario):
 
     def validate_against(self, facts) -> None:
         """Raises ScenarioError when prompt_len + max_tokens exceeds max_model_len."""
-        m = facts.get("max_model_len")
+        facts = as_facts(facts)
+        m = facts.max_model_len
         if m is not None and self.params.prompt_len + self.params.max_tokens > int(m):
             raise ScenarioError(f"{self.source}: params.prompt_len + params.max_tokens = "
                                 f"{self.params.prompt_len + self.params.max_tokens} exceeds "
@@ -51,7 +54,7 @@ class Determinism(Scenario):
 
     def run(self, ctx: "ScenarioContext") -> None:
         p = self.params
-        vocab = int(ctx.facts.get("vocab_size") or 256)
+        vocab = ctx.facts.vocab_or()
         (prompt,) = seeded_prompts(p.seed, 1, p.prompt_len, p.prompt_len, 16, vocab)
         specs = [RequestSpec(prompt, p.max_tokens, compare=False) for _ in range(p.n)]
         outs = ctx.run_phase(f"identical-x{p.n}", p.n, specs)

@@ -33,6 +33,8 @@ so. Table ``tables.disconnects``: one row per request of the two load phases.
 """
 from __future__ import annotations
 
+from ..engine.facts import as_facts
+
 import random
 import time
 from typing import TYPE_CHECKING
@@ -100,18 +102,20 @@ class Disconnects(Scenario):
             ("prompt length:", "prompt_len"), ("result", "result"), ("tokens:", "tokens")])
 
     def _long_len(self, facts) -> int:
+        facts = as_facts(facts)
         p = self.params
         if p.long_prompt_len:
             return p.long_prompt_len
-        c = int(facts.get("max_num_batched_tokens") or 256)
-        b = int(facts.get("block_size") or 16)
-        m = facts.get("max_model_len")
+        c = (facts.max_num_batched_tokens or 256)
+        b = (facts.block_size or 16)
+        m = facts.max_model_len
         n = 2 * c + b // 2
         return min(n, int(m) - p.max_tokens) if m else n
 
     def validate_against(self, facts) -> None:
         """Raises ScenarioError when a prompt + max_tokens exceeds max_model_len."""
-        m = facts.get("max_model_len")
+        facts = as_facts(facts)
+        m = facts.max_model_len
         p = self.params
         if m is None:
             return
@@ -123,7 +127,7 @@ class Disconnects(Scenario):
     def run(self, ctx: "ScenarioContext") -> None:
         p = self.params
         facts = ctx.facts
-        m = facts.get("max_model_len")
+        m = facts.max_model_len
         neighbours, mid, long, sharers = self._prompts(facts)
         mt = p.max_tokens
         # the abandoned mid-decode run asks for more tokens, so that its stream is still going
@@ -173,10 +177,11 @@ class Disconnects(Scenario):
         prompts' blocks: the mid-decode one's first block, the long one's first prefill chunk
         (max_num_batched_tokens / block_size blocks; fewer when the prompt is shorter), skipped
         where it would not fit (max_model_len)."""
+        facts = as_facts(facts)
         p = self.params
-        vocab = int(facts.get("vocab_size") or 256)
-        b = int(facts.get("block_size") or 16)
-        m = facts.get("max_model_len")
+        vocab = facts.vocab_or()
+        b = (facts.block_size or 16)
+        m = facts.max_model_len
         rng = random.Random(p.seed)
 
         def prompt(key: str, n: int, head: tuple[int, ...] = ()) -> Prompt:
@@ -188,7 +193,7 @@ class Disconnects(Scenario):
         long = prompt("disc-prefill", self._long_len(facts))
         tail = max(2, b // 2 + 3)
         chunk_blocks = max(1, min(len(long) // b - 1,
-                                  int(facts.get("max_num_batched_tokens") or 256) // b))
+                                  (facts.max_num_batched_tokens or 256) // b))
         sharers: list[tuple[Prompt, str]] = []
         for src, blocks in ((mid, 1), (long, chunk_blocks)):
             n = blocks * b

@@ -64,7 +64,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
-from ..engine.facts import query_len
+from ..engine.facts import as_facts, query_len
 from ..prompts import Prompt, seeded_prompts
 from .base import Params, Scenario, ScenarioError, register
 from .shared.lengths import boundary_lengths
@@ -212,12 +212,13 @@ class Space:
 def concurrency_edges(facts: dict, cap: int) -> list[int]:
     """Ascending concurrency edges in [1, cap]: 1, 2, each capture size s and s + 1, the c around
     s / q (c * q crosses s with speculative decoding), max_num_seqs and cap."""
+    facts = as_facts(facts)
     q = query_len(facts) or 1
     out = {1, 2, cap}
-    mns = facts.get("max_num_seqs")
+    mns = facts.max_num_seqs
     if mns:
         out.add(int(mns))
-    for s in facts.get("cudagraph_capture_sizes") or []:
+    for s in facts.cudagraph_capture_sizes or []:
         s = int(s)
         out.update({s, s + 1})
         if q > 1:
@@ -229,8 +230,9 @@ def build_space(facts: dict, p: FuzzParams, probe: dict | None = None) -> Space:
     """The schedule space for ``facts`` (engine facts dict) and ``probe`` (the manifest's
     ``engine_probe`` section, or None). Raises ScenarioError when max_model_len leaves no room
     for a prompt."""
+    facts = as_facts(facts)
     q = query_len(facts) or 1
-    m = facts.get("max_model_len")
+    m = facts.max_model_len
     max_len = int(m) - p.max_tokens if m else 4096
     if max_len < 1:
         raise ScenarioError(f"fuzz: max_tokens {p.max_tokens} leaves no room for a prompt "
@@ -240,13 +242,13 @@ def build_space(facts: dict, p: FuzzParams, probe: dict | None = None) -> Space:
     if m and max_len not in {x for x, _ in lengths}:
         lengths.append((max_len, f"M - max_tokens = {m} - {p.max_tokens} (M edge)"))
     lengths.sort()
-    cap = min(p.max_concurrency, int(facts.get("max_num_seqs") or p.max_concurrency))
+    cap = min(p.max_concurrency, (facts.max_num_seqs or p.max_concurrency))
     ct = min(p.carrier_tokens, int(m) - 1) if m else p.carrier_tokens
     max_inserts = p.max_inserts if ct >= 2 else 0
     if not max_inserts and p.max_inserts:
         notes.append(f"inserts left out: max_model_len {m} leaves no room for a carrier decode")
     sampled, why = sampling_allowed(facts, p, probe)
-    if why and (not sampled or facts.get("num_speculative_tokens") != 0):
+    if why and (not sampled or facts.num_speculative_tokens != 0):
         notes.append(why)
     return Space(q=q, lengths=lengths, max_len=max_len,
                  concurrency_edges=concurrency_edges(facts, cap), max_concurrency=cap,
@@ -490,7 +492,7 @@ class Fuzz(Scenario):
                 p = self._builder.build(INSTRUCTION, r.length, key=f"fuzz-chat-len{r.length}",
                                         why=r.why)
             else:
-                vocab = int(ctx.facts.get("vocab_size") or 256)
+                vocab = ctx.facts.vocab_or()
                 h = int(hashlib.sha256(f"{r.length}/{r.seed}".encode()).hexdigest()[:8], 16)
                 (raw,) = seeded_prompts(h, 1, r.length, r.length, min(16, vocab - 1), vocab)
                 p = Prompt(key=f"fuzz-len{r.length}-s{r.seed}", ids=raw.ids, why=r.why)
@@ -715,7 +717,7 @@ class Fuzz(Scenario):
 
         p = self.params
         run_dir = Path(ctx.run_dir)
-        space = build_space(ctx.facts.values if hasattr(ctx.facts, "values") else ctx.facts, p,
+        space = build_space(ctx.facts, p,
                             ctx.engine_probe)
         self._prompts: dict[tuple, Prompt] = {}
         if p.chat:
@@ -885,7 +887,7 @@ class Fuzz(Scenario):
         tables added and ``summary`` updated. Returns the reproducer's path."""
         repro = run_dir / "repro.toml"
         last = self._last_failing(examples, minimal)
-        mml = ctx.facts.get("max_model_len")
+        mml = ctx.facts.max_model_len
         write_repro(self.specs(ctx, minimal), minimal, repro, ctx.run_id,
                     sent=last.get("insert_sent"), failed=last.get("failed"),
                     max_model_len=mml)

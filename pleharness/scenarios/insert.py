@@ -65,13 +65,13 @@ class Insert(ChatScenario):
         text = f"Count from 1 to {p.count_to}."
         tpl = b.template(text)
         n_decode = p.decode_tokens or 3 * p.count_to
-        m = ctx.facts.get("max_model_len")
+        m = ctx.facts.max_model_len
         if m is not None:
             n_decode = max(p.count_to, min(n_decode, int(m) - len(tpl) - 1))
         decode = RequestSpec(Prompt(key=f"count-to-{p.count_to}", ids=tuple(tpl), text=text),
                              n_decode, note="ongoing decode")
         decode.checks["counting"] = {"n": p.count_to}
-        lengths, notes = boundary_lengths(ctx.facts.values, p.depth, p.controls,
+        lengths, notes = boundary_lengths(ctx.facts, p.depth, p.controls,
                                           max_prompt_len(ctx, p.max_tokens), p.extra_lengths)
         inserts = [boundary_spec(ctx, p, bl.length, bl.why) for bl in lengths][: p.max_inserts]
         ctx.note("insert_notes", notes)

@@ -31,6 +31,8 @@ the formula, K, P, T, N, in-flight tokens, preemptions, matched / compared.
 """
 from __future__ import annotations
 
+from ..engine.facts import as_facts
+
 import math
 from typing import TYPE_CHECKING, Literal
 
@@ -50,13 +52,14 @@ def pressure_plan(facts: dict, prompt_len: int = 32, max_tokens: int | None = No
                   overcommit: float = 2.0, max_requests: int = 64) -> dict:
     """{"ok": True, n, prompt_len, max_tokens, capacity_tokens, in_flight_tokens, why, facts} or
     {"ok": False, reason, facts}. See the module docstring for the formulas."""
-    k = facts.get("kv_cache_size_tokens")
+    facts = as_facts(facts)
+    k = facts.kv_cache_size_tokens
     used = ["kv_cache_size_tokens", "max_model_len", "max_num_seqs"]
     if not k:
         return {"ok": False, "facts": used,
                 "reason": "kv_cache_size_tokens unknown (no /metrics cache_config_info)"}
     k = int(k)
-    m = int(facts.get("max_model_len") or k)
+    m = (facts.max_model_len or k)
     room = min(m, k) - 1
     p = prompt_len
     t = max_tokens or room - p
@@ -65,7 +68,7 @@ def pressure_plan(facts: dict, prompt_len: int = 32, max_tokens: int | None = No
                 "reason": f"prompt_len {p} + max_tokens {t} does not fit one request alone "
                           f"(min(M, K) - 1 = {room})"}
     n = max(2, math.ceil(overcommit * k / (p + t)))
-    limit = min(int(facts.get("max_num_seqs") or max_requests), max_requests)
+    limit = min((facts.max_num_seqs or max_requests), max_requests)
     if n > limit:
         return {"ok": False, "facts": used,
                 "reason": f"the KV cache ({k} tokens) needs {n} requests of {p + t} tokens in "
@@ -108,7 +111,7 @@ class KvPressure(Scenario):
 
     def run(self, ctx: "ScenarioContext") -> None:
         p = self.params
-        plan = pressure_plan(ctx.facts.values, p.prompt_len, p.max_tokens, p.overcommit,
+        plan = pressure_plan(ctx.facts, p.prompt_len, p.max_tokens, p.overcommit,
                              p.max_requests)
         facts = {n: f"{ctx.facts.get(n)} ({ctx.facts.sources.get(n, 'unknown')})"
                  for n in plan["facts"]}
@@ -116,7 +119,7 @@ class KvPressure(Scenario):
             ctx.set_table("kv_pressure", [{"result": f"skipped: {plan['reason']}",
                                            "facts": facts}])
             return
-        hi = int(ctx.facts.get("vocab_size") or 256)
+        hi = ctx.facts.vocab_or()
         prompts = seeded_prompts(p.seed, plan["n"], plan["prompt_len"], plan["prompt_len"], 16,
                                  hi)
         specs = [RequestSpec(pr, plan["max_tokens"], note=plan["why"]) for pr in prompts]

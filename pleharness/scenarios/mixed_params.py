@@ -28,6 +28,8 @@ differs from its prompt's default output, a warning when none does (nothing was 
 """
 from __future__ import annotations
 
+from ..engine.facts import as_facts
+
 from collections import Counter
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -111,18 +113,19 @@ class MixedParams(Scenario):
     def validate_against(self, facts) -> None:
         """Raises ScenarioError when max_len + max_tokens exceeds max_model_len, or when
         min_len > max_len."""
+        facts = as_facts(facts)
         p = self.params
         if p.min_len > p.max_len:
             raise ScenarioError(f"{self.source}: params.min_len {p.min_len} > params.max_len "
                                 f"{p.max_len}")
-        m = facts.get("max_model_len")
+        m = facts.max_model_len
         if m is not None and p.max_len + p.max_tokens > int(m):
             raise ScenarioError(f"{self.source}: params.max_len + params.max_tokens exceeds "
                                 f"max_model_len {m}")
 
     def run(self, ctx: "ScenarioContext") -> None:
         p = self.params
-        vocab = int(ctx.facts.get("vocab_size") or 256)
+        vocab = ctx.facts.vocab_or()
         prompts = seeded_prompts(p.seed, len(p.variants), p.min_len, p.max_len, 16, vocab)
         defaults = [RequestSpec(pr, p.max_tokens) for pr in prompts]
         ctx.take_references(defaults)
@@ -130,7 +133,7 @@ class MixedParams(Scenario):
         before = ctx.run_phase(f"mixed-before-c{c}", c, defaults)
         if not before:
             return  # reference pass only (collect-only)
-        k = int(ctx.facts.get("num_speculative_tokens") or 0)
+        k = (ctx.facts.num_speculative_tokens or 0)
         variants: list[RequestSpec | None] = []
         left: dict[int, str] = {}
         for n, (v, d, o) in enumerate(zip(p.variants, defaults, before)):

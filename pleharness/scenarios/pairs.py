@@ -18,7 +18,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-from ..engine.facts import query_len
+from ..engine.facts import as_facts, query_len
 from .base import register
 from .shared.chat import ChatParams, ChatScenario, boundary_spec, max_prompt_len
 
@@ -37,12 +37,13 @@ class PairsParams(ChatParams):
 def derive_pairs(facts: dict, max_len: int | None, extra: list[list[int]] | None = None
                  ) -> tuple[list[tuple[str, int, int]], list[str]]:
     """(label, L1, L2) pairs and notes on what was left out (see the module docstring)."""
+    facts = as_facts(facts)
     q = query_len(facts) or 1
-    unit = facts.get("max_num_batched_tokens") or facts.get("block_size")
+    unit = facts.max_num_batched_tokens or facts.block_size
     notes, out = [], []
     cand = []
     if unit:
-        u = "C" if facts.get("max_num_batched_tokens") else "B"
+        u = "C" if facts.max_num_batched_tokens else "B"
         cand += [(f"q-tail + q-tail ({u}+q, 2{u}+q)", unit + q, 2 * unit + q),
                  (f"q-tail + 2{u}-scale ({u}+q, 2{u})", unit + q, 2 * unit),
                  (f"q + long (q, 2{u}+q)", q, 2 * unit + q)]
@@ -77,7 +78,7 @@ class Pairs(ChatScenario):
 
     def run(self, ctx: "ScenarioContext") -> None:
         p = self.params
-        pairs, notes = derive_pairs(ctx.facts.values, max_prompt_len(ctx, p.max_tokens),
+        pairs, notes = derive_pairs(ctx.facts, max_prompt_len(ctx, p.max_tokens),
                                     p.extra_pairs)
         ctx.note("pairs_notes", notes)
         all_specs = [[boundary_spec(ctx, p, a, label), boundary_spec(ctx, p, b, label)]

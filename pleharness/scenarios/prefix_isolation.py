@@ -34,6 +34,8 @@ per near duplicate.
 """
 from __future__ import annotations
 
+from ..engine.facts import as_facts
+
 import random
 from typing import TYPE_CHECKING
 
@@ -116,7 +118,8 @@ class PrefixIsolation(Scenario):
     def validate_against(self, facts) -> None:
         """Raises ScenarioError for an offset >= B, a prompt too short for its blocks, or a prompt
         + max_tokens over max_model_len."""
-        b, m = facts.get("block_size"), facts.get("max_model_len")
+        facts = as_facts(facts)
+        b, m = facts.block_size, facts.max_model_len
         if not b:
             return
         n, _ = self._lengths(int(b))
@@ -126,7 +129,7 @@ class PrefixIsolation(Scenario):
 
     def run(self, ctx: "ScenarioContext") -> None:
         p = self.params
-        b = ctx.facts.get("block_size")
+        b = ctx.facts.block_size
         if not b:
             ctx.note("prefix_isolation_notes", "prefix_isolation skipped: block size B unknown "
                      "(attach with --block-size)")
@@ -169,7 +172,7 @@ class PrefixIsolation(Scenario):
         position of :meth:`_lengths` (block size ``b``)."""
         p = self.params
         n, positions = self._lengths(b)
-        vocab = int(ctx.facts.get("vocab_size") or 256)
+        vocab = ctx.facts.vocab_or()
         rng = random.Random(p.seed)
         orig_ids = [rng.randrange(16, vocab) for _ in range(n)]
         original = Prompt(key=f"iso-original-len{n}", ids=tuple(orig_ids))

@@ -41,6 +41,8 @@ run)``). The replay says for each whether it failed again (table ``replay_failed
 """
 from __future__ import annotations
 
+from ..engine.facts import as_facts
+
 from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, model_validator
@@ -165,7 +167,8 @@ class Replay(Scenario):
     def validate_against(self, facts) -> None:
         """Raises ScenarioError naming ``params.phases[i].requests[j]`` when a request does
         not fit in max_model_len or a prompt ID is outside [0, V)."""
-        m, v = facts.get("max_model_len"), facts.get("vocab_size")
+        facts = as_facts(facts)
+        m, v = facts.max_model_len, facts.vocab_size
         for i, ph in enumerate(self.params.phases):
             for j, r in enumerate(ph.requests):
                 where = f"{self.source}: params.phases[{i}].requests[{j}]"

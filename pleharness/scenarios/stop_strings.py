@@ -29,6 +29,8 @@ engine where none did (the case was not exercised); skip on an engine with k = 0
 """
 from __future__ import annotations
 
+from ..engine.facts import as_facts
+
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -145,7 +147,8 @@ class StopStrings(Scenario):
 
     def validate_against(self, facts) -> None:
         """Raises ScenarioError when max_tokens leaves no room for a prompt in max_model_len."""
-        m = facts.get("max_model_len")
+        facts = as_facts(facts)
+        m = facts.max_model_len
         if m is not None and self.params.max_tokens + 64 > int(m):
             raise ScenarioError(f"{self.source}: params.max_tokens {self.params.max_tokens} "
                                 f"leaves no room for a prompt: max_model_len is {m}")
@@ -161,7 +164,7 @@ class StopStrings(Scenario):
                             why="the count in the prompt: drafts of several tokens are accepted")
             plain.append(RequestSpec(prompt, p.max_tokens, keep_chunks=True,
                                      checks={name: {} for name in DEFAULT_CHECKS}))
-        k = int(ctx.facts.get("num_speculative_tokens") or 0)
+        k = (ctx.facts.num_speculative_tokens or 0)
         ctx.take_references(plain)
         solo = ctx.run_phase("stop-plain-solo", 1, plain, counts_for_throughput=False)
         if not solo:

@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import Field, field_validator, model_validator
 
-from ..engine.facts import query_len
+from ..engine.facts import as_facts, query_len
 from ..prompts import Prompt, seeded_prompts
 from ..request import RequestSpec
 from .base import Params, Scenario, ScenarioError, register
@@ -118,10 +118,11 @@ class Transitions(Scenario):
     Params = TransitionsParams
 
     def _id_high(self, facts) -> int:
+        facts = as_facts(facts)
         p = self.params.prompts
         if p.id_high is not None:
             return p.id_high
-        v = facts.get("vocab_size")
+        v = facts.vocab_size
         if v is None:
             raise ScenarioError(f"{self.source}: params.prompts.id_high is needed: the vocabulary "
                                 "size of the engine is unknown")
@@ -130,8 +131,9 @@ class Transitions(Scenario):
     def validate_against(self, facts) -> None:
         """Raises ScenarioError when the longest prompt + max_tokens (+ q - 1 for the residues)
         exceeds max_model_len, or prompt IDs would reach past the vocabulary."""
+        facts = as_facts(facts)
         p = self.params
-        m = facts.get("max_model_len")
+        m = facts.max_model_len
         extra = (self._q(facts) or 1) - 1 if p.max_tokens_residues else 0
         if m is not None and p.prompts.max_len + p.max_tokens + extra > m:
             raise ScenarioError(
@@ -140,7 +142,7 @@ class Transitions(Scenario):
                                                          "residues mod q)" if extra else "")
                 + f" exceeds max_model_len {m}")
         hi = self._id_high(facts)
-        v = facts.get("vocab_size")
+        v = facts.vocab_size
         if v is not None and hi > v:
             raise ScenarioError(f"{self.source}: params.prompts.id_high {hi} exceeds the "
                                 f"vocabulary size {v}")

@@ -1,6 +1,8 @@
 """Exact-length chat prompts shared by the boundary, pairs, insert and fuzz scenario kinds."""
 from __future__ import annotations
 
+from ...engine.facts import as_facts
+
 import re
 from typing import TYPE_CHECKING, Annotated
 
@@ -43,7 +45,8 @@ class ChatScenario(Scenario):
     def validate_against(self, facts) -> None:
         """Raises ScenarioError when max_tokens (or count_to) leaves no room for a prompt in
         max_model_len."""
-        m = facts.get("max_model_len")
+        facts = as_facts(facts)
+        m = facts.max_model_len
         mt = max([self.params.max_tokens] + [getattr(self.params, "count_to", 0)])
         if m is not None and mt >= int(m):
             raise ScenarioError(f"{self.source}: params.max_tokens (or count_to) {mt} leaves no "
@@ -77,7 +80,7 @@ def boundary_spec(ctx: "ScenarioContext", p: ChatParams, length: int, why: str,
             raise ScenarioError(f"params.tail / params.instruction: {exc}") from None
         checks["expected_text"] = {"regex": p.expected_regex}
     else:
-        vocab = int(ctx.facts.get("vocab_size") or 256)
+        vocab = ctx.facts.vocab_or()
         (raw,) = seeded_prompts(length, 1, length, length, 16, vocab)
         prompt = Prompt(key=f"raw-len{length}", ids=raw.ids,
                         why=why + " (shorter than the chat template: random token IDs)")
@@ -87,5 +90,5 @@ def boundary_spec(ctx: "ScenarioContext", p: ChatParams, length: int, why: str,
 def max_prompt_len(ctx: "ScenarioContext", max_tokens: int) -> int | None:
     """The longest prompt (tokens) that leaves ``max_tokens`` in max_model_len; None when M is
     unknown."""
-    m = ctx.facts.get("max_model_len")
+    m = ctx.facts.max_model_len
     return None if m is None else int(m) - max_tokens

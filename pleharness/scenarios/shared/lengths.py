@@ -17,6 +17,8 @@ outside [1, max_len] are dropped (and said so). Every length records the facts i
 """
 from __future__ import annotations
 
+from ...engine.facts import as_facts
+
 from dataclasses import dataclass, field
 
 
@@ -37,7 +39,8 @@ class BoundaryLength:
 
 
 def _windows(facts: dict) -> list[int]:
-    w = facts.get("sliding_window")
+    facts = as_facts(facts)
+    w = facts.sliding_window
     if isinstance(w, (list, tuple)):
         return sorted({int(x) for x in w if x})
     return [int(w)] if w else []
@@ -48,7 +51,8 @@ def alignment_unit(facts: dict) -> tuple[int | None, str | None]:
 
     Sources: ``cache_hit_alignment_tokens``, then ``effective_attention_block_size``, then
     ``mamba_block_size`` (vLLM 0.32 /metrics ``vllm:cache_config_info``)."""
-    b = facts.get("block_size")
+    facts = as_facts(facts)
+    b = facts.block_size
     for name in ("cache_hit_alignment_tokens", "effective_attention_block_size",
                  "mamba_block_size"):
         a = facts.get(name)
@@ -60,12 +64,13 @@ def alignment_unit(facts: dict) -> tuple[int | None, str | None]:
 def skipped_families(facts: dict) -> list[dict]:
     """The length families that cannot be derived, one dict each: ``formula``, ``needs`` (fact
     names) and ``reason``. The boundary scenario shows them as table rows."""
+    facts = as_facts(facts)
     out = []
-    if not facts.get("block_size"):
+    if not facts.block_size:
         out.append({"formula": "n*B + q", "needs": ["block_size"],
                     "reason": "block size unknown (no /metrics cache_config_info, no "
                               "--block-size)"})
-    if not facts.get("max_num_batched_tokens"):
+    if not facts.max_num_batched_tokens:
         out.append({"formula": "n*C + q", "needs": ["max_num_batched_tokens"],
                     "reason": "max_num_batched_tokens unknown (no engine log or /server_info, "
                               "no --chunk-size)"})
@@ -90,10 +95,11 @@ def boundary_lengths(facts: dict, depth: int, controls: bool = True, max_len: in
         dropped: when given, the lengths left out for being longer than ``max_len`` are appended
             to it (the boundary scenario shows them as rows).
     """
-    k = int(facts.get("num_speculative_tokens") or 0)
+    facts = as_facts(facts)
+    k = (facts.num_speculative_tokens or 0)
     q = 1 + k
-    b = facts.get("block_size")
-    c = facts.get("max_num_batched_tokens")
+    b = facts.block_size
+    c = facts.max_num_batched_tokens
     notes: list[str] = []
     found: dict[int, BoundaryLength] = {}
     k_fact = ["num_speculative_tokens"]
@@ -132,8 +138,8 @@ def boundary_lengths(facts: dict, depth: int, controls: bool = True, max_len: in
             derived(n * a + q, f"n*A + q = {n}*{a} + {q} (A = {a_name})", [a_name] + k_fact)
     for label, name, values in (("W", "sliding_window", _windows(facts)),
                                 ("K", "attention_chunk_size",
-                                 [int(facts["attention_chunk_size"])]
-                                 if facts.get("attention_chunk_size") else [])):
+                                 [int(facts.attention_chunk_size)]
+                                 if facts.attention_chunk_size else [])):
         for w in values:
             add(w - 1, f"{label} - 1 = {w - 1} (fits the window)", False, [name])
             add(w, f"{label} = {w} (fills the window)", False, [name])
