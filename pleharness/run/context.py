@@ -307,33 +307,9 @@ class RunContext:
         return self.client.metrics_text()
 
     def reset_prefix_cache(self, attempts: int = 20, wait_s: float = 0.5) -> str | None:
-        """``POST /reset_prefix_cache``: empty the engine's prefix cache, so that the next
-        requests run on a fresh cache. vLLM serves it only with ``VLLM_SERVER_DEV_MODE=1`` (set
-        on the engines the harness launches on a loopback address) and answers ``{"success":
-        false}`` while blocks are still held (e.g. by a request being aborted): then it is asked
-        again, up to ``attempts`` times ``wait_s`` seconds apart. Returns None once the engine
-        reset its cache, else why not (e.g. ``"/reset_prefix_cache answered 404: ..."``); never
-        raises."""
-        import requests
-        why = "not tried"
-        for i in range(max(1, attempts)):
-            try:
-                r = self.client.session.post(self.client.base_url + "/reset_prefix_cache",
-                                             timeout=30)
-            except requests.RequestException as exc:
-                return f"/reset_prefix_cache failed: {exc.__class__.__name__}: {exc}"[:300]
-            if r.status_code != 200:
-                return f"/reset_prefix_cache answered {r.status_code}: {r.text[:160]}"
-            try:
-                ok = r.json().get("success", True) is not False
-            except (ValueError, AttributeError):
-                ok = True  # an older vLLM answers 200 with no body
-            if ok:
-                return None
-            why = (f"/reset_prefix_cache answered success=false {i + 1} times (blocks still "
-                   "held)")
-            time.sleep(wait_s)
-        return why
+        """Empty the engine's prefix cache (:meth:`EngineClient.reset_prefix_cache`): None once
+        it did, else why not; never raises."""
+        return self.client.reset_prefix_cache(attempts, wait_s)
 
     def detokenize(self, ids: Sequence[int]) -> str:
         """The engine's text of token IDs ``ids`` (POST /detokenize; special tokens such as EOS
