@@ -53,7 +53,6 @@ import os
 import re
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -536,9 +535,10 @@ class _Replayer:
         refs = [self._solo(ids, mt) for ids, mt in reqs]
         seen = []
         for t in range(1, tries + 1):
-            with ThreadPoolExecutor(max_workers=conc) as pool:
-                outs = list(pool.map(lambda r: self.client.complete(
-                    r[0], r[1], logprobs=self.logprobs), reqs))
+            async def one(r, cl=self.client, lp=self.logprobs):
+                return await cl.acomplete(r[0], r[1], logprobs=lp)
+            # the client's batch path: exactly ``conc`` in flight on its event loop
+            outs = self.client.run_batch(reqs, conc, one).wait()
             for (ids, _), (ref, ref_margins), c in zip(reqs, refs, outs):
                 if c.error is not None:
                     continue
