@@ -509,19 +509,8 @@ class EngineClient:
                          token_logprobs=[] if logprobs is not None else None, streamed=stream,
                          chunks=[] if keep_chunks else None)
         a = _Active()
-        a.task = asyncio.get_running_loop().create_task(
-            self._stream(body, out, a, on_token, abandon_after_tokens) if stream
-            else self._plain(body, out, a, on_token))
-        self._watch(a)
-        try:
-            await a.task
-        except asyncio.CancelledError:
-            me = asyncio.current_task()
-            if a.reason is None or (me is not None and me.cancelling()):
-                a.task.cancel()  # the caller was cancelled (not only this request cut off)
-                raise
-        finally:
-            self._unwatch(a)
+        await self._watched(a, self._stream(body, out, a, on_token, abandon_after_tokens)
+                            if stream else self._plain(body, out, a, on_token))
         if a.reason is not None:  # cut off by the monitor (timeout) or by abort_all
             out.error, out.error_detail = a.reason
         out.latency_s = time.monotonic() - a.t0
@@ -558,18 +547,7 @@ class EngineClient:
             many.append((Completion(logprobs=[] if logprobs is not None else None,
                                     token_logprobs=[] if logprobs is not None else None),
                          part, []))
-        a.task = asyncio.get_running_loop().create_task(
-            self._stream(body, agg, a, None, many=many))
-        self._watch(a)
-        try:
-            await a.task
-        except asyncio.CancelledError:
-            me = asyncio.current_task()
-            if a.reason is None or (me is not None and me.cancelling()):
-                a.task.cancel()
-                raise
-        finally:
-            self._unwatch(a)
+        await self._watched(a, self._stream(body, agg, a, None, many=many))
         if a.reason is not None:
             agg.error, agg.error_detail = a.reason
         end = time.monotonic() - a.t0
@@ -586,6 +564,22 @@ class EngineClient:
                 out.latency_s = end
             outs.append(out)
         return outs
+
+    async def _watched(self, a: _Active, coro) -> None:
+        """Run request ``coro`` as ``a``'s task, watched by the monitor (timeouts, abort_all):
+        a cut-off request returns with ``a.reason`` set; CancelledError only when the caller's
+        own task is cancelled (the request's task is cancelled with it)."""
+        a.task = asyncio.get_running_loop().create_task(coro)
+        self._watch(a)
+        try:
+            await a.task
+        except asyncio.CancelledError:
+            me = asyncio.current_task()
+            if a.reason is None or (me is not None and me.cancelling()):
+                a.task.cancel()  # the caller was cancelled (not only this request cut off)
+                raise
+        finally:
+            self._unwatch(a)
 
     def _body(self, prompt: list, max_tokens: int, *, temperature: float, ignore_eos: bool,
               logprobs: int | None, seed: int | None, stream: bool,
