@@ -7,7 +7,10 @@ For a behaviour-preserving change (a refactor): run the same command before and 
 compare. Left out: timings (``*_s``, ``*_at``, throughput, ``tok_per_s``), run ids and paths
 (``run_id``, ``invocation``, ``url``, ``command``, ``launch.python``, the checkout's folder
 in paths), the harness's git commit,
-the engine's port, and the environment block except GPU facts. Everything else (statuses,
+the engine's port, the environment block except GPU facts, and what is random by design: the
+output hashes of unseeded sampled requests (temperature > 0, no seed) and the two-sample
+statistics of kind ``sampled`` (its table and its ``sampled_distribution`` phase checks' details;
+their statuses are compared). Everything else (statuses,
 verdicts, phases, requests' token hashes and checks, references, facts, tables, summary counts)
 must be equal. A schema-2 manifest's records are read from its JSON Lines file (``requests_file``,
 the first ``requests_count`` lines) and compared as ``requests`` like a schema-1 manifest's inline
@@ -37,6 +40,8 @@ IGNORED = [
     # the engine probe draws its prompts from a fresh seed each run (engine_probe.prompt_seed):
     # its prompts and their hashes differ by design; its verdicts (the properties) are compared
     r"engine_probe\.prompt_seed", r"engine_probe\.evidence(\..*)?",
+    # the two-sample statistics of unseeded samples (kind sampled): random by design
+    r"tables\.sampled_distribution\.\d+\.(statistic|p_value|detail)",
 ]
 _IGNORED = re.compile("|".join(f"(?:{p})" for p in IGNORED))
 _VOLATILE_TEXT = re.compile(r"/\S*?/(?=(pleharness|scenarios|profiles)/)"
@@ -78,9 +83,17 @@ def diff(a: Any, b: Any, path: str = "") -> list[str]:
     return []
 
 
+def _unseeded_sample(record: Any) -> bool:
+    """A sampled request without a seed (temperature > 0): its output is random by design, so
+    its ``output_hash`` is left out (its checks and status are still compared)."""
+    return isinstance(record, dict) and (record.get("temperature") or 0) > 0 \
+        and record.get("seed") is None
+
+
 def load(path: str) -> dict:
-    """A manifest as JSON, its records inline (``requests``) whatever the schema version.
-    Raises OSError / ValueError for an unreadable file."""
+    """A manifest as JSON, its records inline (``requests``) whatever the schema version, the
+    output hashes of unseeded samples left out. Raises OSError / ValueError for an unreadable
+    file."""
     data = json.loads(Path(path).read_text())
     name = data.pop("requests_file", None)
     count = data.pop("requests_count", None)
@@ -88,6 +101,13 @@ def load(path: str) -> dict:
     if name:
         lines = (Path(path).parent / name).read_text().splitlines()
         data["requests"] = [json.loads(x) for x in lines[:count]]
+    for r in data.get("requests") or []:
+        if _unseeded_sample(r):
+            r.pop("output_hash", None)
+    for ph in data.get("phases") or []:  # the same two-sample statistics, as phase checks
+        for c in ph.get("checks") or []:
+            if c.get("name") == "sampled_distribution":
+                c.pop("detail", None)
     return data
 
 

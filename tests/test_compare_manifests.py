@@ -71,3 +71,17 @@ def test_probe_prompts_insert_positions_and_log_folders_are_left_out_not_the_pro
     assert cm.diff(m(1, 24, "/work/baseline/x"), m(2, 31, "/tmp/r1-after/after")) == []
     out = cm.diff(m(1, 24, "/a"), m(2, 24, "/a", reproduce=False))
     assert out == ["engine_probe.seeded_samples_reproduce: True -> False"], out
+
+
+def test_unseeded_samples_outputs_are_random_by_design(tmp_path):
+    import json
+    for seed, want in ((None, 0), (7, 1)):  # a seeded sample's hash is still compared
+        paths = []
+        for name, h in (("a", "aa"), ("b", "bb")):
+            m = manifest("x", hash_=h)
+            m["requests"][0].update(temperature=1.0, seed=seed)
+            m["phases"][0]["checks"] = [{"name": "sampled_distribution", "status": "pass",
+                                         "detail": f"p = 0.{h}"}]
+            (tmp_path / f"{name}.json").write_text(json.dumps(m))
+            paths.append(str(tmp_path / f"{name}.json"))
+        assert len(cm.diff(*(cm.load(p) for p in paths))) == want
