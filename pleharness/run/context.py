@@ -68,8 +68,8 @@ class ScenarioContext:
     :meth:`RunContext.issue`, :meth:`RunContext.prompt_builder`, :meth:`RunContext.note`,
     :meth:`RunContext.add_table`, :meth:`RunContext.set_table`,
     :meth:`RunContext.add_planned_phases`, :meth:`RunContext.mark`, :meth:`RunContext.since`,
-    :meth:`RunContext.detokenize`, :meth:`RunContext.last_phase`, :meth:`RunContext.reference`,
-    :meth:`RunContext.engine_metrics_text`, :meth:`RunContext.reset_prefix_cache`.
+    :meth:`RunContext.detokenize`, :meth:`RunContext.reference`,
+    :meth:`RunContext.reset_prefix_cache`.
     """
 
     __slots__ = ("_run",)
@@ -77,8 +77,8 @@ class ScenarioContext:
             "reference_cache_state", "engine_probe", "run_dir", "run_id", "scenario_name",
             "phase_prefix", "run_phase", "take_references", "keep_warm_references",
             "add_phase_check", "issue", "prompt_builder", "note", "add_table", "set_table",
-            "add_planned_phases", "mark", "since", "detokenize", "last_phase", "reference",
-            "engine_metrics_text", "reset_prefix_cache")
+            "add_planned_phases", "mark", "since", "detokenize", "reference",
+            "reset_prefix_cache")
 
     def __init__(self, run: "RunContext"):
         self._run = run
@@ -288,23 +288,10 @@ class RunContext:
         return self._prompt_builders[key]
 
     # -- engine endpoints for scenarios (issue 26: disconnects, prefix-cache isolation) -----------
-    def last_phase(self) -> PhaseRecord:
-        """The record of the phase the last :meth:`run_phase` (or :meth:`take_references`) call
-        wrote: for :meth:`add_phase_check` and its ``engaged`` counters (e.g.
-        ``engaged["prefix_cache"]["hit_tokens"]``). Raises LookupError before any phase."""
-        if not self.manifest.phases:
-            raise LookupError("no phase recorded yet")
-        return self.manifest.phases[-1]
-
     def reference(self, spec: RequestSpec) -> ReferenceRecord | None:
         """The single-request reference ``spec`` is compared with (its ``output_ids``, per-position
         top-1/top-2 ``margins``, ``cache_state``, ...), or None when there is none yet."""
         return self.references.get(spec.ref_key)
-
-    def engine_metrics_text(self) -> str | None:
-        """The engine's Prometheus ``/metrics`` text (parse it with
-        :mod:`pleharness.engine.metrics`), or None when the engine does not serve it."""
-        return self.client.metrics_text()
 
     def reset_prefix_cache(self, attempts: int = 20, wait_s: float = 0.5) -> str | None:
         """Empty the engine's prefix cache (:meth:`EngineClient.reset_prefix_cache`): None once

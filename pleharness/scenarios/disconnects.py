@@ -149,19 +149,19 @@ class Disconnects(Scenario):
                         abandon_after_tokens=0, note="abandoned before the first token")]
         streamed: dict[str, list[int]] = {}
 
-        before = ctx.engine_metrics_text()
+        before = ctx.client.metrics_text()
         outs = ctx.run_phase("disconnect", len(specs), specs,
                              on_outcome=lambda o: _disconnect_check(o, streamed))
         if not outs:
             return  # references only (a reference engine)
-        ph = ctx.last_phase()
+        ph = outs.phase
         ctx.add_phase_check(ph, fresh)
         ctx.add_phase_check(ph, self._settle(ctx, before, outs))
 
         fspecs = [s for s, _ in follow]
         after = ctx.run_phase("after-disconnect", min(4, len(fspecs)), fspecs,
                               on_outcome=lambda o: _prefix_check(o, streamed, abandon))
-        ph2 = ctx.last_phase()
+        ph2 = after.phase
         ctx.add_phase_check(ph2, _reuse_check(ctx, ph2))
         roles = {x.hash: "neighbour" for x in neighbours}
         roles[mid.hash] = "abandoned mid-decode"
@@ -208,7 +208,7 @@ class Disconnects(Scenario):
         block in use; the check names what did not return to 0."""
         deadline = time.monotonic() + self.params.settle_s
         while True:
-            text = ctx.engine_metrics_text()
+            text = ctx.client.metrics_text()
             vals = {n: metrics.gauge(text, n) for n in (metrics.RUNNING, metrics.WAITING,
                                                         KV_USAGE)}
             busy = {n: v for n, v in vals.items() if v}

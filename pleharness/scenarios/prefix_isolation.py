@@ -143,14 +143,14 @@ class PrefixIsolation(Scenario):
         orig_out = ctx.run_phase("isolation-original", 1, [orig_spec])
         if not orig_out:
             return  # references only (a reference engine)
-        ph0 = ctx.last_phase()
+        ph0 = orig_out.phase
         ctx.add_phase_check(ph0, fresh)
         oc = orig_out[0].completion
         orig_sig = _signature(oc.token_ids, margins(oc.logprobs)) if oc.error is None else None
         telling: dict[str, bool | None] = {}
         outs = ctx.run_phase("isolation-near-duplicates", 1, dup_specs,
                              on_outcome=lambda o: _isolation_check(ctx, o, orig_sig, telling))
-        ph = ctx.last_phase()
+        ph = outs.phase
         ctx.add_phase_check(ph, _tested_check(ctx, ph, dups, b, telling, len(outs)))
         rows = []
         for (d, pos), o in zip(dups, outs):

@@ -326,9 +326,10 @@ class Sampled(ChatScenario):
                 if j % 2 == 1:  # both deliveries: the checks run on streamed and JSON answers
                     s.stream = False
             # not in the throughput figures: short mixed requests, not a decode benchmark
-            if ctx.run_phase(f"sampled-s{i + 1}-C{c}", c, specs, counts_for_throughput=False,
-                             on_outcome=collect("load")):
-                last = ctx.last_phase()
+            outs = ctx.run_phase(f"sampled-s{i + 1}-C{c}", c, specs,
+                                 counts_for_throughput=False, on_outcome=collect("load"))
+            if outs:
+                last = outs.phase
         if last is None:  # no load phase ran (a reference engine's pass takes references only)
             return
         self._judge(ctx, last, dist, samples, matches)
