@@ -53,6 +53,7 @@ manifest's ``engine_probe`` section.
 """
 from __future__ import annotations
 
+import random
 import secrets
 from dataclasses import replace
 import time
@@ -60,7 +61,7 @@ from typing import Any
 
 from .divergence import first_divergence
 from .parity import token_hash
-from .prompts import seeded_prompts
+from .prompts import Prompt, seeded_prompts
 from .request import RequestSpec
 
 SEEDED_PROMPTS = 12  # most one-token prompts (each with its own seed) sent as solo pairs
@@ -126,6 +127,16 @@ def run_probe(ctx, prompt_seed: int | None = None) -> dict[str, Any]:
     return probe
 
 
+def distinct_one_token_prompts(seed: int, count: int, lo: int, v: int) -> list[Prompt]:
+    """``count`` one-token prompts with DISTINCT token IDs drawn from [lo, v) by
+    ``random.Random(seed)`` (fewer when the range is smaller). Distinct, so no two probe prompts
+    share a reference key: a repeated prompt once made a fault double that counts a prompt's
+    runs fire on the probe's own requests (nightly test, fresh clone, 2026-12-02: ID 452 drawn
+    twice out of 793)."""
+    ids = random.Random(seed).sample(range(lo, v), min(count, v - lo))
+    return [Prompt(key=f"p{i}-len1", ids=(t,)) for i, t in enumerate(ids)]
+
+
 def _seeded_alone(ctx, seed: int, lo: int, v: int):
     """The seeded samples alone: SEEDED_PROMPTS one-token prompts (token IDs in [lo, v)), each
     sent REPEATS times, one at a time, with its own seed; stops at the first request error or
@@ -134,7 +145,7 @@ def _seeded_alone(ctx, seed: int, lo: int, v: int):
     n_req = 0
     seeded_ev, seeded_ok, seeded_err = [], True, None
     solo: list[tuple[RequestSpec, list[list[int]]]] = []  # per seeded prompt: spec, outputs
-    for i, pr in enumerate(seeded_prompts(seed, SEEDED_PROMPTS, 1, 1, lo, v)):
+    for i, pr in enumerate(distinct_one_token_prompts(seed, SEEDED_PROMPTS, lo, v)):
         spec = RequestSpec(pr, MAX_TOKENS, compare=False, checks={}, temperature=TEMPERATURE,
                            seed=seed + i)
         runs = []

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Run the whole test suite (sets up first; nothing is skipped on CI). Extra arguments go to pytest.
+# Run the whole test suite (sets up first; no marker is deselected: only the GPU tests skip
+# themselves on a machine without a GPU). Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

@@ -228,3 +228,14 @@ def test_a_probe_that_measured_seeds_alone_only_does_not_send_them_with_spec_dec
            "evidence": {"seeded_samples": {"prompts": [{"first_divergence": None}] * 12}}}
     assert seeded_samples_decision(old, q=4)[0] is False
     assert seeded_samples_decision(old, q=1)[0] is True
+
+
+def test_probe_prompts_are_distinct():
+    """The seeded probe's one-token prompts never repeat an ID (a repeated one shared a
+    reference key and let a fault double counting a prompt's runs fire on the probe itself:
+    the nightly test's flake, 2026-12-02), for every seed, also when the range is tight."""
+    from pleharness.engine_probe import distinct_one_token_prompts
+    for seed in range(300):
+        ids = [p.ids[0] for p in distinct_one_token_prompts(seed, 12, 16, 793)]
+        assert len(ids) == len(set(ids)) == 12 and all(16 <= i < 793 for i in ids)
+    assert sorted(p.ids[0] for p in distinct_one_token_prompts(1, 12, 16, 20)) == [16, 17, 18, 19]
