@@ -570,14 +570,16 @@ class RunContext:
         spec's prompt in one request. Raises UsageError for specs that cannot share one."""
         args = [self._request_args(s) for s in specs]
         first = {k: v for k, v in args[0].items() if k != "prompt_ids"} if args else {}
-        why = ("a custom issue function" if issue is not None else
-               f"concurrency {concurrency} != {len(specs)} requests"
-               if concurrency != len(specs) else
-               "requests differ in more than their prompts"
-               if any({k: v for k, v in a.items() if k != "prompt_ids"} != first for a in args)
-               else "not streamed, abandoned or keep_chunks"
-               if first and (not first["stream"] or first["abandon_after_tokens"] is not None
-                             or first["keep_chunks"]) else None)
+        why = None
+        if issue is not None:
+            why = "a custom issue function"
+        elif concurrency != len(specs):
+            why = f"concurrency {concurrency} != {len(specs)} requests"
+        elif any({k: v for k, v in a.items() if k != "prompt_ids"} != first for a in args):
+            why = "requests differ in more than their prompts"
+        elif first and (not first["stream"] or first["abandon_after_tokens"] is not None
+                        or first["keep_chunks"]):
+            why = "not streamed, abandoned or keep_chunks"
         if why:
             raise UsageError(f"phase {name}: requests sent together in one "
                              f"request: {why}")
