@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 
-from .divergence import is_half_precision
+from .divergence import is_half_precision, settle
 from .engine.session import flag_name
 from .manifest import ControlEvidence, Manifest, RequestRecord
 
@@ -102,15 +102,10 @@ def attribute(main: Manifest, control: Manifest) -> dict[str, int]:
             twins=len(ts), twins_diverged=len(diverged), same_output=bool(same),
             twin_first_divergences=sorted({t.first_divergence for t in diverged
                                            if t.first_divergence is not None}))
-        if cls == "also_in_control" and not d.checks_failed:
-            d.fails = False
-        if (cls == "also_in_control" and d.cls == "hard" and d.classified_by == "golden"
-                and is_half_precision(main.run_options.serving_dtype)):
-            # issue 24: on half precision a control twin that reproduces the divergence is what
-            # the dtype gives (an expert-routing flip moves later logits by several nats)
-            d.cls = "near_tie"
-            d.reclassified = ("hard by the golden gap, but also in the control run on a "
-                              "half-precision engine: the engine's own numerics")
+        # the one rule decides again with the control's evidence (issue 24: on half precision a
+        # control twin that reproduces the divergence is what the dtype gives)
+        settle(d, strict=bool(main.run_options.strict), seeded=r.temperature > 0,
+               half_precision=is_half_precision(main.run_options.serving_dtype))
         for c in r.checks:
             if c.name == "parity":
                 c.status = "fail" if d.fails else "warn"

@@ -40,6 +40,17 @@ def headline(m: Manifest) -> str:
                  f"(engine numerics, warnings), {s.only_under_test or 0} only under test")
     if s.model_behaviour_notes:
         line += f"; {s.model_behaviour_notes} model-behaviour note(s) (not failures)"
+    gt = m.run_options.golden_tolerance or {}
+    if gt.get("informative") is False:
+        q = gt.get("quantile_gap_nats")
+        line += ("; golden model uninformative on this engine: "
+                 + (f"{100 * gt.get('quantile', 0.95):g} % of its gaps on clean solo runs are "
+                    f"below {q:g} nats (bound {gt.get('informative_bound_nats'):g})"
+                    if q is not None else gt.get("source", "not measured"))
+                 + ", so it decided nothing")
+    ctl = m.engine.control_engine or {}
+    if ctl.get("error"):
+        line += f"; CONTROL ENGINE FAILED ({ctl['error']}): divergences unattributed"
     if s.vacuous:
         strict = " (--strict: failures)" if m.run_options.strict else " (warnings)"
         line += f"; VACUOUS{strict}: " + "; ".join(s.vacuous)

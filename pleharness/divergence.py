@@ -185,20 +185,9 @@ def analyse(reference: Sequence[int], observed: Sequence[int], pos: int,
                     "observed_in_golden_top": obs_tok in gtop})
         if tolerance is not None:
             out["golden_tolerance_nats"] = tolerance
-            plausible = gap is not None and gap < tolerance
-        else:
-            plausible = (gap is not None and gap < threshold and ref_tok in gtop
-                         and obs_tok in gtop and all(cross))
-        cls = "near_tie" if plausible else "hard"
-    elif margin is None:
-        cls, out["classified_by"] = "unknown", "none (no reference logprobs, no golden model)"
-    else:
-        out["classified_by"] = "engine margin"
-        cls = "near_tie" if margin < threshold and all(cross) else "hard"
-    out.update({"class": cls, "reconverged": reconverges(reference, observed, pos),
-                "checks_failed": list(checks_failed),
-                "fails": cls != "near_tie" or bool(checks_failed)})
-    return Divergence.model_validate(out)
+    out.update({"class": "unknown", "reconverged": reconverges(reference, observed, pos),
+                "checks_failed": list(checks_failed), "fails": True})
+    return settle(Divergence.model_validate(out))
 
 
 # -- which side of a divergence is wrong (issue 23) -------------------------------------------------
@@ -206,6 +195,25 @@ def analyse(reference: Sequence[int], observed: Sequence[int], pos: int,
 HALF_PRECISION = ("bfloat16", "float16")
 NOISE_QUANTILE = 0.95  # of the engine's own solo golden gaps: the half-precision tolerance
 NOISE_MIN_SAMPLES = 5  # fewer differing positions than this: the dtype threshold stays
+# The golden model is informative on an engine only while its noise floor (the quantile above)
+# stays within this many near-tie thresholds (bfloat16: 4 x 0.5 = 2 nats). Why four: at a
+# position where the engine's greedy token t differs from the golden top-1 g, the engine ranked
+# t first, so the golden gap lp(g) - lp(t) is at most |err(g)| + |err(t)|, the two logits' errors.
+# An engine that computes the golden model's function up to its dtype's rounding has errors of
+# the order of the near-tie threshold (four rounding steps of the final logits); allowing each
+# of the two errors twice that (the rounding of the hidden states accumulated through the
+# layers) gives 4 x threshold. A floor above it means the engine computes a measurably different
+# function (an expert-routing flip of a mixture-of-experts layer, another kernel's accumulation
+# order compounding over a long generation: 10-15 nats measured on a bf16 MoE engine, issue 32),
+# and then a golden gap cannot tell numerics from corruption.
+GOLDEN_INFORMATIVE_FACTOR = 4.0
+
+
+def golden_bound(threshold: float) -> float:
+    """The largest golden noise floor (nats) at which the golden model still decides anything:
+    :data:`GOLDEN_INFORMATIVE_FACTOR` x the near-tie ``threshold`` (nats; bfloat16 2.0, float16
+    0.25, float32 0.04)."""
+    return round(GOLDEN_INFORMATIVE_FACTOR * float(threshold), 6)
 
 
 def golden_side(ref_tok: int | None, obs_tok: int | None, golden: Mapping[str, Any] | None,
@@ -229,7 +237,13 @@ def golden_side(ref_tok: int | None, obs_tok: int | None, golden: Mapping[str, A
     gtop = top_ids(golden.get("top")) or set()
     why = (f"golden logprob of the reference's token {ref_tok} is {lr:.2f}, of the compared "
            f"run's token {obs_tok} is {lo:.2f}")
+    in_top = {t: t in gtop for t in (ref_tok, obs_tok)}
     if abs(lr - lo) < tolerance:
+        if in_top[ref_tok] != in_top[obs_tok]:  # the golden model vouches for one side only
+            return ("reference" if in_top[obs_tok] else "load"), why + (
+                f" (within {tolerance:g} nats, but only the "
+                f"{'compared run' if in_top[obs_tok] else 'reference'}'s token is in the golden "
+                "top-k)")
         return "undecided", why + f" (within {tolerance:g} nats: both plausible)"
     better = obs_tok if lo > lr else ref_tok
     if better not in gtop:
@@ -278,9 +292,11 @@ def noise_floor(gaps: Sequence[float], dtype: Any, threshold: float,
     other side's token must be in the top-k rather than equal), issue 24 item 3.
     """
     gaps = sorted(float(g) for g in gaps if g is not None and g > 0)
+    bound = golden_bound(threshold)
     info: dict[str, Any] = {"dtype": normalize_dtype(dtype), "threshold_nats": threshold,
                             "samples": len(gaps), "quantile": quantile,
-                            "max_gap_nats": round(gaps[-1], 6) if gaps else None}
+                            "max_gap_nats": round(gaps[-1], 6) if gaps else None,
+                            "informative_bound_nats": bound, "informative": True}
     if not is_half_precision(dtype):
         info["source"] = "serving dtype is not half precision: the near-tie threshold applies"
         return threshold, {**info, "tolerance_nats": threshold}
@@ -294,6 +310,11 @@ def noise_floor(gaps: Sequence[float], dtype: Any, threshold: float,
     info["source"] = (f"{quantile:g} quantile of {len(gaps)} golden gaps where the engine's solo "
                       f"references differ from the golden top-1 ({q:.4f} nats)"
                       + ("" if q > threshold else "; below the dtype threshold, which applies"))
+    if q > bound:
+        info["informative"] = False
+        info["source"] += (f"; above the bound {bound:g} nats ({GOLDEN_INFORMATIVE_FACTOR:g} x "
+                           "the near-tie threshold): the golden model is uninformative on this "
+                           "engine and decides nothing")
     return tol, {**info, "quantile_gap_nats": round(q, 6), "tolerance_nats": tol}
 
 
@@ -302,3 +323,79 @@ def solo_gaps(forced: Sequence[Sequence[Any]], tokens: Sequence[int]) -> list[fl
     id, lp of top-1)`` (:meth:`pleharness.golden.GoldenModel.force`); a gap where the top-1 is not
     the engine's token."""
     return [float(f[2]) - float(f[0]) for f, t in zip(forced, tokens) if int(f[1]) != int(t)]
+
+
+# -- the one rule: evidence in its order (issue 32, docs/references.md) ---------------------------
+
+def _margin_class(d: Divergence, threshold: float) -> str:
+    cross = [x for x in (d.observed_in_reference_top, d.reference_in_observed_top) if x is not None]
+    if d.margin_nats is None:
+        return "unknown"
+    return "near_tie" if d.margin_nats < threshold and all(cross) else "hard"
+
+
+def _golden_class(d: Divergence, threshold: float) -> str:
+    gap = d.golden_gap_nats
+    both_in_top = bool(d.reference_in_golden_top and d.observed_in_golden_top)
+    if d.golden_tolerance_nats is not None:  # half precision, measured and informative
+        # an informative golden model tracks the engine within its floor: a numerical flip is
+        # between tokens it ranks near the top; a token outside its top-k is not such a flip
+        # (on a flat, random-weight model every gap is tiny and only membership tells)
+        return ("near_tie" if gap is not None and gap < d.golden_tolerance_nats and both_in_top
+                else "hard")
+    cross = [x for x in (d.observed_in_reference_top, d.reference_in_observed_top) if x is not None]
+    return ("near_tie" if gap is not None and gap < threshold and both_in_top and all(cross)
+            else "hard")
+
+
+def settle(d: Divergence, *, strict: bool = False, seeded: bool = False,
+           half_precision: bool = False) -> Divergence:
+    """Decide ``d``'s class (``cls``), whether it fails (``fails``) and which evidence decided
+    (``decided_by``) from the evidence recorded on it, in one stated order (docs/references.md);
+    each later step may only amend what the earlier ones said, as written here:
+
+    1. **engine margin**: the reference's top-1/top-2 margin at the position (nats) below
+       ``threshold_nats`` (and each side's token in the other side's engine top-k where returned)
+       is a near tie, else hard; no logprobs: ``unknown`` (fails).
+    2. **golden model**, where it has evidence and is not measured uninformative
+       (``golden_informative`` False: its noise floor on clean solo runs is above
+       :func:`golden_bound`): a gap below the measured tolerance (``golden_tolerance_nats``, half
+       precision) or, on float32, below the threshold with both tokens in the golden top-k, is
+       a near tie; else hard. An uninformative golden model decides nothing: step 1 stands.
+    3. **control**: a divergence the control run reproduces (``attribution`` also_in_control)
+       is the engine's own numerics: a warning, never a failure by itself (on half precision a
+       golden "hard" becomes a near tie, ``reclassified`` says why).
+    4. **solo repeatability** (``solo_repeat``): both runs ran alone with the same parameters
+       and the same cache state on an engine whose probe measured that it repeats solo greedy
+       runs; they still differ: hard, whatever steps 1-3 said.
+    5. ``strict`` (every divergence fails), ``seeded`` (a seeded sample has no near-tie
+       excuse), and a failed reference-free check on the output (``checks_failed``) make it fail.
+
+    The majority of three or more runs and the golden logprobs decide which *side* is wrong
+    (:func:`golden_side`, :func:`majority_side`), never whether a divergence fails. Returns ``d``
+    (changed in place)."""
+    threshold = d.threshold_nats if d.threshold_nats is not None else DEFAULT_NEAR_TIE_NATS
+    cls, by = _margin_class(d, threshold), "engine margin"
+    if cls == "unknown":
+        by = "none (no reference logprobs, no golden model)"
+    has_golden = d.golden_top is not None or d.golden_gap_nats is not None
+    if has_golden and d.golden_informative is not False:
+        cls, by = _golden_class(d, threshold), "golden"
+    d.classified_by = by if by != "engine margin" or not has_golden else \
+        "engine margin (golden model uninformative)"
+    fails = cls != "near_tie"
+    if d.attribution == "also_in_control":
+        if cls == "hard" and by == "golden" and half_precision:
+            cls = "near_tie"
+            d.reclassified = ("hard by the golden gap, but also in the control run on a "
+                              "half-precision engine: the engine's own numerics")
+        fails, by = False, "control"
+    if d.solo_repeat:
+        cls, fails, by = "hard", True, "solo repeatability"
+    if strict or seeded or d.checks_failed:
+        fails = True
+        by += "; " + ", ".join(x for x, on in (("strict", strict), ("seeded sample", seeded),
+                                              ("checks " + ", ".join(d.checks_failed),
+                                               bool(d.checks_failed))) if on)
+    d.cls, d.fails, d.decided_by = cls, fails, by
+    return d

@@ -25,7 +25,10 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_serializer
 SCHEMA_VERSION = 2  # 2: request records in a JSON Lines file (requests_file); 1: inline
 READABLE_SCHEMA_VERSIONS = (1, 2)
 
-RunStatus = Literal["running", "complete", "incomplete", "failed", "engine_died", "interrupted"]
+# control_failed: the run under test completed and was judged, but the requested control engine
+# failed to start or died (issue 32 item 4: exit 3, its divergences unattributed)
+RunStatus = Literal["running", "complete", "incomplete", "failed", "engine_died", "interrupted",
+                    "control_failed"]
 Verdict = Literal["pass", "fail", "error"]
 CheckStatus = Literal["pass", "fail", "warn", "note", "skip"]  # note: model behaviour, not a fault
 
@@ -133,6 +136,12 @@ class Divergence(_SetFieldsOnly):
     reclassified: str | None = None  # why the class was changed after the fact (control run)
     corrupt_side: CorruptSide | None = None  # which side is wrong (None: not judged yet)
     side_evidence: SideEvidence | None = None
+    # issue 32: the evidence that decided (:func:`pleharness.divergence.settle`, in its order):
+    # solo repeatability | control | golden | engine margin | none; plus strict / seeded sample /
+    # checks when those made it fail
+    decided_by: str | None = None
+    solo_repeat: str | None = None  # both runs alone, same computation, engine repeats alone
+    golden_informative: bool | None = None  # the run's measured verdict on the golden model
 
 
 class RequestRecord(BaseModel):

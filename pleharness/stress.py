@@ -136,9 +136,12 @@ def run_stress(cfg: StressConfig, console: Console | None = None,
                     control = _control_pass(run, scenarios, eng.facts, target)
                 from .run.judge import judge_sides
                 judge_sides(run.manifest, control)  # which side of each divergence is wrong
+                for sc in scenarios:  # one class everywhere: tables from the final verdicts
+                    type(sc).refresh_tables(run.manifest)
                 run.save()
                 run.manifest.status = "complete"
                 code = _verdict(run.manifest)
+                code = _control_outcome(run.manifest, code)
             except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - mapped in one place
                 code = run.fail(exc)
     finally:
@@ -550,8 +553,9 @@ def _control_pass(run: _Run, scenarios: list[Scenario], facts, target: Target
                          gather=False)
     except EngineError as exc:
         rec["error"] = f"{exc.args[0] if exc.args else exc}; root cause: {exc.root_cause}"
-        run.console.print(f"[yellow]warning:[/yellow] control engine failed, divergences "
-                          f"stay unattributed: {esc(rec['error'])}")
+        rec["root_cause"] = exc.root_cause
+        run.err.print(f"[red]control engine failed[/red] (exit 3; the run under test is judged "
+                      f"without it, its divergences unattributed): {esc(rec['error'])}")
         return None
     try:
         rec.update(eng.record())
@@ -564,8 +568,8 @@ def _control_pass(run: _Run, scenarios: list[Scenario], facts, target: Target
     except EngineError as exc:
         cm.status = "engine_died"
         rec["error"] = f"{exc.args[0] if exc.args else exc}; root cause: {exc.root_cause}"
-        run.console.print(f"[yellow]warning:[/yellow] control engine died: "
-                          f"{esc(rec['error'])}")
+        rec["root_cause"] = exc.root_cause
+        run.err.print(f"[red]control engine died[/red] (exit 3): {esc(rec['error'])}")
     finally:
         cm.ended_at = now_iso()
         write_manifest(cpath, cm)
@@ -575,6 +579,19 @@ def _control_pass(run: _Run, scenarios: list[Scenario], facts, target: Target
     rec["attribution"] = counts
     run.save()
     return cm
+
+
+def _control_outcome(m: Manifest, code: int) -> int:
+    """A requested control engine that failed to start or died is part of the outcome (issue
+    32 item 4): status ``control_failed``, the reason and root cause recorded, exit 3 (the
+    engine code) whatever the run's own verdict, which stays as judged without the control."""
+    err = (m.engine.control_engine or {}).get("error")
+    if not err:
+        return code
+    m.status = "control_failed"
+    m.reason = f"the control engine failed: {err}"
+    m.root_cause = m.root_cause or (m.engine.control_engine or {}).get("root_cause")
+    return ExitCode.ENGINE
 
 
 def _write_reports(m: Manifest, run_dir: Path) -> None:

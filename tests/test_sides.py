@@ -138,11 +138,18 @@ REF, OBS = [1, 2, 3, 4], [1, 2, 9, 4]
 
 
 def test_bf16_gap_inside_the_floor_is_a_near_tie_beyond_it_hard_float32_unchanged():
-    g = {"logprobs": {3: -0.5, 9: -2.0}, "top": [(3, -0.5), (5, -1.0)]}  # 9 not in the top-k
+    g = {"logprobs": {3: -0.5, 9: -2.0}, "top": [(3, -0.5), (5, -1.0), (9, -2.0)]}
     d = analyse(REF, OBS, 2, None, 0.5, golden=g, tolerance=2.0)
     assert d.cls == "near_tie" and not d.fails and d.golden_tolerance_nats == 2.0
     d = analyse(REF, OBS, 2, None, 0.5, golden=g, tolerance=1.0)
     assert d.cls == "hard" and d.fails
+    # issue 32: within the floor, but the observed token is outside the golden top-k (a flat
+    # random-weight model, where every gap is tiny): the informative golden model vouches for
+    # one side only, so it is no numerical flip
+    g = {"logprobs": {3: -0.5, 9: -0.6}, "top": [(3, -0.5), (5, -0.55)]}
+    d = analyse(REF, OBS, 2, None, 0.5, golden=g, tolerance=2.0)
+    assert d.cls == "hard" and d.fails
+    assert golden_side(3, 9, g, 2.0)[0] == "load"
     d = analyse(REF, OBS, 2, None, 0.5, golden=g)  # float32 rule: 9 outside the top-k: hard
     assert d.cls == "hard" and d.golden_tolerance_nats is None
 
@@ -163,14 +170,16 @@ def bf16_context(tmp_path, dtype, gaps, div_gap):
     ctx = RunContext(None, m, tmp_path / "manifest.json", None, None,
                      options=RunOptions(serving_dtype=dtype, near_tie_nats=0.5),
                      golden=FakeGolden(gaps))
-    solo = RequestRecord(id="r00001", scenario="s", phase="refs", concurrency=1, prompt_key="p",
-                         prompt_len=2, prompt_hash="ph", max_tokens=3)
-    ctx.judge._solo_runs = [(solo, [1, 2], [5, 6, 7])] * len(gaps)
+    # one solo run of each of len(gaps) prompts (the floor counts each prompt once)
+    ctx.judge._solo_runs = [
+        (RequestRecord(id=f"s{i:05d}", scenario="s", phase="refs", concurrency=1,
+                       prompt_key=f"p{i}", prompt_len=2, prompt_hash=f"solo{i}", max_tokens=3),
+         [1, 2], [5, 6, 7]) for i in range(len(gaps))]
     m.phases = [PhaseRecord(index=0, name="load", scenario="s", concurrency=2)]
     r = RequestRecord(id="r00009", scenario="s", phase="load", concurrency=2, prompt_key="p",
                       prompt_len=2, prompt_hash="ph", max_tokens=4, output_hash="x", match=False,
                       first_divergence=2)
-    g = {"logprobs": {3: -0.5, 9: -0.5 - div_gap}, "top": [(3, -0.5)]}
+    g = {"logprobs": {3: -0.5, 9: -0.5 - div_gap}, "top": [(3, -0.5), (9, -0.5 - div_gap)]}
     r.divergence = analyse(REF, OBS, 2, None, 0.5, golden=g)
     from pleharness.manifest import CheckResult
     r.checks.append(CheckResult(name="parity", status="fail", detail="hard"))
@@ -312,7 +321,7 @@ def test_failed_solo_runs_are_left_out_of_the_noise_floor(tmp_path):
     from pleharness.manifest import CheckResult
     ctx, r = bf16_context(tmp_path, "bfloat16", [1.0, 1.2, 1.4, 1.6, 2.0], 4.0)
     bad = RequestRecord(id="r00002", scenario="s", phase="refs", concurrency=1, prompt_key="p",
-                        prompt_len=2, prompt_hash="ph", max_tokens=3,
+                        prompt_len=2, prompt_hash="bad", max_tokens=3,
                         checks=[CheckResult(name="corrupt_reference", status="fail")])
     ctx.judge._solo_runs.append((bad, [1, 2], [5, 6, 7]))
     ctx.golden.gaps.append(9.0)  # would be the 0.95 quantile if it were counted

@@ -48,7 +48,7 @@ def to_junit(m: Manifest) -> str:
         suite.set("failures", str(fails))
         suite.set("skipped", str(skips))
         total_fail += fails
-    if m.status in ("engine_died", "failed", "interrupted", "incomplete"):
+    if m.status in ("engine_died", "failed", "interrupted", "incomplete", "control_failed"):
         suite = ET.SubElement(root, "testsuite", name="run", tests="1", failures="1", skipped="0")
         tc = ET.SubElement(suite, "testcase", classname="run", name="run completed")
         f = ET.SubElement(tc, "failure", message=f"status {m.status}: {m.reason or ''}")

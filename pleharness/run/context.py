@@ -295,7 +295,9 @@ class RunContext:
 
     def reset_prefix_cache(self, attempts: int = 20, wait_s: float = 0.5) -> str | None:
         """Empty the engine's prefix cache (:meth:`EngineClient.reset_prefix_cache`): None once
-        it did, else why not; never raises."""
+        it did, else why not; never raises. Either way a new prefix-cache epoch starts for the
+        judge (runs before and after are not the same computation: solo repeatability)."""
+        self.judge.cache_epoch += 1
         return self.client.reset_prefix_cache(attempts, wait_s)
 
     def detokenize(self, ids: Sequence[int]) -> str:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..divergence import (DEFAULT_NEAR_TIE_NATS, analyse, first_divergence, golden_side,
-                          is_half_precision, majority_side, noise_floor, solo_gaps)
+                          is_half_precision, majority_side, noise_floor, settle, solo_gaps)
 from ..engine.client import Completion
 from ..manifest import (CheckResult, Divergence, Manifest, PhaseRecord, ReferenceRecord,
                         RequestRecord, SideEvidence)
@@ -58,9 +58,7 @@ def compare_outputs(reference: Sequence[int], observed: Sequence[int], rule: Rul
         return None
     d = analyse(reference, observed, pos, reference_margins, rule.near_tie_nats,
                 checks_failed)
-    if rule.strict or temperature > 0:
-        d.fails = True
-    return d
+    return settle(d, strict=rule.strict, seeded=temperature > 0)
 
 
 class Judge:
@@ -86,8 +84,13 @@ class Judge:
         self.save = save
         self.warn = warn
         self.golden_error: str | None = None  # why the golden classifier stopped being used
-        # (record, prompt, output) of the solo reference runs: the half-precision noise floor
+        # (record, prompt, output) of the greedy, unparameterised solo reference runs: the
+        # half-precision golden noise floor (:meth:`finish_judgement`)
         self._solo_runs: list[tuple[RequestRecord, list[int], list[int]]] = []
+        # prefix-cache epochs: a reset (POST /reset_prefix_cache) starts a new one; a run's
+        # epoch says whether two warm runs saw the same cache (solo repeatability)
+        self.cache_epoch = 0
+        self._epochs: dict[str, int] = {}
 
     def golden_failed(self, why: str) -> None:
         """Stop using the golden model (recorded once in ``run_options``)."""
@@ -123,11 +126,42 @@ class Judge:
                                               detail="check not registered"))
             else:
                 rec.checks.append(check(check_ctx, spec, c, params))
+        self._epochs[rec.id] = self.cache_epoch
         if rec.match is False and c.error is None and rec.first_divergence is not None:
             self._judge(ph, rec, spec, c, self.references[spec.ref_key])
         if (ph.role == "reference" and c.error is None and self.golden is not None
-                and is_half_precision(self.rule.serving_dtype)):
+                and is_half_precision(self.rule.serving_dtype) and floor_run(spec)):
             self._solo_runs.append((rec, list(spec.prompt.ids), list(c.token_ids)))
+
+    @property
+    def _half(self) -> bool:
+        return is_half_precision(self.rule.serving_dtype)
+
+    def _solo_repeat(self, ph: PhaseRecord, rec: RequestRecord, spec: RequestSpec,
+                     ref: ReferenceRecord) -> str | None:
+        """The solo-repeatability evidence for ``rec``'s divergence from ``ref`` (a sentence), or
+        None when it does not apply. It applies when both runs ran alone (``rec``'s phase is C1,
+        the reference is a solo run of this engine), greedy with the same parameters (one
+        reference key), over the same computation (prefix caching off, or both runs warm in
+        one prefix-cache epoch: no reset between them), on an engine whose probe measured that
+        solo greedy runs repeat (``engine_probe.greedy_repeats``). Then the two runs computed
+        exactly the same thing and an engine that repeats itself alone must give one output:
+        the divergence is hard whatever the margins or the golden model say (issue 32)."""
+        if ph.concurrency != 1 or spec.temperature > 0 or ref.source != "solo" \
+                or ref.temperature or ref.request_id is None or ref.request_id == rec.id:
+            return None
+        if (self.manifest.engine_probe or {}).get("greedy_repeats") is not True:
+            return None
+        fact = (self.manifest.facts.get("prefix_caching") or {}).get("value")
+        if fact is False or str(fact).lower() == "false":
+            cache = "prefix caching is off (both computed the whole prompt)"
+        elif ref.cache_state == "warm" and self._epochs.get(ref.request_id) == self.cache_epoch:
+            cache = "both ran warm (prefix-cached) with no cache reset between them"
+        else:
+            return None
+        return (f"the engine does not repeat itself alone at this prompt: the reference run "
+                f"{ref.request_id} and run {rec.id} both ran alone (C1), greedy, with the same "
+                f"parameters; {cache}; the engine probe measured that solo greedy runs repeat")
 
     def _judge(self, ph: PhaseRecord, rec: RequestRecord, spec: RequestSpec, c: Completion,
                ref: ReferenceRecord, again: bool = False) -> Divergence:
@@ -146,19 +180,25 @@ class Judge:
                     else None,
                     observed_top=c.logprobs[pos] if c.logprobs and pos < len(c.logprobs)
                     else None)
-        if self.rule.strict or spec.temperature > 0:  # a seeded sample has no near-tie excuse
-            d.fails = True
+        d.solo_repeat = self._solo_repeat(ph, rec, spec, ref)
+        settle(d, strict=self.rule.strict, seeded=spec.temperature > 0, half_precision=self._half)
         ev = SideEvidence(reference_run=ref.request_id, reference_source=ref.source,
                           observed_run=rec.id, observed_role=ph.role)
         if g is not None:
-            side, why = golden_side(d.reference_token, d.observed_token, g, self.rule.near_tie_nats)
             lps = {int(k): float(v) for k, v in g["logprobs"].items()}
-            ev.method, ev.tolerance_nats, ev.detail = "golden", self.rule.near_tie_nats, why
             if d.reference_token in lps:
                 ev.golden_logprob_reference = round(lps[d.reference_token], 6)
             if d.observed_token in lps:
                 ev.golden_logprob_observed = round(lps[d.observed_token], 6)
-            d.corrupt_side = side
+            if self._half:
+                # half precision: the golden model decides a side only once its noise floor on
+                # this engine is measured and found informative (finish_judgement)
+                ev.detail = "golden logprobs kept; the side waits for the measured golden floor"
+            else:
+                side, why = golden_side(d.reference_token, d.observed_token, g,
+                                        self.rule.near_tie_nats)
+                ev.method, ev.tolerance_nats, ev.detail = "golden", self.rule.near_tie_nats, why
+                d.corrupt_side = side
         d.side_evidence = ev
         rec.divergence = d
         m = "n/a (no reference logprobs)" if d.margin_nats is None else \
@@ -175,7 +215,8 @@ class Judge:
                    f"{d.reference_token} vs observed {d.observed_token}, reference "
                    f"top-1/top-2 margin {m}{gg}; threshold {self.rule.near_tie_nats:g} nats"
                    + (" (strict)" if self.rule.strict else "")
-                   + (" (seeded sample: never a near tie)" if spec.temperature > 0 else "")))
+                   + (" (seeded sample: never a near tie)" if spec.temperature > 0 else "")
+                   + (f"; {d.solo_repeat}" if d.solo_repeat else "")))
         if d.corrupt_side == "reference" and d.fails and ref.source != "golden" and not again:
             self._corrupt_reference(ph, rec, spec, c, ref, d)
         return d
@@ -219,51 +260,102 @@ class Judge:
 
 
     def finish_judgement(self) -> None:
-        """After the suite, on a half-precision engine with a golden model: measure the noise
-        floor (every solo reference run that did not fail teacher-forced through the golden model,
-        :func:`pleharness.divergence.noise_floor`), record the tolerance and where it came from in
-        ``run_options["golden_tolerance"]``, and judge every golden divergence again against it
-        (a gap below it is a near tie; above it stays hard). Float32 engines: nothing changes."""
-        if self.golden is None or not is_half_precision(self.rule.serving_dtype):
+        """After the suite, on a half-precision engine with a golden model: measure the golden
+        model's noise floor on this engine and decide what it may decide (issue 32).
+
+        The floor: the golden gaps (:func:`pleharness.divergence.solo_gaps`) of the greedy,
+        unparameterised solo reference runs (:func:`floor_run`), each prompt counted once,
+        leaving out prompts whose own runs disagree (any two greedy, unparameterised runs of it
+        with different outputs) and runs that failed; its quantile is the tolerance
+        (:func:`pleharness.divergence.noise_floor`, recorded in
+        ``run_options.golden_tolerance``). Where the floor lies within
+        :func:`pleharness.divergence.golden_bound` the golden model is informative: every
+        golden divergence is judged again against the tolerance and its side decided by the
+        golden logprobs at that tolerance (a gap at or below the floor is never evidence of
+        corruption). Above the bound it decides nothing: those divergences fall back to the
+        engine margin (and the later steps of :func:`pleharness.divergence.settle`), their side
+        to the majority. Float32 engines: nothing changes."""
+        if self.golden is None or not self._half:
             return
         from ..golden import GoldenError
         gaps: list[float] = []
-        # a solo run that failed (a corrupt reference, a failed check) is no noise floor: its
-        # corrupted tokens would open the tolerance for the very corruption they show
-        runs = [(p, o) for r, p, o in self._solo_runs if not r.failed_checks]
+        runs, left_out = self._floor_runs()
         try:
             for prompt, out in runs:
                 gaps += solo_gaps(self.golden.force(prompt, out), out)
         except GoldenError as exc:
             self.manifest.run_options.golden_tolerance = {
-                "source": f"not measured (golden model failed: {exc})",
+                "source": f"not measured (golden model failed: {exc})", "informative": False,
                 "tolerance_nats": self.rule.near_tie_nats}
-            return
-        tol, info = noise_floor(gaps, self.rule.serving_dtype, self.rule.near_tie_nats)
-        info["solo_runs_scored"] = len(runs)
-        info["solo_runs_left_out"] = len(self._solo_runs) - len(runs)
-        self.manifest.run_options.golden_tolerance = info
+            tol, informative = self.rule.near_tie_nats, False
+        else:
+            tol, info = noise_floor(gaps, self.rule.serving_dtype, self.rule.near_tie_nats)
+            info["solo_runs_scored"] = len(runs)
+            info.update(left_out)
+            self.manifest.run_options.golden_tolerance = info
+            informative = info["informative"]
         changed = set()
         for r in self.manifest.requests:
             d = r.divergence
-            if d is None or d.classified_by != "golden" or r.match is not False:
+            if d is None or d.golden_top is None or r.match is not False:
                 continue
-            d.golden_tolerance_nats = tol
-            cls = "near_tie" if d.golden_gap_nats is not None and d.golden_gap_nats < tol \
-                else "hard"
-            if cls == d.cls:
-                continue
-            d.cls = cls
-            d.fails = (cls != "near_tie" or bool(d.checks_failed) or self.rule.strict
-                       or r.temperature > 0)
+            before = (d.cls, d.fails)
+            d.golden_informative = informative
+            d.golden_tolerance_nats = tol if informative else None
+            settle(d, strict=self.rule.strict, seeded=r.temperature > 0, half_precision=True)
+            ev = d.side_evidence
+            if informative and ev is not None:
+                self._golden_side(d, ev, tol)
+            note = (f"; {d.cls} against the measured half-precision golden tolerance {tol:g} "
+                    "nats" if informative else
+                    f"; golden model uninformative on this engine (its floor is above "
+                    f"{self.manifest.run_options.golden_tolerance.get('informative_bound_nats')}"
+                    f" nats): {d.cls} by {d.decided_by}")
             for ch in r.checks:
                 if ch.name == "parity":
                     ch.status = "fail" if d.fails else "warn"
-                    ch.detail += (f"; {cls} against the measured half-precision golden "
-                                  f"tolerance {tol:g} nats")
-            changed.add(r.phase)
+                    ch.detail += note
+            if (d.cls, d.fails) != before or d.corrupt_side:
+                changed.add(r.phase)
         refinish(self.manifest, changed)
         self.save()
+
+    def _floor_runs(self) -> tuple[list[tuple[list[int], list[int]]], dict[str, int]]:
+        """The (prompt, output) pairs of the golden noise floor and what was left out."""
+        outputs: dict[tuple, set] = {}
+        for r in self.manifest.requests:
+            if r.error is None and r.output_hash and not r.temperature and not r.params:
+                outputs.setdefault((r.prompt_hash, r.max_tokens), set()).add(r.output_hash)
+        runs, seen = [], set()
+        failed = repeated = disagree = 0
+        for r, prompt, out in self._solo_runs:
+            if r.failed_checks:
+                failed += 1  # its corrupted tokens would open the gate for what they show
+            elif r.prompt_hash in seen:
+                repeated += 1
+            elif len(outputs.get((r.prompt_hash, r.max_tokens), ())) > 1:
+                disagree += 1
+            else:
+                seen.add(r.prompt_hash)
+                runs.append((prompt, out))
+        return runs, {"solo_runs_left_out": failed + repeated + disagree,
+                      "left_out_failed": failed, "left_out_prompt_repeats": repeated,
+                      "left_out_prompts_whose_runs_disagree": disagree}
+
+    @staticmethod
+    def _golden_side(d: Divergence, ev: SideEvidence, tol: float) -> None:
+        """The side of ``d`` by the golden logprobs kept on ``ev`` at the measured tolerance
+        ``tol`` (nats), once the golden model is known to be informative; the corrupt reference
+        it names is acted on with the other sides, after the control run (:func:`judge_sides`)."""
+        if ev.golden_logprob_reference is None or ev.golden_logprob_observed is None:
+            return
+        g = {"logprobs": {d.reference_token: ev.golden_logprob_reference,
+                          d.observed_token: ev.golden_logprob_observed},
+             "top": d.golden_top or []}
+        side, why = golden_side(d.reference_token, d.observed_token, g, tol)
+        ev.tolerance_nats, ev.detail = tol, why
+        if side != "undecided":
+            ev.method, d.corrupt_side = "golden", side
 
 
     def _golden_evidence(self, spec: RequestSpec, reference: Sequence[int],
@@ -288,6 +380,15 @@ class Judge:
             self.warn(f"golden classifier off: {self.golden_error}")
             return None
         return {"logprobs": lps, "top": top}
+
+
+def floor_run(spec: RequestSpec) -> bool:
+    """Whether a solo reference run of ``spec`` may enter the golden noise floor: greedy,
+    compared, with no request parameter beyond the defaults (no stop strings, penalties or logit
+    bias: the golden model knows none of them) and no sampling truncation. The sampled,
+    mixed_params and stop_strings kinds' solo runs therefore never move the floor."""
+    return (spec.temperature == 0 and spec.compare and not spec.params and spec.top_p is None
+            and spec.top_k is None and spec.abandon_after_tokens is None)
 
 
 def finish_phase(ph: PhaseRecord, records: Sequence[RequestRecord]) -> None:
@@ -445,6 +546,14 @@ def judge_sides(main: Manifest, control: Manifest | None = None) -> dict[str, in
     changed: set[str] = set()
     for r in main.requests:
         d = r.divergence
+        if d is not None and _golden_corrupt_pending(d):
+            # half precision: the golden model named the reference once its floor was measured
+            # informative; acted on here, after the control run, so a divergence the control
+            # reproduces (which no longer fails) never makes a corrupt reference
+            corrupt.setdefault(_vote_key(r) + (r.reference_hash,), (r.output_hash, []))[1] \
+                .append(r)
+            changed.add(r.phase)
+            continue
         if d is None or d.corrupt_side in ("reference", "load"):
             continue
         ev = d.side_evidence or SideEvidence(observed_run=r.id)
@@ -479,6 +588,16 @@ def judge_sides(main: Manifest, control: Manifest | None = None) -> dict[str, in
     return counts
 
 
+def _golden_corrupt_pending(d: Divergence) -> bool:
+    """A failing divergence whose reference the golden model named corrupt after the suite
+    (:meth:`Judge.finish_judgement`), not yet acted on (the float32 path acts at once and
+    re-judges against the golden continuation)."""
+    ev = d.side_evidence
+    return (d.corrupt_side == "reference" and d.fails and ev is not None
+            and ev.method == "golden" and ev.reference_source not in (None, "golden")
+            and ev.judged_against is None and d.golden_informative is True)
+
+
 def _replace_corrupt(main: Manifest, corrupt: dict[tuple, tuple[str, list[RequestRecord]]],
                      votes: dict[tuple, dict[str, list[str]]], changed: set[str]) -> None:
     """The majority pass's second half (:func:`judge_sides`): each corrupt reference (by
@@ -490,7 +609,10 @@ def _replace_corrupt(main: Manifest, corrupt: dict[tuple, tuple[str, list[Reques
     for key, (_, revealed) in corrupt.items():
         ph_, mt, bad_hash = key[0], key[1], key[-1]
         v = votes.get(key[:-1], {})
-        best = max((h for h in v if h != bad_hash), key=lambda h: len(v[h]))
+        others = [h for h in v if h != bad_hash]
+        if not others:
+            continue
+        best = max(others, key=lambda h: len(v[h]))
         first = revealed[0]
         d = first.divergence
         text = side_sentence(d, first.prompt_key)
@@ -517,8 +639,8 @@ def _replace_corrupt(main: Manifest, corrupt: dict[tuple, tuple[str, list[Reques
         main.summary.setdefault("corrupt_references", []).append(
             {"reference_run": ref.request_id, "reference_source": ref.source,
              "prompt_key": first.prompt_key, "prompt_hash": ph_, "max_tokens": mt,
-             "method": "majority", "evidence": text, "revealed_by": first.id,
-             "judged_against": what})
+             "method": (d.side_evidence.method if d.side_evidence else None) or "majority",
+             "evidence": text, "revealed_by": first.id, "judged_against": what})
         for r in main.requests:
             if _vote_key(r) + (r.reference_hash,) != key \
                     or r.match is None or r.divergence is None:

@@ -128,6 +128,12 @@ class Scenario(ABC):
                 *("| " + " | ".join(str(f(r)) for f in cells) + " |" for r in rows)]
 
     @classmethod
+    def refresh_tables(cls, m: "Manifest") -> None:  # noqa: B027 - optional hook
+        """After the run's final judgement (golden floor, control, sides): bring this kind's
+        tables in ``m`` in line with the records' final verdicts (one class everywhere, issue
+        32). Default: nothing."""
+
+    @classmethod
     def markdown(cls, m: "Manifest") -> list[str]:
         """This kind's section(s) of summary.md for manifest ``m``, as Markdown lines (each
         section starts with a blank line); [] when it has nothing to show. Default: []."""

@@ -11,7 +11,11 @@ then warm, plus max_model_len edges.
    recorded (with prefix caching, the warm run recomputes only the uncached tail, e.g. q tokens at
    L = n*B + q: the case that exposes tail bugs). Without counters the cache-hit record is skipped
    with the reason.
-4. Edges: prompt + max_tokens = M - 1, M, M + 1, and a prompt of exactly M tokens. The engine must
+4. Repeat: every length once more, alone, compared with its reference (the warm run where warm
+   references are kept): two solo runs of one prompt over the same computation must agree on an
+   engine that repeats itself alone (solo repeatability, docs/references.md); a length whose solo
+   runs disagree while its -1 / +1 controls agree is named in ``boundary_notes``.
+5. Edges: prompt + max_tokens = M - 1, M, M + 1, and a prompt of exactly M tokens. The engine must
    answer 200 (finish_reason "length") or a clean 4xx, and /health must stay 200.
 
 A table (``tables.boundary`` in the manifest): length, formula, the facts it used with their
@@ -39,9 +43,11 @@ if TYPE_CHECKING:  # pragma: no cover
 
 class BoundaryParams(ChatParams):
     """Parameters of ``boundary`` (with :class:`ChatParams`): ``cold_warm`` runs every length
-    a second time warm; ``edges`` adds the max_model_len edge requests."""
+    a second time warm; ``solo_repeat`` (with ``cold_warm``) runs it a third time alone;
+    ``edges`` adds the max_model_len edge requests."""
 
     cold_warm: bool = True
+    solo_repeat: bool = True
     edges: bool = True
 
 
@@ -55,11 +61,16 @@ class BoundaryRow(TableRow):
     mod_B: int | None  # length mod block size (None: B unknown)
     cold: str  # ok | checks failed | error: ... | not run | skipped: <reason>
     warm: str  # = cold | DIFFERS from cold at P (class) | error: ... | not run | skipped
+    repeat: str = "not run"  # the third solo run: = reference | DIFFERS ... (class) | not run
     prefix_cache_hit_tokens: int | float | None  # on the warm run, from /metrics
     checks_failed: list[str]  # names of checks that failed on the cold or warm run
     # fact -> "value (source)" that the formula used; absent from the schema-1 manifests written
     # before it was recorded (docs/gpu-runs/2026-11-29-*), read as {} (issue 25)
     facts: dict[str, str] = Field(default_factory=dict)
+    # the request IDs of the warm and repeat runs: the table is drawn again from their final
+    # verdicts after the run's judgement (refresh_tables)
+    warm_run: str | None = None
+    repeat_run: str | None = None
 
 
 @register
@@ -76,12 +87,40 @@ class Boundary(ChatScenario):
         """The "Boundary lengths" section of summary.md."""
         return cls.markdown_table(m, "boundary", "Boundary lengths", [
             ("length:", "length"), ("formula", "formula"), ("L mod C:", "mod_C"),
-            ("L mod B:", "mod_B"), ("cold", "cold"), ("warm", "warm"),
+            ("L mod B:", "mod_B"), ("cold", "cold"), ("warm", "warm"), ("repeat", "repeat"),
             ("cache-hit tokens:", "prefix_cache_hit_tokens"),
             ("checks failed", lambda r: ", ".join(r.checks_failed) or "-")])
 
     def planned_phases(self) -> int:
-        return 1 + int(self.params.cold_warm) + int(self.params.edges)
+        p = self.params
+        return 1 + int(p.cold_warm) + int(p.cold_warm and p.solo_repeat) + int(p.edges)
+
+    @classmethod
+    def refresh_tables(cls, m: Manifest) -> None:
+        """The warm and repeat columns from the runs' final divergences (after the golden
+        floor, the control run and the sides were judged), and the lengths whose solo runs
+        disagree while their -1 / +1 controls agree, named in ``boundary_notes``."""
+        rows = cls.table(m, "boundary")
+        if not rows:
+            return
+        recs = {r.id: r for r in m.requests}
+        ref_name = "cold" if (m.run_options.reference or "solo") == "solo" else "reference"
+        for row in rows:
+            if row.warm_run in recs:
+                row.warm = _vs(recs[row.warm_run], ref_name)
+            if row.repeat_run in recs:
+                row.repeat = _vs(recs[row.repeat_run], "reference")
+        m.tables["boundary"] = [r.model_dump() for r in rows]
+        by_len = {r.length: r for r in rows if r.length is not None}
+        split = [r for r in rows if r.length is not None and not r.control and _differs(r)
+                 and all(not _differs(by_len[x]) for x in (r.length - 1, r.length + 1)
+                         if x in by_len)]
+        notes = [n for n in m.tables.get("boundary_notes") or []
+                 if "solo runs disagree" not in str(n)]
+        notes += [{"note": f"solo runs disagree at length {r.length} ({r.formula}) while its "
+                           f"-1 / +1 controls agree: warm {r.warm}; repeat {r.repeat}"}
+                  for r in split]
+        m.tables["boundary_notes"] = notes
 
     def run(self, ctx: "ScenarioContext") -> None:
         p = self.params
@@ -124,7 +163,10 @@ class Boundary(ChatScenario):
                 ctx.keep_warm_references(warm)
         else:
             warm = []
-        self._table(ctx, lengths, specs, hits, dropped, cold, warm)
+        repeat = []
+        if p.cold_warm and p.solo_repeat:
+            repeat = ctx.run_phase("boundary-repeat", 1, specs, counts_for_throughput=False)
+        self._table(ctx, lengths, specs, hits, dropped, cold, warm, repeat)
         if p.edges:
             self._edges(ctx)
 
@@ -150,18 +192,21 @@ class Boundary(ChatScenario):
                               f"prefix cache: {why}" + ("" if known else
                                                         " (no prefix-cache counters either)"))
 
-    def _table(self, ctx, lengths, specs, hits, dropped, cold_outs, warm_outs) -> None:
+    def _table(self, ctx, lengths, specs, hits, dropped, cold_outs, warm_outs,
+               repeat_outs=()) -> None:
         b = ctx.facts.block_size
         c = ctx.facts.max_num_batched_tokens
         by_key: dict[str, dict] = {}
-        for phase, outs in (("boundary-cold", cold_outs), ("boundary-warm", warm_outs)):
+        for phase, outs in (("boundary-cold", cold_outs), ("boundary-warm", warm_outs),
+                            ("boundary-repeat", repeat_outs)):
             for o in outs:
                 by_key.setdefault(o.record.prompt_key, {})[phase] = o.record
         rows = []
         for bl, spec in zip(lengths, specs):
             rs = by_key.get(spec.prompt.key, {})
             cold, warm = rs.get("boundary-cold"), rs.get("boundary-warm")
-            failed = sorted({ch.name for r in (cold, warm) if r for ch in r.checks
+            again = rs.get("boundary-repeat")
+            failed = sorted({ch.name for r in (cold, warm, again) if r for ch in r.checks
                              if ch.status == "fail"})
 
             def res(r):
@@ -171,17 +216,13 @@ class Boundary(ChatScenario):
                     return f"error: {r.error}"
                 return "ok" if not any(ch.status == "fail" for ch in r.checks) else "checks failed"
             ref_name = "cold" if ctx.reference_mode == "solo" else "reference"
-            warm_res = "not run" if warm is None else (
-                f"error: {warm.error}" if warm.error else
-                f"= {ref_name}" if warm.match else
-                f"DIFFERS from {ref_name} at {warm.first_divergence}" + (
-                    f" ({warm.divergence.cls})" if warm.divergence else ""))
             rows.append(BoundaryRow(
                 length=bl.length, formula=bl.why, control=bl.control,
                 mod_C=None if not c else bl.length % c, mod_B=None if not b else bl.length % b,
-                cold=res(cold), warm=warm_res,
+                cold=res(cold), warm=_vs(warm, ref_name), repeat=_vs(again, "reference"),
                 prefix_cache_hit_tokens=hits.get(spec.prompt.key), checks_failed=failed,
-                facts=_fact_sources(ctx, bl.facts)))
+                facts=_fact_sources(ctx, bl.facts), warm_run=warm.id if warm else None,
+                repeat_run=again.id if again else None))
         # a derived length longer than M - max_tokens, and a family no fact gives, are rows of
         # their own, not only notes
         limit = max_prompt_len(ctx, self.params.max_tokens)
@@ -228,6 +269,27 @@ class Boundary(ChatScenario):
              "output_len": o.record.output_len, "answer": (o.record.error_detail or "")[:160],
              "check": o.record.checks[0].status if o.record.checks else None}
             for s, o in zip(specs, outs)])
+
+
+def _vs(r, ref_name: str) -> str:
+    """One run against its reference, with the divergence's current class: '= cold', 'DIFFERS
+    from cold at 3 (hard, by solo repeatability)', 'error: ...' or 'not run'."""
+    if r is None:
+        return "not run"
+    if r.error:
+        return f"error: {r.error}"
+    if r.match:
+        return f"= {ref_name}"
+    d = r.divergence
+    why = ""
+    if d is not None:
+        why = f" ({d.cls}{', by ' + d.decided_by if d.decided_by else ''}" + (
+            ", warning" if not d.fails else "") + ")"
+    return f"DIFFERS from {ref_name} at {r.first_divergence}{why}"
+
+
+def _differs(row: BoundaryRow) -> bool:
+    return row.warm.startswith("DIFFERS") or row.repeat.startswith("DIFFERS")
 
 
 def _fact_sources(ctx, names: list[str]) -> dict[str, str]:

@@ -196,8 +196,14 @@ class StopStrings(Scenario):
                                     expected_ids=j + 1))
         self.put_table(ctx, "stop_strings", rows)
         if not stops:
-            raise ScenarioError(f"{self.source}: no stop string could be taken from the "
-                                "engine's output (every output token's text empty?)")
+            # a model that does not count (random weights) gives no token text that completes
+            # only at its own position: the kind tested nothing, and says so (not a usage error:
+            # the rest of the suite still runs and is judged; found on the H200, issue 32)
+            from ..evidence import mark_vacuous
+            mark_vacuous(ctx, solo.phase, "stop strings: none could be taken from the engine's "
+                         "solo outputs (no output token's text completes only at its position: "
+                         "a model that does not count?): nothing was stopped")
+            return
         ctx.take_references(stops)
         load = list(stops)
         if p.non_streamed:
