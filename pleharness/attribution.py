@@ -19,7 +19,7 @@ On a half-precision engine (``run_options.serving_dtype`` bfloat16 / float16) a 
 divergence that is ``also_in_control`` becomes a ``near_tie`` (``reclassified`` says why): the
 control reproduces it, so it is the dtype's numerics, never corruption (issue 24 item 3).
 The control run's requests also vote on which side of a divergence is wrong
-(:func:`pleharness.run.judge.judge_sides`).
+(:func:`pleharness.run.sides.judge_sides`).
 
 Batching is not perfectly repeatable: all the twins seen across the suite and its repeats
 (``--repeat N``) count, on each side, rather than one request. One twin that diverged is enough

@@ -37,6 +37,7 @@ followed by garbage is corruption that happened to start at a close call).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from .manifest import Divergence
@@ -399,3 +400,37 @@ def settle(d: Divergence, *, strict: bool = False, seeded: bool = False,
                                                bool(d.checks_failed))) if on)
     d.cls, d.fails, d.decided_by = cls, fails, by
     return d
+
+
+# -- the rule of a run and one comparison under it (explain's replays, the judge) -----------------
+
+@dataclass(frozen=True)
+class Rule:
+    """How divergences are judged. ``near_tie_nats``: a divergence whose reference top-1/top-2
+    gap (nats) is below this is a near tie (a warning), not a failure; ``strict``: every
+    divergence fails; ``serving_dtype`` (bfloat16 | float16 | float32 | None): on half precision
+    golden divergences are judged again against a tolerance measured in the run
+    (:meth:`Judge.finish_judgement`)."""
+
+    near_tie_nats: float = DEFAULT_NEAR_TIE_NATS
+    strict: bool = False
+    serving_dtype: str | None = None
+
+
+def compare_outputs(reference: Sequence[int], observed: Sequence[int], rule: Rule,
+                    reference_margins: Sequence[float | None] | None = None, *,
+                    temperature: float = 0.0, checks_failed: Sequence[str] = ()
+                    ) -> Divergence | None:
+    """The verdict on one output against its reference, without a manifest: None when the two
+    ID lists are equal, else the analysed :class:`~pleharness.manifest.Divergence` (``fails``:
+    a hard divergence, or any one under ``rule.strict``, or any one of a seeded sample
+    (``temperature`` > 0), which has no near-tie excuse). ``reference_margins``: the reference's
+    per-position top-1 minus top-2 logprob margins (nats; :func:`pleharness.divergence.margins`),
+    None when it was run without logprobs (then a divergence is of class ``unknown``, failing).
+    The same rule as a run's phases apply (:meth:`Judge.judge_request`), used by ``explain``."""
+    pos = first_divergence(reference, observed)
+    if pos is None:
+        return None
+    d = analyse(reference, observed, pos, reference_margins, rule.near_tie_nats,
+                checks_failed)
+    return settle(d, strict=rule.strict, seeded=temperature > 0)

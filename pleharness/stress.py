@@ -134,7 +134,7 @@ def run_stress(cfg: StressConfig, console: Console | None = None,
                 if cfg.control:
                     run.session.stop(eng)  # one engine at a time (one GPU)
                     control = _control_pass(run, scenarios, eng.facts, target)
-                from .run.judge import judge_sides
+                from .run.sides import judge_sides
                 judge_sides(run.manifest, control)  # which side of each divergence is wrong
                 for sc in scenarios:  # one class everywhere: tables from the final verdicts
                     type(sc).refresh_tables(run.manifest)

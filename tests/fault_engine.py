@@ -14,7 +14,10 @@ Used through ``tests/fakepy/python`` as ``--engine-python``. Environment:
   ``1+k`` with k the ``num_speculative_tokens`` of the launch's ``--speculative-config`` (a fault
   keyed to the speculative decoding step; off when the launch has no speculative config);
 - ``PLE_REAL_PYTHON``: the real interpreter, for every other use of this "python" (``-c`` probes,
-  the golden worker).
+  the golden worker);
+- ``PLE_FAULT_FAIL_START``: conditions as ``PLE_FAULT_WHEN`` under which the launch fails at once
+  (a ``ValueError`` line, exit 1), as an engine refusing its configuration would (a control
+  engine that cannot start).
 
 The fault: output position 5 becomes (token + 1) mod the vocabulary size, with
 ``PLE_FAULT_MODE=crowded`` (default) while at least ``PLE_FAULT_MIN_IN_FLIGHT`` (default 2)
@@ -79,6 +82,11 @@ def main(argv):
             port = int(args[i + 1])
         elif a == "--host":
             host = args[i + 1]
+    fail_start = os.environ.get("PLE_FAULT_FAIL_START")
+    if fail_start and launch_matches(fail_start, args):
+        print("ValueError: planted start failure (PLE_FAULT_FAIL_START matched the launch "
+              "arguments)", flush=True)
+        return 1
     when = os.environ.get("PLE_FAULT_WHEN", "always")
     active = launch_matches(when, args)
     want_len = fault_len(os.environ.get("PLE_FAULT_LEN", ""), args)

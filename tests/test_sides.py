@@ -9,7 +9,8 @@ from pleharness.parity import token_hash
 from pleharness.render import to_junit
 from pleharness.causes import causes, headline
 from pleharness.run.context import RunContext, RunOptions
-from pleharness.run.judge import finish_phase, judge_sides
+from pleharness.run.judge import finish_phase
+from pleharness.run.sides import judge_sides
 
 
 def gold(lp_ref, lp_obs, ref=60, obs=120, top=None):
