@@ -71,7 +71,11 @@ def test_cancelled_batch_keeps_the_finished_and_abort_all_cuts_the_rest():
         batch.cancel()
         with pytest.raises(BaseException):
             batch.wait()
-        assert len(batch.finished()) == 2
+        # the two answered items stay; the three cut by abort_all may land as "aborted" before
+        # the cancel on a loaded machine (seen once in a full run beside a vLLM install)
+        fin = batch.finished()
+        assert len([c for _, c in fin if c.error is None]) == 2
+        assert all(c.error == "aborted" for _, c in fin if c.error is not None)
         time.sleep(0.3)
         assert eng.count == 5  # the sixth item was never started
         # the client stays usable, and a blocking request cut by abort_all is recorded as such
