@@ -84,3 +84,9 @@ cpu_engine = engine_fixture(
     "cpu-engine", profile="cpu-ngram.toml",
     doc="The real CPU vLLM engine serving the embedded model with profiles/cpu-ngram.toml "
         "(started once per test session).")
+
+
+cpu_engine_no_prefix_cache = engine_fixture(
+    "cpu-engine-no-pc", ["--no-enable-prefix-caching"], profile="cpu-ngram.toml",
+    scope="session", doc="The CPU engine of profiles/cpu-ngram.toml with --no-enable-prefix-caching "
+    "(test_selfproof and test_evidence_order share it: one start).")

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import engine_fixture, load_json, run_cli
+from conftest import load_json, run_cli
 from doubles import FaultProxy, RequestCtx
 from faults_spec import ShortenAccepted
 from pleharness import evidence
@@ -297,11 +297,6 @@ def test_selftest_catches_every_class_and_reports_an_unseeable_one_missed(cpu_en
     assert data["passes"][1]["outcome"] == "missed (never triggered)"
     assert data["headline"] == ("this suite on this engine catches 0/1 planted fault classes; "
                                 "0 false alarms (missed: flip_under_load)")
-
-
-cpu_engine_no_prefix_cache = engine_fixture(
-    "cpu-engine-no-pc", ["--no-enable-prefix-caching"], profile="cpu-ngram.toml",
-    scope="module", doc="The CPU engine of profiles/cpu-ngram.toml with --no-enable-prefix-caching.")
 
 
 @pytest.mark.engine
