@@ -168,13 +168,11 @@ def analyse(reference: Sequence[int], observed: Sequence[int], pos: int,
         "threshold_nats": threshold,
     }
     ref_set, obs_set = top_ids(reference_top), top_ids(observed_top)
-    cross = []  # each side's token within the other side's engine top-k, where returned
+    # each side's token within the other side's engine top-k, where returned (settle reads them)
     if ref_set is not None and obs_tok is not None:
         out["observed_in_reference_top"] = obs_tok in ref_set
-        cross.append(out["observed_in_reference_top"])
     if obs_set is not None and ref_tok is not None:
         out["reference_in_observed_top"] = ref_tok in obs_set
-        cross.append(out["reference_in_observed_top"])
     if golden is not None and ref_tok is not None and obs_tok is not None:
         lps = {int(k): float(v) for k, v in golden["logprobs"].items()}
         gtop = top_ids(golden["top"]) or set()
@@ -328,11 +326,16 @@ def solo_gaps(forced: Sequence[Sequence[Any]], tokens: Sequence[int]) -> list[fl
 
 # -- the one rule: evidence in its order (issue 32, docs/references.md) ---------------------------
 
+def _cross_ok(d: Divergence) -> bool:
+    """Each side's token is in the other side's engine top-k, wherever the engine returned one."""
+    return all(x for x in (d.observed_in_reference_top, d.reference_in_observed_top)
+               if x is not None)
+
+
 def _margin_class(d: Divergence, threshold: float) -> str:
-    cross = [x for x in (d.observed_in_reference_top, d.reference_in_observed_top) if x is not None]
     if d.margin_nats is None:
         return "unknown"
-    return "near_tie" if d.margin_nats < threshold and all(cross) else "hard"
+    return "near_tie" if d.margin_nats < threshold and _cross_ok(d) else "hard"
 
 
 def _golden_class(d: Divergence, threshold: float) -> str:
@@ -344,8 +347,7 @@ def _golden_class(d: Divergence, threshold: float) -> str:
         # (on a flat, random-weight model every gap is tiny and only membership tells)
         return ("near_tie" if gap is not None and gap < d.golden_tolerance_nats and both_in_top
                 else "hard")
-    cross = [x for x in (d.observed_in_reference_top, d.reference_in_observed_top) if x is not None]
-    return ("near_tie" if gap is not None and gap < threshold and both_in_top and all(cross)
+    return ("near_tie" if gap is not None and gap < threshold and both_in_top and _cross_ok(d)
             else "hard")
 
 
