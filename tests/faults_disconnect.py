@@ -9,25 +9,38 @@ from doubles import Fault, corrupt_if_selected
 
 class CorruptAfterDisconnect(Fault):
     """Corrupt (every token: ``(id + 1) % vocab``) each completion that arrives after a client
-    closed its stream early: an engine whose freed KV blocks or cache entries, left by an aborted
-    request, corrupt the requests that reuse them. ``gone``: the numbers of the requests whose
-    client went away; ``hits``: the numbers of the corrupted ones."""
+    closed its stream early and whose prompt starts with the same ``block`` tokens as the
+    abandoned prompt: an engine whose KV blocks, freed by an aborted request, corrupt the
+    requests that reuse them. Keyed to the shared leading block, not to arrival order: on a
+    slow machine a neighbour of the disconnect phase can reach the proxy after the
+    before-first-token client has already gone, and it shares no block. ``gone``: the numbers
+    of the requests whose client went away; ``hits``: the numbers of the corrupted ones;
+    ``hit_prompts``: their prompts' first ``block`` token IDs."""
 
-    def __init__(self, vocab: int):
+    def __init__(self, vocab: int, block: int):
         self.vocab = vocab
+        self.block = block
         self.gone: list[int] = []
+        self.heads: set[tuple[int, ...]] = set()
         self.hits: list[int] = []
+        self.hit_prompts: list[tuple[int, ...]] = []
         self.lock = threading.Lock()
+
+    def _head(self, body: dict) -> tuple[int, ...]:
+        return tuple(body.get("prompt") or ())[:self.block]
 
     def disconnected(self, ctx):
         with self.lock:
             self.gone.append(ctx.number)
+            self.heads.add(self._head(ctx.body))
 
     def request(self, ctx, body):
+        head = self._head(body)
         with self.lock:
-            if self.gone:
+            if head in self.heads:
                 ctx.state["selected"] = True
                 self.hits.append(ctx.number)
+                self.hit_prompts.append(head)
         return body
 
     def chunk(self, ctx, chunk):

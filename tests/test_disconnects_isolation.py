@@ -111,20 +111,28 @@ def test_attached_without_reset_says_so_and_passes(cpu_engine, tmp_path):
 
 @pytest.mark.engine
 def test_corrupted_continuation_after_disconnect_is_caught(cpu_engine, tmp_path):
-    fault = CorruptAfterDisconnect(VOCAB)
+    fault = CorruptAfterDisconnect(VOCAB, B)
     with FaultProxy(cpu_engine.url, fault) as proxy:
         r, out, m = stress(proxy.url, tmp_path, "afterabort", "disconnects")
     assert fault.gone and fault.hits, "the double saw no disconnect"
     assert r.returncode == 1 and m["verdict"] == "fail", out[-3000:]
     follow = records(m, "after-disconnect")
-    assert len(fault.hits) == len(follow) == 4
+    assert len(follow) == 4
+    # the abandoned prompts whose client really went away (on a machine too slow to read the
+    # mid-decode stream before it ends, only the before-first-token one): the follow-ups
+    # sharing their first block are the corrupted ones, and exactly those are the problems
+    mid_rec = next(q for q in records(m, "disconnect") if q["prompt_key"].startswith("disc-mid"))
+    gone = ["disc-prefill"] + (["disc-mid"] if mid_rec["error"] == "abandoned" else [])
+    hit = [q for q in follow if any(g in q["prompt_key"] for g in gone)]
+    assert len(fault.gone) == len(gone) and len(fault.hits) == len(hit) == 2 * len(gone)
     bad = [q for q in m["requests"] if is_problem(q)]
-    assert {q["id"] for q in bad} == {q["id"] for q in follow}
-    for q in follow:  # rule: parity with the single-request reference (a hard divergence)
+    assert {q["id"] for q in bad} == {q["id"] for q in hit}
+    for q in hit:  # rule: parity with the single-request reference (a hard divergence)
         assert q["match"] is False and q["first_divergence"] == 0
         assert q["divergence"]["fails"] and "parity" in failed(q)
     mid = next(q for q in follow if q["prompt_key"].startswith("disc-mid"))
-    assert "abandoned_prefix" in failed(mid)  # the abandoned run's tokens differ from it
+    if "disc-mid" in gone:
+        assert "abandoned_prefix" in failed(mid)  # the abandoned run's tokens differ from it
     assert phase(m, "disconnect")["status"] == "pass"
     assert phase(m, "after-disconnect")["status"] == "fail"
 
