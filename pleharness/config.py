@@ -23,6 +23,7 @@ from rich.console import Console
 
 from .engine.client import Timeouts
 from .engine.session import Target, resolve_target
+from .engine.side_by_side import parse_parallel
 from .errors import UsageError
 from .redact import redact_argv, redact_url
 
@@ -302,7 +303,7 @@ def stress_config(o: Mapping[str, Any], given: Iterable[str],
         control_drop_args=list(o["control_drop_arg"] or []),
         control_profile=str(control_profile) if control_profile else None,
         reference_cache_state=_value(o["reference_cache_state"]),
-        confirm_runs=o["confirm_runs"],
+        confirm_runs=o["confirm_runs"], parallel_engines=parse_parallel(o.get("parallel_engines", 1)),
         timeouts=Timeouts(o["connect_timeout"], o["first_token_timeout"],
                           o["between_tokens_timeout"], o["request_timeout"]))
 
@@ -356,6 +357,7 @@ class StressConfig:
     strict: bool = False
     reference_cache_state: str = "warm"
     confirm_runs: int = 3  # replays of each reproducer the run writes (pleharness.reproduce)
+    parallel_engines: int | None = 1  # confirmation engines side by side (None: auto)
 
     @property
     def reference_mode(self) -> str:

@@ -53,7 +53,7 @@ import os
 import re
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -62,12 +62,15 @@ from rich.markup import escape
 
 from .engine.client import EngineClient
 from .engine.session import EngineSession, Target, Variant
+from .engine.side_by_side import SideBySide, model_bytes, run_side_by_side
+from .engine.side_by_side import plan as plan_side_by_side
 from .errors import EngineError, UsageError
 from .manifest import Manifest, load_manifest, write_atomic
 from .redact import redact_argv
 from .divergence import DEFAULT_NEAR_TIE_NATS, margins
 from .parity import token_hash
 from .run.judge import Rule, compare_outputs
+from .explain_plan import estimate, implied_by, order_first_round
 
 PIECEWISE = '{"cudagraph_mode": "PIECEWISE"}'
 
@@ -688,9 +691,12 @@ class ExplainReport:
     ``tries``: attempts per replay; ``budget_s``: the time cap (seconds); ``suspects``: every
     configuration tried besides the one under test, first round then second, in launch order;
     ``launches``: one dict per configuration, ``config`` (its label) with ``command`` (redacted
-    argv) and ``ready_s`` (seconds), or ``skipped`` ("budget"), or ``error`` and ``root_cause``;
-    ``elapsed_s``: seconds from the first launch to the end (None when nothing failed, absent
-    from the JSON then).
+    argv) and ``ready_s`` (seconds), or ``skipped`` ("budget", "implied: ...", "not tested
+    yet"), or ``error`` and ``root_cause``; ``elapsed_s``: seconds from the first launch to the
+    end (None when nothing failed, absent from the JSON then); ``status``: "complete", or how
+    far it got ("launch 2 of 4 done", "interrupted (...) after 2 launch(es)");
+    ``side_by_side``: :meth:`pleharness.engine.side_by_side.SideBySide.record`; ``estimate``:
+    :func:`pleharness.explain_plan.estimate`.
     """
 
     run_id: str
@@ -701,11 +707,15 @@ class ExplainReport:
     launches: list[dict[str, Any]] = field(default_factory=list)
     elapsed_s: float | None = None
     include_warnings: bool = False  # replays count near ties too (--include-warnings); not in the JSON
+    status: str = "starting"
+    side_by_side: dict[str, Any] = field(default_factory=dict)
+    estimate: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object of ``explain.json``."""
-        out: dict[str, Any] = {"run_id": self.run_id, "tries": self.tries,
-                               "budget_s": self.budget_s,
+        out: dict[str, Any] = {"run_id": self.run_id, "status": self.status,
+                               "tries": self.tries, "budget_s": self.budget_s,
+                               "estimate": self.estimate, "side_by_side": self.side_by_side,
                                "cases": [c.to_dict() for c in self.cases],
                                "suspects": [asdict(x) for x in self.suspects],
                                "launches": self.launches}
@@ -720,13 +730,15 @@ class ExplainReport:
 
 def confirm_repros(report: ExplainReport, m: Manifest, run_dir: Path, runs: int, *,
                    engine_python: str | None = None, start_timeout_s: float = 900.0,
-                   console: Console | None = None) -> None:
+                   console: Console | None = None, on_each: Any = None,
+                   side: SideBySide | None = None) -> None:
     """Replay every case's ``repro-N.toml`` ``runs`` times, each on a freshly started engine of
     the configuration under test (:mod:`pleharness.reproduce`); each report case gets
     ``reproduction`` (the result) and ``reproduction_verdict`` ("reproduced 3/3 on fresh
     engines", "0/3: not reproduced ..."). Cases whose reproducers replay the same schedule (the
     cases of one phase, at its companions level) are replayed once and share the result
-    (``same_schedule_as``). Replays run under ``RUN/explain/confirm/``. Raises Interrupted when
+    (``same_schedule_as``). Replays run under ``RUN/explain/confirm/``, ``side.n`` side by side
+    (each with ``side.add``); ``on_each()`` is called after every case. Raises Interrupted when
     a replay was interrupted (SIGINT / SIGTERM)."""
     from .reproduce import ReplayTarget, replay_reproducer
     console = console or Console(stderr=True)
@@ -734,7 +746,8 @@ def confirm_repros(report: ExplainReport, m: Manifest, run_dir: Path, runs: int,
     rt = ReplayTarget(launch=run_target(m, engine_python).launch_spec(),
                       golden=o.get("golden", True) is not False, strict=bool(o.get("strict")),
                       reference_cache_state=o.get("reference_cache_state") or "warm",
-                      start_timeout_s=start_timeout_s)
+                      start_timeout_s=start_timeout_s, parallel=side.n if side else 1,
+                      engine_args_add=list(side.add) if side else [])
     from .scenarios import load_scenario_file
     done: dict[str, tuple[str, dict]] = {}  # schedule key -> (repro, result)
     for c in report.cases:
@@ -747,6 +760,8 @@ def confirm_repros(report: ExplainReport, m: Manifest, run_dir: Path, runs: int,
             first, res = done[key]
             c.reproduction = {**res, "same_schedule_as": first}
             c.reproduction_verdict = f"{res['verdict']} (the schedule of {first})"
+            if on_each:
+                on_each()
             continue
         console.print(f"confirming {escape(c.repro)}: {runs} replay(s), each on a freshly "
                       "started engine", highlight=False)
@@ -756,25 +771,33 @@ def confirm_repros(report: ExplainReport, m: Manifest, run_dir: Path, runs: int,
         c.reproduction = res
         c.reproduction_verdict = res["verdict"]
         console.print(f"{escape(c.repro)}: {escape(res['verdict'])}", highlight=False)
+        if on_each:
+            on_each()
 
 
 def explain(run: Path, *, suspects_extra: Sequence[str] = (), suspects_drop: Sequence[str] = (),
             auto_suspects: bool = True, include_warnings: bool = False, tries: int = 3,
             budget_s: float = 3600.0, engine_python: str | None = None,
             start_timeout_s: float = 900.0, console: Console | None = None,
-            confirm_runs: int = 3) -> ExplainReport:
+            confirm_runs: int = 3, parallel_engines: int | None = 1) -> ExplainReport:
     """Explain the failing divergences of the run at ``run`` (folder or manifest); see the module
     docstring. Returns the report (also written to ``RUN/explain/explain.json``, with
     ``explain.md`` and ``junit.xml``).
 
     ``confirm_runs``: replays of each reproducer on fresh engines (:func:`confirm_repros`; 0:
-    skip).
+    skip). ``parallel_engines``: engines started side by side (None: auto;
+    :func:`pleharness.engine.side_by_side.plan`).
+
+    explain.json and explain.md are rewritten after every launch and every confirmation, and
+    on SIGINT / SIGTERM, with ``status`` saying how far it got and every launch not reached
+    "not tested yet" (a stopped explain keeps what it learned).
 
     Raises UsageError for a run that cannot be explained (attached engine, nothing failing, no
-    prompt IDs kept); EngineError when the configuration under test cannot be started;
-    Interrupted on SIGINT / SIGTERM (the engine running then is stopped first).
+    prompt IDs kept, more side-by-side engines than fit); EngineError when the configuration
+    under test cannot be started; Interrupted on SIGINT / SIGTERM (the engines running then
+    are stopped first).
     """
-    from .render.explain import render, to_junit, to_markdown
+    from .render.explain import render, to_junit
     console = console or Console(stderr=True)
     m, run_dir = _load_run(run)
     cases = failing_cases(m, include_warnings)
@@ -785,29 +808,99 @@ def explain(run: Path, *, suspects_extra: Sequence[str] = (), suspects_drop: Seq
         console.print("no failing divergences in this run: nothing to explain")
         write_atomic(out_dir / "explain.json", report.to_json())
         return report
-    suspects = suspects_for(m, suspects_extra, suspects_drop, auto_suspects)
+    target = run_target(m, engine_python, start_timeout_s)
+    from .environment import gpu_inventory
+    gpus = gpu_inventory()
+    side = plan_side_by_side(parallel_engines, gpus=gpus, model=model_bytes(target.model_path),
+                             engine_args=target.engine_args, engine_env=target.engine_env)
+    suspects = order_first_round(m, suspects_for(m, suspects_extra, suspects_drop,
+                                                 auto_suspects))
     report.suspects = list(suspects)
+    report.side_by_side = side.record()
+    report.estimate = estimate(m, 1 + len(suspects), side.n, budget_s)
     console.print(f"{len(cases)} failing case(s); {1 + len(suspects)} engine launch(es) planned: "
                   f"the configuration under test, then without: "
                   f"{', '.join(s.name for s in suspects) or '(no suspects)'}", highlight=False)
+    console.print(f"estimate: {report.estimate['text']}", highlight=False)
+    if side.n > 1:
+        console.print(escape(side.why), highlight=False)
+    console.print(f"explain.json and explain.md: {escape(str(out_dir))} (rewritten after every "
+                  "launch)", highlight=False)
+    progress = _Progress(report, cases, out_dir, run_dir)
     t0 = time.monotonic()
-    target = run_target(m, engine_python, start_timeout_s)
-    from .environment import gpu_inventory
-    with EngineSession(console, out_dir, gpus_before=gpu_inventory()) as session:
-        configs = _replay_all(session, target, m, cases, report, budget_s, t0, console)
-        for c in cases:
-            path = out_dir / f"repro-{c.index}.toml"
-            write_repro(c, path, m.run_id)
-            report.cases.append(CaseReport.of(c, configs[1:], str(path.relative_to(run_dir))))
-        if confirm_runs:
-            confirm_repros(report, m, run_dir, confirm_runs, engine_python=engine_python,
-                           start_timeout_s=start_timeout_s, console=console)
+    try:
+        with EngineSession(console, out_dir, gpus_before=gpus) as session:
+            configs = _replay_all(session, target, m, cases, report, budget_s, t0, console,
+                                  progress, side)
+            for c in cases:
+                path = out_dir / f"repro-{c.index}.toml"
+                write_repro(c, path, m.run_id)
+                report.cases.append(CaseReport.of(c, configs[1:],
+                                                  str(path.relative_to(run_dir))))
+            if confirm_runs:
+                progress.save("confirming the reproducers")
+                confirm_repros(report, m, run_dir, confirm_runs, engine_python=engine_python,
+                               start_timeout_s=start_timeout_s, console=console,
+                               on_each=lambda: progress.save("confirming the reproducers"),
+                               side=side)
+    except BaseException as exc:
+        progress.save(_stopped(exc, report))
+        raise
     report.elapsed_s = round(time.monotonic() - t0, 1)
-    write_atomic(out_dir / "explain.json", report.to_json())
-    write_atomic(out_dir / "explain.md", to_markdown(report))
+    progress.save("complete")
     write_atomic(out_dir / "junit.xml", to_junit(report))
     render(report, console)
     return report
+
+
+def _stopped(exc: BaseException, report: "ExplainReport") -> str:
+    """explain.json's ``status`` when explain ends early with ``exc``."""
+    from .engine.session import Interrupted
+    done = sum(1 for la in report.launches if la.get("command"))
+    if isinstance(exc, Interrupted):
+        return f"interrupted ({exc}) after {done} launch(es)"
+    return f"stopped by an error after {done} launch(es): {str(exc)[:300]}"
+
+
+class _Progress:
+    """Writes explain.json and explain.md as explain goes (issue 33: a stopped explain keeps what
+    it learned). Before the diagnosis is final, the cases are reported from their working
+    state, with every configuration not reached yet ``{"skipped": "not tested yet"}`` in their
+    controls and in the launches."""
+
+    def __init__(self, report: "ExplainReport", cases: list[Case], out_dir: Path, run_dir: Path):
+        self.report, self.cases, self.out_dir, self.run_dir = report, cases, out_dir, run_dir
+        self.pending: list[Suspect | None] = []
+
+    def save(self, status: str) -> None:
+        """Rewrite explain.json and explain.md now, with ``status``."""
+        from .render.explain import to_markdown
+        rep = self.report
+        rep.status = status
+        shown = rep
+        if not rep.cases:  # still launching: the working state, the rest not tested yet
+            todo = [s for s in self.pending if s is not None]
+            not_yet = {"skipped": "not tested yet"}
+            cases = []
+            for c in self.cases:
+                path = self.out_dir / f"repro-{c.index}.toml"
+                cr = CaseReport.of(c, rep.suspects, str(path.relative_to(self.run_dir))
+                                   if path.exists() else "")
+                cr.controls = {**c.results, **{s.name: dict(not_yet) for s in todo
+                                               if s.name not in c.results}}
+                cases.append(cr)
+            seen = {la["config"] for la in rep.launches}
+            launches = [*rep.launches, *({"config": _label(s), "skipped": "not tested yet"}
+                                         for s in self.pending if _label(s) not in seen)]
+            shown = replace(rep, cases=cases, launches=launches)
+        write_atomic(self.out_dir / "explain.json", shown.to_json())
+        write_atomic(self.out_dir / "explain.md", to_markdown(shown))
+
+
+def _label(sus: Suspect | None) -> str:
+    """A configuration's name in the launches and on the console."""
+    return ("under test" if sus is None else sus.name if sus.combines else
+            f"with {sus.change}" if sus.setting else f"without {sus.name}")
 
 
 def _load_run(run: Path) -> tuple[Manifest, Path]:
@@ -825,77 +918,114 @@ def _load_run(run: Path) -> tuple[Manifest, Path]:
 
 
 def _replay_all(session: EngineSession, target: Target, m: Manifest, cases: list[Case],
-                report: ExplainReport, budget_s: float, t0: float,
-                console: Console) -> list[Suspect | None]:
+                report: ExplainReport, budget_s: float, t0: float, console: Console,
+                progress: "_Progress", side: SideBySide) -> list[Suspect | None]:
     """Every configuration in turn (under test, the first round's suspects, then the second
-    round's, :func:`follow_ups`), each on its own engine in ``session``, one at a time; the
-    cases that apply to it replayed there. Returns the configurations (None: under test)."""
+    round's, :func:`follow_ups`), each on its own engine in ``session``, ``side.n`` engines
+    started side by side (never across the two rounds); the cases that apply to it replayed
+    there, one engine after another, the configuration under test first. A broader suspect
+    whose narrower one already removed every case is skipped as implied
+    (:func:`pleharness.explain_plan.implied_by`). Progress is saved after every launch.
+    Returns the configurations (None: under test)."""
     suspects = list(report.suspects)
     configs: list[Suspect | None] = [None, *suspects]
     first_round = len(configs)
     n = 0
-    while n <= len(configs):
-        if n == first_round:  # the second round: 2x2 cells and numeric settings
+    second = False
+    while True:
+        if n >= len(configs):
+            if second:
+                break
+            second = True  # the second round: 2x2 cells and numeric settings
             more = follow_ups(m, suspects, cases)
             report.suspects += more
             configs += more
             if more:
                 console.print(f"second round: {len(more)} more launch(es): "
                               + ", ".join(s.name for s in more), highlight=False)
-        if n >= len(configs):
-            break
-        sus = configs[n]
-        n += 1
-        todo = [c for c in cases if sus is None or _applies(sus, c, suspects)]
-        if not todo:
-            if sus is None:
+            if n >= len(configs):
                 break
+        end = first_round if n < first_round else len(configs)
+        batch: list[tuple[int, Suspect | None]] = []
+        while n < end and len(batch) < side.n:
+            sus = configs[n]
+            n += 1
+            if sus is not None and not batch:  # decided on what the replays so far showed
+                todo = [c for c in cases if _applies(sus, c, suspects)]
+                if not todo:
+                    continue
+                imp = implied_by(sus, todo, suspects)
+                if imp is not None:
+                    why = f"implied: {imp.change} already removes it"
+                    report.launches.append({"config": _label(sus), "skipped": why})
+                    for c in todo:
+                        c.results[sus.name] = {"skipped": why}
+                    continue
+            if time.monotonic() - t0 > budget_s:
+                report.launches.append({"config": _label(sus), "skipped": "budget"})
+                for c in cases:
+                    if sus is not None and _applies(sus, c, suspects):
+                        c.results[sus.name] = {"skipped": "budget"}
+                continue
+            batch.append((n, sus))
+        if not batch:
             continue
-        label = ("under test" if sus is None else sus.name if sus.combines else
-                 f"with {sus.change}" if sus.setting else f"without {sus.name}")
-        if time.monotonic() - t0 > budget_s:
-            report.launches.append({"config": label, "skipped": "budget"})
-            for c in todo:
-                if sus is not None:
-                    c.results[sus.name] = {"skipped": "budget"}
-            continue
-        console.print(f"[{n}/{len(configs)}] launching the engine {escape(label)} ...",
-                      highlight=False)
-        _replay_on(session, target, sus, label, n - 1, todo, m, report)
+        progress.pending = [sus for _, sus in batch] + configs[n:]  # until each is recorded
+        _replay_batch(session, target, batch, len(configs), cases, suspects, m, report,
+                      console, side)
+        if any(sus is None for _, sus in batch):  # the reproducers exist from then on
+            for c in cases:
+                write_repro(c, progress.out_dir / f"repro-{c.index}.toml", m.run_id)
+        progress.pending = configs[n:]
+        progress.save(f"launch {sum(1 for la in report.launches if 'config' in la)} of "
+                      f"{len(configs)} done")
+    progress.pending = []
     return configs
 
 
-def _replay_on(session: EngineSession, target: Target, sus: Suspect | None, label: str,
-               index: int, todo: list[Case], m: Manifest, report: ExplainReport) -> None:
-    """Launch ``sus``'s engine (the configuration under test for None) in ``session``, replay
-    ``todo`` there (under test: each case's levels, smallest first, until one fails), stop it.
-    A suspect's engine that fails to start is recorded (the launch and each case's result);
-    the configuration under test failing raises EngineError."""
-    spec = target.launch_spec() if sus is None else sus.variant.spec(target)
-    try:
-        eng = session.start(target, spec=spec, log_name=f"engine-{index}", gather=False)
-    except EngineError as exc:
-        session.stop_all()
-        if sus is None:
-            raise
-        report.launches.append({"config": label, "error": str(exc.args[0]),
-                                "root_cause": exc.root_cause})
-        for c in todo:
-            c.results[sus.name] = {"error": str(exc.args[0])}
-        return
-    try:
-        rp = _Replayer.for_run(eng.client, m, report.include_warnings)
-        report.launches.append({"config": label, "command": redact_argv(eng.server.command),
-                                "ready_s": round(eng.server.ready_s or 0, 1)})
-        for c in todo:
-            if sus is None:
-                for name, level in c.levels.items():
-                    res = rp.run(level, report.tries)
-                    c.baseline[name] = res
-                    if res["fails"]:
-                        c.minimal = name
-                        break
-            else:
-                c.results[sus.name] = _replay_suspect(rp, sus, c, m, report.tries)
-    finally:
-        session.stop(eng)
+def _replay_batch(session: EngineSession, target: Target, batch: list[tuple[int, Suspect | None]],
+                  total: int, cases: list[Case], suspects: list[Suspect], m: Manifest,
+                  report: ExplainReport, console: Console, side: SideBySide) -> None:
+    """Start the engines of ``batch`` ((launch number, suspect)) side by side, then replay on
+    each in order and stop it. A suspect's engine that fails to start is recorded (the launch
+    and each case's result); the configuration under test failing raises EngineError."""
+    for i, sus in batch:
+        console.print(f"[{i}/{total}] launching the engine {escape(_label(sus))} ...",
+                      highlight=False)
+
+    def starter(i: int, sus: Suspect | None):
+        spec = target.launch_spec() if sus is None else sus.variant.spec(target)
+        if side.add:
+            spec = replace(spec, engine_args=[*spec.engine_args, *side.add])
+        return lambda: session.start(target, spec=spec, log_name=f"engine-{i - 1}", gather=False)
+
+    started = run_side_by_side([starter(i, sus) for i, sus in batch], side.n)
+    for (i, sus), eng in zip(batch, started):
+        label = _label(sus)
+        if isinstance(eng, BaseException):
+            if sus is None or not isinstance(eng, EngineError):
+                session.stop_all()
+                raise eng
+            report.launches.append({"config": label, "error": str(eng.args[0]),
+                                    "root_cause": eng.root_cause})
+            for c in cases:
+                if _applies(sus, c, suspects):
+                    c.results[sus.name] = {"error": str(eng.args[0])}
+            continue
+        try:
+            todo = [c for c in cases if sus is None or _applies(sus, c, suspects)]
+            rp = _Replayer.for_run(eng.client, m, report.include_warnings)
+            report.launches.append({"config": label, "command": redact_argv(eng.server.command),
+                                    "ready_s": round(eng.server.ready_s or 0, 1)})
+            for c in todo:
+                if sus is None:
+                    for name, level in c.levels.items():
+                        res = rp.run(level, report.tries)
+                        c.baseline[name] = res
+                        if res["fails"]:
+                            c.minimal = name
+                            break
+                else:
+                    c.results[sus.name] = _replay_suspect(rp, sus, c, m, report.tries)
+        finally:
+            session.stop(eng)

@@ -61,6 +61,8 @@ class ReplayTarget:
     reference_cache_state: str = "warm"
     start_timeout_s: float = 900.0
     timeouts: Any = None
+    parallel: int = 1  # replays side by side (pleharness.engine.side_by_side)
+    engine_args_add: list[str] = field(default_factory=list)  # e.g. a fixed KV cache size
 
     @property
     def fresh(self) -> bool:
@@ -104,74 +106,43 @@ def replay_reproducer(path: Path, target: ReplayTarget, runs: int, out_dir: Path
                       log: Callable[[str], Any] = print, label: str | None = None) -> dict:
     """Replay the scenario file ``path`` ``runs`` times (each a ``stress`` run under
     ``out_dir/<label>-<i>/``, on a fresh engine unless attached); returns the result dict of the
-    module docstring. ``log`` gets one line per replay. Never raises for a replay that fails or
-    errs (that is the result); raises ValueError for ``runs`` < 1 and
+    module docstring. ``log`` gets one line per replay. Up to ``target.parallel`` replays run
+    side by side, each on its own engine (:mod:`pleharness.engine.side_by_side`; one at a time
+    when attached or on a fixed ``--port``). Never raises for a replay that fails or errs (that
+    is the result); raises ValueError for ``runs`` < 1 and
     :class:`~pleharness.engine.session.Interrupted` when a replay was interrupted (exit 130 /
-    143: the caller ends its own run interrupted instead of starting the next replay)."""
-    from .engine.session import Interrupted
-    from .errors import HarnessError
-    from .manifest import load_manifest
-    from .config import StressConfig
-    from .stress import run_stress
+    143, or a signal while side-by-side replays ran: their engines are killed first)."""
+    from .engine.side_by_side import run_side_by_side
     if runs < 1:
         raise ValueError("runs must be >= 1")
     label = label or Path(path).stem
     out_dir.mkdir(parents=True, exist_ok=True)
-    replays = []
+    par = 1 if (not target.fresh or (target.launch is not None and target.launch.port)) \
+        else max(1, target.parallel)
+    replays: list[dict] = []
     i = 0
     # an inconclusive replay (it passed without exercising its inserts) is replaced by another,
     # up to ``runs`` extra replays in all
-    while sum(1 for r in replays if not r.get("inconclusive")) < runs and i < 2 * runs:
-        i += 1
-        run_id = f"{label}-{i}"
-        kw: dict[str, Any] = dict(
-            scenarios=[str(path)], results_dir=out_dir, run_id=run_id, golden=target.golden,
-            near_tie_nats=target.near_tie_nats, strict=target.strict,
-            reference_cache_state=target.reference_cache_state, confirm_runs=0,
-            start_timeout_s=target.start_timeout_s,
-            invocation=["ple-harness", "stress", "--scenario", str(path)])
-        if target.timeouts is not None:
-            kw["timeouts"] = target.timeouts
-        if target.url is not None:
-            kw.update(url=target.url, api_key=target.api_key,
-                      explicit_facts=dict(target.explicit_facts))
-        else:
-            sp = target.launch
-            kw.update(model=sp.model, engine_python=sp.python, tp=sp.tp,
-                      engine_args=list(sp.engine_args), engine_env=dict(sp.env),
-                      served_model_name=sp.served_model_name, host=sp.host, port=sp.port)
-        quiet = Console(file=io.StringIO(), width=200)
-        try:
-            code = run_stress(StressConfig(**kw), console=quiet, err_console=quiet)
-        except HarnessError as exc:  # a usage error before the run folder existed
-            code = exc.exit_code
-        if code in (130, 143):
-            raise Interrupted(code - 128)
-        rdir = out_dir / run_id
-        row = {"run": i, "exit_code": code, "reproduced": code == 1,
-               "manifest": str(rdir / "manifest.json")}
-        if code == 1:
-            row["failing"] = _failing_lines(rdir)
-        elif code == 0:
-            why = _not_exercised(rdir)
-            if why:
-                row["inconclusive"] = why
-            try:
-                row["error"] = load_manifest(rdir, with_requests=False).reason
-            except (ValueError, OSError):
-                row["error"] = quiet.file.getvalue()[-500:]
-        if (rdir / "manifest.json").exists():
-            try:
-                row["engine_ready_s"] = load_manifest(rdir, with_requests=False).engine.ready_s
-            except (ValueError, OSError):
-                pass
-        replays.append(row)
-        what = "reproduced" if code == 1 else \
-            f"inconclusive ({row['inconclusive']}): another replay" if row.get("inconclusive") \
-            else "passed (not reproduced)" if code == 0 else \
-            f"error (exit {code}): {row.get('error')}"
-        log(f"  replay {i} ({runs} wanted) of {Path(path).name} "
-            f"{'on a fresh engine' if target.fresh else 'on the same engine'}: {what}")
+    while True:
+        want = runs - sum(1 for r in replays if not r.get("inconclusive"))
+        if want <= 0 or i >= 2 * runs:
+            break
+        wave = list(range(i + 1, i + 1 + min(want, par, 2 * runs - i)))
+        i = wave[-1]
+        rows = run_side_by_side([(lambda k=k: _replay_once(path, target, out_dir, label, k))
+                                 for k in wave], par)
+        for k, row in zip(wave, rows):
+            if isinstance(row, BaseException):
+                raise row
+            replays.append(row)
+            code = row["exit_code"]
+            what = "reproduced" if code == 1 else \
+                f"inconclusive ({row['inconclusive']}): another replay" \
+                if row.get("inconclusive") else "passed (not reproduced)" if code == 0 else \
+                f"error (exit {code}): {row.get('error')}"
+            log(f"  replay {k} ({runs} wanted) of {Path(path).name} "
+                f"{'on a fresh engine' if target.fresh else 'on the same engine'}"
+                + (f", {len(wave)} side by side" if len(wave) > 1 else "") + f": {what}")
     counted = [r for r in replays if not r.get("inconclusive")]
     n = sum(r["reproduced"] for r in counted)
     errors = sum(1 for r in counted if r["exit_code"] not in (0, 1))
@@ -179,7 +150,62 @@ def replay_reproducer(path: Path, target: ReplayTarget, runs: int, out_dir: Path
     return {"runs": len(counted), "reproduced": n, "errors": errors, "inconclusive": left_out,
             "fresh_engine": target.fresh, "rate": f"{n}/{len(counted)}",
             "verdict": rate_verdict(n, len(counted), errors, target.fresh, left_out),
-            "replays": replays}
+            "side_by_side": par, "replays": replays}
+
+
+def _replay_once(path: Path, target: ReplayTarget, out_dir: Path, label: str, i: int) -> dict:
+    """Replay ``path`` once as the ``stress`` run ``<label>-<i>`` under ``out_dir``: its row of
+    the result's ``replays``. Raises Interrupted when the run was interrupted (exit 130 / 143)."""
+    from .config import StressConfig
+    from .engine.session import Interrupted
+    from .errors import HarnessError
+    from .manifest import load_manifest
+    from .stress import run_stress
+    run_id = f"{label}-{i}"
+    kw: dict[str, Any] = dict(
+        scenarios=[str(path)], results_dir=out_dir, run_id=run_id, golden=target.golden,
+        near_tie_nats=target.near_tie_nats, strict=target.strict,
+        reference_cache_state=target.reference_cache_state, confirm_runs=0,
+        start_timeout_s=target.start_timeout_s,
+        invocation=["ple-harness", "stress", "--scenario", str(path)])
+    if target.timeouts is not None:
+        kw["timeouts"] = target.timeouts
+    if target.url is not None:
+        kw.update(url=target.url, api_key=target.api_key,
+                  explicit_facts=dict(target.explicit_facts))
+    else:
+        sp = target.launch
+        kw.update(model=sp.model, engine_python=sp.python, tp=sp.tp,
+                  engine_args=[*sp.engine_args, *target.engine_args_add],
+                  engine_env=dict(sp.env), served_model_name=sp.served_model_name,
+                  host=sp.host, port=sp.port)
+    quiet = Console(file=io.StringIO(), width=200)
+    try:
+        code = run_stress(StressConfig(**kw), console=quiet, err_console=quiet)
+    except HarnessError as exc:  # a usage error before the run folder existed
+        code = exc.exit_code
+    if code in (130, 143):
+        raise Interrupted(code - 128)
+    rdir = out_dir / run_id
+    row: dict[str, Any] = {"run": i, "exit_code": code, "reproduced": code == 1,
+                           "manifest": str(rdir / "manifest.json")}
+    if code == 1:
+        row["failing"] = _failing_lines(rdir)
+    elif code == 0:
+        why = _not_exercised(rdir)
+        if why:
+            row["inconclusive"] = why
+    else:
+        try:
+            row["error"] = load_manifest(rdir, with_requests=False).reason
+        except (ValueError, OSError):
+            row["error"] = quiet.file.getvalue()[-500:]
+    if (rdir / "manifest.json").exists():
+        try:
+            row["engine_ready_s"] = load_manifest(rdir, with_requests=False).engine.ready_s
+        except (ValueError, OSError):
+            pass
+    return row
 
 
 def _not_exercised(run_dir: Path) -> str | None:

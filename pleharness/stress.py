@@ -15,7 +15,7 @@ from .engine.facts import as_facts
 import contextlib
 import signal
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from .causes import headline
 from .config import StressConfig
 from .engine.session import Engine, EngineSession, Interrupted, Target, Variant, launch_record
+from .engine.side_by_side import SideBySide, model_bytes
+from .engine.side_by_side import plan as plan_side_by_side
 from .environment import environment_info, harness_info
 from .errors import (EngineError, ExitCode, HarnessError, RequestTimeoutAbort, UsageError,
                      write_crash_log)
@@ -97,6 +99,7 @@ def run_stress(cfg: StressConfig, console: Console | None = None,
                   else {})
     target = cfg.target(console)
     _raise_if_second_engine_is_the_same(cfg, target)  # before a run folder exists
+    side = _side_by_side(cfg, target)  # too many engines for this machine: before anything
     golden_dir = cfg.golden_model or (target.model_path if cfg.url is None else None)
     if cfg.reference_mode == "golden" and golden_dir is not None:
         from .golden import golden_problem
@@ -104,6 +107,7 @@ def run_stress(cfg: StressConfig, console: Console | None = None,
         if problem:
             raise UsageError(f"--reference golden: {problem}")
     run = _Run.begin(cfg, scenarios, target, console, err_console or Console(stderr=True))
+    run.side = side
     code = ExitCode.FAIL
     try:
         with contextlib.ExitStack() as stack:  # closing it stops engines, restores handlers
@@ -164,6 +168,7 @@ class _Run:
     manifest: Manifest
     session: EngineSession | None = None
     ready: bool = False
+    side: SideBySide = field(default_factory=SideBySide)  # engines side by side (confirmations)
 
     @property
     def mpath(self) -> Path:
@@ -471,6 +476,18 @@ def _raise_if_second_engine_is_the_same(cfg: StressConfig, target: Target) -> No
                          + "\n".join(f"  - {x}" for x in problems))
 
 
+def _side_by_side(cfg: StressConfig, target: Target) -> SideBySide:
+    """The side-by-side plan of the run's confirmation replays (``--parallel-engines``;
+    :func:`pleharness.engine.side_by_side.plan`): one at a time when attached or not
+    confirming. Raises UsageError when the engines asked for do not fit."""
+    if cfg.url is not None or not cfg.confirm_runs or cfg.parallel_engines == 1:
+        return SideBySide()
+    from .environment import gpu_inventory
+    return plan_side_by_side(cfg.parallel_engines, gpus=gpu_inventory(),
+                             model=model_bytes(target.model_path),
+                             engine_args=target.engine_args, engine_env=target.engine_env)
+
+
 def _confirm_reproducers(run: _Run, eng: Engine, target: Target) -> None:
     """Replay every reproducer the suite wrote (``tables["reproducers"]``) ``--confirm-runs``
     times, each on a freshly started engine of the run's configuration (the engine under test is
@@ -486,7 +503,10 @@ def _confirm_reproducers(run: _Run, eng: Engine, target: Target) -> None:
                       api_key=cfg.api_key, explicit_facts=dict(cfg.explicit_facts),
                       golden=cfg.golden, near_tie_nats=cfg.near_tie_nats, strict=cfg.strict,
                       reference_cache_state=cfg.reference_cache_state,
-                      start_timeout_s=cfg.start_timeout_s, timeouts=cfg.timeouts)
+                      start_timeout_s=cfg.start_timeout_s, timeouts=cfg.timeouts,
+                      parallel=run.side.n, engine_args_add=list(run.side.add))
+    if run.side.n > 1 and spec is not None:
+        run.console.print(esc(f"confirmations: {run.side.why}"), highlight=False)
     rows = confirm_run_reproducers(run.manifest, run.run_dir, rt, cfg.confirm_runs,
                                    log=lambda x: run.console.print(esc(x), highlight=False))
     run.manifest.summary.reproducers = [{"path": r["path"], "verdict": r.get("verdict")}

@@ -1,7 +1,11 @@
 """Attribution: control runs over the same schedule, and `ple-harness explain`."""
 import json
+import os
 import shutil
+import signal
+import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -366,6 +370,83 @@ def test_explain_attributes_the_divergence_to_its_flag(cpu_engine, spec_fault_ru
     rm = load_json(tmp / "replayed" / "manifest.json")
     assert rm["scenarios"][0]["kind"] == "replay" and rm["summary"]["hard_divergences"] >= 1
     assert any(x["reproduced"] for x in rm["tables"]["replay_failed_comparisons"])
+
+
+@pytest.mark.engine
+def test_explain_side_by_side_says_the_same(cpu_engine, spec_fault_run):
+    """--parallel-engines 2 (issue 33): the suspects' engines start two at a time and the
+    reproducer's two confirmations run side by side; the diagnosis is the sequential one's."""
+    r, out, m, tmp = spec_fault_run
+    run = tmp / "spec"
+    one = run / "explain" / "explain.json"
+    if not one.exists():  # this test alone: the sequential explain first
+        assert run_cli("explain", str(run), "--tries", "3", "--confirm-runs", "0",
+                       env=fault_env(cpu_engine, "--speculative-config"),
+                       timeout=900).returncode == 0
+    seq = json.loads(one.read_text())
+    e = run_cli("explain", str(run), "--tries", "3", "--confirm-runs", "2",
+                "--parallel-engines", "2", env=fault_env(cpu_engine, "--speculative-config"),
+                timeout=900)
+    assert e.returncode == 0, (e.stdout + e.stderr)[-3000:]
+    par = json.loads(one.read_text())
+    assert par["status"] == "complete" and par["side_by_side"]["parallel_engines"] == 2
+    assert "2 CPU engines side by side" in e.stderr
+    assert [s["name"] for s in par["suspects"]] == [s["name"] for s in seq["suspects"]]
+    assert [c["attribution"] for c in par["cases"]] == [c["attribution"] for c in seq["cases"]]
+    for a, b in zip(par["cases"], seq["cases"]):
+        assert {k: v.get("vanishes") for k, v in a["controls"].items()} == \
+            {k: v.get("vanishes") for k, v in b["controls"].items()}
+    firsts = [c for c in par["cases"] if "same_schedule_as" not in c["reproduction"]]
+    for c in firsts:
+        assert c["reproduction"]["rate"] == "2/2" and c["reproduction"]["side_by_side"] == 2
+    assert "2 side by side" in e.stderr
+
+
+@pytest.mark.engine
+def test_explain_stopped_after_its_second_launch_keeps_what_it_learned(cpu_engine,
+                                                                        spec_fault_run):
+    """Issue 33: explain.json and explain.md are rewritten after every launch; SIGTERM after the
+    second launch leaves both launches and every configuration not reached "not tested yet"."""
+    r, out, m, tmp = spec_fault_run
+    run = tmp / "spec"
+    shutil.rmtree(run / "explain", ignore_errors=True)
+    env = {**os.environ, "PLE_HARNESS_ENGINE_PROBE": "0", "COLUMNS": "200",
+           **fault_env(cpu_engine, "--speculative-config")}
+    p = subprocess.Popen([sys.executable, "-m", "pleharness", "explain", str(run), "--tries",
+                          "3", "--confirm-runs", "0"], cwd=ROOT, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    path = run / "explain" / "explain.json"
+    deadline = time.monotonic() + 600
+    try:
+        while time.monotonic() < deadline and p.poll() is None:
+            try:
+                if json.loads(path.read_text()).get("status", "").startswith("launch 2 of"):
+                    break
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.2)
+        assert p.poll() is None, p.communicate()[1][-3000:]
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 143, err[-3000:]
+    assert "explain.json and explain.md:" in err and "rewritten after every launch" in err
+    rep = json.loads(path.read_text())
+    assert rep["status"].startswith("interrupted"), rep["status"]
+    launched = [la for la in rep["launches"] if la.get("command")]
+    not_yet = [la for la in rep["launches"] if la.get("skipped") == "not tested yet"]
+    assert len(launched) >= 2 and launched[0]["config"] == "under test"
+    assert launched[1]["config"] == "without speculative decoding"
+    assert len(launched) + len(not_yet) == 4 and not_yet  # planned: under test + 3 suspects
+    for c in rep["cases"]:
+        assert c["controls"]["speculative decoding"]["vanishes"] is True
+        assert c["repro"] and (run / c["repro"]).exists()  # written after the first launch
+        assert any(v == {"skipped": "not tested yet"} for v in c["controls"].values())
+        assert "not tested:" in c["attribution"]
+    md = (run / "explain" / "explain.md").read_text()
+    assert "**Status: interrupted" in md and "not tested yet" in md
 
 
 LENGTH_SCENARIO = """kind = "replay"

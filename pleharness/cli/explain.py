@@ -36,6 +36,11 @@ def explain(
     confirm_runs: Annotated[int, typer.Option(min=0, max=100, help=(
         "Replay each repro-N.toml this many times, each on a freshly started engine of the "
         "configuration under test, and report the reproduction rate. 0: skip."))] = 3,
+    parallel_engines: Annotated[str, typer.Option(help=(
+        "Engines started side by side: the suspects' configurations (never across the two "
+        "rounds) and the confirmation replays (a number, or auto: as many as fit in the GPU's "
+        "free memory, 1 on the CPU). Each gets a fixed KV cache size (--kv-cache-memory-bytes) "
+        "and a small --gpu-memory-utilization share; more than fit: a usage error."))] = "1",
 ):
     """Which engine feature causes each failing divergence of a finished (launched) run.
 
@@ -51,4 +56,5 @@ def explain(
                 auto_suspects=auto_suspects, include_warnings=include_warnings, tries=tries,
                 budget_s=budget_s,
                 engine_python=engine_python, start_timeout_s=start_timeout,
-                console=err_console, confirm_runs=confirm_runs)
+                console=err_console, confirm_runs=confirm_runs,
+                parallel_engines=config.parse_parallel(parallel_engines))

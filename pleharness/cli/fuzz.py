@@ -82,6 +82,12 @@ class FuzzRunOptions:
              "configuration, and report the reproduction rate ('reproduced 3/3'; 0/N also "
              "replays the first, larger failing schedule, repro-larger.toml). Attached (--url): "
              "on the same engine, marked as such. 0: skip.")] = 3
+    parallel_engines: Annotated[str, typer.Option(rich_help_panel=P_FUZZ,
+        help="Engines started side by side for the confirmation replays (a number, or auto: as "
+             "many as fit in the GPU's free memory, 1 on the CPU). Each gets a fixed KV cache "
+             "size (--kv-cache-memory-bytes) and a small --gpu-memory-utilization share, so that "
+             "its start does not profile memory a neighbour is allocating. More than fit: a "
+             "usage error before anything starts.")] = "1"
     max_tokens_old: Annotated[Optional[int], typer.Option("--max-tokens", hidden=True,
         help="Deprecated spelling of --max-drawn-tokens.")] = None
 
@@ -136,5 +142,6 @@ def fuzz(ctx: typer.Context, search: FuzzSearchOptions, run: FuzzRunOptions,
     from ..stress import run_stress
     cfg = StressConfig(**fields, scenarios=[("fuzz", params)],
                        timeouts=Timeouts(total_s=timeouts.request_timeout),
-                       confirm_runs=run.confirm_runs)
+                       confirm_runs=run.confirm_runs,
+                       parallel_engines=config.parse_parallel(run.parallel_engines))
     raise typer.Exit(run_stress(cfg, console, err_console))

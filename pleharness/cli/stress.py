@@ -66,6 +66,12 @@ class ReferenceOptions:
         help="A reproducer a scenario writes (the fuzz kind's repro.toml) is replayed this many "
              "times, each on a freshly started engine of the same configuration, and its "
              "reproduction rate reported. 0: skip.")] = 3
+    parallel_engines: Annotated[str, typer.Option(rich_help_panel=P_REF,
+        help="Engines started side by side for the confirmation replays (a number, or auto: as "
+             "many as fit in the GPU's free memory, 1 on the CPU). Each gets a fixed KV cache "
+             "size (--kv-cache-memory-bytes) and a small --gpu-memory-utilization share, so that "
+             "its start does not profile memory a neighbour is allocating. More than fit: a "
+             "usage error before anything starts.")] = "1"
     golden_model: Annotated[Optional[str], typer.Option(rich_help_panel=P_REF,
         help="Model folder for the golden model when attaching with --url (default: the served "
              "model's root, when it is a local folder).")] = None

@@ -16,6 +16,7 @@ import shlex
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -156,6 +157,7 @@ class EngineServer:
         self._log_file = None
         self.command: list[str] = []
         self.ready_s: float | None = None
+        self.owner = threading.get_ident()  # the thread that started it (side-by-side jobs)
 
     @property
     def url(self) -> str:
@@ -198,9 +200,13 @@ class EngineServer:
             f.write("environment (set by the harness):\n")
             for k, v in redact_env(chosen).items():
                 f.write(f"  {k}={v}\n")
+        check_cancelled()  # a side-by-side job stopped before this engine was launched
         self._log_file = private_file(self.log_path, "wb")
+        self.owner = threading.get_ident()
         self.proc = subprocess.Popen(self.command, stdout=self._log_file, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        with _live_lock:
+            _live.add(self)
         with private_file(self.launcher_log_path, "a") as f:
             f.write(f"pid {self.proc.pid} (process group {self.proc.pid})\n")
         t0 = time.monotonic()
@@ -219,6 +225,7 @@ class EngineServer:
     def _wait_ready(self, t0: float) -> None:
         assert self.proc is not None
         while True:
+            check_cancelled()
             code = self.proc.poll()
             if code is not None:
                 raise EngineError(f"engine exited with code {code} before it was ready",
@@ -280,6 +287,8 @@ class EngineServer:
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None
+        with _live_lock:
+            _live.discard(self)
 
     def __enter__(self) -> "EngineServer":
         self.start()
@@ -287,6 +296,40 @@ class EngineServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+_live: set[EngineServer] = set()  # launched and not yet stopped
+_live_lock = threading.Lock()
+
+
+class Cancelled(EngineError):
+    """Raised in a worker thread of a side-by-side job that was stopped
+    (:func:`pleharness.engine.side_by_side.run_side_by_side`)."""
+
+
+_cancelled: set[int] = set()  # thread idents of stopped side-by-side workers
+
+
+def check_cancelled() -> None:
+    """Raise :class:`Cancelled` in a thread of a stopped side-by-side job (called before an
+    engine is launched and while one is waited for)."""
+    if threading.get_ident() in _cancelled:
+        raise Cancelled("the side-by-side job was stopped")
+
+
+def cancel_threads(threads: set[int], undo: bool = False) -> None:
+    """Stop the engines of ``threads`` (thread idents): no engine is launched from them any
+    more, and every engine one of them launched and has running gets SIGKILL on its process
+    group (its thread's own session then sees it gone and ends). ``undo``: forget them (after
+    they were joined)."""
+    with _live_lock:
+        if undo:
+            _cancelled.difference_update(threads)
+            return
+        _cancelled.update(threads)
+        mine = [s for s in _live if s.owner in threads and s.proc is not None]
+    for srv in mine:
+        _signal_group(srv.proc.pid, signal.SIGKILL)
 
 
 def _signal_group(pgid: int, sig: int) -> None:

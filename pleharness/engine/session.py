@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -380,9 +381,14 @@ class EngineSession:
 
         def stop() -> None:
             if server in self.servers:  # still listed while it stops: a 2nd signal kills it
-                with self.console.status(f"stopping the {what} ..."):
+                with (self.console.status(f"stopping the {what} ...")
+                      if threading.current_thread() is threading.main_thread()
+                      else contextlib.nullcontext()):
                     self._stop(server)
-        with self.console.status(f"starting the {what} (see {escape(server.log_path.name)}) ..."):
+        main = threading.current_thread() is threading.main_thread()
+        # one live display at a time: a side-by-side worker thread starts without a spinner
+        with (self.console.status(f"starting the {what} (see {escape(server.log_path.name)}) ...")
+              if main else contextlib.nullcontext()):
             server.start()  # stops the server itself when it fails to become ready
         self.servers.append(server)
         self._stack.callback(stop)

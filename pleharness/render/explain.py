@@ -21,6 +21,10 @@ def _cell(r: dict[str, Any]) -> str:
     if not r:
         return "-"
     if r.get("skipped") or r.get("error"):
+        if r.get("skipped") == "not tested yet":
+            return "not tested yet"
+        if str(r.get("skipped") or "").startswith("implied"):
+            return "implied"
         return "skipped" if r.get("skipped") else "error"
     word = {True: "fails", False: "ok"}
     if r.get("new_length") not in (None, r.get("length")):
@@ -86,9 +90,13 @@ def to_markdown(report: "ExplainReport") -> str:
     evidence as Markdown (pasteable into a PR)."""
     sus = [s.name for s in report.suspects]
     elapsed = report.elapsed_s if report.elapsed_s is not None else 0
-    lines = [f"## Attribution (`ple-harness explain {report.run_id}`)", "",
-             f"Engine launches: {len(report.launches)}; tries per replay: {report.tries}; "
-             f"{elapsed} s.", ""]
+    done = sum(1 for la in report.launches if la.get("command"))
+    lines = [f"## Attribution (`ple-harness explain {report.run_id}`)", ""]
+    if report.status != "complete":
+        lines += [f"**Status: {report.status}** (this file is rewritten after every launch; "
+                  "configurations marked \"not tested yet\" were not reached)", ""]
+    lines += [f"Engine launches: {done}; tries per replay: {report.tries}; {elapsed} s."
+              + (f" Estimate: {report.estimate['text']}." if report.estimate else ""), ""]
     for text, cs in _by_diagnosis(report):
         lines.append(f"- **case{'s' if len(cs) > 1 else ''} "
                      f"{', '.join(str(c.case) for c in cs)}** (L="
@@ -116,6 +124,8 @@ def to_markdown(report: "ExplainReport") -> str:
     for la in report.launches:
         if la.get("command"):
             lines.append(f"- {la['config']}: `{' '.join(la['command'])}`")
+        elif la.get("skipped"):
+            lines.append(f"- {la['config']}: {la['skipped']}")
     return "\n".join(lines) + "\n"
 
 
