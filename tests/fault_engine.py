@@ -5,10 +5,14 @@ planting a fault only when a chosen flag is among its launch arguments (control 
 
 Used through ``tests/fakepy/python`` as ``--engine-python``. Environment:
 
-- ``PLE_FAULT_UPSTREAM``: base URL of the real engine (the tests' session engine);
+- ``PLE_FAULT_UPSTREAM``: base URL of the real engine (the tests' session engine), or ``spawn``:
+  start a real engine of its own with the same launch arguments (a free port, the same process
+  group, so the harness's stop ends it too) and forward to it, so that every launch costs what a
+  real engine start costs (``benchmarks/time_to_diagnosis.py`` on a GPU);
 - ``PLE_FAULT_WHEN``: when the fault is on: ``always``, ``never``, or comma-separated conditions
-  on the launch arguments that must all hold: ``--flag`` (present) or ``--flag=VALUE`` (present
-  with exactly that value, in the ``--flag VALUE`` or ``--flag=VALUE`` form), e.g.
+  on the launch arguments that must all hold: ``--flag`` (present), ``!--flag`` (absent) or
+  ``--flag=VALUE`` (present with exactly that value, in the ``--flag VALUE`` or ``--flag=VALUE``
+  form), e.g.
   ``--speculative-config,--max-num-batched-tokens=256`` (a fault that needs two features);
 - ``PLE_FAULT_LEN``: optionally, only prompts of this many tokens are corrupted: an integer, or
   ``1+k`` with k the ``num_speculative_tokens`` of the launch's ``--speculative-config`` (a fault
@@ -50,6 +54,10 @@ def launch_matches(when, args) -> bool:
     if when in ("always", "never"):
         return when == "always"
     for cond in filter(None, (c.strip() for c in when.split(","))):
+        if cond.startswith("!"):  # the flag must be absent
+            if arg_value(args, cond[1:]) is not None:
+                return False
+            continue
         flag, eq, want = cond.partition("=")
         got = arg_value(args, flag)
         if got is None or (eq and got != want):
@@ -129,14 +137,56 @@ def main(argv):
                             ids[i] = new
             return chunk
 
-    proxy = FaultProxy(os.environ["PLE_FAULT_UPSTREAM"], Busy() if active else Fault(), host, port)
+    upstream = os.environ["PLE_FAULT_UPSTREAM"]
+    child = None
+    if upstream == "spawn":
+        child, upstream = spawn_upstream(real, argv[2], args, host)
+    proxy = FaultProxy(upstream, Busy() if active else Fault(), host, port)
     print(f"fault engine on {host}:{port}, fault {'ON' if active else 'off'} "
           f"(when {when}, prompt length {want_len}), args {args}", flush=True)
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     with proxy:
         done.wait()
+    if child is not None:
+        child.terminate()
     return 0
+
+
+def spawn_upstream(real, module, args, host):
+    """Start ``real -m module ARGS`` on a free port (``--port`` replaced), wait until its /health
+    answers 200; return (process, base URL). Exits 1 when it dies first (its log is on stdout)."""
+    import socket
+    import subprocess
+    import time
+    import urllib.request
+    with socket.socket() as s:
+        s.bind((host, 0))
+        up_port = s.getsockname()[1]
+    out, skip = [], False
+    for i, a in enumerate(args):
+        if skip:
+            skip = False
+            continue
+        if a == "--port":
+            skip = True
+            continue
+        if not a.startswith("--port="):
+            out.append(a)
+    child = subprocess.Popen([real, "-m", module, *out, "--port", str(up_port)])
+    url = f"http://{host}:{up_port}"
+    while True:
+        if child.poll() is not None:
+            print(f"ValueError: the spawned upstream engine exited with {child.returncode}",
+                  flush=True)
+            sys.exit(1)
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return child, url
+        except OSError:
+            pass
+        time.sleep(0.5)
 
 
 if __name__ == "__main__":

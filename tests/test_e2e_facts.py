@@ -123,6 +123,8 @@ def test_launched_no_size_flags(embedded_model, tmp_path):
     assert f["num_speculative_tokens"]["source"] != "launch arguments (no --speculative-config)"
     assert m["tables"]["fact_conflicts"] == []
     assert m["engine"]["launch"]["env"]["VLLM_SERVER_DEV_MODE"] == "1"
+    # one compile cache for every engine of the job, named in the manifest (issue 33)
+    assert m["engine"]["launch"]["compile_cache"] == m["engine"]["launch"]["env"]["VLLM_CACHE_ROOT"]
     b, c = f["block_size"]["value"], f["max_num_batched_tokens"]["value"]
     rows = [row for row in m["tables"]["boundary"]]
     by_len = {row["length"]: row for row in rows if row["length"]}

@@ -73,17 +73,22 @@ def test_cpu_plan_auto_is_one_and_too_many_is_refused_with_the_arithmetic():
 
 def test_run_side_by_side_keeps_order_and_returns_errors():
     seen = []
+    last_done = threading.Event()
 
     def job(i):
         def f():
-            time.sleep(0.05 * (3 - i))
+            if i == 0:  # ends last, whatever the machine's speed
+                assert last_done.wait(30)
             if i == 1:
                 raise EngineError("no start")
+            if i == 2:
+                last_done.set()
             return i
         return f
     out = run_side_by_side([job(i) for i in range(3)], 3, on_done=lambda i, r: seen.append(i))
     assert out[0] == 0 and isinstance(out[1], EngineError) and out[2] == 2
-    assert sorted(seen) == [0, 1, 2] and seen[0] == 2  # on_done as each ends
+    assert sorted(seen) == [0, 1, 2] and seen[-1] == 0  # on_done as each ends
+    last_done.set()
     assert run_side_by_side([job(0), job(2)], 1) == [0, 2]
 
 
@@ -131,10 +136,10 @@ def test_a_signal_stops_every_side_by_side_engine(tmp_path):
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
     assert took < 30, took
-    assert len(servers) == 2  # the third never started: it waited for a free worker
-    for srv in servers:
-        assert srv.proc is not None and srv.proc.poll() is not None
-        assert not _alive(srv.proc.pid)
+    assert 1 <= len(servers) <= 2  # the third never started: it waited for a free worker
+    for srv in servers:  # (on a slow machine one may not have reached its launch: never will)
+        if srv.proc is not None:
+            assert srv.proc.poll() is not None and not _alive(srv.proc.pid)
     assert not [t for t in threading.enumerate() if t.name.startswith("side-by-side")]
 
 
@@ -198,3 +203,17 @@ def test_stress_refuses_more_cpu_engines_than_fit_before_anything(tmp_path):
     assert r.returncode == 2, r.stdout + r.stderr
     assert "--parallel-engines 500: 500 CPU engines need about" in r.stderr
     assert not (tmp_path / "x").exists()
+
+
+def test_every_launch_of_a_job_names_one_compile_cache(monkeypatch, tmp_path):
+    from pleharness.engine.session import launch_record
+    monkeypatch.delenv("VLLM_CACHE_ROOT", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    spec = LaunchSpec(model="m", python="p")
+    assert spec.env["VLLM_CACHE_ROOT"] == str(tmp_path / "xdg" / "vllm")  # vLLM's own default
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "cc"))
+    rec = launch_record(LaunchSpec(model="m", python="p"))
+    assert rec["compile_cache"] == rec["env"]["VLLM_CACHE_ROOT"] == str(tmp_path / "cc")
+    # a launch that sets its own keeps it
+    assert LaunchSpec(model="m", python="p", env={"VLLM_CACHE_ROOT": "/x"}).env[
+        "VLLM_CACHE_ROOT"] == "/x"

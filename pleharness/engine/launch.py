@@ -86,6 +86,19 @@ def private_file(path: Path, mode: str = "w"):
     return os.fdopen(fd, mode)
 
 
+def compile_cache_root() -> str:
+    """vLLM's cache root as a launched engine would resolve it: ``VLLM_CACHE_ROOT``, else
+    ``$XDG_CACHE_HOME/vllm``, else ``~/.cache/vllm`` (vLLM's ``envs.VLLM_CACHE_ROOT`` default).
+    torch.compile artifacts live under it (``torch_compile_cache/``, keyed by the configuration's
+    hash), so engines given the same root pay for compiling a configuration once: 220 s for the
+    first start on the H200, 35-60 s for the next (shared/gpu/README.md)."""
+    root = os.environ.get("VLLM_CACHE_ROOT")
+    if root:
+        return os.path.expanduser(root)
+    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(xdg, "vllm")
+
+
 @dataclass
 class LaunchSpec:
     """Everything needed to start the engine; recorded in the manifest as the resolved launch.
@@ -100,8 +113,10 @@ class LaunchSpec:
         port: listen port; None picks a free one.
         served_model_name: name the server lists in /v1/models (default: the model path).
 
-    On a loopback ``host`` the environment gets ``VLLM_SERVER_DEV_MODE=1`` unless the caller set
-    it: the server then answers ``GET /server_info?config_format=json`` with its whole resolved
+    The environment gets ``VLLM_CACHE_ROOT`` (:func:`compile_cache_root`) unless the caller set
+    it, so that every engine of a job (control, reference, explain's suspects, the confirmation
+    replays) uses one compile cache, and the manifest's launch record names it. On a loopback
+    ``host`` the environment gets ``VLLM_SERVER_DEV_MODE=1`` unless the caller set it: the server then answers ``GET /server_info?config_format=json`` with its whole resolved
     configuration (an engine-facts source, :mod:`.facts`). Development endpoints are never turned
     on for a server that listens beyond this machine. The variable is part of ``env``, so it is
     recorded in launcher.log and the manifest's launch record.
@@ -119,6 +134,8 @@ class LaunchSpec:
     def __post_init__(self) -> None:
         if self.host in LOOPBACK_HOSTS and "VLLM_SERVER_DEV_MODE" not in self.env:
             self.env = {**self.env, "VLLM_SERVER_DEV_MODE": "1"}
+        if "VLLM_CACHE_ROOT" not in self.env:  # one compile cache for every engine of a job
+            self.env = {**self.env, "VLLM_CACHE_ROOT": compile_cache_root()}
 
     def command(self, port: int) -> list[str]:
         """The argv that launches the OpenAI API server on ``port`` (engine_args last, so they win)."""

@@ -156,10 +156,12 @@ class Engine(NamedTuple):
 
 def launch_record(spec: LaunchSpec, profile: str | None = None) -> dict[str, Any]:
     """The manifest's record of a launch: model, python, tp, engine_args, env (secrets redacted,
-    :func:`pleharness.engine.launch.redact_env`), host, profile."""
+    :func:`pleharness.engine.launch.redact_env`), host, profile, compile_cache (the
+    ``VLLM_CACHE_ROOT`` every engine of the job shares)."""
     return {"model": spec.model, "python": spec.python, "tp": spec.tp,
             "engine_args": redact_argv(spec.engine_args), "env": redact_env(spec.env),
-            "host": spec.host, "profile": profile}
+            "host": spec.host, "profile": profile,
+            "compile_cache": spec.env.get("VLLM_CACHE_ROOT")}
 
 
 
