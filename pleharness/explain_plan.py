@@ -26,15 +26,19 @@ from typing import TYPE_CHECKING, Any
 from .engine.session import flag_name
 
 if TYPE_CHECKING:
-    from .explain import Case, Suspect
     from .manifest import Manifest
+
+# explain's Suspect and Case (pleharness.explain) are read through their fields only: this module
+# sits below explain and does not import it
+Suspect = Any
+Case = Any
 
 
 def _flags(args: Sequence[str]) -> set[str]:
     return {flag_name(a) for a in args if a.startswith("-")}
 
 
-def control_suspect(m: "Manifest", suspects: Sequence["Suspect"]) -> "Suspect | None":
+def control_suspect(m: "Manifest", suspects: Sequence[Suspect]) -> Suspect | None:
     """The first-round suspect that changes (at least) the flags of the run's control engine, when
     every failing divergence of the run was ``only_under_test`` (the control removed them all);
     else None."""
@@ -51,7 +55,7 @@ def control_suspect(m: "Manifest", suspects: Sequence["Suspect"]) -> "Suspect | 
     return None
 
 
-def order_first_round(m: "Manifest", suspects: Sequence["Suspect"]) -> list["Suspect"]:
+def order_first_round(m: "Manifest", suspects: Sequence[Suspect]) -> list[Suspect]:
     """The first round in launch order (module docstring, rules 1 and 2): the run's control
     suspect first, then every suspect before the suspect it is ``within``; otherwise the given
     order is kept."""
@@ -72,8 +76,8 @@ def order_first_round(m: "Manifest", suspects: Sequence["Suspect"]) -> list["Sus
     return out
 
 
-def implied_by(sus: "Suspect", todo: Sequence["Case"], suspects: Sequence["Suspect"]
-               ) -> "Suspect | None":
+def implied_by(sus: Suspect, todo: Sequence[Case], suspects: Sequence[Suspect]
+               ) -> Suspect | None:
     """A narrower suspect (``within`` ``sus``) that already removed every case in ``todo``, so
     that launching ``sus`` cannot change any diagnosis; None when there is none (or ``sus`` is a
     numeric variant or a 2x2 cell, which are never skipped this way)."""
