@@ -92,3 +92,60 @@ def test_sigint_interrupts_cleanly(tmp_path):
     assert 0 < m["summary"]["phases_completed"] < 32
     assert not group_alive(pid), "engine processes survived"
     assert_no_key(run_dir, out)
+
+
+def _running_members(pgid: int) -> list[int]:
+    """Processes of group ``pgid`` that still run: a zombie (state Z) is dead, only not yet
+    reaped (an init that does not reap, as in some containers, keeps it listed)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()  # state, ppid, pgrp, ...
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            out.append(int(d.name))
+    return out
+
+
+def _gone_within(pid: int, seconds: float) -> bool:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if not _running_members(pid):
+            return True
+        time.sleep(0.2)
+    return not _running_members(pid)
+
+
+def test_sigkill_of_the_harness_leaves_no_engine(tmp_path):
+    """Issue 37: SIGKILL of the harness (no handler can run) while the engine starts and again
+    while it serves: the engine's watchdog ends its process group within 10 s."""
+    proc = start_stress(tmp_path, "kill9-start", "--scenario", "transitions")
+    run_dir = tmp_path / "kill9-start"
+    pid = None
+    try:
+        end = time.monotonic() + 120
+        while pid is None and time.monotonic() < end:
+            try:
+                pid = launched_pid(run_dir)
+            except OSError:
+                pass
+            time.sleep(0.05)
+        assert pid is not None, "the engine was never launched"
+        proc.kill()
+        proc.wait(timeout=30)
+        assert _gone_within(pid, 10), "the engine outlived a SIGKILL of the harness (starting)"
+    finally:
+        if pid and group_alive(pid):
+            os.killpg(pid, signal.SIGKILL)
+    proc, out, run_dir, pid = disrupt_mid_run(tmp_path, "kill9-serve",
+                                              lambda p, pid: p.kill())
+    try:
+        assert proc.returncode == -signal.SIGKILL
+        assert _gone_within(pid, 10), "the engine outlived a SIGKILL of the harness (serving)"
+    finally:
+        if group_alive(pid):
+            os.killpg(pid, signal.SIGKILL)

@@ -175,6 +175,7 @@ class EngineServer:
         self.command: list[str] = []
         self.ready_s: float | None = None
         self.owner = threading.get_ident()  # the thread that started it (side-by-side jobs)
+        self._watchdog: subprocess.Popen | None = None
 
     @property
     def url(self) -> str:
@@ -224,8 +225,10 @@ class EngineServer:
                                      stdin=subprocess.DEVNULL, env=env, start_new_session=True)
         with _live_lock:
             _live.add(self)
+        self._watchdog = start_watchdog(self.proc.pid)
         with private_file(self.launcher_log_path, "a") as f:
-            f.write(f"pid {self.proc.pid} (process group {self.proc.pid})\n")
+            f.write(f"pid {self.proc.pid} (process group {self.proc.pid}); watchdog pid "
+                    f"{self._watchdog.pid if self._watchdog else None}\n")
         t0 = time.monotonic()
         try:
             self._wait_ready(t0)
@@ -304,6 +307,10 @@ class EngineServer:
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None
+        if self._watchdog is not None:
+            self._watchdog.kill()
+            self._watchdog.wait(timeout=5)
+            self._watchdog = None
         with _live_lock:
             _live.discard(self)
 
@@ -313,6 +320,55 @@ class EngineServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+# The watchdog (issue 37): a process of its own session, started beside every launched engine,
+# that outlives a SIGKILL of the harness. It polls every 0.5 s; when its parent (the harness) is
+# gone (it was re-parented), it sends SIGTERM to the engine's process group, waits up to
+# WATCHDOG_GRACE_S and sends SIGKILL; it exits by itself when the group is gone. A parent-death
+# signal (prctl PR_SET_PDEATHSIG) is not used: it fires when the *thread* that started the engine
+# ends, and side-by-side jobs start engines from worker threads that end before the engines do.
+WATCHDOG_GRACE_S = 5.0
+_WATCHDOG = """
+import os, signal, sys, time
+parent, pgid, grace = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+def alive():
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+while alive():
+    if os.getppid() != parent:
+        try:
+            os.killpg(pgid, signal.SIGTERM)
+        except OSError:
+            pass
+        end = time.monotonic() + grace
+        while alive() and time.monotonic() < end:
+            time.sleep(0.2)
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except OSError:
+            pass
+        break
+    time.sleep(0.5)
+"""
+
+
+def start_watchdog(pgid: int) -> subprocess.Popen | None:
+    """Start the watchdog of the engine process group ``pgid`` (see :data:`WATCHDOG_GRACE_S`);
+    None where it cannot be started (then only the harness's own stops apply)."""
+    import sys
+    try:
+        return subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(os.getpid()), str(pgid),
+                                 str(WATCHDOG_GRACE_S)], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
+    except OSError:
+        return None
 
 
 _live: set[EngineServer] = set()  # launched and not yet stopped
