@@ -65,6 +65,7 @@ from .engine.session import EngineSession, Target, Variant
 from .engine.side_by_side import SideBySide, model_bytes, run_side_by_side
 from .engine.side_by_side import plan as plan_side_by_side
 from .errors import EngineError, UsageError
+from .files import private_dir
 from .manifest import Manifest, load_manifest, write_atomic
 from .redact import redact_argv
 from .divergence import DEFAULT_NEAR_TIE_NATS, margins
@@ -802,7 +803,7 @@ def explain(run: Path, *, suspects_extra: Sequence[str] = (), suspects_drop: Seq
     m, run_dir = _load_run(run)
     cases = failing_cases(m, include_warnings)
     out_dir = run_dir / "explain"
-    out_dir.mkdir(exist_ok=True)
+    private_dir(out_dir)
     report = ExplainReport(m.run_id, tries, budget_s, include_warnings=include_warnings)
     if not cases:
         console.print("no failing divergences in this run: nothing to explain")

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from .engine.launch import redact_env
+from .files import private_dir, write_private
 from .engine.session import EngineSession, resolve_target
 from .redact import redact_argv
 from .render.facts import render_facts
@@ -66,7 +67,7 @@ def run_facts(cfg: FactsConfig, console: Console) -> int:
                "sources_read": facts.notes}
         if session.gpu_memory:  # launched on GPUs: did their memory come back?
             out["gpu_memory"] = session.gpu_memory
-        cfg.json_path.parent.mkdir(parents=True, exist_ok=True)
-        cfg.json_path.write_text(json.dumps(out, indent=2, default=str) + "\n")
+        private_dir(cfg.json_path.parent)
+        write_private(cfg.json_path, json.dumps(out, indent=2, default=str) + "\n")
         console.print(f"facts written to {escape(str(cfg.json_path))}")
     return 0

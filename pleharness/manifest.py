@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_serializer
+
+from .files import write_private
 
 SCHEMA_VERSION = 2  # 2: request records in a JSON Lines file (requests_file); 1: inline
 READABLE_SCHEMA_VERSIONS = (1, 2)
@@ -489,21 +490,8 @@ class Manifest(BaseModel):
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary file in the same folder and ``os.replace``."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix="." + path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    """Write ``text`` to ``path`` atomically, 0600 (:func:`pleharness.files.write_private`)."""
+    write_private(path, text)
 
 
 PHASES_REFRESHED = 8  # the last phases, serialized at every write (scenarios amend the last one)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .errors import UsageError
+from .files import make_private
 from .manifest import Manifest
 
 
@@ -38,6 +39,7 @@ def plot_run(m: Manifest, out: Path) -> Path:
         out = out.with_name(out.name + ".png")
     try:
         fig.savefig(out, dpi=100)
+        make_private(out)
     except OSError as exc:
         plt.close(fig)
         raise UsageError(f"cannot write the plot {out}: {exc}") from None

@@ -116,7 +116,8 @@ def replay_reproducer(path: Path, target: ReplayTarget, runs: int, out_dir: Path
     if runs < 1:
         raise ValueError("runs must be >= 1")
     label = label or Path(path).stem
-    out_dir.mkdir(parents=True, exist_ok=True)
+    from .files import private_dir
+    private_dir(out_dir)
     par = 1 if (not target.fresh or (target.launch is not None and target.launch.port)) \
         else max(1, target.parallel)
     replays: list[dict] = []

@@ -36,6 +36,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from .errors import ExitCode, UsageError
+from .files import write_private
 from .faults.builtin import BUILTIN, SelftestFault
 
 DEFAULT_SUITE = "selftest"
@@ -121,7 +122,9 @@ def run_selftest(cfg, faults: list[str], console: Console, err: Console,
     """Run the clean pass and one pass per fault class in ``faults`` (names of
     :data:`BUILTIN`) against one engine, with ``cfg`` (a :class:`pleharness.config.StressConfig`:
     the engine, scenarios and options of every pass). Writes ``selftest.json`` (the rows and the
-    headline) in the selftest folder and prints a table. Returns the exit code (module
+    headline) in the selftest folder first, after every pass and at the end (``status``:
+    running | complete | engine_failed, with ``error`` and ``root_cause`` | interrupted |
+    failed), and prints a table. Returns the exit code (module
     docstring). Raises UsageError for an unknown fault class or bad options, before anything
     starts."""
     from .engine.session import EngineSession
@@ -142,49 +145,65 @@ def run_selftest(cfg, faults: list[str], console: Console, err: Console,
     results: list[PassResult] = []
     alarms = 0
     code = ExitCode.OK
-    with EngineSession(console, sdir, timeouts=cfg.timeouts, explicit_facts=cfg.explicit_facts,
-                       gpus_before=gpu_inventory() if cfg.url is None else None,
-                       gpu_tolerance_mib=cfg.gpu_memory_tolerance_mib) as session:
-        try:
-            eng = session.start(target, gather=False)
-        except EngineError as exc:
-            err.print(f"[red]error:[/red] {escape(str(exc))}")
-            return ExitCode.ENGINE
-        facts = dict(cfg.explicit_facts)
-        plan: list[tuple[str, SelftestFault | None]] = [("clean", None)] + \
-            [(f, BUILTIN[f]()) for f in faults]
-        for i, (name, fault) in enumerate(plan):
-            pcfg = replace(cfg, url=None, model=None, results_dir=sdir, run_id=f"{i:02d}-{name}",
-                           engine_args=[], engine_env={}, profile=None, explicit_facts=facts,
-                           invocation=cfg.invocation + [f"(selftest pass {name})"])
-            res, pcode, m = _run_pass(pcfg, name, fault, eng.client)
-            if fault is None:
-                alarms = false_alarms(m) if pcode in (ExitCode.OK, ExitCode.FAIL) else alarms
-            results.append(res)
-            console.print(f"  {name}: {res.outcome}"
-                          + (f" (fired on {res.fired} request(s); caught by "
-                             f"{', '.join(res.caught_by) or '-'})" if fault is not None else
-                             f" ({alarms} false alarm(s))")
-                          + f" [{res.wall_s:.0f} s]")
-            if res.outcome.startswith("error"):
-                code = ExitCode.ENGINE if pcode == ExitCode.ENGINE else pcode
-                break
-            if eng.server is not None and not eng.server.alive():
-                code = ExitCode.ENGINE
-                break
+    scen = [s if isinstance(s, str) else s[0] for s in cfg.scenarios]
+
+    def save(status: str, **extra: Any) -> None:
+        """selftest.json now: written first, after every pass, and at the end (issue 37)."""
+        out = {"selftest_id": sid, "status": status, "scenarios": scen,
+               "passes": [r.as_dict() for r in results], **extra}
+        write_private(sdir / "selftest.json", json.dumps(out, indent=2))
+    save("running")
+    try:
+        with EngineSession(console, sdir, timeouts=cfg.timeouts,
+                           explicit_facts=cfg.explicit_facts,
+                           gpus_before=gpu_inventory() if cfg.url is None else None,
+                           gpu_tolerance_mib=cfg.gpu_memory_tolerance_mib) as session:
+            try:
+                eng = session.start(target, gather=False)
+            except EngineError as exc:
+                err.print(f"[red]error:[/red] {escape(str(exc))}")
+                save("engine_failed", exit_code=ExitCode.ENGINE, error=str(exc),
+                     root_cause=exc.root_cause, engine_log=exc.log_path)
+                console.print(f"selftest.json: {escape(str(sdir / 'selftest.json'))}")
+                return ExitCode.ENGINE
+            facts = dict(cfg.explicit_facts)
+            plan: list[tuple[str, SelftestFault | None]] = [("clean", None)] + \
+                [(f, BUILTIN[f]()) for f in faults]
+            for i, (name, fault) in enumerate(plan):
+                pcfg = replace(cfg, url=None, model=None, results_dir=sdir,
+                               run_id=f"{i:02d}-{name}", engine_args=[], engine_env={},
+                               profile=None, explicit_facts=facts,
+                               invocation=cfg.invocation + [f"(selftest pass {name})"])
+                res, pcode, m = _run_pass(pcfg, name, fault, eng.client)
+                if fault is None:
+                    alarms = false_alarms(m) if pcode in (ExitCode.OK, ExitCode.FAIL) else alarms
+                results.append(res)
+                save("running", false_alarms=alarms)
+                console.print(f"  {name}: {res.outcome}"
+                              + (f" (fired on {res.fired} request(s); caught by "
+                                 f"{', '.join(res.caught_by) or '-'})" if fault is not None else
+                                 f" ({alarms} false alarm(s))")
+                              + f" [{res.wall_s:.0f} s]")
+                if res.outcome.startswith("error"):
+                    code = ExitCode.ENGINE if pcode == ExitCode.ENGINE else pcode
+                    break
+                if eng.server is not None and not eng.server.alive():
+                    code = ExitCode.ENGINE
+                    break
+    except BaseException as exc:
+        save("interrupted" if type(exc).__name__ == "Interrupted" else "failed",
+             false_alarms=alarms, error=str(exc)[:500])
+        raise
     line = headline(results, alarms)
     ok = code == ExitCode.OK and alarms == 0 and all(
         r.outcome == "detected" for r in results if r.name != "clean") and \
         len(results) == len(faults) + 1
     if code == ExitCode.OK and not ok:
         code = ExitCode.FAIL
-    out = {"selftest_id": sid, "scenarios": [s if isinstance(s, str) else s[0]
-                                             for s in cfg.scenarios],
-           "headline": line, "false_alarms": alarms, "exit_code": code,
-           "passes": [r.as_dict() for r in results]}
+    extra: dict[str, Any] = {"headline": line, "false_alarms": alarms, "exit_code": code}
     if session.gpu_memory:  # a launched engine on GPUs: did their memory come back?
-        out["gpu_memory"] = session.gpu_memory
-    (sdir / "selftest.json").write_text(json.dumps(out, indent=2))
+        extra["gpu_memory"] = session.gpu_memory
+    save("complete", **extra)
     render(results, line, console)
     console.print(f"selftest.json: {escape(str(sdir / 'selftest.json'))}")
     return code

@@ -353,6 +353,10 @@ def test_explain_attributes_the_divergence_to_its_flag(cpu_engine, spec_fault_ru
             assert sub["engine"]["mode"] == "launched" and sub["engine"]["command"][0] == FAKE_PY
             assert "--speculative-config" in sub["engine"]["launch"]["engine_args"]
     assert "reproduced 2/2 on fresh engines" in (run / "explain" / "explain.md").read_text()
+    # one permission rule (issue 37): every folder explain made 0700, every file 0600
+    for dirpath, dirs, files in os.walk(run / "explain"):
+        assert os.stat(dirpath).st_mode & 0o777 == 0o700, dirpath
+        assert all(os.stat(os.path.join(dirpath, f)).st_mode & 0o777 == 0o600 for f in files)
     # the cases of one phase share its schedule: replayed once (2 runs, not 2 per case)
     firsts = [c for c in rep["cases"] if "same_schedule_as" not in c["reproduction"]]
     assert len(firsts) == len({c["phase"] for c in rep["cases"]})

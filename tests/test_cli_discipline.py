@@ -189,6 +189,7 @@ def test_junit_on_stdout_stays_pure_with_a_plot(runs, tmp_path):
     root = ET.fromstring(r.stdout)  # the whole of stdout is the XML document
     assert root.tag == "testsuites" and root.get("failures") == "0"
     assert f"plot written to {png}" in r.stderr and png.stat().st_size > 1000
+    assert png.stat().st_mode & 0o777 == 0o600  # one permission rule (issue 37)
 
 
 def test_errors_do_not_end_up_in_redirected_output(tmp_path):

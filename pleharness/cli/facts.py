@@ -18,7 +18,8 @@ from .options import AttachOptions, EngineOptions, Pick, given, grouped, values
 @app.command(cls=Command)
 @grouped
 def facts(ctx: typer.Context,
-          attach: Annotated[AttachOptions, Pick(only=("url", "served_model_name"))],
+          attach: Annotated[AttachOptions, Pick(only=("url", "served_model_name",
+                                                            "api_key_env"))],
           engine: Annotated[EngineOptions, Pick(without=("host", "port"))],
           results_dir: Annotated[Path, typer.Option(help="Where the launched engine's log folder "
                                                     "(facts-<time>) is created.")] = Path("results"),
@@ -33,7 +34,7 @@ def facts(ctx: typer.Context,
     cfg = FactsConfig(url=f["url"], model=f["model"], tp=f["tp"],
                       engine_python=f["engine_python"], engine_args=f["engine_args"],
                       engine_env=f["engine_env"], served_model_name=f["served_model_name"],
-                      host=f["host"], start_timeout_s=f["start_timeout_s"],
+                      host=f["host"], start_timeout_s=f["start_timeout_s"], api_key=f["api_key"],
                       log_dir=results_dir / f"facts-{datetime.now():%Y%m%d-%H%M%S}",
                       json_path=json_path)
     raise typer.Exit(run_facts(cfg, console))

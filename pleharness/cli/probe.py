@@ -10,6 +10,7 @@ from rich.markup import escape
 
 from .. import config
 from ..errors import ExitCode, UsageError
+from ..files import private_dir, write_private
 from . import Command, app, console, err_console
 
 
@@ -17,8 +18,8 @@ def write_json_result(path: Path, result: dict, flag: str = "--json") -> None:
     """Write the probe result; an OS error is a usage error naming the flag (exit 2)."""
     import json
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=2) + "\n")
+        private_dir(path.parent)
+        write_private(path, json.dumps(result, indent=2) + "\n")
     except OSError as exc:
         raise UsageError(f"{flag} {str(path)!r}: cannot write: {exc.strerror or exc}") from None
 

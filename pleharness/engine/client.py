@@ -370,10 +370,25 @@ class EngineClient:
     def resolve_model(self) -> str:
         """Set and return ``self.model`` (the first listed model when none was given).
 
-        Raises EngineError when the server is unreachable or lists no (matching) model.
+        Raises EngineError when the server is unreachable or lists no (matching) model;
+        UsageError naming ``--api-key-env`` when it answers 401 / 403.
         """
         try:
             names = [m["id"] for m in self.models()]
+        except requests.HTTPError as exc:
+            code = exc.response.status_code if exc.response is not None else None
+            if code in (401, 403):
+                from ..errors import UsageError
+                from ..redact import redact_url
+                raise UsageError(
+                    f"{redact_url(self.base_url)}/v1/models answered {code}: "
+                    + ("the API key was refused: check the variable --api-key-env names"
+                       if self.api_key else "the server needs an API key: pass --api-key-env "
+                       "NAME, NAME an environment variable that holds it (never the key "
+                       "itself on the command line)")) from None
+            from ..redact import redact_url
+            raise EngineError(redact_url(f"cannot list models at {self.base_url}/v1/models: "
+                                         f"{exc}")) from None
         except (requests.RequestException, ValueError, KeyError) as exc:
             from ..redact import redact_url
             raise EngineError(redact_url(f"cannot list models at {self.base_url}/v1/models: "

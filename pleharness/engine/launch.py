@@ -25,6 +25,7 @@ from pathlib import Path
 import requests
 
 from ..errors import EngineError
+from ..files import private_dir, private_file  # noqa: F401 - private_file kept importable here
 
 from ..redact import SECRET_NAME, redact_argv  # noqa: F401 - SECRET_NAME kept importable here
 from ..redact import redact_env as _redact_env
@@ -75,15 +76,6 @@ def redact_env(env: Mapping[str, str]) -> dict[str, str]:
     """Copy of ``env`` redacted by the one rule of :mod:`pleharness.redact` (values of names
     containing KEY, TOKEN, SECRET or PASSWORD; URL passwords in the other values)."""
     return _redact_env(env)
-
-
-def private_file(path: Path, mode: str = "w"):
-    """Open ``path`` for writing, created 0600 (owner only) like the manifest: logs hold the
-    command line and the engine's output, and run outputs are created alike (issue 25)."""
-    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if mode.startswith("a") else os.O_TRUNC)
-    fd = os.open(path, flags, 0o600)
-    os.fchmod(fd, 0o600)
-    return os.fdopen(fd, mode)
 
 
 def compile_cache_root() -> str:
@@ -192,7 +184,7 @@ class EngineServer:
         """Launch the server in its own process group (logs in ``log_dir``) and wait until it is
         ready. Raises EngineError (it exited, or was not ready within ``start_timeout_s``) or
         UsageError (the fixed ``--port`` is in use); a server that fails is stopped first."""
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.log_dir)
         if self.spec.port is not None:
             if port_in_use(self.spec.host, self.spec.port):
                 from ..errors import UsageError

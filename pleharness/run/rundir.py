@@ -6,6 +6,7 @@ from datetime import datetime
 from pathlib import Path
 
 from ..errors import UsageError
+from ..files import private_dir
 
 
 def new_run_dir(results_dir: Path, run_id: str | None = None) -> tuple[str, Path]:
@@ -19,7 +20,7 @@ def new_run_dir(results_dir: Path, run_id: str | None = None) -> tuple[str, Path
         raise UsageError(f"--run-id {run_id!r}: a plain folder name is needed (no '/', no "
                          "leading '.', no control characters such as a newline)")
     try:
-        results_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(results_dir)
     except OSError as exc:
         raise UsageError(f"results directory {results_dir} cannot be created: {exc}") from None
     for _ in range(100):
