@@ -556,6 +556,14 @@ def test_explain_on_the_clean_engine_attributes_nothing(cpu_engine, two_flag_run
         assert c["attribution"] == "not reproduced on the configuration under test"
 
 
+def test_explain_of_a_run_killed_before_its_engine_says_so(tmp_path):
+    (tmp_path / "manifest.json").write_text(Manifest(run_id="k", status="running")
+                                            .model_dump_json())
+    r = run_cli("explain", str(tmp_path), timeout=60)
+    assert r.returncode == 2 and "recorded no engine (status running" in r.stderr, r.stderr
+    assert "attached" not in r.stderr
+
+
 def test_explain_refuses_attached_runs(tmp_path):
     m = Manifest(run_id="att", engine={"mode": "attached"})
     (tmp_path / "manifest.json").write_text(m.model_dump_json())
