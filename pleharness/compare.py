@@ -55,6 +55,7 @@ class Comparison:
     head_causes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)  # do not fail (near ties, same run)
     models_differ: str | None = None  # "BASE ..., HEAD ...": the runs served different models
+    incomplete: list[str] = field(default_factory=list)  # runs that did not complete: no verdict
 
     @property
     def passed(self) -> bool:
@@ -68,9 +69,12 @@ class Comparison:
         pass: "HEAD passed and matches BASE" (BASE failed: "fixed by this change"). fail: "HEAD
         failed its own run, BASE passed: broken by this change", "... BASE failed too: broken
         before this change", or, when HEAD passed its own run, the gates it missed against BASE
-        (and whether BASE passed its own)."""
+        (and whether BASE passed its own). A run that did not complete gives no verdict: "no
+        verdict: HEAD (...) did not complete (status 'interrupted' after 3 of 32 phases)"."""
         head_ok = self.head_verdict == "pass"
         base_ok = self.base_verdict == "pass"
+        if self.incomplete:
+            return "no verdict: " + "; ".join(self.incomplete)
         if self.models_differ and not self.passed:
             return (f"BASE and HEAD serve different models ({self.models_differ}): compare runs "
                     "of the same model")
@@ -233,6 +237,11 @@ def _own_verdicts(res: Comparison, base: Manifest, head: Manifest, same_run: boo
         if m.status != "complete":
             res.gate_failures.append(f"run status: {label} ({m.run_id}) is {m.status!r}, not "
                                      "complete: it cannot pass a comparison")
+            s = m.summary
+            done = (f" after {s.phases_completed} of {s.phases_planned} phases"
+                    if s.phases_planned else "")
+            res.incomplete.append(f"{label} ({m.run_id}) did not complete (status "
+                                  f"{m.status!r}{done})")
     res.base_verdict, res.head_verdict = base.verdict or "none", head.verdict or "none"
     res.base_causes, res.head_causes = causes(base), causes(head)
     if res.head_verdict != "pass":

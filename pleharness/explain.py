@@ -805,6 +805,15 @@ def explain(run: Path, *, suspects_extra: Sequence[str] = (), suspects_drop: Seq
     out_dir = run_dir / "explain"
     private_dir(out_dir)
     report = ExplainReport(m.run_id, tries, budget_s, include_warnings=include_warnings)
+    if m.status not in ("complete", "control_failed"):
+        s = m.summary
+        done = f" after {s.phases_completed} of {s.phases_planned} phases" \
+            if s.phases_planned else ""
+        if not cases:
+            raise UsageError(f"{run}: the run did not complete (status {m.status!r}{done}): "
+                             "no verdict, nothing to explain")
+        console.print(f"the run did not complete (status {m.status!r}{done}): explaining the "
+                      f"{len(cases)} failing case(s) it recorded", highlight=False)
     if not cases:
         console.print("no failing divergences in this run: nothing to explain")
         write_atomic(out_dir / "explain.json", report.to_json())

@@ -18,7 +18,8 @@ Redacted (the value becomes ``<redacted>``, the name stays so the record still s
   ``--engine-arg`` / ``--control-engine-arg`` / ``--reference-engine-arg`` (``--api-key-env``
   names a variable and is kept);
 - the password of a URL with credentials (``https://user:pw@host`` -> ``https://user:<redacted>@host``),
-  anywhere in a value that is shown.
+  anywhere in a value that is shown, and the value of a secret-like query or fragment parameter
+  (``?token=...``, ``&api_key=...``, ``&sig=...``; :func:`redact_url`).
 
 :func:`redact_argv` and :func:`redact_env` return new objects; the real values are still used to
 launch the engine and to connect.
@@ -57,9 +58,27 @@ def env_value_shown(name: str) -> bool:
 ARG_OPTIONS = ("--engine-arg", "--control-engine-arg", "--reference-engine-arg")
 
 
+# a query or fragment parameter (``?token=...``, ``&sig=...``, ``#access_token=...``)
+URL_PARAM = re.compile(r"(?P<head>[?&#;](?P<name>[^=&#;?\s/]+)=)(?P<val>[^&#;\s]*)")
+SECRET_PARAMS = {"sig", "signature", "auth", "authorization", "credential", "code",
+                 "x-amz-signature", "x-amz-credential", "x-amz-security-token",
+                 "x-goog-signature", "x-goog-credential"}
+
+
+def _param_secret(name: str) -> bool:
+    return name.lower() in SECRET_PARAMS or SECRET_NAME.search(name)
+
+
 def redact_url(text: str) -> str:
-    """``text`` with the password of every ``scheme://user:password@`` replaced."""
-    return URL_PASSWORD.sub(lambda m: m.group("head") + REDACTED + "@", text)
+    """``text`` with the password of every ``scheme://user:password@`` replaced, and the value
+    of every query or fragment parameter whose name is secret-like (:data:`SECRET_WORD`:
+    ``token``, ``api_key``, ``access_token``, ...) or a known signature or credential
+    parameter (:data:`SECRET_PARAMS`: ``sig``, ``X-Amz-Signature``, ...)."""
+    text = URL_PASSWORD.sub(lambda m: m.group("head") + REDACTED + "@", text)
+    if "=" not in text:
+        return text
+    return URL_PARAM.sub(lambda m: m.group("head") + REDACTED if _param_secret(m.group("name"))
+                         else m.group(0), text)
 
 
 NOT_SECRET_FLAGS = {"--api-key-env"}  # its value names a variable; the key itself is never written

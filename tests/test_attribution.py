@@ -564,6 +564,15 @@ def test_explain_of_a_run_killed_before_its_engine_says_so(tmp_path):
     assert "attached" not in r.stderr
 
 
+def test_explain_refuses_an_unfinished_run_with_nothing_failing(tmp_path):
+    m = Manifest(run_id="i", status="interrupted",
+                 engine={"mode": "launched", "launch": {"model": "m", "python": "p"}})
+    (tmp_path / "manifest.json").write_text(m.model_dump_json())
+    r = run_cli("explain", str(tmp_path), timeout=60)
+    assert r.returncode == 2 and "did not complete (status 'interrupted'" in r.stderr, r.stderr
+    assert "no verdict, nothing to explain" in r.stderr
+
+
 def test_explain_refuses_attached_runs(tmp_path):
     m = Manifest(run_id="att", engine={"mode": "attached"})
     (tmp_path / "manifest.json").write_text(m.model_dump_json())

@@ -358,6 +358,19 @@ def test_a_url_password_is_not_echoed():
     assert "SECRET" not in r.stdout + r.stderr and "user:<redacted>@127.0.0.1:9" in r.stderr
     r = run_cli("stress", "--url", "ftp://user:pw-SECRET-46@127.0.0.1:9")
     assert r.returncode == 2 and "SECRET" not in r.stderr
+    # issue 36: a secret in the query or fragment is not echoed either
+    r = run_cli("stress", "--url", "http://127.0.0.1:9/?token=SECRET-47&x=1#sig=SECRET-48")
+    assert r.returncode in (2, 3), r.stderr
+    assert "SECRET" not in r.stdout + r.stderr and "token=<redacted>&x=1" in r.stderr, r.stderr
+
+
+def test_query_parameters_redacted_by_name():
+    from pleharness.redact import redact_url
+    assert redact_url("http://h/v1?api_key=K&max_tokens=5#access_token=T") == \
+        "http://h/v1?api_key=<redacted>&max_tokens=5#access_token=<redacted>"
+    assert redact_url("https://b.s3/o?X-Amz-Signature=abc&X-Amz-Date=1") == \
+        "https://b.s3/o?X-Amz-Signature=<redacted>&X-Amz-Date=1"
+    assert redact_url("plain text a=b") == "plain text a=b"
 
 
 def test_redaction_rule_on_engine_command_lines():

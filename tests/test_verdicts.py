@@ -247,8 +247,13 @@ def test_compare_refuses_incomplete_or_empty_runs(tmp_path):
     (tmp_path / "interrupted.json").write_text(json.dumps(bad))
     r = run_cli("compare", str(tmp_path / "good"), str(tmp_path / "interrupted.json"),
                 "--min-throughput-ratio", "0.9")
-    assert r.returncode == 1
+    assert r.returncode == 3, r.stdout  # issue 36: no verdict, never "broken by this change"
     assert "FAIL run status: HEAD (good) is 'interrupted', not complete" in r.stdout
+    assert r.stdout.strip().splitlines()[-1] == (
+        "verdict: none (no verdict: HEAD (good) did not complete (status 'interrupted' after "
+        f"{m['summary']['phases_completed']} of "
+        f"{m['summary']['phases_planned']} phases))")
+    assert "broken by this change" not in r.stdout
     assert "FAIL token parity: no prompt was issued by both runs" in r.stdout
     assert "FAIL --min-throughput-ratio 0.9: no concurrency level has throughput" in r.stdout
     (tmp_path / "other.json").write_text(json.dumps({"run_id": "x", "schema_version": 99}))

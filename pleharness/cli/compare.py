@@ -39,7 +39,8 @@ def compare_cmd(
     models, on a token difference that is not a near tie (judged as the runs judge their own:
     outputs a run tolerated, near ties or also_in_control, are warnings), and on a missed
     throughput gate. The same run twice passes with a warning. The last line agrees with the
-    exit code. Exit 0 pass, 1 fail, 2 usage error (a run cannot be read, bad gate).
+    exit code. Exit 0 pass, 1 fail, 2 usage error (a run cannot be read, bad gate), 3 no
+    verdict: BASE or HEAD did not complete (killed, interrupted, its engine died).
     """
     from ..compare import check_thresholds, compare, load
     from ..render.compare import render_comparison
@@ -56,4 +57,5 @@ def compare_cmd(
     res = compare(b, h, min_throughput_ratio, min_phase_ratio, threshold,
                   same_run=_run_path(base) == _run_path(head))
     render_comparison(res, console)
-    raise typer.Exit(ExitCode.OK if res.passed else ExitCode.FAIL)
+    raise typer.Exit(ExitCode.ENGINE if res.incomplete else
+                     ExitCode.OK if res.passed else ExitCode.FAIL)

@@ -44,4 +44,7 @@ def render_comparison(res: Comparison, console: Console) -> None:
         console.print(f"[green]PASS[/green] {escape(g)}")
     for g in res.gate_failures:
         console.print(f"[red]FAIL[/red] {escape(g)}")
+    if res.incomplete:  # no verdict at all: never "broken by this change"
+        console.print(f"verdict: none ({escape(res.diagnosis)})")
+        return
     console.print(f"verdict: {'pass' if res.passed else 'fail'} ({escape(res.diagnosis)})")
