@@ -208,7 +208,7 @@ def engine_fields(o: Mapping[str, Any], given: Iterable[str]) -> dict[str, Any]:
         api_key = os.environ.get(o["api_key_env"])
         if not api_key:
             raise UsageError(f"--api-key-env {o['api_key_env']}: that environment variable is "
-                             "not set")
+                             + ("empty" if o["api_key_env"] in os.environ else "not set"))
     return dict(
         model=o.get("model") or prof.model, url=o.get("url"), tp=o.get("tp") or prof.tp or 1,
         engine_python=o.get("engine_python") or prof.python or sys.executable,

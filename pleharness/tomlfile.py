@@ -16,8 +16,12 @@ M = TypeVar("M", bound=BaseModel)
 
 def read_toml(path: Path, what: str, error: type[Exception] = UsageError) -> dict[str, Any]:
     """Parse ``path``; raises ``error`` naming the file (and line, for syntax errors)."""
+    if Path(path).is_dir():
+        raise error(f"{what} {path} is a folder, not a TOML file")
     try:
-        return tomllib.loads(Path(path).read_text())
+        # a UTF-8 byte-order mark (some editors write one) is read past, as Python's own
+        # "utf-8-sig" codec does
+        return tomllib.loads(Path(path).read_text(encoding="utf-8-sig"))
     except FileNotFoundError:
         raise error(f"{what} {path} not found") from None
     except tomllib.TOMLDecodeError as exc:
@@ -72,6 +76,8 @@ def find_named(name_or_path: str, dirs: Iterable[Path], what: str,
     dirs = list(dirs)
     p = Path(name_or_path)
     if p.suffix == ".toml" or p.exists():
+        if p.is_dir():
+            raise error(f"{p}: a folder, not a {what} file")
         if not p.is_file():
             raise error(f"{p}: {what} file not found")
         return p

@@ -104,3 +104,38 @@ def test_a_server_that_needs_a_key_names_the_option(tmp_path):
         assert r.returncode in (2, 3) and "--api-key-env" in r.stderr, r.stdout + r.stderr
     finally:
         srv.shutdown()
+
+
+# -- issue 36 item 4: messages that name the real problem --------------------------------------
+def test_messages_name_the_real_problem(tmp_path):
+    for args, want in ((("stress", "--near-tie-nats", "nan"), "--near-tie-nats 'nan': not a "
+                        "finite number"),
+                       (("fuzz", "--time-budget", "inf"), "--time-budget 'inf': not a finite "
+                        "number"),
+                       (("stress", "--scenario", str(tmp_path)), "a folder, not a scenario"),
+                       (("stress", "--engine-profile", str(tmp_path)), "a folder, not a")):
+        r = run_cli(*args, "--results-dir", str(tmp_path / "res"), timeout=120)
+        assert r.returncode == 2 and want in r.stderr, (args, r.stderr)
+        assert not (tmp_path / "res").exists() or not any((tmp_path / "res").iterdir())
+    r = run_cli("stress", "--url", "http://127.0.0.1:9", "--api-key-env", "PLE_EMPTY_KEY",
+                env={"PLE_EMPTY_KEY": ""}, timeout=60)
+    assert r.returncode == 2 and "PLE_EMPTY_KEY: that environment variable is empty" in r.stderr
+
+
+def test_a_byte_order_mark_is_read_past(tmp_path):
+    from pleharness.scenarios import load_scenario_file
+    f = tmp_path / "bom.toml"
+    f.write_bytes(b"\xef\xbb\xbf" + (ROOT / "scenarios" / "boundary.toml").read_bytes())
+    assert load_scenario_file(str(f)).kind == "boundary"
+
+
+def test_a_closed_pipe_exits_quietly():
+    """``ple-harness ... | head -1``: 141 (SIGPIPE's convention) when the reader left before the
+    output ended, 0 when it all fit in the pipe first (a timing matter); never 1, never a
+    message."""
+    import subprocess
+    for args in ("scenarios", "--help", "stress --help"):
+        q = subprocess.run(["/bin/bash", "-c", f"{sys.executable} -m pleharness {args} | "
+                            "head -1 >/dev/null; echo ${PIPESTATUS[0]}"],
+                           cwd=ROOT, capture_output=True, text=True)
+        assert q.stdout.strip() in ("0", "141") and q.stderr == "", (args, q.stdout, q.stderr)

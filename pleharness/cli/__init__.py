@@ -29,16 +29,30 @@ from ..errors import ExitCode, HarnessError, write_crash_log
 EMPTY_CHECKED_ELSEWHERE = {"--url", "--results-dir", "--run-id", "--ladder", "--plot", "--suite"}
 
 
+def _takes_float(prm) -> bool:
+    """Whether an option's value is a float (typer's type descriptor, or click's type name)."""
+    import typing
+    ann = getattr(getattr(prm, "type_descriptor", None), "annotation", None)
+    if ann is not None:
+        return ann is float or float in typing.get_args(ann)
+    return getattr(getattr(prm, "type", None), "name", "") in ("float", "float range")
+
+
 def empty_option_values(command, args: list[str]) -> list[str]:
     """The options of ``command`` (a click command) given an empty or blank value in ``args``
     (``--model ''``, ``--model=``): an unset variable in a CI job (``--model "$MODEL_DIR"``) must
     not turn into a default (issue 25). Returns one problem line per option; flags that take no
-    value, and the options of :data:`EMPTY_CHECKED_ELSEWHERE`, are not looked at."""
+    value, and the options of :data:`EMPTY_CHECKED_ELSEWHERE`, are not looked at. A number
+    option given ``nan`` or ``inf`` is refused too (issue 36): no count, time or threshold of the
+    harness is infinite, and click would report a range instead of the real problem."""
     takes_value = {}
+    floats = set()
     for prm in command.params:
         if getattr(prm, "param_type_name", "") == "option" and not prm.is_flag and not prm.count:
             for name in prm.opts + prm.secondary_opts:
                 takes_value[name] = prm.opts[0] if prm.opts else name
+            if _takes_float(prm):
+                floats.update(prm.opts + prm.secondary_opts)
     out, i = [], 0
     while i < len(args):
         a = args[i]
@@ -53,6 +67,9 @@ def empty_option_values(command, args: list[str]) -> list[str]:
             if value is not None and value.strip() == "" and main not in EMPTY_CHECKED_ELSEWHERE:
                 out.append(f"{main} {value!r}: an empty value (an unset variable in a CI job?): "
                            "give a value or leave the option out")
+            elif value is not None and flag in floats and value.strip().lower().lstrip("+-") in (
+                    "nan", "inf", "infinity"):
+                out.append(f"{main} {value!r}: not a finite number")
         i += 1
     return list(dict.fromkeys(out))
 
@@ -74,6 +91,15 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                        "single-request reference, and writes a results manifest with a verdict. "
                        "Exit codes: 0 pass, 1 parity/check/gate failure, 2 usage error, 3 engine "
                        "failed or died, 4 internal error, 130/143 interrupted.")
+def _quiet_broken_pipe(self=None) -> None:
+    """A closed pipe (``ple-harness ... | head``) ends the program quietly with the shell's
+    SIGPIPE convention, 141 (128 + 13), instead of rich's exit 1 (the harness's check-failure
+    code); installed on every rich console by :func:`run` (typer's help console included)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())  # nothing more is flushed into the closed pipe
+    raise SystemExit(141)
+
+
 console = Console(width=None if sys.stdout.isatty() else 160, soft_wrap=True)
 err_console = Console(stderr=True, soft_wrap=True)
 
@@ -136,6 +162,7 @@ def run() -> None:
     arguments); Ctrl-C before a job owns it 130; an unexpected exception is an internal error
     (exit 4) with its traceback in a log file."""
     _wide_help_when_piped()
+    Console.on_broken_pipe = _quiet_broken_pipe  # every console of this process
     try:
         rc = app(standalone_mode=False)
         _exit_now_if_requests_hang(rc if isinstance(rc, int) else ExitCode.OK)
@@ -147,6 +174,8 @@ def run() -> None:
         sys.exit(exc.exit_code)
     except SystemExit:
         raise
+    except BrokenPipeError:  # `ple-harness ... | head`: the reader left
+        _quiet_broken_pipe()
     except Exception as exc:  # click's usage errors (typer may bundle its own copy of click)
         if hasattr(exc, "show") and isinstance(getattr(exc, "exit_code", None), int):
             exc.show()
