@@ -361,6 +361,21 @@ def _ratio_gate(res: Comparison, flag: str, floor: float | None, ratios: dict[st
         res.gates_passed.append(f"{flag} {floor:g}: all {len(ratios)} {units}")
 
 
+def check_thresholds_against(base: Manifest, head: Manifest, thresholds: list[str] | None) -> None:
+    """Raise UsageError for a ``--threshold`` that names a concurrency neither run has (checked
+    once both runs are loaded, before anything is judged)."""
+    from . import compare_spec
+    for t in thresholds or []:
+        if compare_spec.looks_like_spec(t):
+            compare_spec.check_places(base, head, t)
+            continue
+        c, _, _ = parse_threshold(t)
+        levels = {p.concurrency for m in (base, head) for p in m.phases if p.role == "load"}
+        if levels and int(c[1:]) not in levels:
+            raise UsageError(f"--threshold {t!r}: neither run has a load phase at {c} (levels: "
+                             + ", ".join(f"C{x}" for x in sorted(levels)) + ")")
+
+
 def check_thresholds(thresholds: list[str] | None) -> None:
     """Parse every ``--threshold`` now (usage error, exit 2) so nothing is loaded with a bad one."""
     from . import compare_spec

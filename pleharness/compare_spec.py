@@ -44,12 +44,49 @@ def looks_like_spec(text: str) -> bool:
     return text.strip().startswith(tuple(KEY))
 
 
+RANGE = {"acceptance": (0.0, 1.0), "accepted_length": (1.0, None)}  # what the metric can be
+
+
 def check(text: str) -> None:
-    """Raise UsageError for a malformed spec-decode threshold (called before anything loads)."""
-    if parse_spec_threshold(text) is None:
+    """Raise UsageError for a malformed spec-decode threshold, or one no run can meet or fail
+    (called before anything loads): ``@C0`` (a concurrency is at least 1), an absolute bound
+    outside the metric's range (acceptance in [0, 1], accepted_length >= 1: e.g.
+    ``acceptance>=1.5`` can never pass, ``accepted_length>=0.5`` never fail)."""
+    p = parse_spec_threshold(text)
+    if p is None:
         raise UsageError(f"--threshold {text!r}: expected e.g. 'acceptance>=0.95*base', "
                          "'accepted_length@C4>=2.0' (acceptance | accepted_length, optional "
                          "@C<concurrency>, one of >= > <= <, a number, optional *base)")
+    metric, where, op, val, rel = p
+    if where == "C0":
+        raise UsageError(f"--threshold {text!r}: @C0: a concurrency is at least 1")
+    if rel:
+        if val <= 0:
+            raise UsageError(f"--threshold {text!r}: a factor of BASE must be > 0")
+        return
+    lo, hi = RANGE[metric]
+    rng = f"[{lo:g}, {hi:g}]" if hi is not None else f">= {lo:g}"
+    never = {">=": (hi is not None and val > hi) or val <= lo,
+             ">": (hi is not None and val >= hi) or val < lo,
+             "<=": val < lo or (hi is not None and val >= hi),
+             "<": val <= lo or (hi is not None and val > hi)}[op]
+    if never:
+        raise UsageError(f"--threshold {text!r}: {metric} is always {rng}, so this gate "
+                         "cannot tell a good run from a bad one")
+
+
+def check_places(base, head, text: str) -> None:
+    """Raise UsageError when ``text`` names a concurrency (``@C<n>``) that neither run has
+    spec-decode counters at (the levels present are listed)."""
+    p = parse_spec_threshold(text)
+    if p is None or p[1] is None:
+        return
+    levels = set()
+    for m in (base, head):
+        levels |= set((_health(m) or {}).get("by_concurrency") or {})
+    if levels and p[1] not in levels:
+        raise UsageError(f"--threshold {text!r}: neither run has {p[1]} (levels with "
+                         f"counters: {', '.join(sorted(levels, key=lambda c: int(c[1:])))})")
 
 
 def _health(m) -> dict[str, Any]:

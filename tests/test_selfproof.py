@@ -8,6 +8,7 @@ suite cannot see reported missed); an engine with prefix caching off makes the w
 ``boundary`` vacuous (a warning; ``--strict`` fails it).
 """
 import json
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -144,6 +145,27 @@ def test_spec_threshold_forms_and_errors():
     assert Gates(thresholds=["acceptance>=0.95*base"]).thresholds
     with pytest.raises(ValueError):
         Gates(thresholds=["acceptance>>1"])
+
+
+def test_gates_that_cannot_tell_good_from_bad_are_usage_errors():
+    """Issue 36 item 3: an absolute bound outside the metric's range, @C0, and a level neither
+    run has are refused before anything is judged."""
+    from pleharness.compare import check_thresholds_against
+    for bad, why in (("acceptance>=1.5", "always [0, 1]"), ("acceptance<0", "always [0, 1]"),
+                     ("accepted_length>=0.5", "always >= 1"),
+                     ("accepted_length<1", "always >= 1"), ("acceptance<=1", "always [0, 1]"),
+                     ("acceptance@C0>=0.5", "@C0"),
+                     ("acceptance>=0*base", "factor of BASE must be > 0")):
+        with pytest.raises(UsageError, match=re.escape(why)):
+            check_thresholds([bad])
+    check_thresholds(["acceptance>=0.9", "acceptance<0.99", "accepted_length>1.2",
+                      "acceptance>=1.5*base"])  # meetable (a factor: BASE decides)
+    base = run_manifest([_phase(0, 1, 10, 30, 15), _phase(1, 4, 20, 60, 30)])
+    check_thresholds_against(base, base, ["acceptance@C4>=0.9", "C1>=1"])
+    with pytest.raises(UsageError, match=r"neither run has C999 \(levels with counters: C1, C4\)"):
+        check_thresholds_against(base, base, ["acceptance@C999>=0.9"])
+    with pytest.raises(UsageError, match=r"neither run has a load phase at C8 \(levels: C1, C4\)"):
+        check_thresholds_against(base, base, ["C8>=10"])
 
 
 def test_gate_fails_a_head_whose_acceptance_dropped_and_passes_an_equal_one():

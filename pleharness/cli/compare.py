@@ -42,7 +42,7 @@ def compare_cmd(
     exit code. Exit 0 pass, 1 fail, 2 usage error (a run cannot be read, bad gate), 3 no
     verdict: BASE or HEAD did not complete (killed, interrupted, its engine died).
     """
-    from ..compare import check_thresholds, compare, load
+    from ..compare import check_thresholds, check_thresholds_against, compare, load
     from ..render.compare import render_comparison
 
     check_thresholds(threshold)
@@ -54,6 +54,7 @@ def compare_cmd(
         min_phase_ratio = min_phase_ratio if min_phase_ratio is not None else g.min_phase_ratio
         threshold = threshold or g.thresholds
     b, h = load(base), load(head)
+    check_thresholds_against(b, h, threshold)
     res = compare(b, h, min_throughput_ratio, min_phase_ratio, threshold,
                   same_run=_run_path(base) == _run_path(head))
     render_comparison(res, console)
