@@ -267,9 +267,21 @@ def check_json_path(path: Path, flag: str = "--json") -> None:
 
 
 def check_db_folder(db: str | None) -> None:
-    """``fuzz --db``: a folder path (created when missing); raises UsageError."""
-    if db is not None and (not db.strip() or (Path(db).exists() and not Path(db).is_dir())):
+    """``fuzz --db``: a folder path (created when missing) where this user can write: checked
+    now, before an engine starts (a path under a regular file, under /proc or in a read-only
+    place would only fail once the search began); raises UsageError."""
+    if db is None:
+        return
+    if not db.strip() or (Path(db).exists() and not Path(db).is_dir()):
         raise UsageError(f"--db {db!r}: expected a folder path (created when missing)")
+    p = Path(db).resolve()
+    first = next((q for q in [p, *p.parents] if q.exists()), None)
+    if first is None or not first.is_dir():
+        raise UsageError(f"--db {db!r}: {first} is not a folder, so the database folder "
+                         "cannot be created under it")
+    if str(p).startswith(("/proc/", "/sys/")) or not os.access(first, os.W_OK | os.X_OK):
+        raise UsageError(f"--db {db!r}: {first} is not writable, so the database folder "
+                         "cannot be created there")
 
 
 

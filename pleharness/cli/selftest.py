@@ -6,6 +6,7 @@ from typing import Annotated, Optional
 import typer
 
 from .. import config
+from ..errors import UsageError
 from ..faults.builtin import BUILTIN
 from . import Command, app, console, err_console
 from .options import (P_SCEN, AttachOptions, EngineOptions, OutputOptions, Pick, given, grouped,
@@ -44,6 +45,12 @@ def selftest(
     # no engine probe: its solo requests would shift the prompt runs that fault classes key on
     o = values(*groups, near_tie_nats=None, strict=False, golden=False, engine_probe=False,
                suite=suite, scenario=scenario)
+    if suite is not None and not suite.strip():
+        raise UsageError(f"--suite {suite!r}: an empty value (an unset variable in a CI job?): "
+                         "give a suite or leave the option out")
+    twice = sorted({f for f in fault or [] if (fault or []).count(f) > 1})
+    if twice:
+        raise UsageError(f"--fault {', '.join(twice)}: given more than once")
     fields = config.engine_fields(o, given(*groups))
     from ..selftest import DEFAULT_SUITE, run_selftest
     if scenario:

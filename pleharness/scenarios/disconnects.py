@@ -39,7 +39,7 @@ import random
 import time
 from typing import TYPE_CHECKING
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from ..engine import metrics
 from ..manifest import CheckResult, Manifest
@@ -68,6 +68,14 @@ class DisconnectsParams(Params):
     neighbours: int = Field(2, ge=1, le=64)
     settle_s: float = Field(30.0, gt=0, le=3600)
     seed: int = 2604
+
+    @model_validator(mode="after")
+    def _abandon_inside(self):
+        if self.abandon_after_tokens >= self.max_tokens:
+            raise ValueError(f"abandon_after_tokens ({self.abandon_after_tokens}) must be < "
+                             f"max_tokens ({self.max_tokens}): the abandoned run's tokens are "
+                             "compared with the re-sent run's first max_tokens")
+        return self
 
 
 class DisconnectRow(TableRow):

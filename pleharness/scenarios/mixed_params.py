@@ -34,7 +34,7 @@ from collections import Counter
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from ..checks import DEFAULT_CHECKS
 from ..manifest import CheckResult
@@ -62,6 +62,14 @@ class Variant(Params):
     ignore_eos: bool = True
     temperature: float = Field(0.0, ge=0.0, le=10.0)
 
+    @model_validator(mode="after")
+    def _changes_something(self):
+        if (self.repetition_penalty in (None, 1.0) and not self.frequency_penalty
+                and not self.presence_penalty and self.logit_bias_top in (None, 0.0)
+                and self.ignore_eos and not self.temperature):
+            raise ValueError(f"variant {self.name!r} changes nothing from the default request")
+        return self
+
 
 def _default_variants() -> list[Variant]:
     return [Variant(name="repetition", repetition_penalty=1.5),
@@ -84,6 +92,16 @@ class MixedParamsParams(Params):
     seed: int = 2026
     sampled_with_spec_decode: bool = Field(
         False, description="send the temperature > 0 variants on a speculative engine too")
+
+    @model_validator(mode="after")
+    def _distinct(self):
+        names = [v.name for v in self.variants]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"variant names must be distinct: {', '.join(dup)} more than once")
+        if self.min_len > self.max_len:
+            raise ValueError(f"min_len ({self.min_len}) must be <= max_len ({self.max_len})")
+        return self
 
 
 class MixedRow(TableRow):

@@ -144,6 +144,20 @@ class ReplayParams(Params):
         names = [p.name for p in self.phases]
         if len(set(names)) != len(names):
             raise ValueError("phase names must be distinct")
+        bad = sorted({f.phase for f in self.failed if f.phase not in names})
+        if bad:
+            raise ValueError(f"failed: phase {', '.join(bad)} is not one of the phases "
+                             f"({', '.join(names)})")
+        import re
+        for ph in self.phases:
+            for i, r in enumerate(ph.requests):
+                rx = (r.checks.get("expected_text") or {}).get("regex")
+                if isinstance(rx, str):
+                    try:
+                        re.compile(rx)
+                    except re.error as exc:
+                        raise ValueError(f"phase {ph.name} request {i}: checks.expected_text."
+                                         f"regex {rx!r}: not a regular expression ({exc})")
         return self
 
 

@@ -130,6 +130,11 @@ class SampledParams(ChatParams):
 
     @model_validator(mode="after")
     def _resolution(self):
+        if self.top_k == 0:
+            raise ValueError("top_k = 0: vLLM takes -1 (off) or a value >= 1")
+        if self.seeded and not self.seed_probe_pairs:
+            raise ValueError(f"seeded = {self.seeded} needs the seed probe (seed_probe_pairs "
+                             ">= 1): without it no seeded prompt is sent (set seeded = 0)")
         if self.positions > self.dist_max_tokens:
             raise ValueError(f"positions ({self.positions}) must be <= dist_max_tokens "
                              f"({self.dist_max_tokens})")

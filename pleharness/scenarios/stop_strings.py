@@ -34,7 +34,7 @@ from ..engine.facts import as_facts
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from ..checks import DEFAULT_CHECKS
 from ..checks.stop_string import eos_ids
@@ -62,6 +62,16 @@ class StopStringsParams(Params):
     min_position: int = Field(3, ge=1, le=10_000, description="earliest cut (output position)")
     filler: str = Field(" ", min_length=1)
     tail: int = Field(4, ge=0, le=64)
+
+    @model_validator(mode="after")
+    def _cut_inside(self):
+        if self.min_position >= self.max_tokens:
+            raise ValueError(f"min_position ({self.min_position}) must be < max_tokens "
+                             f"({self.max_tokens}): no cut would fall inside the output")
+        if self.min_position > self.count_to:
+            raise ValueError(f"min_position ({self.min_position}) must be <= count_to "
+                             f"({self.count_to}): the counting prompts end before it")
+        return self
 
 
 class StopRow(TableRow):
