@@ -110,5 +110,5 @@ def estimate(m: "Manifest", launches: int, parallel: int, budget_s: float) -> di
     if fits is False:
         text += f" (more than --budget-s {budget_s:g}: the last ones will be skipped)"
     return {"launches": launches, "parallel": parallel, "start_s": start, "waves": waves,
-            "about_s": about, "fits_budget": fits, "text": text + "; a second round only for "
-            "the features the first one finds"}
+            "about_s": about, "fits_budget": fits, "text": text + "; follow-up launches only for "
+            "what the first ones find"}
