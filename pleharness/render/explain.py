@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import json
 import xml.etree.ElementTree as ET
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-if TYPE_CHECKING:
-    from ..explain import CaseReport, ExplainReport
+# explain's ExplainReport and CaseReport (pleharness.explain) are read through their fields only:
+# a renderer sits below the job it renders and does not import it
+ExplainReport = Any
+CaseReport = Any
 
 
 def _cell(r: dict[str, Any]) -> str:
@@ -33,7 +35,7 @@ def _cell(r: dict[str, Any]) -> str:
     return "vanishes" if r.get("vanishes") else "persists"
 
 
-def render(report: "ExplainReport", console: Console) -> None:
+def render(report: ExplainReport, console: Console) -> None:
     """The attribution table on the console, then each case's diagnosis."""
     t = Table(title=escape(f"explain {report.run_id}"))
     for col in ("case", "phase", "C", "L", "requests", "minimal case",
@@ -50,15 +52,15 @@ def render(report: "ExplainReport", console: Console) -> None:
                       f"{', '.join(str(c.case) for c in cs)}: {escape(text)}", highlight=False)
 
 
-def _by_diagnosis(report: "ExplainReport") -> list[tuple[str, list["CaseReport"]]]:
+def _by_diagnosis(report: ExplainReport) -> list[tuple[str, list[CaseReport]]]:
     """The cases grouped by their (identical) diagnosis, in case order."""
-    groups: dict[str, list["CaseReport"]] = {}
+    groups: dict[str, list[CaseReport]] = {}
     for c in report.cases:
         groups.setdefault(c.attribution, []).append(c)
     return list(groups.items())
 
 
-def _two_by_two_md(c: "CaseReport") -> list[str]:
+def _two_by_two_md(c: CaseReport) -> list[str]:
     it = (c.narrowing or {}).get("interaction")
     if not it:
         return []
@@ -72,7 +74,7 @@ def _two_by_two_md(c: "CaseReport") -> list[str]:
             f"| **{x} off** | {get(x)} | {get(it['cell'])} |"]
 
 
-def _numeric_md(c: "CaseReport") -> list[str]:
+def _numeric_md(c: CaseReport) -> list[str]:
     out = []
     for st in (c.narrowing or {}).get("numeric", []):
         out += ["", f"Trigger length against {st['fact']}, case {c.case}"
@@ -85,7 +87,7 @@ def _numeric_md(c: "CaseReport") -> list[str]:
     return out
 
 
-def to_markdown(report: "ExplainReport") -> str:
+def to_markdown(report: ExplainReport) -> str:
     """The attribution table, each case's diagnosis (2x2 tables, trigger lengths) and the
     evidence as Markdown (pasteable into a PR)."""
     sus = [s.name for s in report.suspects]
@@ -129,7 +131,7 @@ def to_markdown(report: "ExplainReport") -> str:
     return "\n".join(lines) + "\n"
 
 
-def to_junit(report: "ExplainReport") -> str:
+def to_junit(report: ExplainReport) -> str:
     """JUnit XML: one test case per failing divergence; the failure message names the suspect."""
     root = ET.Element("testsuites", name=f"ple-harness explain {report.run_id}")
     suite = ET.SubElement(root, "testsuite", name="explain", tests=str(len(report.cases)),
