@@ -242,6 +242,10 @@ def _own_verdicts(res: Comparison, base: Manifest, head: Manifest, same_run: boo
                     if s.phases_planned else "")
             res.incomplete.append(f"{label} ({m.run_id}) did not complete (status "
                                   f"{m.status!r}{done})")
+        elif not m.verdict:
+            res.gate_failures.append(f"run verdict: {label} ({m.run_id}) recorded no verdict")
+            res.incomplete.append(f"{label} ({m.run_id}) recorded no verdict of its own (a "
+                                  "control or reference engine's manifest?)")
     res.base_verdict, res.head_verdict = base.verdict or "none", head.verdict or "none"
     res.base_causes, res.head_causes = causes(base), causes(head)
     if res.head_verdict != "pass":

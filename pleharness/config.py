@@ -127,6 +127,9 @@ def check_url(url: str) -> str | None:
         parts.port
     except ValueError:
         return f"--url {shown!r}: the port is not a number between 0 and 65535"
+    if parts.query or parts.fragment:
+        return (f"--url {shown!r}: the server's base URL has no query or fragment (the harness "
+                "appends /health, /v1/...; a key goes in --api-key-env)")
     return None
 
 

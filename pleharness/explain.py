@@ -803,6 +803,10 @@ def explain(run: Path, *, suspects_extra: Sequence[str] = (), suspects_drop: Seq
     m, run_dir = _load_run(run)
     cases = failing_cases(m, include_warnings)
     out_dir = run_dir / "explain"
+    kept = _keep_previous(out_dir)
+    if kept is not None:
+        console.print(f"the previous explain of this run is kept in {escape(str(kept))}",
+                      highlight=False)
     private_dir(out_dir)
     report = ExplainReport(m.run_id, tries, budget_s, include_warnings=include_warnings)
     if m.status not in ("complete", "control_failed"):
@@ -861,6 +865,22 @@ def explain(run: Path, *, suspects_extra: Sequence[str] = (), suspects_drop: Seq
     write_atomic(out_dir / "junit.xml", to_junit(report))
     render(report, console)
     return report
+
+
+def _keep_previous(out_dir: Path) -> Path | None:
+    """Move an earlier explain's folder (one with an explain.json) aside to
+    ``explain-<its time>``, so that a new explain (which rewrites explain.json from its first
+    launch on) loses nothing; returns where it went, or None."""
+    if not (out_dir / "explain.json").exists():
+        return None
+    stamp = time.strftime("%Y%m%d-%H%M%S",
+                          time.localtime((out_dir / "explain.json").stat().st_mtime))
+    dest, n = out_dir.with_name(f"explain-{stamp}"), 1
+    while dest.exists():
+        n += 1
+        dest = out_dir.with_name(f"explain-{stamp}-{n}")
+    out_dir.rename(dest)
+    return dest
 
 
 def _stopped(exc: BaseException, report: "ExplainReport") -> str:

@@ -77,7 +77,7 @@ def find_named(name_or_path: str, dirs: Iterable[Path], what: str,
     p = Path(name_or_path)
     if p.suffix == ".toml" or p.exists():
         if p.is_dir():
-            raise error(f"{p}: a folder, not a {what} file")
+            raise error(f"{p}: a folder, not a file ({what} expected)")
         if not p.is_file():
             raise error(f"{p}: {what} file not found")
         return p

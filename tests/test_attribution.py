@@ -389,7 +389,7 @@ def test_explain_side_by_side_says_the_same(cpu_engine, spec_fault_run):
                        timeout=900).returncode == 0
     seq = json.loads(one.read_text())
     confirm = run / "explain" / "confirm"
-    had = {p.name for p in confirm.iterdir()} if confirm.exists() else set()
+    before = set(run.glob("explain-*"))
     e = run_cli("explain", str(run), "--tries", "3", "--confirm-runs", "2",
                 "--parallel-engines", "2", env=fault_env(cpu_engine, "--speculative-config"),
                 timeout=900)
@@ -405,9 +405,11 @@ def test_explain_side_by_side_says_the_same(cpu_engine, spec_fault_run):
     firsts = [c for c in par["cases"] if "same_schedule_as" not in c["reproduction"]]
     for c in firsts:
         assert c["reproduction"]["rate"] == "2/2" and c["reproduction"]["side_by_side"] == 2
-    # an earlier explain's confirmations are kept; these ran beside them
-    now = {p.name for p in confirm.iterdir()}
-    assert had <= now and len(now - had) == 2 * len(firsts)
+    # the earlier explain's folder is kept beside the new one (nothing of it lost)
+    (kept,) = set(run.glob("explain-*")) - before
+    assert json.loads((kept / "explain.json").read_text()) == seq
+    assert f"the previous explain of this run is kept in {kept}" in e.stderr
+    assert len(list(confirm.iterdir())) == 2 * len(firsts)
     assert "2 side by side" in e.stderr
 
 

@@ -9,8 +9,8 @@ import pytest
 from conftest import run_cli
 
 SCENARIOS = {
-    "sampled_top_k0": ('kind = "sampled"\ndescription = "x"\n[params]\ntop_k = 0\n',
-                       "top_k = 0: vLLM takes -1 (off) or a value >= 1"),
+    "sampled_nan": ('kind = "sampled"\ndescription = "x"\n[params]\ntemperature = nan\n',
+                    "params.temperature: Input should be a finite number"),
     "sampled_seeded_no_probe": ('kind = "sampled"\ndescription = "x"\n[params]\nseeded = 8\n'
                                 'seed_probe_pairs = 0\n', "seeded = 8 needs the seed probe"),
     "stop_past_count": ('kind = "stop_strings"\ndescription = "x"\n[params]\ncount_to = 40\n'
@@ -66,7 +66,7 @@ def _options(tmp_path):
         (("selftest", "--fault", "oov_id", "--fault", "oov_id"),
          "--fault oov_id: given more than once"),
         (("selftest", "--suite", ""), "--suite '': an empty value"),
-        (("stress", "--scenario", str(tmp_path)), "a folder, not a scenario file"),
+        (("stress", "--scenario", str(tmp_path)), "a folder, not a file (scenario expected)"),
     ]
 
 
@@ -90,6 +90,13 @@ def test_bad_options_never_reach_the_engine(listener, tmp_path):
         r = run_cli(*args, "--url", url, timeout=120)
         assert r.returncode == 2 and want in r.stderr, (args, r.stderr)
     assert count[0] == 0, "a bad option reached the engine"
+
+
+def test_a_url_with_a_query_is_refused(listener):
+    url, count = listener
+    r = run_cli("stress", "--url", url + "/?token=abc-SECRET", timeout=60)
+    assert r.returncode == 2 and "has no query or fragment" in r.stderr, r.stderr
+    assert "SECRET" not in r.stderr and count[0] == 0
 
 
 def test_scenarios_check_passes_the_shipped_files():

@@ -112,7 +112,7 @@ def test_messages_name_the_real_problem(tmp_path):
                         "finite number"),
                        (("fuzz", "--time-budget", "inf"), "--time-budget 'inf': not a finite "
                         "number"),
-                       (("stress", "--scenario", str(tmp_path)), "a folder, not a scenario"),
+                       (("stress", "--scenario", str(tmp_path)), "a folder, not a file (scenario"),
                        (("stress", "--engine-profile", str(tmp_path)), "a folder, not a")):
         r = run_cli(*args, "--results-dir", str(tmp_path / "res"), timeout=120)
         assert r.returncode == 2 and want in r.stderr, (args, r.stderr)

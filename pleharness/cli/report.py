@@ -59,6 +59,8 @@ def report(
     code = m.exit_code
     if code is None:
         code = ExitCode.FAIL
+        why = ("it was stopped before it could write one" if m.status != "complete" else
+               "a manifest without a verdict of its own, such as a control run's")
         err_console.print(f"note: run {escape(m.run_id)} recorded no exit code (status "
-                          f"{m.status}: it was stopped before it could write one); exit 1")
+                          f"{m.status}: {why}); exit 1")
     raise typer.Exit(ExitCode.OK if exit_zero else code)

@@ -55,8 +55,12 @@ def _engine_md(m: Manifest) -> list[str]:
     """The "Engine" section: version, model, commands, thresholds, facts, GPUs."""
     e = m.engine
     lines = ["### Engine", ""]
-    lines.append(f"- vLLM {e.version}, model `{e.model}`, max_model_len "
-                 f"{e.max_model_len}, {e.mode}")
+    if e.version is None and e.model is None and e.max_model_len is None:
+        lines.append(f"- engine not reached ({e.mode or 'no engine recorded'}: the run ended "
+                     "before the engine was up)")
+    else:
+        lines.append(f"- vLLM {e.version}, model `{e.model}`, max_model_len "
+                     f"{e.max_model_len}, {e.mode}")
     if e.command:
         lines.append(f"- command: `{shlex.join(e.command)}`")
     if (e.control_engine or {}).get("command"):

@@ -33,9 +33,10 @@ class ScenarioError(UsageError, ValueError):
 
 
 class Params(BaseModel):
-    """Base for scenario parameters: unknown keys are errors."""
+    """Base for scenario parameters: unknown keys are errors, and so are NaN and infinities
+    ("Input should be a finite number", not an out-of-range message)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class TableRow(BaseModel):

@@ -101,7 +101,7 @@ class SampledParams(ChatParams):
     depth: int = Field(1, ge=1, le=64)
     temperature: float = Field(1.0, gt=0.0, le=10.0)
     top_p: float = Field(0.95, gt=0.0, le=1.0)
-    top_k: int = Field(20, ge=-1, description="-1: off (vLLM)")
+    top_k: int = Field(20, ge=-1, description="0 or -1: off (vLLM: 0 disables, -1 accepted)")
     ladder: list[int] = Field(default_factory=lambda: [4, 1, 2, 3])
     solo_samples: int = Field(2, ge=0, le=1000, description="solo samples per boundary length")
     samples: int = Field(32, ge=2, le=100_000, description="per distribution prompt and side")
@@ -130,8 +130,6 @@ class SampledParams(ChatParams):
 
     @model_validator(mode="after")
     def _resolution(self):
-        if self.top_k == 0:
-            raise ValueError("top_k = 0: vLLM takes -1 (off) or a value >= 1")
         if self.seeded and not self.seed_probe_pairs:
             raise ValueError(f"seeded = {self.seeded} needs the seed probe (seed_probe_pairs "
                              ">= 1): without it no seeded prompt is sent (set seeded = 0)")
