@@ -76,7 +76,7 @@ def find_named(name_or_path: str, dirs: Iterable[Path], what: str,
     dirs = list(dirs)
     p = Path(name_or_path)
     if p.suffix == ".toml" or p.exists():
-        if p.is_dir():
+        if p.is_dir() and str(name_or_path).strip():
             raise error(f"{p}: a folder, not a file ({what} expected)")
         if not p.is_file():
             raise error(f"{p}: {what} file not found")
