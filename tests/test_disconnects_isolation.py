@@ -118,20 +118,21 @@ def test_corrupted_continuation_after_disconnect_is_caught(cpu_engine, tmp_path)
     assert r.returncode == 1 and m["verdict"] == "fail", out[-3000:]
     follow = records(m, "after-disconnect")
     assert len(follow) == 4
-    # the abandoned prompts whose client really went away (on a machine too slow to read the
-    # mid-decode stream before it ends, only the before-first-token one): the follow-ups
-    # sharing their first block are the corrupted ones, and exactly those are the problems
-    mid_rec = next(q for q in records(m, "disconnect") if q["prompt_key"].startswith("disc-mid"))
-    gone = ["disc-prefill"] + (["disc-mid"] if mid_rec["error"] == "abandoned" else [])
-    hit = [q for q in follow if any(g in q["prompt_key"] for g in gone)]
-    assert len(fault.gone) == len(gone) and len(fault.hits) == len(hit) == 2 * len(gone)
+    # the double corrupts the follow-ups that share a first block with a prompt whose client it
+    # saw go away (on a machine too slow to read the mid-decode stream before it ends, or one
+    # whose client closed just as the stream ended, the two views of "went away" can differ:
+    # the double's own is the one that decides what it corrupted)
+    ids = {q["id"]: tuple(m["prompts"][q["prompt_hash"]][:B]) for q in follow}
+    hit = [q for q in follow if ids[q["id"]] in fault.heads]
+    assert len(fault.hits) == len(hit) >= 2  # the before-first-token one is always seen
     bad = [q for q in m["requests"] if is_problem(q)]
     assert {q["id"] for q in bad} == {q["id"] for q in hit}
     for q in hit:  # rule: parity with the single-request reference (a hard divergence)
         assert q["match"] is False and q["first_divergence"] == 0
         assert q["divergence"]["fails"] and "parity" in failed(q)
+    mid_rec = next(q for q in records(m, "disconnect") if q["prompt_key"].startswith("disc-mid"))
     mid = next(q for q in follow if q["prompt_key"].startswith("disc-mid"))
-    if "disc-mid" in gone:
+    if mid_rec["error"] == "abandoned" and mid in hit:
         assert "abandoned_prefix" in failed(mid)  # the abandoned run's tokens differ from it
     assert phase(m, "disconnect")["status"] == "pass"
     assert phase(m, "after-disconnect")["status"] == "fail"
