@@ -17,8 +17,9 @@ from ..engine.client import Timeouts
 from ..errors import UsageError
 from ..scenarios.fuzz import FuzzParams
 from . import Command, app, console, err_console, warn
-from .options import (AttachOptions, EngineOptions, GoldenProbeOptions, OutputOptions, Pick,
-                      TimeoutOptions, VerdictOptions, given, grouped, option_group, values)
+from .options import (PARALLEL_ENGINES_HELP, AttachOptions, EngineOptions, GoldenProbeOptions,
+                      OutputOptions, Pick, TimeoutOptions, VerdictOptions, given, grouped,
+                      option_group, values)
 
 P_FUZZ = "Search budget and reproducibility"
 
@@ -83,11 +84,7 @@ class FuzzRunOptions:
              "replays the first, larger failing schedule, repro-larger.toml). Attached (--url): "
              "on the same engine, marked as such. 0: skip.")] = 3
     parallel_engines: Annotated[str, typer.Option(rich_help_panel=P_FUZZ,
-        help="Engines started side by side for the confirmation replays (a number, or auto: as "
-             "many as fit in the GPU's free memory, 1 on the CPU). Each gets a fixed KV cache "
-             "size (--kv-cache-memory-bytes) and a small --gpu-memory-utilization share, so that "
-             "its start does not profile memory a neighbour is allocating. More than fit: a "
-             "usage error before anything starts.")] = "1"
+        help=PARALLEL_ENGINES_HELP)] = "1"
     max_tokens_old: Annotated[Optional[int], typer.Option("--max-tokens", hidden=True,
         help="Deprecated spelling of --max-drawn-tokens.")] = None
 

@@ -27,6 +27,13 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+PARALLEL_ENGINES_HELP = (
+    "Engines started side by side for the confirmation replays (a number, or auto: as many as "
+    "fit in the GPU's free memory, 1 on the CPU). Each gets a fixed KV cache size "
+    "(--kv-cache-memory-bytes) and a small --gpu-memory-utilization share, so that its start "
+    "does not profile memory a neighbour is allocating. More than fit: a usage error before "
+    "anything starts.")
+
 # help panels of `stress --help` (and the commands that share its groups)
 P_ENGINE = "Engine (launched by the harness)"
 P_ATTACH = "Attach to a running engine (--url) and its facts"

@@ -8,9 +8,9 @@ import typer
 
 from .. import config
 from . import Command, app, console, err_console, warn
-from .options import (P_CTRL, P_REF, P_SCEN, AttachOptions, CacheState, EngineOptions,
-                      GoldenProbeOptions, OutputOptions, TimeoutOptions, VerdictOptions, given,
-                      grouped, option_group, values)
+from .options import (P_CTRL, P_REF, P_SCEN, PARALLEL_ENGINES_HELP, AttachOptions, CacheState,
+                      EngineOptions, GoldenProbeOptions, OutputOptions, TimeoutOptions,
+                      VerdictOptions, given, grouped, option_group, values)
 
 
 @option_group
@@ -67,11 +67,7 @@ class ReferenceOptions:
              "times, each on a freshly started engine of the same configuration, and its "
              "reproduction rate reported. 0: skip.")] = 3
     parallel_engines: Annotated[str, typer.Option(rich_help_panel=P_REF,
-        help="Engines started side by side for the confirmation replays (a number, or auto: as "
-             "many as fit in the GPU's free memory, 1 on the CPU). Each gets a fixed KV cache "
-             "size (--kv-cache-memory-bytes) and a small --gpu-memory-utilization share, so that "
-             "its start does not profile memory a neighbour is allocating. More than fit: a "
-             "usage error before anything starts.")] = "1"
+        help=PARALLEL_ENGINES_HELP)] = "1"
     golden_model: Annotated[Optional[str], typer.Option(rich_help_panel=P_REF,
         help="Model folder for the golden model when attaching with --url (default: the served "
              "model's root, when it is a local folder).")] = None

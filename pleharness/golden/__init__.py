@@ -26,6 +26,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..engine.side_by_side import mem_available_bytes as available_memory_bytes
 from ..errors import HarnessError
 
 WORKER = Path(__file__).with_name("worker.py")
@@ -54,17 +55,6 @@ def weights_bytes(model_dir: Path) -> int:
     """Total size in bytes of the weight files (``*.safetensors``, ``*.bin``) in ``model_dir``."""
     return sum(p.stat().st_size for p in Path(model_dir).iterdir()
                if p.suffix in (".safetensors", ".bin") and p.is_file())
-
-
-def available_memory_bytes() -> int | None:
-    """MemAvailable from /proc/meminfo (bytes), or None where it cannot be read."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
 
 
 def golden_problem(model_dir: str | Path | None) -> str | None:
