@@ -172,7 +172,9 @@ def run() -> None:
         sys.exit(exc.exit_code)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
-    except SystemExit:
+    except SystemExit as exc:
+        if exc.code == 1 and type(sys.stdout).__name__ == "PacifyFlushWrapper":
+            sys.exit(141)  # click's own closed-pipe path (EPIPE -> exit 1): the same 141
         raise
     except BrokenPipeError:  # `ple-harness ... | head`: the reader left
         _quiet_broken_pipe()
