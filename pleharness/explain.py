@@ -564,6 +564,7 @@ def write_repro(case: Case, path: Path, run_id: str) -> None:
     name = case.minimal or "with its phase companions"
     conc, reqs = case.levels.get(name) or case.levels["alone"]
     phase = f"case{case.index}-{name.replace(' ', '-')}"
+    conc = min(conc, len(reqs))  # a phase never has more in flight than it has requests
     lines = [f"# ple-harness explain {run_id}, case {case.index}: {case.phase} (C{case.concurrency}),"
              f" requests {', '.join(case.requests)}",
              f"# minimal failing level: {name}. Replay: ple-harness stress --scenario {path.name} "

@@ -31,6 +31,12 @@ SCENARIOS = {
                             'concurrency = 1\n[[params.phases.requests]]\nprompt = [1, 2]\n'
                             'max_tokens = 4\n[[params.failed]]\nphase = "q"\n',
                             "failed: phase q is not one of the phases (p)"),
+    "replay_conc": ('kind = "replay"\ndescription = "x"\n[[params.phases]]\nname = "p"\n'
+                    'concurrency = 5\n[[params.phases.requests]]\nprompt = [1, 2]\n'
+                    'max_tokens = 4\n', "concurrency 5 with 1 request(s)"),
+    "huge_ladder": ('kind = "transitions"\ndescription = "x"\n[params]\nladder = [1024, 1024]\n'
+                    'requests_per_slot = 10000\nrepeats = 10000\n',
+                    "this ladder plans 204,800,000,000 load requests"),
 }
 
 

@@ -95,6 +95,9 @@ class ReplayPhase(Params):
     def _inserts(self):
         ins = [r for r in self.requests if r.insert_into is not None]
         if not ins:
+            if self.concurrency > len(self.requests):
+                raise ValueError(f"concurrency {self.concurrency} with {len(self.requests)} "
+                                 f"request(s): at most {len(self.requests)} can be in flight")
             return self
         carriers = {r.insert_into for r in ins}
         if len(carriers) > 1:

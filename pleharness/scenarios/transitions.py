@@ -78,6 +78,9 @@ class PromptSet(Params):
         return self
 
 
+MAX_PLANNED_REQUESTS = 1_000_000  # issue 36: a typo's ladder refused before the engine starts
+
+
 class TransitionsParams(Params):
     """Parameters of ``transitions``: the concurrency ladder, its repeats, prompts and
     max_tokens (see the module docstring)."""
@@ -107,6 +110,16 @@ class TransitionsParams(Params):
             raise ValueError(f"concurrency levels must be between 1 and {MAX_CONCURRENCY} "
                              f"(got {bad[0]})")
         return v
+
+    @model_validator(mode="after")
+    def _size(self):
+        n = sum(self.ladder) * self.requests_per_slot * self.repeats
+        if n > MAX_PLANNED_REQUESTS:
+            raise ValueError(f"this ladder plans {n:,} load requests (sum(ladder) x "
+                             f"requests_per_slot x repeats), more than {MAX_PLANNED_REQUESTS:,}: "
+                             "days of engine time; a longer soak is --suite-repeats of a "
+                             "smaller one")
+        return self
 
 
 @register
