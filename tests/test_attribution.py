@@ -92,7 +92,9 @@ def test_failing_cases_suspects_and_repro(tmp_path):
     path = tmp_path / "repro-1.toml"
     write_repro(case, path, "run1")
     sc = load_scenario_file(str(path))
-    assert sc.kind == "replay" and sc.params.phases[0].concurrency == 4
+    # the phase ran at C4 with 3 requests: the reproducer asks for what can be in flight, 3
+    # (a replay phase with more concurrency than requests is refused: issue 36, row S25)
+    assert sc.kind == "replay" and sc.params.phases[0].concurrency == 3
     assert [r.prompt for r in sc.params.phases[0].requests] == [[20, 21, 22], [30, 31, 32],
                                                                 [20, 21, 22]]
     # the comparison that failed: without a replay on record, the run's own divergence
