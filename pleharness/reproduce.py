@@ -118,10 +118,6 @@ def replay_reproducer(path: Path, target: ReplayTarget, runs: int, out_dir: Path
     label = label or Path(path).stem
     from .files import private_dir
     private_dir(out_dir)
-    base, again = label, 1
-    while any(out_dir.glob(f"{label}-[0-9]*")):  # an earlier confirmation of the same file:
-        again += 1                                 # kept, this one beside it
-        label = f"{base}-again{again}"
     par = 1 if (not target.fresh or (target.launch is not None and target.launch.port)) \
         else max(1, target.parallel)
     replays: list[dict] = []

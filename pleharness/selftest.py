@@ -127,7 +127,7 @@ def run_selftest(cfg, faults: list[str], console: Console, err: Console,
     failed), and prints a table. Returns the exit code (module
     docstring). Raises UsageError for an unknown fault class or bad options, before anything
     starts."""
-    from .engine.session import EngineSession
+    from .engine.session import EngineSession, Interrupted
     from .environment import gpu_inventory
     from .errors import EngineError
     from .run.rundir import new_run_dir
@@ -191,7 +191,7 @@ def run_selftest(cfg, faults: list[str], console: Console, err: Console,
                     code = ExitCode.ENGINE
                     break
     except BaseException as exc:
-        save("interrupted" if type(exc).__name__ == "Interrupted" else "failed",
+        save("interrupted" if isinstance(exc, Interrupted) else "failed",
              false_alarms=alarms, error=str(exc)[:500])
         raise
     line = headline(results, alarms)

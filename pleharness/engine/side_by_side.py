@@ -75,8 +75,9 @@ def parse_parallel(value: str | int | None) -> int | None:
 
 
 def model_bytes(model_path: str | os.PathLike | None) -> int | None:
-    """Bytes of the weight files (``*.safetensors``, ``*.bin``, ``*.pt``) of a local model folder;
-    None for a hub name or an unreadable folder."""
+    """Bytes of the weight files (``*.safetensors``, ``*.bin``) of a local model folder; None for
+    a hub name, an unreadable folder or one without weights (also the golden model's size:
+    :func:`pleharness.golden.weights_bytes`)."""
     if not model_path:
         return None
     p = Path(model_path)
@@ -84,7 +85,7 @@ def model_bytes(model_path: str | os.PathLike | None) -> int | None:
         return None
     try:
         return sum(f.stat().st_size for f in p.iterdir()
-                   if f.suffix in (".safetensors", ".bin", ".pt")) or None
+                   if f.suffix in (".safetensors", ".bin") and f.is_file()) or None
     except OSError:
         return None
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..engine.side_by_side import mem_available_bytes as available_memory_bytes
+from ..engine.side_by_side import model_bytes
 from ..errors import HarnessError
 
 WORKER = Path(__file__).with_name("worker.py")
@@ -52,9 +53,9 @@ class GoldenOutput:
 
 
 def weights_bytes(model_dir: Path) -> int:
-    """Total size in bytes of the weight files (``*.safetensors``, ``*.bin``) in ``model_dir``."""
-    return sum(p.stat().st_size for p in Path(model_dir).iterdir()
-               if p.suffix in (".safetensors", ".bin") and p.is_file())
+    """Total size in bytes of the weight files (``*.safetensors``, ``*.bin``) in ``model_dir``
+    (:func:`pleharness.engine.side_by_side.model_bytes`; 0 without any)."""
+    return model_bytes(model_dir) or 0
 
 
 def golden_problem(model_dir: str | Path | None) -> str | None:
