@@ -36,7 +36,7 @@ followed by garbage is corruption that happened to start at a close call).
 """
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -421,18 +421,38 @@ class Rule:
 
 def compare_outputs(reference: Sequence[int], observed: Sequence[int], rule: Rule,
                     reference_margins: Sequence[float | None] | None = None, *,
-                    temperature: float = 0.0, checks_failed: Sequence[str] = ()
-                    ) -> Divergence | None:
+                    temperature: float = 0.0, checks_failed: Sequence[str] = (),
+                    golden_at: Callable[[int], Mapping[str, Any] | None] | None = None,
+                    golden_floor: Mapping[str, Any] | None = None) -> Divergence | None:
     """The verdict on one output against its reference, without a manifest: None when the two
-    ID lists are equal, else the analysed :class:`~pleharness.manifest.Divergence` (``fails``:
-    a hard divergence, or any one under ``rule.strict``, or any one of a seeded sample
-    (``temperature`` > 0), which has no near-tie excuse). ``reference_margins``: the reference's
-    per-position top-1 minus top-2 logprob margins (nats; :func:`pleharness.divergence.margins`),
-    None when it was run without logprobs (then a divergence is of class ``unknown``, failing).
-    The same rule as a run's phases apply (:meth:`Judge.judge_request`), used by ``explain``."""
+    ID lists are equal, else the analysed and settled :class:`~pleharness.manifest.Divergence`
+    (:func:`settle`: a hard divergence fails, any one under ``rule.strict``, any one of a
+    seeded sample (``temperature`` > 0), which has no near-tie excuse). The same rule and the
+    same evidence as a run's phases (:meth:`pleharness.run.judge.Judge._judge` and, on half
+    precision, :meth:`~pleharness.run.judge.Judge.finish_judgement`), used by ``explain``:
+
+    Args:
+        reference_margins: the reference's per-position top-1 minus top-2 logprob margins
+            (nats; :func:`margins`), None when it was run without logprobs (then, without
+            golden evidence, a divergence is of class ``unknown``, failing).
+        golden_at: ``f(position)`` -> the golden model's teacher-forced evidence at the first
+            divergent position (``{"logprobs": {id: lp}, "top": [(id, lp), ...]}``, as
+            :meth:`pleharness.golden.GoldenModel.score` gives it for the prompt plus
+            ``observed[:position]``), or None where it has none; None: no golden model.
+        golden_floor: the run's measured half-precision golden floor
+            (``run_options.golden_tolerance``: ``informative``, ``tolerance_nats``); on a
+            half-precision ``rule.serving_dtype`` the golden evidence is judged against it as
+            the run judged its own (uninformative: the golden model decides nothing)."""
     pos = first_divergence(reference, observed)
     if pos is None:
         return None
+    golden = golden_at(pos) if golden_at is not None else None
     d = analyse(reference, observed, pos, reference_margins, rule.near_tie_nats,
-                checks_failed)
-    return settle(d, strict=rule.strict, seeded=temperature > 0)
+                checks_failed, golden=golden)
+    half = rule.serving_dtype in HALF_PRECISION
+    if golden is not None and half and golden_floor and "informative" in golden_floor:
+        informative = bool(golden_floor["informative"])
+        d.golden_informative = informative
+        d.golden_tolerance_nats = float(golden_floor.get("tolerance_nats") or
+                                        rule.near_tie_nats) if informative else None
+    return settle(d, strict=rule.strict, seeded=temperature > 0, half_precision=half)

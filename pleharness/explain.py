@@ -498,28 +498,89 @@ def run_target(m: Manifest, python: str | None = None,
                   host=la.get("host", "127.0.0.1"), start_timeout_s=start_timeout_s)
 
 
+class _RunGolden:
+    """The explained run's golden model, used as the run's judge used it, so that a replay
+    fails exactly where the run did. Seen on the H200 (docs/gpu-runs/2026-12-03-o-issue33): on a
+    random-weight bf16 model, a planted fault at a position whose engine margin was 0.004 nats
+    was hard by the golden model in the run, while explain's replays, judged by the engine
+    margin alone, called the same divergence a near tie: "not reproduced on the configuration
+    under test" beside its own reproducer confirmed 3/3 on fresh engines.
+
+    ``floor``: the run's measured half-precision golden floor (``run_options.golden_tolerance``);
+    ``error``: why the golden model stopped being asked (the engine margin decides then, as in
+    the run). The worker starts on the first divergence (:class:`pleharness.golden.GoldenModel`)."""
+
+    def __init__(self, model: Any, floor: dict[str, Any] | None):
+        self.model, self.floor = model, floor
+        self.error: str | None = None
+
+    @classmethod
+    def of_run(cls, m: Manifest, target: Target, out_dir: Path) -> tuple["_RunGolden | None", str]:
+        """The run's golden model (its folder from ``run_options.golden_model``, else the
+        launched model; the engine's Python), or None where the run had none; and what
+        explain.json says about it."""
+        from .golden import GoldenModel, golden_problem
+        ro = m.run_options
+        used = str(ro.get("golden_classifier") or "")
+        if ro.get("golden") is False or not used.startswith("transformers"):
+            return None, f"none (the run's golden classifier: {used or 'not recorded'})"
+        model_dir = ro.get("golden_model") or target.model_path
+        problem = golden_problem(model_dir)
+        if problem:
+            return None, f"unavailable: {problem}"
+        return (cls(GoldenModel(model_dir, target.python, log_path=out_dir / "golden.log"),
+                    ro.get("golden_tolerance")),
+                f"the run's: transformers float32 on {model_dir}")
+
+    def evidence(self, prompt: Sequence[int], reference: Sequence[int],
+                 observed: Sequence[int]) -> Any:
+        """``golden_at`` for :func:`pleharness.divergence.compare_outputs`: the teacher-forced
+        golden logprobs of both tokens at a divergent position, or None."""
+        from .golden import GoldenError
+
+        def at(pos: int) -> dict[str, Any] | None:
+            if self.error is not None or pos >= min(len(reference), len(observed)):
+                return None
+            try:
+                lps, top = self.model.score(list(prompt), list(observed[:pos]),
+                                            [reference[pos], observed[pos]])
+            except GoldenError as exc:
+                self.error = str(exc)
+                return None
+            return {"logprobs": lps, "top": top}
+        return at
+
+    def close(self) -> None:
+        self.model.close()
+
+
 class _Replayer:
     """Runs case levels on one engine and judges them against that engine's own warm solo
     references (cached per prompt) by the run's own rule (:func:`pleharness.run.judge.
     compare_outputs`: the near-tie threshold, ``--strict`` and logprobs the run used, from its
     ``run_options``), so a replay fails exactly where the run it explains would: a hard
-    divergence fails, a near tie only when ``count_warnings`` (``--include-warnings``)."""
+    divergence fails, a near tie only when ``count_warnings`` (``--include-warnings``). With
+    ``golden`` (:class:`_RunGolden`), its golden model and measured half-precision floor weigh
+    in exactly as they did in the run (:func:`pleharness.divergence.settle`)."""
 
     def __init__(self, client: EngineClient, rule: Rule = Rule(), logprobs: int | None = 2,
-                 count_warnings: bool = False):
+                 count_warnings: bool = False, golden: "_RunGolden | None" = None):
         self.client = client
         self.rule = rule
         self.logprobs = logprobs
         self.count_warnings = count_warnings
+        self.golden = golden
         self.refs: dict[tuple[str, int], tuple[list[int], list | None]] = {}
 
     @classmethod
-    def for_run(cls, client: EngineClient, m: Manifest, count_warnings: bool) -> "_Replayer":
-        """The replayer of run ``m``: its near-tie threshold, strictness and logprobs."""
+    def for_run(cls, client: EngineClient, m: Manifest, count_warnings: bool,
+                golden: "_RunGolden | None" = None) -> "_Replayer":
+        """The replayer of run ``m``: its near-tie threshold, strictness, logprobs, serving
+        dtype, and (``golden``) its golden model and measured golden floor."""
         ro = m.run_options
         rule = Rule(near_tie_nats=float(ro.get("near_tie_nats") or DEFAULT_NEAR_TIE_NATS),
                     strict=bool(ro.get("strict")), serving_dtype=ro.get("serving_dtype"))
-        return cls(client, rule, ro.get("logprobs", 2) or None, count_warnings)
+        return cls(client, rule, ro.get("logprobs", 2) or None, count_warnings, golden)
 
     def _solo(self, ids: list[int], mt: int) -> tuple[list[int], list | None]:
         key = (token_hash(ids), mt)
@@ -546,10 +607,14 @@ class _Replayer:
             for (ids, _), (ref, ref_margins), c in zip(reqs, refs, outs):
                 if c.error is not None:
                     continue
-                d = compare_outputs(ref, c.token_ids, self.rule, ref_margins)
+                d = compare_outputs(
+                    ref, c.token_ids, self.rule, ref_margins,
+                    golden_at=self.golden.evidence(ids, ref, c.token_ids) if self.golden else None,
+                    golden_floor=self.golden.floor if self.golden else None)
                 if d is not None and (d.fails or self.count_warnings):
                     seen.append({"try": t, "prompt_len": len(ids),
                                  "first_divergence": d.position, "class": d.cls,
+                                 "decided_by": d.decided_by,
                                  "output_hash": token_hash(c.token_ids)[:16],
                                  "reference_hash": token_hash(ref)[:16]})
             if seen:
@@ -698,7 +763,8 @@ class ExplainReport:
     end (None when nothing failed, absent from the JSON then); ``status``: "complete", or how
     far it got ("launch 2 of 4 done", "interrupted (...) after 2 launch(es)");
     ``side_by_side``: :meth:`pleharness.engine.side_by_side.SideBySide.record`; ``estimate``:
-    :func:`pleharness.explain_plan.estimate`.
+    :func:`pleharness.explain_plan.estimate`; ``golden``: the golden model the replays are
+    judged with (the run's, :class:`_RunGolden`), or why there is none.
     """
 
     run_id: str
@@ -712,12 +778,14 @@ class ExplainReport:
     status: str = "starting"
     side_by_side: dict[str, Any] = field(default_factory=dict)
     estimate: dict[str, Any] = field(default_factory=dict)
+    golden: str = ""  # the golden model the replays are judged with (the run's), or why none
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object of ``explain.json``."""
         out: dict[str, Any] = {"run_id": self.run_id, "status": self.status,
                                "tries": self.tries, "budget_s": self.budget_s,
                                "estimate": self.estimate, "side_by_side": self.side_by_side,
+                               "golden": self.golden,
                                "cases": [c.to_dict() for c in self.cases],
                                "suspects": [asdict(x) for x in self.suspects],
                                "launches": self.launches}
@@ -842,11 +910,12 @@ def explain(run: Path, *, suspects_extra: Sequence[str] = (), suspects_drop: Seq
     console.print(f"explain.json and explain.md: {escape(str(out_dir))} (rewritten after every "
                   "launch)", highlight=False)
     progress = _Progress(report, cases, out_dir, run_dir)
+    golden, report.golden = _RunGolden.of_run(m, target, out_dir)
     t0 = time.monotonic()
     try:
         with EngineSession(console, out_dir, gpus_before=gpus) as session:
             configs = _replay_all(session, target, m, cases, report, budget_s, t0, console,
-                                  progress, side)
+                                  progress, side, golden)
             for c in cases:
                 path = out_dir / f"repro-{c.index}.toml"
                 write_repro(c, path, m.run_id)
@@ -861,6 +930,11 @@ def explain(run: Path, *, suspects_extra: Sequence[str] = (), suspects_drop: Seq
     except BaseException as exc:
         progress.save(_stopped(exc, report))
         raise
+    finally:
+        if golden is not None:
+            golden.close()
+            if golden.error:
+                report.golden += f"; stopped: {golden.error}"
     report.elapsed_s = round(time.monotonic() - t0, 1)
     progress.save("complete")
     write_atomic(out_dir / "junit.xml", to_junit(report))
@@ -953,7 +1027,8 @@ def _load_run(run: Path) -> tuple[Manifest, Path]:
 
 def _replay_all(session: EngineSession, target: Target, m: Manifest, cases: list[Case],
                 report: ExplainReport, budget_s: float, t0: float, console: Console,
-                progress: "_Progress", side: SideBySide) -> list[Suspect | None]:
+                progress: "_Progress", side: SideBySide,
+                golden: _RunGolden | None = None) -> list[Suspect | None]:
     """Every configuration in turn (under test, the first round's suspects, then the second
     round's, :func:`follow_ups`), each on its own engine in ``session``, ``side.n`` engines
     started side by side (never across the two rounds); the cases that apply to it replayed
@@ -1006,7 +1081,7 @@ def _replay_all(session: EngineSession, target: Target, m: Manifest, cases: list
             continue
         progress.pending = [sus for _, sus in batch] + configs[n:]  # until each is recorded
         _replay_batch(session, target, batch, len(configs), cases, suspects, m, report,
-                      console, side)
+                      console, side, golden)
         if any(sus is None for _, sus in batch):  # the reproducers exist from then on
             for c in cases:
                 write_repro(c, progress.out_dir / f"repro-{c.index}.toml", m.run_id)
@@ -1019,7 +1094,8 @@ def _replay_all(session: EngineSession, target: Target, m: Manifest, cases: list
 
 def _replay_batch(session: EngineSession, target: Target, batch: list[tuple[int, Suspect | None]],
                   total: int, cases: list[Case], suspects: list[Suspect], m: Manifest,
-                  report: ExplainReport, console: Console, side: SideBySide) -> None:
+                  report: ExplainReport, console: Console, side: SideBySide,
+                  golden: _RunGolden | None = None) -> None:
     """Start the engines of ``batch`` ((launch number, suspect)) side by side, then replay on
     each in order and stop it. A suspect's engine that fails to start is recorded (the launch
     and each case's result); the configuration under test failing raises EngineError."""
@@ -1048,7 +1124,7 @@ def _replay_batch(session: EngineSession, target: Target, batch: list[tuple[int,
             continue
         try:
             todo = [c for c in cases if sus is None or _applies(sus, c, suspects)]
-            rp = _Replayer.for_run(eng.client, m, report.include_warnings)
+            rp = _Replayer.for_run(eng.client, m, report.include_warnings, golden)
             report.launches.append({"config": label, "command": redact_argv(eng.server.command),
                                     "ready_s": round(eng.server.ready_s or 0, 1)})
             for c in todo:

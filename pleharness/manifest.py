@@ -382,6 +382,7 @@ class RunOptionsRecord(_Section):
     golden_classifier: str | None = None  # on | off (--no-golden) | unavailable: why
     golden_classifier_error: str | None = None  # why the golden classifier stopped mid-run
     golden_log: str | None = None
+    golden_model: str | None = None  # the golden model's folder (explain's replays use it too)
     golden_tolerance: dict[str, Any] | None = None  # tolerance_nats and its source
     reference_cache_state: str | None = None
 

@@ -95,6 +95,11 @@ def run_stress(cfg: StressConfig, console: Console | None = None,
     console = console or Console(stderr=False)
     cfg.validate()
     scenarios = load_scenarios(cfg.scenarios, cfg.overrides)  # bad input: before anything starts
+    if cfg.confirm_runs_given and cfg.confirm_runs and not any(
+            sc.kind == "fuzz" for sc in scenarios):
+        raise UsageError(f"--confirm-runs {cfg.confirm_runs}: no selected scenario writes a "
+                         "reproducer (only the fuzz kind does: add --scenario fuzz, or leave "
+                         "--confirm-runs out)")
     references = (_load_reference_manifest(cfg.reference) if cfg.reference_mode == "manifest"
                   else {})
     target = cfg.target(console)
@@ -326,6 +331,7 @@ def _golden_model(cfg: StressConfig, model_dir: str | None, mode: str, manifest:
         f"transformers float32 on {model_dir} (python {cfg.engine_python}); started on the first "
         "divergence" + (" and for every reference" if mode == "golden" else ""))
     manifest.run_options.golden_log = "golden.log"
+    manifest.run_options.golden_model = str(model_dir)
     return GoldenModel(model_dir, cfg.engine_python, log_path=run_dir / "golden.log")
 
 

@@ -379,6 +379,7 @@ def test_explain_attributes_the_divergence_to_its_flag(cpu_engine, spec_fault_ru
 
 
 @pytest.mark.engine
+@pytest.mark.nightly
 def test_explain_side_by_side_says_the_same(cpu_engine, spec_fault_run):
     """--parallel-engines 2 (issue 33): the suspects' engines start two at a time and the
     reproducer's two confirmations run side by side; the diagnosis is the sequential one's."""
@@ -587,3 +588,34 @@ def test_explain_refuses_attached_runs(tmp_path):
     (tmp_path / "manifest.json").write_text(m.model_dump_json())
     r = run_cli("explain", str(tmp_path), timeout=60)
     assert r.returncode == 2 and "launched by the harness" in (r.stdout + r.stderr)
+
+
+def test_explain_replays_are_judged_with_the_runs_golden_model(tmp_path, embedded_model):
+    """Issue 33 (the H200 benchmark): explain judges its replays with the run's golden model and
+    measured floor, as the run judged itself; a run without one gets none, said why."""
+    from pleharness.engine.session import Target
+    from pleharness.explain import _Replayer, _RunGolden
+    target = Target(url=None, model_path=str(embedded_model), served_name="m",
+                    python=sys.executable)
+    floor = {"informative": True, "tolerance_nats": 0.3}
+    m = Manifest(run_id="g", run_options={
+        "serving_dtype": "bfloat16", "golden": True, "golden_model": str(embedded_model),
+        "golden_classifier": f"transformers float32 on {embedded_model} (python x)",
+        "golden_tolerance": floor})
+    golden, note = _RunGolden.of_run(m, target, tmp_path)
+    assert golden is not None and golden.floor == floor and str(embedded_model) in note
+    rp = _Replayer.for_run(None, m, False, golden)
+    assert rp.golden is golden and rp.rule.serving_dtype == "bfloat16"
+
+    class Scores:  # the worker's answer, without starting it
+        def score(self, prompt, prefix, toks):
+            assert (prompt, prefix, toks) == ([1, 2], [5], [6, 9])
+            return {6: -1.0, 9: -4.0}, [(6, -1.0), (7, -1.5)]
+    golden.model = Scores()
+    ev = golden.evidence([1, 2], [5, 6, 7], [5, 9, 7])
+    assert ev(1) == {"logprobs": {6: -1.0, 9: -4.0}, "top": [(6, -1.0), (7, -1.5)]}
+    assert ev(3) is None  # past the end of an output
+    off = Manifest(run_id="n", run_options={"golden": False,
+                                            "golden_classifier": "off (--no-golden)"})
+    none, why = _RunGolden.of_run(off, target, tmp_path)
+    assert none is None and "off (--no-golden)" in why

@@ -155,6 +155,33 @@ def test_compare_outputs_applies_the_same_rule(margin, temperature, fails, cls):
     assert compare_outputs(REF, [10, 11, 99, 13], Rule(0.5, strict=True), [0.1] * 4).fails
 
 
+@pytest.mark.parametrize("floor,top,cls,by", [
+    (None, [(12, -1.0), (7, -1.2)], "hard", "golden"),  # 99 not in the golden top-k
+    ({"informative": True, "tolerance_nats": 0.3}, [(12, -1.0), (99, -3.0)], "hard", "golden"),
+    ({"informative": True, "tolerance_nats": 3.0}, [(12, -1.0), (99, -3.0)], "near_tie",
+     "golden"),  # the gap (2.0) is within the run's measured floor, both in the top-k
+    ({"informative": True, "tolerance_nats": 3.0}, [(12, -1.0), (7, -1.2)], "hard", "golden"),
+    ({"informative": False, "tolerance_nats": 9.0}, [(12, -1.0)], "near_tie", "engine margin")])
+def test_compare_outputs_weighs_the_golden_model_as_the_run_did(floor, top, cls, by):
+    """Seen on the H200 (issue 33): a planted fault at a position whose engine margin was 0.004
+    nats was hard by the golden model in the run; explain's replays, judged by the margin alone,
+    called it a near tie. compare_outputs takes the run's golden evidence and measured floor."""
+    asked = []
+
+    def golden_at(pos):
+        asked.append(pos)
+        return {"logprobs": {12: -1.0, 99: -3.0}, "top": top}
+    rule = Rule(near_tie_nats=0.5, serving_dtype="bfloat16")
+    by_margin = compare_outputs(REF, [10, 11, 99, 13], rule, [0.004] * 4)
+    assert (by_margin.cls, by_margin.fails) == ("near_tie", False)
+    d = compare_outputs(REF, [10, 11, 99, 13], rule, [0.004] * 4, golden_at=golden_at,
+                        golden_floor=floor)
+    assert asked == [2] and d.golden_gap_nats == 2.0
+    assert (d.cls, d.fails, d.decided_by.split(" (")[0]) == (cls, cls == "hard", by)
+    assert compare_outputs(REF, REF, rule, [0.004] * 4, golden_at=golden_at) is None
+    assert asked == [2]  # equal outputs: the golden model is not asked
+
+
 def test_golden_mode_keeps_the_engines_own_reference_for_what_the_golden_model_cannot_model():
     """--reference golden: a greedy default request gets the golden continuation; a sampled
     request and one with a stop string (the golden model decodes max_tokens greedy tokens with

@@ -98,7 +98,9 @@ def to_markdown(report: ExplainReport) -> str:
         lines += [f"**Status: {report.status}** (this file is rewritten after every launch; "
                   "configurations marked \"not tested yet\" were not reached)", ""]
     lines += [f"Engine launches: {done}; tries per replay: {report.tries}; {elapsed} s."
-              + (f" Estimate: {report.estimate['text']}." if report.estimate else ""), ""]
+              + (f" Estimate: {report.estimate['text']}." if report.estimate else "")
+              + (f" Replays judged by the run's rule; golden model: {report.golden}."
+                 if getattr(report, "golden", "") else ""), ""]
     for text, cs in _by_diagnosis(report):
         lines.append(f"- **case{'s' if len(cs) > 1 else ''} "
                      f"{', '.join(str(c.case) for c in cs)}** (L="
