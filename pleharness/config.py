@@ -189,6 +189,13 @@ def option_problems(o: Mapping[str, Any], given: Iterable[str]) -> list[str]:
         out.append("--repeat (deprecated) and --suite-repeats given together: use --suite-repeats")
     for name, flag in ENGINE_ARG_OPTIONS:
         out += engine_arg_problems(list(o.get(name) or []), flag)
+    for name, flag in (*ENGINE_ARG_OPTIONS, ("control_drop_arg", "--control-drop-arg"),
+                       ("reference_drop_arg", "--reference-drop-arg")):
+        items = [a for a in (o.get(name) or []) if str(a).startswith("-")]
+        twice = sorted({a for a in items if items.count(a) > 1})
+        if twice:
+            out.append(f"{flag} {', '.join(twice)}: given more than once (once is enough; a "
+                       "repeated engine flag is a typo more often than an intent)")
     return out
 
 
@@ -318,7 +325,8 @@ def stress_config(o: Mapping[str, Any], given: Iterable[str],
         control_drop_args=list(o["control_drop_arg"] or []),
         control_profile=str(control_profile) if control_profile else None,
         reference_cache_state=_value(o["reference_cache_state"]),
-        confirm_runs=o["confirm_runs"], parallel_engines=parse_parallel(o.get("parallel_engines", 1)),
+        confirm_runs=o["confirm_runs"], confirm_runs_given="confirm_runs" in given,
+        parallel_engines=parse_parallel(o.get("parallel_engines", 1)),
         timeouts=Timeouts(o["connect_timeout"], o["first_token_timeout"],
                           o["between_tokens_timeout"], o["request_timeout"]))
 
@@ -372,6 +380,7 @@ class StressConfig:
     strict: bool = False
     reference_cache_state: str = "warm"
     confirm_runs: int = 3  # replays of each reproducer the run writes (pleharness.reproduce)
+    confirm_runs_given: bool = False  # --confirm-runs was on the command line
     parallel_engines: int | None = 1  # confirmation engines side by side (None: auto)
 
     @property

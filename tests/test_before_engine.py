@@ -73,6 +73,10 @@ def _options(tmp_path):
          "--fault oov_id: given more than once"),
         (("selftest", "--suite", ""), "--suite '': an empty value"),
         (("stress", "--scenario", str(tmp_path)), "a folder, not a file (scenario expected)"),
+        (("stress", "--control-engine-arg=--enforce-eager", "--control-engine-arg=--enforce-eager"),
+         "--control-engine-arg --enforce-eager: given more than once"),
+        (("stress", "--confirm-runs", "5", "--scenario", "boundary"),
+         "--confirm-runs 5: no selected scenario writes a reproducer"),
     ]
 
 
