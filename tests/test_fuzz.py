@@ -445,6 +445,7 @@ def test_engine_clean_fuzz_passes(cpu_engine, tmp_path):
 
 
 @pytest.mark.engine
+@pytest.mark.nightly
 def test_engine_planted_insert_fault_is_found(cpu_engine, tmp_path):
     """A request corrupted only when it arrives while a streamed decode of the real CPU engine
     has streamed >= 24 tokens (max_tokens 12 elsewhere: only a drawn carrier gets there): found
@@ -657,3 +658,39 @@ def test_an_insert_that_reached_the_engine_after_its_carrier_ended_did_not_land(
 def test_confirm_runs_usage_error():
     r = run_cli("fuzz", "--url", "http://127.0.0.1:9", "--confirm-runs", "-1")
     assert r.returncode == 2 and "--confirm-runs" in r.stderr
+
+
+@pytest.mark.parametrize("outcomes,picked,confirmed", [
+    ({"min": "FFF"}, "min", True),  # fails on every recheck: the minimal schedule is kept
+    ({"min": "FP", "mid": "FFF"}, "mid", True),  # a flaky minimal: the larger one that always fails
+    ({"min": "P", "mid": "FP", "big": "P"}, "mid", True),  # none always: the first that failed
+    ({"min": "P", "mid": "P", "big": "P"}, "min", False)])
+def test_recheck_keeps_the_smallest_schedule_that_fails_every_time(outcomes, picked, confirmed):
+    """Issue 33 (the H200 benchmark): a shrunk C2 schedule that failed 1 of 2 rechecks then
+    failed 0/3 on fresh engines. The recheck now wants every run to fail before it keeps a
+    schedule, walking back to larger failing ones first (each run costs seconds; a wasted
+    confirmation wave, an engine start)."""
+    from pleharness.scenarios.fuzz import Fuzz
+
+    def sched(n):
+        r = FuzzRequest("new", 4 + n, "random", 0, 8, True)
+        return Schedule((FuzzPhase(n, (r,) * n),))
+    by = {"min": sched(1), "mid": sched(2), "big": sched(3)}
+    name = {s.key(): k for k, s in by.items()}
+    left = {k: list(v) for k, v in outcomes.items()}
+    ran = []
+
+    class Ctx:
+        def add_table(self, *_):
+            pass
+    fz = Fuzz("fuzz", FuzzParams(), "test")
+
+    def run_example(ctx, cand, label):
+        k = name[cand.key()]
+        ran.append(k)
+        return {"status": "fail" if left[k].pop(0) == "F" else "pass"}
+    fz.run_example = run_example
+    got, ok = fz._confirm(Ctx(), by["min"], [by["big"], by["mid"]], [])
+    assert (name[got.key()], ok) == (picked, confirmed)
+    for k, seq in outcomes.items():  # a schedule stops at its first passing run
+        assert ran.count(k) == (seq.index("P") + 1 if "P" in seq else len(seq))
