@@ -8,6 +8,7 @@ answers; a shared GPU box has other users.
 - :func:`write_private`: write a whole text file atomically (a temporary file in the same
   folder, then ``os.replace``), 0600.
 - :func:`make_private`: set 0600 on a file a library wrote (a matplotlib image).
+- :func:`cache_root`: the harness's per-user folder (built probe, engine registry).
 """
 from __future__ import annotations
 
@@ -68,3 +69,9 @@ def write_private(path: str | os.PathLike, text: str) -> None:
 def make_private(path: str | os.PathLike) -> None:
     """Set 0600 on a file written by a library that does not take a mode."""
     os.chmod(path, FILE_MODE)
+
+
+def cache_root() -> Path:
+    """``$PLE_HARNESS_CACHE`` or ``~/.cache/ple-harness``: the harness's per-user folder (the
+    built probe, the registry of launched engines)."""
+    return Path(os.environ.get("PLE_HARNESS_CACHE") or Path.home() / ".cache" / "ple-harness")

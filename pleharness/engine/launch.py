@@ -25,10 +25,13 @@ from pathlib import Path
 import requests
 
 from ..errors import EngineError
-from ..files import private_dir, private_file  # noqa: F401 - private_file kept importable here
+from ..files import private_dir
+from ..files import private_file  # noqa: F401 - private_file kept importable here
 
 from ..redact import SECRET_NAME, redact_argv  # noqa: F401 - SECRET_NAME kept importable here
 from ..redact import redact_env as _redact_env
+from .registry import group_alive as _group_alive
+from .registry import register_engine, unregister_engine
 ROOT_CAUSE = re.compile(r"\b([A-Za-z_][\w.]*(Error|Exception|Exit))\b\s*:\s*\S")
 
 
@@ -168,6 +171,8 @@ class EngineServer:
         self.ready_s: float | None = None
         self.owner = threading.get_ident()  # the thread that started it (side-by-side jobs)
         self._watchdog: subprocess.Popen | None = None
+        self.pid_path = self.log_dir / f"{log_name}.pid"
+        self._registered: Path | None = None
 
     @property
     def url(self) -> str:
@@ -221,6 +226,7 @@ class EngineServer:
         with private_file(self.launcher_log_path, "a") as f:
             f.write(f"pid {self.proc.pid} (process group {self.proc.pid}); watchdog pid "
                     f"{self._watchdog.pid if self._watchdog else None}\n")
+        self._register()
         t0 = time.monotonic()
         try:
             self._wait_ready(t0)
@@ -303,8 +309,22 @@ class EngineServer:
             self._watchdog.kill()
             self._watchdog.wait(timeout=5)
             self._watchdog = None
+        if proc is not None and not _group_alive(proc.pid):
+            self._unregister()
         with _live_lock:
             _live.discard(self)
+
+    def _register(self) -> None:
+        """The pid file in the run folder and the registry entry (:mod:`.registry`)."""
+        assert self.proc is not None
+        self._registered = register_engine(
+            self.pid_path, pid=self.proc.pid,
+            watchdog=self._watchdog.pid if self._watchdog else None, url=self.url,
+            command=redact_argv(self.command))
+
+    def _unregister(self) -> None:
+        unregister_engine(self.pid_path, self._registered)
+        self._registered = None
 
     def __enter__(self) -> "EngineServer":
         self.start()
@@ -402,16 +422,6 @@ def _signal_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
         pass
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
 
 
 def engine_python_check(python: str) -> str | None:

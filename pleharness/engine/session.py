@@ -38,6 +38,7 @@ from ..redact import redact_argv, redact_url
 from .client import EngineClient, Timeouts
 from .facts import EngineFacts, gather_facts, parse_engine_args
 from .launch import EngineServer, LaunchSpec, _signal_group, engine_python_check, redact_env
+from .registry import leftover_engines, leftover_text
 
 # Engine arguments added when the embedded model is launched: block size 32 is valid on the CPU
 # attention backend (which refuses 16) and on GPUs.
@@ -297,6 +298,7 @@ class EngineSession:
         self.servers: list[EngineServer] = []
         self.signalled: list[int] = []
         self.launched = False
+        self.leftovers: list[dict] | None = None  # engines earlier harnesses left (first launch)
         self.gpu_memory: dict[str, Any] = {}
         self._stack = contextlib.ExitStack()
 
@@ -380,6 +382,10 @@ class EngineSession:
         server = EngineServer(spec, log_dir, target.start_timeout_s, api_key=target.api_key,
                               log_name=log_name)
         self.launched = True
+        if self.leftovers is None:  # once per job: name what a killed run left running
+            self.leftovers = leftover_engines()
+            for rec in self.leftovers:
+                self.console.print(f"[yellow]warning:[/] {escape(leftover_text(rec))}")
 
         def stop() -> None:
             if server in self.servers:  # still listed while it stops: a 2nd signal kills it
@@ -391,7 +397,14 @@ class EngineSession:
         # one live display at a time: a side-by-side worker thread starts without a spinner
         with (self.console.status(f"starting the {what} (see {escape(server.log_path.name)}) ...")
               if main else contextlib.nullcontext()):
-            server.start()  # stops the server itself when it fails to become ready
+            try:
+                server.start()  # stops the server itself when it fails to become ready
+            except EngineError as exc:
+                if self.leftovers:  # they hold ports and (GPU) memory: say so with the failure
+                    exc.args = (f"{exc.args[0]} ({len(self.leftovers)} engine(s) left by an "
+                                "earlier harness still running: see the warning above)",
+                                *exc.args[1:])
+                raise
         self.servers.append(server)
         self._stack.callback(stop)
         self.console.print(f"{what} ready after {server.ready_s:.0f} s at {server.url}")

@@ -22,6 +22,8 @@ import threading
 from pathlib import Path
 from types import ModuleType
 
+from ..files import cache_root
+
 SOURCE_NAME = "ple_probe.cpp"
 
 _lock = threading.Lock()
@@ -43,11 +45,6 @@ def one_line(text: object, limit: int = 240) -> str:
         if line:
             return line if len(line) <= limit else line[: limit - 1] + "\u2026"
     return type(text).__name__ if isinstance(text, BaseException) else ""
-
-
-def cache_root() -> Path:
-    """``$PLE_HARNESS_CACHE`` or ``~/.cache/ple-harness`` (same root as the embedded model)."""
-    return Path(os.environ.get("PLE_HARNESS_CACHE") or Path.home() / ".cache" / "ple-harness")
 
 
 def build_root() -> Path:
