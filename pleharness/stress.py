@@ -26,7 +26,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from .causes import headline
 from .config import StressConfig
 from .engine.session import Engine, EngineSession, Interrupted, Target, Variant, launch_record
-from .engine.side_by_side import SideBySide, model_bytes
+from .engine.side_by_side import SideBySide, model_bytes, run_side_by_side
 from .engine.side_by_side import plan as plan_side_by_side
 from .environment import environment_info, harness_info
 from .errors import (EngineError, ExitCode, HarnessError, RequestTimeoutAbort, UsageError,
@@ -124,7 +124,7 @@ def run_stress(cfg: StressConfig, console: Console | None = None,
                     gpu_tolerance_mib=cfg.gpu_memory_tolerance_mib))
                 if cfg.reference_mode == "engine":
                     references = _reference_pass(run, scenarios, target)
-                eng = _engine_under_test(run, scenarios, target)
+                eng, control_eng = _start_engines(run, scenarios, target)
                 golden = _golden_model(cfg, golden_dir or _local_model(cfg, target, eng),
                                        cfg.reference_mode, run.manifest, run.run_dir)
                 if golden is not None:
@@ -138,11 +138,14 @@ def run_stress(cfg: StressConfig, console: Console | None = None,
                     _run_suite(ctx, scenarios, cfg.repeat)
                     ctx.finish_judgement()  # half precision: the measured golden tolerance
                 if cfg.confirm_runs and run.manifest.tables.get("reproducers"):
-                    _confirm_reproducers(run, eng, target)
+                    _confirm_reproducers(run, eng, target,
+                                         beside=0 if control_eng is None or isinstance(
+                                             control_eng, BaseException) else 1)
                 control = None
                 if cfg.control:
-                    run.session.stop(eng)  # one engine at a time (one GPU)
-                    control = _control_pass(run, scenarios, eng.facts, target)
+                    run.session.stop(eng)  # the control suite runs alone, as the suite did
+                    control = _control_pass(run, scenarios, eng.facts, target,
+                                            started=control_eng)
                 from .run.sides import judge_sides
                 judge_sides(run.manifest, control)  # which side of each divergence is wrong
                 for sc in scenarios:  # one class everywhere: tables from the final verdicts
@@ -483,10 +486,12 @@ def _raise_if_second_engine_is_the_same(cfg: StressConfig, target: Target) -> No
 
 
 def _side_by_side(cfg: StressConfig, target: Target) -> SideBySide:
-    """The side-by-side plan of the run's confirmation replays (``--parallel-engines``;
-    :func:`pleharness.engine.side_by_side.plan`): one at a time when attached or not
-    confirming. Raises UsageError when the engines asked for do not fit."""
-    if cfg.url is not None or not cfg.confirm_runs or cfg.parallel_engines == 1:
+    """The side-by-side plan of the run's confirmation replays and of its control engine
+    (``--parallel-engines``; :func:`pleharness.engine.side_by_side.plan`): one at a time when
+    attached, or with neither confirmations nor a control. Raises UsageError when the engines
+    asked for do not fit."""
+    if cfg.url is not None or not (cfg.confirm_runs or cfg.control) or \
+            cfg.parallel_engines == 1:
         return SideBySide()
     from .environment import gpu_inventory
     return plan_side_by_side(cfg.parallel_engines, gpus=gpu_inventory(),
@@ -494,12 +499,42 @@ def _side_by_side(cfg: StressConfig, target: Target) -> SideBySide:
                              engine_args=target.engine_args, engine_env=target.engine_env)
 
 
-def _confirm_reproducers(run: _Run, eng: Engine, target: Target) -> None:
+def _start_engines(run: _Run, scenarios: list[Scenario], target: Target
+                   ) -> tuple[Engine, Engine | BaseException | None]:
+    """The engine under test (:func:`_engine_under_test`) and, where the run asks for a control
+    and ``--parallel-engines`` lets two engines run at once with the launch's own memory
+    settings (the side-by-side plan adds no argument: the engine under test is not changed for
+    it), the control engine started beside it (issue 33: one engine start saved; it waits idle
+    until the control pass). Returns (engine under test, control engine, or the exception its
+    start raised, or None when it was not started beside)."""
+    cfg, side = run.cfg, run.side
+    if not cfg.control or side.n < 2:
+        return _engine_under_test(run, scenarios, target), None
+    if side.add:
+        run.console.print(esc("control engine: started after the run, not beside it (two engines "
+                              f"side by side would need {' '.join(side.add)}, which would change "
+                              "the engine under test; give them in the profile to start both "
+                              "at once)"), highlight=False)
+        return _engine_under_test(run, scenarios, target), None
+    spec = _control_variant(cfg).spec(target)
+    run.console.print("control engine: starting beside the engine under test "
+                      f"({esc(side.why)})", highlight=False)
+    eng, ctl = run_side_by_side(
+        [lambda: _engine_under_test(run, scenarios, target),
+         lambda: run.engine(target, spec=spec, log_name="control-engine",
+                            what="control engine", gather=False)], 2)
+    if isinstance(eng, BaseException):
+        raise eng  # the session's close stops the control engine too
+    return eng, ctl
+
+
+def _confirm_reproducers(run: _Run, eng: Engine, target: Target, beside: int = 0) -> None:
     """Replay every reproducer the suite wrote (``tables["reproducers"]``) ``--confirm-runs``
     times, each on a freshly started engine of the run's configuration (the engine under test is
     stopped first: one engine at a time), or on the attached engine when there is no launch
     (:mod:`pleharness.reproduce`). The rates land in the table's rows and in
-    ``summary.reproducers``."""
+    ``summary.reproducers``. ``beside``: engines already up beside them (a control engine
+    started with the engine under test): fewer confirmations side by side."""
     from .reproduce import ReplayTarget, confirm_run_reproducers
     cfg = run.cfg
     spec = eng.server.spec if eng.server is not None else None
@@ -510,7 +545,7 @@ def _confirm_reproducers(run: _Run, eng: Engine, target: Target) -> None:
                       golden=cfg.golden, near_tie_nats=cfg.near_tie_nats, strict=cfg.strict,
                       reference_cache_state=cfg.reference_cache_state,
                       start_timeout_s=cfg.start_timeout_s, timeouts=cfg.timeouts,
-                      parallel=run.side.n, engine_args_add=list(run.side.add))
+                      parallel=max(1, run.side.n - beside), engine_args_add=list(run.side.add))
     if run.side.n > 1 and spec is not None:
         run.console.print(esc(f"confirmations: {run.side.why}"), highlight=False)
     rows = confirm_run_reproducers(run.manifest, run.run_dir, rt, cfg.confirm_runs,
@@ -549,8 +584,8 @@ def _reference_pass(run: _Run, scenarios: list[Scenario], target: Target) -> dic
         run.session.stop(eng)
 
 
-def _control_pass(run: _Run, scenarios: list[Scenario], facts, target: Target
-                  ) -> Manifest | None:
+def _control_pass(run: _Run, scenarios: list[Scenario], facts, target: Target,
+                  started: Engine | BaseException | None = None) -> Manifest | None:
     """Control run (:mod:`pleharness.attribution`): launch the control configuration (the engine
     under test's arguments without ``--control-drop-arg`` flags plus ``--control-engine-arg``
     values, or ``--control-profile``'s arguments and environment), run the same suite with the
@@ -559,7 +594,9 @@ def _control_pass(run: _Run, scenarios: list[Scenario], facts, target: Target
     as also_in_control / only_under_test. A control engine that fails is recorded
     (``engine.control_engine.error``) and leaves the divergences unattributed: they keep failing
     under the plain policy. Returns the control manifest (None when its engine failed to
-    start), whose runs also vote on which side of a divergence is wrong."""
+    start), whose runs also vote on which side of a divergence is wrong. ``started``: the
+    control engine already started beside the engine under test (:func:`_start_engines`), or
+    the exception its start raised; None: launch it now."""
     from .attribution import attribute
     cfg, manifest = run.cfg, run.manifest
     spec = _control_variant(cfg).spec(target)
@@ -575,8 +612,10 @@ def _control_pass(run: _Run, scenarios: list[Scenario], facts, target: Target
                   if manifest.engine_probe else {})
     cpath = run.run_dir / "control-manifest.json"
     try:
-        eng = run.engine(target, spec=spec, log_name="control-engine", what="control engine",
-                         gather=False)
+        if isinstance(started, BaseException):
+            raise started
+        eng = started or run.engine(target, spec=spec, log_name="control-engine",
+                                    what="control engine", gather=False)
     except EngineError as exc:
         rec["error"] = f"{exc.args[0] if exc.args else exc}; root cause: {exc.root_cause}"
         rec["root_cause"] = exc.root_cause

@@ -307,13 +307,20 @@ def test_control_run_classifies_only_under_test(spec_fault_run):
 def test_fault_in_both_configurations_is_also_in_control(cpu_engine, tmp_path):
     # the same requests are corrupted in both configurations (a timing-dependent fault could hit
     # a request under test and miss all of its twins, which would rightly be only_under_test)
+    # --parallel-engines 2 (issue 33): the control engine starts beside the engine under test
+    # and the attribution is the same (the sequential control: spec_fault_run)
     r, out, m = stress_fake(cpu_engine, tmp_path, "both", "always",
-                            "--control-drop-arg=--speculative-config", mode="load")
+                            "--control-drop-arg=--speculative-config", "--parallel-engines", "2",
+                            mode="load")
     div = [q for q in m["requests"] if q["divergence"]]
     assert div and all(q["divergence"]["attribution"] == "also_in_control" for q in div)
     assert m["summary"]["also_in_control"] == len(div) and m["summary"]["only_under_test"] == 0
     assert r.returncode == 0 and m["verdict"] == "pass", out[-3000:]
     assert "also in the control" in out
+    assert "control engine: starting beside the engine under test" in out, out[-3000:]
+    log = (tmp_path / "both" / "launcher.log").read_text()
+    ctl = (tmp_path / "both" / "control-engine.launcher.log").read_text()
+    assert "ready after" in log and "ready after" in ctl
 
 
 @pytest.mark.engine
