@@ -90,3 +90,15 @@ cpu_engine_no_prefix_cache = engine_fixture(
     "cpu-engine-no-pc", ["--no-enable-prefix-caching"], profile="cpu-ngram.toml",
     scope="session", doc="The CPU engine of profiles/cpu-ngram.toml with --no-enable-prefix-caching "
     "(test_selfproof and test_evidence_order share it: one start).")
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test that uses an engine fixture (:func:`engine_fixture`, directly or through another
+    fixture) is an ``engine`` test whether or not it says so, so that ``-m "not engine"`` (the
+    parallel part of scripts/test.sh) never starts an engine per worker."""
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        defs = info.name2fixturedefs.values() if info is not None else ()
+        if any(getattr(d.func, "__qualname__", "").startswith("engine_fixture.")
+               for ds in defs for d in ds) and not item.get_closest_marker("engine"):
+            item.add_marker(pytest.mark.engine)

@@ -87,6 +87,7 @@ def test_suite_walltime_on_double(tmp_path):
 
 
 @pytest.mark.engine
+@pytest.mark.nightly
 def test_vs_vllm_bench_tiny(tmp_path):
     out = tmp_path / "vs.json"
     p = run_script("vs_vllm_bench.py", "--pairs", "1", "--concurrency", "1", "--num-prompts", "4",

@@ -86,6 +86,7 @@ def run_night(job: dict, url: str, cwd, state, suite, run_id: str) -> tuple[bool
     return failed, log
 
 
+@pytest.mark.nightly
 def test_nightly_job_two_nights(cpu_engine, tmp_path):
     job = nightly_job()
     assert job["env"]["TMPDIR"].endswith("/results/tmp")

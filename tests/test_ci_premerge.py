@@ -64,6 +64,7 @@ def run_job(job: dict, urls: dict[str, str], cwd, env) -> tuple[bool, list[dict]
     return failed, log
 
 
+@pytest.mark.nightly
 def test_premerge_job_fails_at_the_gate_for_the_right_reason(cpu_engine, tmp_path):
     job = premerge_job()
     # PLE_HARNESS_ENGINE_PROBE=0 as in every test (conftest.run_cli): the probe's own solo

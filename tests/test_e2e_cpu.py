@@ -119,6 +119,7 @@ def test_stress_default_suite_launch(tmp_path):
         assert s.connect_ex(("127.0.0.1", port)) != 0
 
 
+@pytest.mark.nightly
 def test_golden_reference_agrees_with_the_engine_on_the_default_suite(cpu_engine, tmp_path):
     """--reference golden: every prompt's reference is transformers' float32 greedy output on the
     same weights; the engine's own solo runs and every load request are compared with it. On the
@@ -179,6 +180,7 @@ def test_two_real_runs_compare_clean(cpu_engine, tmp_path):
     assert refs and all(ref["margins"] and len(ref["margins"]) == ref["max_tokens"] for ref in refs)
 
 
+@pytest.mark.nightly
 def test_reference_engine_without_speculative_decoding(tmp_path):
     """References from the CPU engine without speculative decoding; engine under test with ngram
     speculative decoding (k = 3): every output must match, both configurations recorded."""

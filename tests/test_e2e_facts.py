@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import engine_fixture, group_alive, launched_pid, load_json, run_cli
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.nightly]
 
 SMALL_KV_ARGS = ["--num-gpu-blocks-override", "10", "--max-num-batched-tokens", "256",
                  "--max-num-seqs", "8"]

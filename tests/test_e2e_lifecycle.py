@@ -67,6 +67,7 @@ def disrupt_mid_run(tmp_path: Path, run_id: str, disrupt) -> tuple[subprocess.Po
     return proc, out, run_dir, pid
 
 
+@pytest.mark.nightly
 def test_engine_killed_mid_run(tmp_path):
     # the API server process dies mid-run
     proc, out, run_dir, pid = disrupt_mid_run(tmp_path, "killed",
@@ -82,6 +83,7 @@ def test_engine_killed_mid_run(tmp_path):
     assert_no_key(run_dir, out)
 
 
+@pytest.mark.nightly
 def test_sigint_interrupts_cleanly(tmp_path):
     proc, out, run_dir, pid = disrupt_mid_run(tmp_path, "intr",
                                               lambda p, pid: p.send_signal(signal.SIGINT))

@@ -438,6 +438,7 @@ cpu_engine_plain = engine_fixture(
 
 
 @pytest.mark.engine
+@pytest.mark.nightly
 def test_seeded_samples_reproduce_and_a_reseeded_one_fails(cpu_engine_plain, tmp_path):
     # item 5, on the engine without speculative decoding: clean, every seeded request equals its
     # solo reference at every concurrency; then a seeded request answered while others are in

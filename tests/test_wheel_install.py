@@ -18,7 +18,7 @@ import pytest
 
 from conftest import ROOT
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.nightly]
 
 
 def sh(*cmd, cwd, timeout=600, env=None):

@@ -28,8 +28,10 @@ from typing import Annotated, Any, Optional
 import typer
 
 PARALLEL_ENGINES_HELP = (
-    "Engines started side by side for the confirmation replays (a number, or auto: as many as "
-    "fit in the GPU's free memory, 1 on the CPU). Each gets a fixed KV cache size "
+    "Engines started side by side for the confirmation replays, explain's launches and "
+    "stress's control engine (which then starts beside the engine under test when the profile "
+    "fixes --kv-cache-memory-bytes): a number, or auto: as many as fit in the GPU's free "
+    "memory, 1 on the CPU. Each confirmation or explain engine gets a fixed KV cache size "
     "(--kv-cache-memory-bytes) and a small --gpu-memory-utilization share, so that its start "
     "does not profile memory a neighbour is allocating. More than fit: a usage error before "
     "anything starts.")
