@@ -871,6 +871,19 @@ def explain(run: Path, *, suspects_extra: Sequence[str] = (), suspects_drop: Seq
     console = console or Console(stderr=True)
     m, run_dir = _load_run(run)
     cases = failing_cases(m, include_warnings)
+    if engine_python is not None:  # a typo must not wait for the first launch
+        from .engine.launch import engine_python_check
+        problem = engine_python_check(engine_python)
+        if problem:
+            raise UsageError(f"--engine-python: {problem}")
+    unfinished = ""
+    if m.status not in ("complete", "control_failed"):
+        s = m.summary
+        done = f" after {s.phases_completed} of {s.phases_planned} phases" \
+            if s.phases_planned else ""
+        unfinished = f"the run did not complete (status {m.status!r}{done})"
+        if not cases:  # refused before any folder is made or moved
+            raise UsageError(f"{run}: {unfinished}: no verdict, nothing to explain")
     out_dir = run_dir / "explain"
     kept = _keep_previous(out_dir)
     if kept is not None:
@@ -878,15 +891,9 @@ def explain(run: Path, *, suspects_extra: Sequence[str] = (), suspects_drop: Seq
                       highlight=False)
     private_dir(out_dir)
     report = ExplainReport(m.run_id, tries, budget_s, include_warnings=include_warnings)
-    if m.status not in ("complete", "control_failed"):
-        s = m.summary
-        done = f" after {s.phases_completed} of {s.phases_planned} phases" \
-            if s.phases_planned else ""
-        if not cases:
-            raise UsageError(f"{run}: the run did not complete (status {m.status!r}{done}): "
-                             "no verdict, nothing to explain")
-        console.print(f"the run did not complete (status {m.status!r}{done}): explaining the "
-                      f"{len(cases)} failing case(s) it recorded", highlight=False)
+    if unfinished:
+        console.print(f"{unfinished}: explaining the {len(cases)} failing case(s) it recorded",
+                      highlight=False)
     if not cases:
         console.print("no failing divergences in this run: nothing to explain")
         write_atomic(out_dir / "explain.json", report.to_json())

@@ -588,6 +588,24 @@ def _read_records(mpath: Path, name: str, count: int) -> list[dict]:
     return out
 
 
+def lines_beyond(path: Path) -> int:
+    """How many complete lines the run's JSON Lines request file holds after the records its
+    manifest covers (``requests_count``): records of a phase whose manifest write never
+    happened (a kill between the two), or lines not written by the harness. 0 when there is no
+    such file or it cannot be read. ``path``: a run folder or its manifest.json."""
+    path = Path(path)
+    mpath = path / "manifest.json" if path.is_dir() else path
+    try:
+        data = json.loads(mpath.read_text())
+        name, count = data.get("requests_file"), int(data.get("requests_count") or 0)
+        if not name or "requests" in data or Path(name).name != name:
+            return 0
+        lines = (mpath.parent / name).read_text().split("\n")[:-1]
+    except (OSError, ValueError, TypeError, AttributeError):
+        return 0
+    return max(0, len(lines) - count)
+
+
 def load_manifest(path: Path, with_requests: bool = True) -> Manifest:
     """Load a manifest (and its request records) from a file or a run folder.
 

@@ -28,8 +28,10 @@ class RequestSpec:
     ``ignore_eos`` (default on: fixed lengths), ``stop`` (stop strings, OpenAI ``stop``),
     ``repetition_penalty`` (vLLM extension; 1.0 = none), ``frequency_penalty`` /
     ``presence_penalty`` (OpenAI; 0 = none), ``logit_bias`` ((token id, bias) pairs; OpenAI
-    ``logit_bias``): per-request parameters beyond the defaults (None / on = not sent), part of
-    the reference key (:attr:`params`).
+    ``logit_bias``), ``stop_token_ids`` (vLLM: generation stops once one of these IDs is
+    generated; the ID is returned as the last one), ``min_tokens`` (vLLM: no EOS or stop ID
+    before this many output tokens): per-request parameters beyond the defaults (None / on = not
+    sent), part of the reference key (:attr:`params`).
     ``keep_chunks``: keep the streamed deltas (``Completion.chunks``) for checks that judge them
     chunk by chunk (``stop_string``); off by default (the client's hot path stays lean).
     ``abandon_after_tokens``: the client disconnects after this many output tokens (0: before
@@ -55,6 +57,8 @@ class RequestSpec:
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
     logit_bias: tuple[tuple[int, float], ...] | None = None
+    stop_token_ids: tuple[int, ...] | None = None
+    min_tokens: int | None = None
     keep_chunks: bool = False
     top_p: float | None = None
     top_k: int | None = None
@@ -76,6 +80,10 @@ class RequestSpec:
                 p[name] = float(v)
         if self.logit_bias:
             p["logit_bias"] = {str(int(t)): float(b) for t, b in self.logit_bias}
+        if self.stop_token_ids:
+            p["stop_token_ids"] = [int(t) for t in self.stop_token_ids]
+        if self.min_tokens:
+            p["min_tokens"] = int(self.min_tokens)
         return p
 
     @property

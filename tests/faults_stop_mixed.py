@@ -6,10 +6,15 @@
   that finishes with "stop" (copies of the last ID seen: the finishing delta may carry no IDs
   of its own when the client reads behind the engine), and usage counting them; the text stays cut at the stop (the public
   bug pattern: a stop inside a multi-token speculative step, text cut, IDs kept).
-- :class:`PenaltyOnNeighbour`: a request without penalties or stop strings that arrives while a
+- :class:`PenaltyOnNeighbour`: a request with default parameters that arrives while a
   request with a penalty (repetition / frequency / presence) or a logit bias is in flight gets
   its tokens from position ``start`` changed (``id - 1``, text to match: what a neighbour's
   penalty applied to its row does); the same request with no penalised neighbour is untouched.
+- :class:`StopOnNeighbour` (issue 35 item 5): a request without per-request parameters that
+  arrives while a request with ``stop_token_ids`` is in flight ends at position ``start`` with
+  finish_reason "stop" (a neighbour's stop applied to its batch row).
+- :class:`StopIdsIgnored`: a request with ``stop_token_ids`` that arrives while another request
+  is in flight is sent without them (the stop rule lost for its row): it runs past its stop ID.
 """
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ import threading
 from doubles import Fault
 
 PENALTIES = ("repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias")
+STOP_IDS = ("stop_token_ids", "min_tokens")
 
 
 class IdsAfterStop(Fault):
@@ -76,8 +82,9 @@ class PenaltyOnNeighbour(Fault):
         self.lock = threading.Lock()
 
     def request(self, ctx, body):
-        if any(k in body for k in PENALTIES) or body.get("stop"):
-            return body
+        if any(k in body for k in PENALTIES) or body.get("stop") or any(
+                k in body for k in STOP_IDS) or body.get("ignore_eos") is False:
+            return body  # only default requests are changed
         with self.proxy.lock:
             penalised = [o for o in self.proxy.active if o is not ctx
                          and any(k in o.body for k in PENALTIES)]
@@ -100,3 +107,73 @@ class PenaltyOnNeighbour(Fault):
             if changed:
                 ch["text"] = "".join(f" t{t}" for t in ids)
         return chunk
+
+
+class StopOnNeighbour(Fault):
+    """See the module docstring. Set ``proxy`` after creating the FaultProxy. ``hits``: the
+    numbers of the cut requests."""
+
+    LP_KEYS = ("tokens", "token_logprobs", "top_logprobs", "text_offset")
+
+    def __init__(self, start: int = 3):
+        self.start = start
+        self.proxy = None
+        self.hits: list[int] = []
+        self.lock = threading.Lock()
+
+    def request(self, ctx, body):
+        if any(k in body for k in (*PENALTIES, *STOP_IDS)) or body.get("stop"):
+            return body
+        with self.proxy.lock:
+            stopping = [o for o in self.proxy.active if o is not ctx
+                        and o.body.get("stop_token_ids")]
+        if stopping and ctx.streamed:
+            ctx.state["selected"] = True
+            with self.lock:
+                self.hits.append(ctx.number)
+        return body
+
+    def chunk(self, ctx, chunk):
+        if not ctx.state.get("selected"):
+            return chunk
+        if ctx.state.get("cut"):  # after the cut: only the finish and the usage go through
+            done = [ch for ch in chunk.get("choices") or [] if ch.get("finish_reason")]
+            if not done and not chunk.get("usage"):
+                return None
+            for ch in done:
+                ch.update(token_ids=[], text="", logprobs=None, finish_reason="stop")
+            chunk["choices"] = done
+            if chunk.get("usage"):
+                u = chunk["usage"]
+                u["completion_tokens"] = self.start
+                u["total_tokens"] = (u.get("prompt_tokens") or 0) + self.start
+            return chunk
+        for ch in chunk.get("choices") or []:
+            ids = ch.get("token_ids") or []
+            keep = self.start - ctx.tokens_so_far
+            if 0 <= keep < len(ids):
+                ch["token_ids"] = ids[:keep]
+                lp = ch.get("logprobs") or {}
+                for k in self.LP_KEYS:
+                    if isinstance(lp.get(k), list):
+                        lp[k] = lp[k][:keep]
+                ch["finish_reason"] = ch.get("finish_reason") and "stop"
+                ctx.state["cut"] = True
+        return chunk
+
+
+class StopIdsIgnored(Fault):
+    """See the module docstring. Set ``proxy`` after creating the FaultProxy. ``hits``: the
+    numbers of the requests sent without their stop IDs."""
+
+    def __init__(self):
+        self.proxy = None
+        self.hits: list[int] = []
+        self.lock = threading.Lock()
+
+    def request(self, ctx, body):
+        if not body.get("stop_token_ids") or ctx.in_flight < 2:
+            return body
+        with self.lock:
+            self.hits.append(ctx.number)
+        return {k: v for k, v in body.items() if k != "stop_token_ids"}

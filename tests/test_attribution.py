@@ -585,9 +585,40 @@ def test_explain_refuses_an_unfinished_run_with_nothing_failing(tmp_path):
     m = Manifest(run_id="i", status="interrupted",
                  engine={"mode": "launched", "launch": {"model": "m", "python": "p"}})
     (tmp_path / "manifest.json").write_text(m.model_dump_json())
+    (tmp_path / "explain").mkdir()
+    (tmp_path / "explain" / "explain.json").write_text("{}")  # an earlier explain's
     r = run_cli("explain", str(tmp_path), timeout=60)
     assert r.returncode == 2 and "did not complete (status 'interrupted'" in r.stderr, r.stderr
     assert "no verdict, nothing to explain" in r.stderr
+    # refused before any folder is made or moved aside (review 2: an empty explain/ was left)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["explain", "manifest.json"]
+    assert (tmp_path / "explain" / "explain.json").read_text() == "{}"
+
+
+def test_explain_refuses_a_missing_engine_python_before_anything(tmp_path):
+    """Review 2, EX14: --engine-python that does not exist is a usage error even for a run
+    with nothing to explain (it would otherwise wait for the first launch to fail)."""
+    m = Manifest(run_id="p", status="complete",
+                 engine={"mode": "launched", "launch": {"model": "m", "python": "p"}})
+    (tmp_path / "manifest.json").write_text(m.model_dump_json())
+    r = run_cli("explain", str(tmp_path), "--engine-python", "/nonexistent/python", timeout=60)
+    assert r.returncode == 2 and "--engine-python: engine Python '/nonexistent/python' does " \
+        "not exist" in r.stderr, r.stderr
+    assert not (tmp_path / "explain").exists()
+
+
+def test_report_notes_lines_after_the_manifests_records(tmp_path):
+    """Review 2, R16: lines after the records the manifest covers are left out with a note."""
+    from pleharness.manifest import write_manifest
+    m = Manifest(run_id="x", status="complete", verdict="pass", exit_code=0)
+    write_manifest(tmp_path / "manifest.json", m)
+    r = run_cli("report", str(tmp_path), timeout=60)
+    assert r.returncode == 0 and "note:" not in r.stderr, r.stderr
+    with open(tmp_path / m.requests_file, "a") as f:
+        f.write("not a record\n")
+    r = run_cli("report", str(tmp_path), timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "holds 1 line(s) after the 0 record(s) the manifest covers" in r.stderr
 
 
 def test_explain_refuses_attached_runs(tmp_path):

@@ -153,3 +153,31 @@ def test_degeneration_ignores_eos_runs():
     assert r.status == "fail" and "run of 20 x token ID 0" in r.detail
     r = run("degeneration", comp([5] * 20 + [1]), ctx=ctx)
     assert r.status == "fail" and "run of 20 x token 5" in r.detail
+
+
+def test_stop_token_rules():
+    """Issue 35 item 5: stop_token_ids and min_tokens stop exactly where vLLM's contract says."""
+    from dataclasses import replace
+    s = replace(spec(max_tokens=8), stop_token_ids=(7,))
+    ok = run("stop_token", comp([1, 2, 7], finish="stop"), s=s)
+    assert ok.status == "pass" and "stopped on ID 7 at position 2" in ok.detail
+    assert run("stop_token", comp([1, 2, 3, 4, 5, 6, 8, 9]), s=s).status == "pass"  # never hit
+    after = run("stop_token", comp([1, 7, 3, 4], finish="stop"), s=s)  # IDs after the stop
+    assert after.status == "fail" and "stop ID 7 at position 1, then 2 more ID(s)" in after.detail
+    reason = run("stop_token", comp([1, 2, 7], finish="length"), s=s)
+    assert reason.status == "fail" and "finish_reason: 'length' after stop ID 7" in reason.detail
+    short = run("stop_token", comp([1, 2, 3], finish="stop"), s=s)
+    assert short.status == "fail" and "no stop ID last" in short.detail
+    m = replace(s, min_tokens=4)
+    early = run("stop_token", comp([1, 7], finish="stop"), s=m)
+    assert early.status == "fail" and "stop ID 7 at position 1, before min_tokens 4" in early.detail
+    assert "fewer than min_tokens 4" in early.detail
+    assert run("stop_token", comp([1, 2, 3, 4, 7], finish="stop"), s=m).status == "pass"
+    eos = replace(spec(max_tokens=8), min_tokens=3, ignore_eos=False)
+    ctx = Ctx()
+    ctx.facts = EngineFacts({"vocab_size": 100, "eos_token_id": 2}, {})
+    assert run("stop_token", comp([1, 2], finish="stop"), s=eos, ctx=ctx).status == "fail"
+    assert run("stop_token", comp([1, 5, 6, 2], finish="stop"), s=eos, ctx=ctx).status == "pass"
+    assert run("stop_token", comp([1, 2, 3]), s=spec()).status == "skip"
+    assert s.params["stop_token_ids"] == [7] and m.params["min_tokens"] == 4
+    assert s.ref_key != spec(max_tokens=8).ref_key  # a stop ID gives another reference

@@ -106,7 +106,7 @@ def test_explain_report_json_keeps_its_shape():
     from pleharness.render.explain import to_junit, to_markdown
     empty = ExplainReport("r1", 3, 60.0)
     assert list(json.loads(empty.to_json())) == ["run_id", "status", "tries", "budget_s",
-                                                 "estimate", "side_by_side", "cases",
+                                                 "estimate", "side_by_side", "golden", "cases",
                                                  "suspects", "launches"]
     case = CaseReport(1, "abc", 4, "C4", ["r2-0"], 5, 7, "alone",
                       {"alone": {"fails": True, "tries": 1, "divergent": [
@@ -118,7 +118,7 @@ def test_explain_report_json_keeps_its_shape():
                         [{"config": "under test", "command": ["py"], "ready_s": 1.0}], 2.5)
     d = rep.to_dict()
     assert list(d) == ["run_id", "status", "tries", "budget_s", "estimate", "side_by_side",
-                       "cases", "suspects", "launches", "elapsed_s"]
+                       "golden", "cases", "suspects", "launches", "elapsed_s"]
     assert "reproduction" not in d["cases"][0] and d["suspects"][0]["name"] == "prefix caching"
     case.reproduction, case.reproduction_verdict = {"rate": "2/2"}, "reproduced 2/2"
     assert list(rep.to_dict()["cases"][0])[-3:] == ["repro", "reproduction",

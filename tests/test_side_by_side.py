@@ -111,11 +111,13 @@ def test_a_signal_stops_every_side_by_side_engine(tmp_path):
     """SIGTERM while two engines start side by side: both process groups are killed, the
     workers end, and the exception reaches the caller at once (not after the start timeout)."""
     servers = []
+    # one stand-in python, written once: a job rewriting it while another execs it fails with
+    # ETXTBSY on a loaded machine, which frees a worker for the third job
+    spec = _never_ready(tmp_path)
 
     def start(k):
         def f():
-            srv = EngineServer(_never_ready(tmp_path), tmp_path, start_timeout_s=120,
-                               log_name=f"e{k}")
+            srv = EngineServer(spec, tmp_path, start_timeout_s=120, log_name=f"e{k}")
             servers.append(srv)
             srv.start()
         return f

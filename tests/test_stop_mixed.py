@@ -6,7 +6,7 @@ import pytest
 
 from conftest import load_json, run_cli
 from doubles import FaultProxy
-from faults_stop_mixed import IdsAfterStop, PenaltyOnNeighbour
+from faults_stop_mixed import IdsAfterStop, PenaltyOnNeighbour, StopIdsIgnored, StopOnNeighbour
 
 pytestmark = pytest.mark.engine
 
@@ -43,12 +43,21 @@ def test_clean_engine_passes_stop_strings_and_mixed_params(cpu_engine, tmp_path)
     rows = {row["variant"]: row for row in m["tables"]["mixed_params"]}
     # on a speculative engine: logit_bias is refused by vLLM, the sampled neighbour left out
     assert rows["logit-bias"]["left_out"] and rows["sampled"]["left_out"]
-    assert all(rows[v]["compared"] for v in ("repetition", "frequency", "presence", "eos"))
+    assert all(rows[v]["compared"] for v in ("repetition", "frequency", "presence", "eos",
+                                             "stop-token", "min-tokens"))
     mixed = [q for q in m["requests"] if q["phase"].endswith("mixed-c8")]
     assert {tuple(sorted((q.get("params") or {}))) for q in mixed} >= {
         (), ("repetition_penalty",), ("frequency_penalty",), ("presence_penalty",),
-        ("ignore_eos",)}
+        ("ignore_eos",), ("stop_token_ids",), ("min_tokens", "stop_token_ids")}
     assert all(q["match"] for q in mixed)
+    # token-level stops (issue 35 item 5): the stop-token variant stopped on its stop ID, which
+    # its prompt's default output emits at position 8 (or earlier), and both obeyed the rules
+    stops = [q for q in m["requests"] if (q.get("params") or {}).get("stop_token_ids")]
+    assert stops and all([c["status"] for c in q["checks"] if c["name"] == "stop_token"]
+                         == ["pass"] for q in stops)
+    (st,) = [q for q in mixed if list(q["params"] or {}) == ["stop_token_ids"]]
+    assert st["finish_reason"] == "stop" and st["output_len"] <= 9
+    assert rows["stop-token"]["differs_from_default"] is True
 
 
 def test_ids_after_a_stop_string_fail_the_request(cpu_engine, tmp_path):
@@ -85,3 +94,35 @@ def test_penalty_applied_to_a_neighbour_fails_the_default_requests(cpu_engine, t
         assert q["first_divergence"] == 2
     before_after = [q for q in m["requests"] if q["phase"].endswith(("before-c8", "after-c8"))]
     assert before_after and all(q["match"] for q in before_after)
+
+
+def test_stop_id_applied_to_a_neighbour_fails_the_default_requests(cpu_engine, tmp_path):
+    """Issue 35 item 5: a neighbour's stop_token_ids applied to a default request's batch row
+    (it ends early with "stop") fails that request's parity; the stop requests themselves pass."""
+    fault = StopOnNeighbour(start=3)
+    with FaultProxy(cpu_engine.url, fault) as proxy:
+        fault.proxy = proxy
+        r, out, m = stress(proxy.url, tmp_path, "stop-neighbour", "mixed_params")
+    assert fault.hits
+    assert r.returncode == 1 and m["verdict"] == "fail", out[-3000:]
+    bad = [q for q in m["requests"] if failed(q, "parity")]
+    assert bad and all(q["phase"].endswith("mixed-c8") and not q.get("params") for q in bad)
+    assert all(q["output_len"] == 3 and q["finish_reason"] == "stop" for q in bad)
+    stops = [q for q in m["requests"] if (q.get("params") or {}).get("stop_token_ids")]
+    assert stops and not any(failed(q, "stop_token") for q in stops)
+
+
+def test_stop_ids_lost_under_load_fail_the_stop_token_check(cpu_engine, tmp_path):
+    """Issue 35 item 5: a request whose stop_token_ids the engine drops while other requests are
+    in flight runs past its stop ID: the stop_token check names the rule and the position."""
+    fault = StopIdsIgnored()
+    with FaultProxy(cpu_engine.url, fault) as proxy:
+        fault.proxy = proxy
+        r, out, m = stress(proxy.url, tmp_path, "stop-lost", "mixed_params")
+    assert fault.hits
+    assert r.returncode == 1 and m["verdict"] == "fail", out[-3000:]
+    (q,) = [q for q in m["requests"] if q["phase"].endswith("mixed-c8")
+            and list(q.get("params") or {}) == ["stop_token_ids"]]
+    (rule,) = failed(q, "stop_token")
+    assert "stops at the first: stop ID" in rule["detail"] and "more ID(s)" in rule["detail"]
+    assert q["match"] is False and q["finish_reason"] == "length"

@@ -59,7 +59,7 @@ register_phase = _registrar(PHASE_REGISTRY)  # phase checks
 def _load() -> None:
     from . import (counting, degeneration, expected_text, health_after_phase,  # noqa: F401
                    logprob_sanity, max_model_len_edge, sampled_degeneration, stop_string,
-                   usage, vocab_range)
+                   stop_token, usage, vocab_range)
 
 
 _load()

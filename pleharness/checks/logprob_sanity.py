@@ -61,12 +61,14 @@ def ranked(top: dict | None) -> list[tuple[int, float]]:
     return sorted(sane_top_logprobs(top).items(), key=lambda kv: (-kv[1], kv[0]))
 
 
-LOGIT_PARAMS = ("repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias")
+# min_tokens masks the EOS and stop IDs until that many tokens: the logits are shaped too
+LOGIT_PARAMS = ("repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias",
+                "min_tokens")
 
 
 def shapes_logits(spec) -> bool:
-    """Whether ``spec`` sets a penalty or a logit bias (changes the logits after the logprobs
-    are taken)."""
+    """Whether ``spec`` sets a penalty, a logit bias or min_tokens (changes the logits after the
+    logprobs are taken)."""
     params = getattr(spec, "params", None) or {}
     return any(k in params for k in LOGIT_PARAMS)
 

@@ -43,17 +43,22 @@ def check(ctx, spec, c, params) -> CheckResult:
             problems.append(f"usage.completion_tokens {c.completion_tokens} != "
                             f"{len(c.token_ids)} returned IDs")
     n, mt = len(c.token_ids), spec.max_tokens
+    stop_ids = {int(t) for t in (getattr(spec, "stop_token_ids", None) or ())}
     m = ctx.facts.max_model_len if ctx is not None else None
     at_m = m is not None and len(spec.prompt) + n >= int(m)
     mode = "" if getattr(c, "streamed", True) else " (non-streamed)"
     if n > mt:
         problems.append(f"{n} IDs returned, more than max_tokens={mt}")
     elif n == mt or at_m:
-        if c.finish_reason != "length":
+        # a stop ID as the last token ends with "stop" even at max_tokens (vLLM's check_stop
+        # looks at the stop IDs before the length)
+        on_stop_id = c.finish_reason == "stop" and c.token_ids and \
+            int(c.token_ids[-1]) in stop_ids
+        if c.finish_reason != "length" and not on_stop_id:
             problems.append(f"finish_reason {c.finish_reason!r} with {n} IDs = "
                             + (f"max_tokens" if n == mt else "the room left by max_model_len"))
     elif params.get("ignore_eos", getattr(spec, "ignore_eos", True)) \
-            and not getattr(spec, "stop", None):
+            and not getattr(spec, "stop", None) and not stop_ids:  # (stop_token owns those)
         problems.append(f"only {n} of max_tokens={mt} IDs (finish_reason {c.finish_reason!r}) "
                         "although ignore_eos was set and no stop was requested")
     elif c.finish_reason != "stop":

@@ -46,6 +46,13 @@ def report(
 
     plot_path = config.check_plot_path(plot) if plot is not None else None
     m = load(run)
+    from ..manifest import lines_beyond
+    extra = lines_beyond(run)
+    if extra:
+        err_console.print(f"note: {escape(m.requests_file or 'the request file')} holds {extra} "
+                          f"line(s) after the {m.requests_count} record(s) the manifest covers: "
+                          "left out of this report (a phase that ended before its manifest was "
+                          "written, or lines not written by ple-harness)")
     if plot_path is not None:
         from ..plot import plot_run
         err_console.print(f"plot written to {escape(str(plot_run(m, plot_path)))}")

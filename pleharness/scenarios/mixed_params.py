@@ -1,6 +1,7 @@
 """Scenario kind ``mixed_params``: requests with different per-request parameters in flight
 together - repetition / frequency / presence penalties, logit_bias, ignore_eos on and off,
-temperature 0 and > 0 - and in the next phase without them (issue 26 item 3).
+temperature 0 and > 0, stop_token_ids and min_tokens - and in the next phase without them (issue
+26 item 3, issue 35 item 5).
 
 Per-request sampling state lives in the engine's batch slots (penalty tensors, logit-bias rows,
 the EOS rule); a slot that keeps a previous request's parameters, or a batched kernel that applies
@@ -14,7 +15,10 @@ One seeded random prompt per entry of ``variants``:
    prompt's default output emits most often, taken from phase 1, so the bias changes the
    output); its own single-request reference with the same parameters (part of the reference
    key, ``RequestSpec.params``). A variant with ``temperature`` > 0 (unseeded) is a sampled
-   neighbour: not compared, checked reference-free (vocab_range, usage).
+   neighbour: not compared, checked reference-free (vocab_range, usage). ``stop_token_at``: its
+   ``stop_token_ids`` is the ID its prompt's default output emits at that position, so it
+   stops there (or earlier, at that ID's first occurrence), held back until ``min_tokens``
+   when that is set: checked by ``stop_token`` (:mod:`pleharness.checks.stop_token`).
 3. Phase ``mixed-c<C>``: the variants and every prompt's default request, interleaved,
    ``concurrency`` in flight: each greedy output equals its solo reference with the same
    parameters (a neighbour's penalty or bias leaking into a default request changes it).
@@ -52,7 +56,10 @@ class Variant(Params):
     ``repetition_penalty`` (vLLM; > 0, 1 = none), ``frequency_penalty`` / ``presence_penalty``
     (OpenAI, -2..2), ``logit_bias_top`` (a bias, -100..100, on the most frequent token of the
     prompt's default output), ``ignore_eos``, ``temperature`` (> 0: an unseeded sampled
-    neighbour, not compared)."""
+    neighbour, not compared), ``stop_token_at`` (``stop_token_ids`` = the ID the prompt's default
+    output emits first at this position or the first later one it emits first there,
+    :func:`_stop_id`: the variant must stop there, issue 35 item 5), ``min_tokens`` (vLLM: no stop ID or EOS before this many tokens; with ``stop_token_at``
+    below it, the stop ID must be held back until then)."""
 
     name: str = Field(min_length=1)
     repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)
@@ -61,14 +68,28 @@ class Variant(Params):
     logit_bias_top: float | None = Field(None, ge=-100.0, le=100.0)
     ignore_eos: bool = True
     temperature: float = Field(0.0, ge=0.0, le=10.0)
+    stop_token_at: int | None = Field(None, ge=0, le=1_000_000)
+    min_tokens: int | None = Field(None, ge=1, le=1_000_000)
 
     @model_validator(mode="after")
     def _changes_something(self):
         if (self.repetition_penalty in (None, 1.0) and not self.frequency_penalty
                 and not self.presence_penalty and self.logit_bias_top in (None, 0.0)
-                and self.ignore_eos and not self.temperature):
-            raise ValueError(f"variant {self.name!r} changes nothing from the default request")
+                and self.ignore_eos and not self.temperature and self.stop_token_at is None):
+            raise ValueError(f"variant {self.name!r} changes nothing from the default request"
+                             + (" (min_tokens needs a stop ID to hold back: stop_token_at, or "
+                                "ignore_eos = false)" if self.min_tokens else ""))
         return self
+
+
+def _stop_id(ids, at: int) -> int:
+    """The stop ID for ``stop_token_at`` = ``at`` in the default output ``ids``: the first ID at
+    position ``at`` or later that the output does not emit before (the variant then stops
+    exactly there, not on an earlier occurrence); ``ids[at]`` when there is none."""
+    for j in range(at, len(ids)):
+        if ids[j] not in ids[:j]:
+            return int(ids[j])
+    return int(ids[at])
 
 
 def _default_variants() -> list[Variant]:
@@ -77,7 +98,9 @@ def _default_variants() -> list[Variant]:
             Variant(name="presence", presence_penalty=1.5),
             Variant(name="logit-bias", logit_bias_top=-100.0),
             Variant(name="eos", ignore_eos=False),
-            Variant(name="sampled", temperature=1.0)]
+            Variant(name="sampled", temperature=1.0),
+            Variant(name="stop-token", stop_token_at=8),
+            Variant(name="min-tokens", stop_token_at=2, min_tokens=6)]
 
 
 class MixedParamsParams(Params):
@@ -101,6 +124,12 @@ class MixedParamsParams(Params):
             raise ValueError(f"variant names must be distinct: {', '.join(dup)} more than once")
         if self.min_len > self.max_len:
             raise ValueError(f"min_len ({self.min_len}) must be <= max_len ({self.max_len})")
+        for v in self.variants:
+            for what, n in (("stop_token_at", v.stop_token_at), ("min_tokens", v.min_tokens)):
+                if n is not None and n >= self.max_tokens + (what == "min_tokens"):
+                    raise ValueError(f"variant {v.name!r}: {what} ({n}) must be "
+                                     f"{'<=' if what == 'min_tokens' else '<'} max_tokens "
+                                     f"({self.max_tokens})")
         return self
 
 
@@ -168,13 +197,23 @@ class MixedParams(Scenario):
                                         "request failed; no token to bias")
                 top = Counter(ids).most_common(1)[0][0]
                 bias = ((int(top), float(v.logit_bias_top)),)
+            stop_ids = None
+            if v.stop_token_at is not None:
+                ids = o.completion.token_ids
+                if o.completion.error is not None or len(ids) <= v.stop_token_at:
+                    raise ScenarioError(f"{self.source}: variant {v.name!r}: its prompt's default "
+                                        f"request gave no token at position {v.stop_token_at}")
+                stop_ids = (_stop_id(ids, v.stop_token_at),)
             sampled = v.temperature > 0
             checks = ({"vocab_range": {}, "usage": {}} if sampled
                       else {name: {} for name in DEFAULT_CHECKS})
+            if stop_ids or v.min_tokens:
+                checks["stop_token"] = {}
             variants.append(replace(
                 d, repetition_penalty=v.repetition_penalty, frequency_penalty=v.frequency_penalty,
                 presence_penalty=v.presence_penalty, logit_bias=bias, ignore_eos=v.ignore_eos,
                 temperature=v.temperature, compare=not sampled, checks=checks,
+                stop_token_ids=stop_ids, min_tokens=v.min_tokens,
                 note=f"variant {v.name}"))
         sent = [s for s in variants if s is not None]
         ctx.take_references([s for s in sent if s.compare])
