@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
 # Run the test suite (sets up first). Default: every test but the `nightly` ones (long
 # end-to-end runs whose path the default suite also covers more cheaply, packaging and CI-workflow
-# checks, benchmarks); `--nightly`: only those; `--all`: everything. The GPU tests skip
-# themselves on a machine without a GPU. Further arguments go to pytest.
+# checks, benchmarks), in two passes: the tests that need no engine, two at a time
+# (pytest-xdist), then the engine tests one at a time (they share one engine per configuration,
+# and two CPU engines at once would only slow each other). `--nightly`: only the nightly tests;
+# `--all`: everything, one at a time. The GPU tests skip themselves on a machine without a GPU.
+# Further arguments go to pytest (to both passes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 case "${1:-}" in
-  --nightly) shift; set -- -m nightly "$@" ;;
-  --all) shift ;;
-  *) set -- -m "not nightly" "$@" ;;
+  --nightly) shift; exec .venv/bin/python -m pytest -m nightly "$@" ;;
+  --all) shift; exec .venv/bin/python -m pytest "$@" ;;
 esac
-exec .venv/bin/python -m pytest "$@"
+rc=0  # the first failing pass's code; 5 (no test selected in a pass, e.g. by -k) is not one
+.venv/bin/python -m pytest -m "not engine and not nightly" -n 2 "$@" || { c=$?; [ "$c" = 5 ] || rc=$c; }
+.venv/bin/python -m pytest -m "engine and not nightly" "$@" || { c=$?; [ "$c" = 5 ] || [ "$rc" != 0 ] || rc=$c; }
+exit "$rc"
