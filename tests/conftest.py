@@ -32,12 +32,7 @@ def load_json(path: Path) -> dict:
     return data
 
 
-def group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
+from pleharness.engine.registry import group_alive  # noqa: E402,F401 (the tests import it here)
 
 
 def launched_pid(run_dir: Path) -> int | None:

@@ -71,6 +71,17 @@ class IdsAfterStop(Fault):
         return chunk
 
 
+def select_beside(fault, ctx, pred) -> None:
+    """Mark ``ctx`` selected (and note it in ``fault.hits``) when another request in flight on
+    ``fault.proxy`` satisfies ``pred``."""
+    with fault.proxy.lock:
+        beside = [o for o in fault.proxy.active if o is not ctx and pred(o)]
+    if beside:
+        ctx.state["selected"] = True
+        with fault.lock:
+            fault.hits.append(ctx.number)
+
+
 class PenaltyOnNeighbour(Fault):
     """See the module docstring. Set ``proxy`` after creating the FaultProxy. ``hits``: the
     numbers of the changed requests."""
@@ -85,13 +96,7 @@ class PenaltyOnNeighbour(Fault):
         if any(k in body for k in PENALTIES) or body.get("stop") or any(
                 k in body for k in STOP_IDS) or body.get("ignore_eos") is False:
             return body  # only default requests are changed
-        with self.proxy.lock:
-            penalised = [o for o in self.proxy.active if o is not ctx
-                         and any(k in o.body for k in PENALTIES)]
-        if penalised:
-            ctx.state["selected"] = True
-            with self.lock:
-                self.hits.append(ctx.number)
+        select_beside(self, ctx, lambda o: any(k in o.body for k in PENALTIES))
         return body
 
     def chunk(self, ctx, chunk):
@@ -124,13 +129,8 @@ class StopOnNeighbour(Fault):
     def request(self, ctx, body):
         if any(k in body for k in (*PENALTIES, *STOP_IDS)) or body.get("stop"):
             return body
-        with self.proxy.lock:
-            stopping = [o for o in self.proxy.active if o is not ctx
-                        and o.body.get("stop_token_ids")]
-        if stopping and ctx.streamed:
-            ctx.state["selected"] = True
-            with self.lock:
-                self.hits.append(ctx.number)
+        if ctx.streamed:
+            select_beside(self, ctx, lambda o: bool(o.body.get("stop_token_ids")))
         return body
 
     def chunk(self, ctx, chunk):

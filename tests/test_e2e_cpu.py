@@ -167,6 +167,7 @@ def test_engine_start_failure_gives_root_cause(tmp_path, embedded_model):
     assert not group_alive(launched_pid(tmp_path / "bad"))
 
 
+@pytest.mark.nightly
 def test_two_real_runs_compare_clean(cpu_engine, tmp_path):
     for rid in ("base", "head"):
         r = run_cli("stress", "--url", cpu_engine.url, "--results-dir", str(tmp_path), "--run-id",

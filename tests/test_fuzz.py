@@ -337,6 +337,7 @@ def insert_fault_proxy(upstream: str, vocab: int = 600) -> tuple[FaultProxy, Cor
     return proxy, fault
 
 
+@pytest.mark.nightly
 def test_finds_and_shrinks_a_planted_insert_fault(tmp_path):
     """A request corrupted only when it arrives while a streamed decode has streamed >= 16 tokens
     (a prefill inserted into a running decode past position 16): fuzz finds it, shrinks it to a
