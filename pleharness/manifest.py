@@ -182,6 +182,7 @@ class RequestRecord(BaseModel):
     seed: int | None = None  # per-request seed sent, if any
     stream: bool = True  # streamed (SSE) or one JSON response
     params: dict[str, Any] | None = None  # request fields beyond the defaults (stop, penalties ...)
+    api: str | None = None  # "chat": sent to /v1/chat/completions (None: /v1/completions)
     top_p: float | None = None  # nucleus sampling sent with a sampled request (None: not sent)
     top_k: int | None = None  # top-k sampling sent with a sampled request (None: not sent)
 

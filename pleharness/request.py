@@ -31,7 +31,11 @@ class RequestSpec:
     ``logit_bias``), ``stop_token_ids`` (vLLM: generation stops once one of these IDs is
     generated; the ID is returned as the last one), ``min_tokens`` (vLLM: no EOS or stop ID
     before this many output tokens): per-request parameters beyond the defaults (None / on = not
-    sent), part of the reference key (:attr:`params`).
+    sent), part of the reference key (:attr:`params`). ``messages``: ((role, content), ...):
+    the request goes to ``/v1/chat/completions`` (issue 35 item 1), ``prompt`` holding the IDs
+    the chat template makes of them (``/tokenize`` with the messages); not part of the reference
+    key: the engine computes the same thing for both paths, so a chat request is compared with
+    the ``/v1/completions`` reference of the same prompt IDs (recorded as ``api: chat``).
     ``keep_chunks``: keep the streamed deltas (``Completion.chunks``) for checks that judge them
     chunk by chunk (``stop_string``); off by default (the client's hot path stays lean).
     ``abandon_after_tokens``: the client disconnects after this many output tokens (0: before
@@ -59,6 +63,7 @@ class RequestSpec:
     logit_bias: tuple[tuple[int, float], ...] | None = None
     stop_token_ids: tuple[int, ...] | None = None
     min_tokens: int | None = None
+    messages: tuple[tuple[str, str], ...] | None = None
     keep_chunks: bool = False
     top_p: float | None = None
     top_k: int | None = None

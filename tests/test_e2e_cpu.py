@@ -22,8 +22,17 @@ def test_stress_default_suite_launch(tmp_path):
     assert m["status"] == "complete" and m["verdict"] == "pass" and m["exit_code"] == 0
     assert [s["name"] for s in m["scenarios"]] == ["transitions", "boundary", "pairs", "insert",
                                                    "sampled", "stop_strings", "mixed_params",
-                                                   "disconnects", "prefix_isolation"]
+                                                   "disconnects", "prefix_isolation",
+                                                   "chat_api"]
     assert all(p["status"] == "pass" for p in m["phases"])
+    # the chat path (issue 35): every chat answer equals the completions reference of its
+    # template's IDs, alone and under load, and the chat path reports /tokenize's IDs
+    chat = [q for q in m["requests"] if q.get("api") == "chat"]
+    assert {q["phase"] for q in chat} == {"chat-api-solo", "chat-api-c4"} and len(chat) == 12
+    assert all(q["match"] for q in chat)
+    rows = m["tables"]["chat_api"]
+    assert len(rows) == 6 and all(r["template"] == "same" for r in rows)
+    assert {r["turns"] for r in rows} == {1, 2, 3}
     # transitions: 16 ladder phases, every hash matched
     load = [p for p in m["phases"] if p["role"] == "load" and p["scenario"] == "transitions"]
     assert [p["concurrency"] for p in load] == [4, 3, 2, 1, 2, 3, 4, 1] * 2
@@ -155,6 +164,7 @@ def test_golden_reference_agrees_with_the_engine_on_the_default_suite(cpu_engine
     assert (tmp_path / "golden" / "golden.log").exists()
 
 
+@pytest.mark.nightly
 def test_engine_start_failure_gives_root_cause(tmp_path, embedded_model):
     r = run_cli("stress", "--results-dir", str(tmp_path), "--run-id", "bad",
                 "--engine-arg", "--block-size=16")

@@ -531,6 +531,44 @@ class EngineClient:
         out.latency_s = time.monotonic() - a.t0
         return out
 
+    def chat(self, messages: Sequence[dict], max_tokens: int, **kwargs: Any) -> Completion:
+        """Blocking form of :meth:`achat` (same arguments). Never raises for request failures."""
+        return self._run(self.achat(messages, max_tokens, **kwargs))
+
+    async def achat(self, messages: Sequence[dict], max_tokens: int, *,
+                    temperature: float = 0.0, ignore_eos: bool = True,
+                    logprobs: int | None = None, seed: int | None = None, on_token=None,
+                    extra: dict | None = None) -> Completion:
+        """One streamed ``/v1/chat/completions`` request (issue 35 item 1): the server applies
+        the model's chat template to ``messages`` (OpenAI ``[{"role", "content"}, ...]``).
+        Token IDs come from vLLM's ``return_token_ids`` (the prompt's, as the template made
+        them, in ``Completion.prompt_token_ids``; each chunk's output IDs in the choice), the
+        logprobs from ``logprobs`` / ``top_logprobs`` with ``return_tokens_as_token_ids``, so
+        the Completion has the same shape as :meth:`acomplete`'s and is judged the same way.
+        ``text`` is the content of the deltas (reasoning or tool-call deltas are not text).
+
+        Returns a :class:`Completion`; failures are recorded in ``error`` / ``error_detail``
+        (a server without ``return_token_ids`` for chat fails with ``protocol``). Raises
+        CancelledError only when the caller's task is cancelled."""
+        body: dict[str, Any] = {
+            "model": self.model, "messages": [dict(m) for m in messages],
+            "max_tokens": max_tokens, "temperature": temperature, "ignore_eos": ignore_eos,
+            "stream": True, "stream_options": {"include_usage": True}, "return_token_ids": True}
+        if seed is not None:
+            body["seed"] = seed
+        if logprobs is not None:
+            body.update(logprobs=True, top_logprobs=logprobs, return_tokens_as_token_ids=True)
+        if extra:
+            body.update(extra)
+        out = Completion(logprobs=[] if logprobs is not None else None,
+                         token_logprobs=[] if logprobs is not None else None, streamed=True)
+        a = _Active()
+        await self._watched(a, self._stream(body, out, a, on_token, path=CHAT_PATH))
+        if a.reason is not None:
+            out.error, out.error_detail = a.reason
+        out.latency_s = time.monotonic() - a.t0
+        return out
+
     async def acomplete_many(self, prompts: Sequence[Sequence[int]], max_tokens: int, *,
                              temperature: float = 0.0, ignore_eos: bool = True,
                              logprobs: int | None = None, seed: int | None = None,
@@ -659,14 +697,16 @@ class EngineClient:
         batch.future = asyncio.run_coroutine_threadsafe(run_all(), self.loop)
         return batch
 
-    async def _post(self, body: dict, out: Completion) -> aiohttp.ClientResponse | None:
-        """POST /v1/completions (streamed or not); the response, or None with ``out`` failed.
+    async def _post(self, body: dict, out: Completion, path: str = "/v1/completions"
+                    ) -> aiohttp.ClientResponse | None:
+        """POST ``path`` (/v1/completions, or :data:`CHAT_PATH`; streamed or not); the response,
+        or None with ``out`` failed.
 
         The monitor enforces the token timeouts (also while no response headers have arrived);
         the socket read timeout is the safety net behind it, for both delivery modes.
         """
         try:
-            resp = await self._session_async().post(self.base_url + "/v1/completions", json=body,
+            resp = await self._session_async().post(self.base_url + path, json=body,
                                                     proxy=self._proxy)
         except TimeoutError as exc:
             _fail(out, "timeout", f"no response: {_text(exc)}")
@@ -678,15 +718,18 @@ class EngineClient:
         return resp
 
     async def _stream(self, body: dict, out: Completion, a: _Active, on_token,
-                      abandon_after: int | None = None, many: list | None = None) -> None:
+                      abandon_after: int | None = None, many: list | None = None,
+                      path: str = "/v1/completions") -> None:
         """A streamed completion (SSE ``data:`` events, each read as it arrives): token IDs,
         TTFT and ITL (seconds, from ``a.t0``) into ``out``; ``abandon_after``: close the stream
         after that many tokens (0: before the first), the request recorded as ``abandoned``.
         ``many``: a batched prompt (:meth:`acomplete_many`): each choice goes to
         ``many[index]`` = (Completion, its _Active, its texts); ``out`` gets the failures and
-        the final, summed usage."""
+        the final, summed usage. ``path``: :data:`CHAT_PATH` reads chat chunks
+        (:func:`_from_chat`)."""
         out.started_at = time.time()
-        resp = await self._post(body, out)
+        resp = await self._post(body, out, path)
+        chat = path == CHAT_PATH
         if resp is None:
             return
         ids_out = out.token_ids
@@ -715,7 +758,7 @@ class EngineClient:
                     lines = data.split(b"\n")
                     buf = lines.pop()
                 for raw in lines:
-                    got = _take_line(raw, now, out, a, on_token, texts, many)
+                    got = _take_line(raw, now, out, a, on_token, texts, many, chat)
                     if got is _STOP:
                         return
                     if got is _DONE:
@@ -788,10 +831,11 @@ class EngineClient:
 
 
 _DONE, _STOP = object(), object()  # _take_line: [DONE] seen / the request failed (recorded)
+CHAT_PATH = "/v1/chat/completions"  # EngineClient.achat
 
 
 def _take_line(raw: bytes, now: float, out: Completion, a: _Active, on_token,
-               texts: list[str], many: list | None = None):
+               texts: list[str], many: list | None = None, chat: bool = False):
     """One SSE line of a streamed completion arrived at ``now`` (monotonic s) taken into
     ``out`` (usage, then each choice by :func:`_take_choice`; with ``many``, see
     :meth:`EngineClient._stream`). Returns ``_DONE`` for ``data: [DONE]``, ``_STOP`` when the
@@ -811,6 +855,8 @@ def _take_line(raw: bytes, now: float, out: Completion, a: _Active, on_token,
     if type(chunk) is not dict:
         _fail(out, "protocol", f"unexpected stream chunk: {_show(payload)}")
         return _STOP
+    if chat:
+        chunk = _from_chat(chunk, out)
     choices = chunk.get("choices")
     if "error" in chunk and not choices:
         _fail(out, "http", f"error in stream: {str(chunk['error'])[:300]}")
@@ -897,6 +943,38 @@ def _text(exc: BaseException, n: int = 200) -> str:
 
 def _show(payload: bytes) -> str:
     return payload[:200].decode("utf-8", errors="replace")
+
+
+def _from_chat(chunk: dict, out: Completion) -> dict:
+    """A ``/v1/chat/completions`` stream chunk in the completions chunk's shape: the chunk's
+    ``prompt_token_ids`` (vLLM sends them with the first, role-only chunk) go to ``out``; each
+    choice becomes ``{"text": delta content, "token_ids", "logprobs": {"tokens",
+    "token_logprobs", "top_logprobs"}, "finish_reason"}``; a choice with neither token IDs nor a
+    finish (the role chunk, an empty delta) is left out."""
+    if chunk.get("prompt_token_ids") is not None:
+        out.prompt_token_ids = list(chunk["prompt_token_ids"])
+    choices = []
+    for ch in chunk.get("choices") or ():
+        if not isinstance(ch, dict):
+            continue
+        ids, finish = ch.get("token_ids"), ch.get("finish_reason")
+        delta = ch.get("delta") or {}
+        if ids is None and finish is None:
+            if delta.get("content"):  # text without IDs: return_token_ids not honoured
+                choices.append({"index": ch.get("index", 0), "text": delta["content"]})
+            continue
+        new = {"index": ch.get("index", 0), "text": delta.get("content") or "",
+               "token_ids": ids, "finish_reason": finish}
+        content = (ch.get("logprobs") or {}).get("content")
+        if content:
+            new["logprobs"] = {
+                "tokens": [e.get("token") for e in content],
+                "token_logprobs": [e.get("logprob") for e in content],
+                "top_logprobs": [{t.get("token"): t.get("logprob")
+                                  for t in e.get("top_logprobs") or ()} for e in content]}
+        choices.append(new)
+    return {**{k: v for k, v in chunk.items() if k not in ("choices", "prompt_token_ids")},
+            "choices": choices}
 
 
 def _take_logprobs(choice: dict, out: Completion) -> None:

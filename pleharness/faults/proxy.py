@@ -3,8 +3,9 @@ injects faults a healthy engine never produces (used by ``ple-harness selftest``
 ``tests/doubles.py`` re-exports every name).
 
 ``FaultProxy(upstream, fault)`` forwards every request to ``upstream``; for streamed
-``/v1/completions`` it passes each SSE chunk through ``fault.chunk(ctx, chunk)``, which may modify
-it. ``ctx`` tells the fault which completion request this is (1-based arrival order), the prompt,
+``/v1/completions`` and ``/v1/chat/completions`` (:data:`COMPLETION_PATHS`; a chat chunk keeps
+its own shape: ``choices[i].token_ids`` and ``delta``, the prompt IDs on the first chunk) it
+passes each SSE chunk through ``fault.chunk(ctx, chunk)``, which may modify it. ``ctx`` tells the fault which completion request this is (1-based arrival order), the prompt,
 how many tokens were already streamed, and how many identical prompts were in flight when it
 arrived. A non-streamed answer goes through ``fault.chunk`` once, as one chunk that holds every
 token (``tokens_so_far`` = 0) and the usage block. ``fault.request(ctx, body)`` may change the
@@ -22,6 +23,8 @@ from typing import Any
 
 import requests
 
+COMPLETION_PATHS = ("/v1/completions", "/v1/chat/completions")  # requests a fault sees
+
 
 @dataclass
 class RequestCtx:
@@ -34,6 +37,7 @@ class RequestCtx:
     done: bool = False  # the proxy no longer counts it in flight
     sock: Any = None  # the client's connection
     client_gone: bool = False  # the client closed its connection before the answer ended
+    chat: bool = False  # a /v1/chat/completions request (its chunks have the chat shape)
 
     @property
     def streamed(self) -> bool:
@@ -55,9 +59,12 @@ def corrupt_if_selected(ctx: "RequestCtx", chunk: dict, vocab: int) -> dict:
 
 class Fault:
     """Base fault: changes nothing. ``refused``: POST paths (e.g. ``/reset_prefix_cache``) the
-    proxy answers 404 for, as an engine without ``VLLM_SERVER_DEV_MODE=1`` does."""
+    proxy answers 404 for, as an engine without ``VLLM_SERVER_DEV_MODE=1`` does. ``chat``:
+    whether the fault also sees ``/v1/chat/completions`` requests and chunks (their shape
+    differs); off, they pass through untouched (still counted in flight)."""
 
     refused: tuple[str, ...] = ()
+    chat: bool = False
 
     def request(self, ctx: RequestCtx, body: dict) -> dict:
         return body
@@ -373,6 +380,9 @@ def set_top(choice: dict, i: int, top: dict[int, float], chosen: int) -> None:
             lp["tokens"][i] = f"token_id:{chosen}"
 
 
+_NO_FAULT = Fault()  # what a chat request meets behind a fault that does not handle chat
+
+
 class FaultProxy:
     """Forwarding HTTP server on 127.0.0.1 (a free port) with a fault hook; a context manager."""
 
@@ -410,7 +420,7 @@ class FaultProxy:
                 if self.path.split("?", 1)[0] in getattr(proxy.fault, "refused", ()):
                     self._send(404, b'{"detail":"Not Found"}', "application/json")
                     return
-                if self.path != "/v1/completions":
+                if self.path not in COMPLETION_PATHS:
                     r = requests.post(proxy.upstream + self.path, data=raw, timeout=60,
                                       headers={"content-type": "application/json"})
                     if self.path.split("?", 1)[0] == "/reset_prefix_cache" and \
@@ -428,10 +438,11 @@ class FaultProxy:
                     proxy.active.append(ctx)
                     proxy.log.append(ctx)
                 try:
-                    new = proxy.fault.request(ctx, body)
+                    ctx.chat = self.path == COMPLETION_PATHS[1]
+                    new = proxy.fault_for(ctx).request(ctx, body)
                     if new is not body:
                         raw = json.dumps(new).encode()
-                    proxy.handle_completion(self, ctx, raw)
+                    proxy.handle_completion(self, ctx, raw, self.path)
                 finally:
                     proxy.finish(ctx)
 
@@ -453,6 +464,11 @@ class FaultProxy:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
+    def fault_for(self, ctx: RequestCtx) -> Fault:
+        """The fault that sees ``ctx``: the proxy's, or none for a chat request when the fault
+        does not handle chat (:attr:`Fault.chat`)."""
+        return self.fault if not ctx.chat or self.fault.chat else _NO_FAULT
+
     def check_gone(self, ctx: RequestCtx) -> bool:
         """Whether the client of ``ctx`` has closed its connection (end of file waiting on it
         while its answer is not finished); the first time, :meth:`Fault.disconnected` is called
@@ -471,7 +487,7 @@ class FaultProxy:
                     return True
                 ctx.client_gone = True
                 self.disconnects.append(ctx.number)
-            self.fault.disconnected(ctx)
+            self.fault_for(ctx).disconnected(ctx)
         return gone
 
     def sweep(self) -> None:
@@ -493,8 +509,9 @@ class FaultProxy:
                 self.in_flight -= 1
                 self.active.remove(ctx)
 
-    def handle_completion(self, h: BaseHTTPRequestHandler, ctx: RequestCtx, raw: bytes) -> None:
-        r = requests.post(self.upstream + "/v1/completions", data=raw, stream=True, timeout=300,
+    def handle_completion(self, h: BaseHTTPRequestHandler, ctx: RequestCtx, raw: bytes,
+                          path: str = "/v1/completions") -> None:
+        r = requests.post(self.upstream + path, data=raw, stream=True, timeout=300,
                           headers={"content-type": "application/json"})
         if r.status_code != 200:
             content = r.content
@@ -502,7 +519,7 @@ class FaultProxy:
             h._send(r.status_code, content, r.headers.get("content-type", ""))
             return
         if not ctx.streamed:
-            data = self.fault.chunk(ctx, r.json())
+            data = self.fault_for(ctx).chunk(ctx, r.json())
             self.finish(ctx)
             h._send(200, json.dumps(data).encode(), "application/json")
             return
@@ -535,7 +552,7 @@ class FaultProxy:
                 if text.startswith("data:") and text[5:].strip() != "[DONE]":
                     chunk = json.loads(text[5:])
                     n_ids = sum(len(c.get("token_ids") or []) for c in chunk.get("choices") or [])
-                    chunk = self.fault.chunk(ctx, chunk)
+                    chunk = self.fault_for(ctx).chunk(ctx, chunk)
                     ctx.tokens_so_far += n_ids
                     if chunk is None:
                         continue

@@ -275,7 +275,7 @@ class RunContext:
         thread (keep it short), e.g. to trigger an insert
         (:mod:`pleharness.scenarios.shared.inserting`). Returns the Completion (errors recorded
         in it, never raised)."""
-        return self.client.complete(**self._request_args(spec), on_token=on_token)
+        return self.client._run(self._aissue(spec, on_token))
 
     def prompt_builder(self, filler: str, tail: int):
         """The engine's :class:`pleharness.prompts.ChatPromptBuilder` for ``filler`` (one token)
@@ -575,6 +575,8 @@ class RunContext:
         why = None
         if issue is not None:
             why = "a custom issue function"
+        elif any(s.messages for s in specs):
+            why = "chat requests (one prompt each)"
         elif concurrency != len(specs):
             why = f"concurrency {concurrency} != {len(specs)} requests"
         elif any({k: v for k, v in a.items() if k != "prompt_ids"} != first for a in args):
@@ -592,9 +594,17 @@ class RunContext:
             return await self.client.acomplete_many([list(s.prompt.ids) for s in group], **many)
         return job
 
-    async def _aissue(self, spec: RequestSpec) -> Completion:
-        """Issue one spec on the client's event loop (the default request path of run_phase)."""
-        return await self.client.acomplete(**self._request_args(spec))
+    async def _aissue(self, spec: RequestSpec, on_token=None) -> Completion:
+        """Issue one spec on the client's event loop (the default request path of run_phase):
+        ``/v1/completions``, or ``/v1/chat/completions`` for a spec with ``messages``."""
+        args = self._request_args(spec)
+        if spec.messages:
+            return await self.client.achat(
+                [{"role": r, "content": c} for r, c in spec.messages], spec.max_tokens,
+                temperature=spec.temperature, ignore_eos=spec.ignore_eos,
+                logprobs=args["logprobs"], seed=spec.seed, on_token=on_token,
+                extra=args["extra"])
+        return await self.client.acomplete(**args, on_token=on_token)
 
     def _record(self, ph: PhaseRecord, spec: RequestSpec, c: Completion) -> RequestRecord:
         """The record of ``spec``'s completion ``c`` in ``ph``, judged
@@ -610,6 +620,7 @@ class RunContext:
             ttft_s=c.ttft_s, latency_s=c.latency_s, error=c.error, error_detail=c.error_detail,
             http_status=c.http_status, note=spec.note, temperature=spec.temperature,
             seed=spec.seed, stream=spec.stream, params=spec.params or None,
+            api="chat" if spec.messages else None,
             top_p=spec.top_p if spec.temperature > 0 else None,
             top_k=spec.top_k if spec.temperature > 0 else None,
             error_expected=bool(spec.accept_4xx and c.error == "http" and c.http_status is not None
