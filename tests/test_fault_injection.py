@@ -115,6 +115,7 @@ def test_q_tail_corruption_is_pinned_to_its_lengths(cpu_engine, tmp_path):
     assert rows[B + Q]["checks_failed"] == []
 
 
+@pytest.mark.nightly  # selftest's oov_id / token0_run classes catch it by the same check
 def test_out_of_range_token_is_caught_by_vocab_range(cpu_engine, tmp_path):
     fault = Corrupt(lambda ctx: ctx.number == 3, lambda t, pos: (5000, "?"), start=2, stop=3)
     with FaultProxy(cpu_engine.url, fault) as proxy:
@@ -125,6 +126,7 @@ def test_out_of_range_token_is_caught_by_vocab_range(cpu_engine, tmp_path):
                                                              if c["name"] == "vocab_range"][0]["detail"]
 
 
+@pytest.mark.nightly  # selftest's oov_id / token0_run classes catch it by the same check
 def test_token_zero_run_is_caught_by_degeneration(cpu_engine, tmp_path):
     # the first run of a prompt in the C4 ladder phase: from position 4 on, token 0 (a NaN row)
     fault = edit_fault(first_with(3), lambda ctx, ch, i, pos: pos >= 4 and

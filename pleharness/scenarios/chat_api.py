@@ -53,7 +53,7 @@ class ChatApiParams(Params):
     (``min_words`` .. ``max_words``), ``max_tokens`` per answer, ``concurrency`` of the mixed
     phase."""
 
-    conversations: int = Field(6, ge=1, le=256)
+    conversations: int = Field(4, ge=1, le=256)
     min_words: int = Field(4, ge=1, le=4000)
     max_words: int = Field(40, ge=1, le=4000)
     max_tokens: int = Field(16, ge=1, le=1_000_000)
