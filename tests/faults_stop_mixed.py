@@ -127,8 +127,9 @@ class StopOnNeighbour(Fault):
         self.lock = threading.Lock()
 
     def request(self, ctx, body):
-        if any(k in body for k in (*PENALTIES, *STOP_IDS)) or body.get("stop"):
-            return body
+        if any(k in body for k in (*PENALTIES, *STOP_IDS)) or body.get("stop") or \
+                body.get("ignore_eos") is False:
+            return body  # only default requests are cut (a variant is no neighbour here)
         if ctx.streamed:
             select_beside(self, ctx, lambda o: bool(o.body.get("stop_token_ids")))
         return body
