@@ -71,6 +71,12 @@ class IdsAfterStop(Fault):
         return chunk
 
 
+def is_default(body) -> bool:
+    """Whether a request body sets none of the per-request parameters mixed_params varies."""
+    return not (any(k in body for k in (*PENALTIES, *STOP_IDS)) or body.get("stop")
+                or body.get("ignore_eos") is False)
+
+
 def select_beside(fault, ctx, pred) -> None:
     """Mark ``ctx`` selected (and note it in ``fault.hits``) when another request in flight on
     ``fault.proxy`` satisfies ``pred``."""
@@ -93,8 +99,7 @@ class PenaltyOnNeighbour(Fault):
         self.lock = threading.Lock()
 
     def request(self, ctx, body):
-        if any(k in body for k in PENALTIES) or body.get("stop") or any(
-                k in body for k in STOP_IDS) or body.get("ignore_eos") is False:
+        if not is_default(body):
             return body  # only default requests are changed
         select_beside(self, ctx, lambda o: any(k in o.body for k in PENALTIES))
         return body
@@ -127,8 +132,7 @@ class StopOnNeighbour(Fault):
         self.lock = threading.Lock()
 
     def request(self, ctx, body):
-        if any(k in body for k in (*PENALTIES, *STOP_IDS)) or body.get("stop") or \
-                body.get("ignore_eos") is False:
+        if not is_default(body):
             return body  # only default requests are cut (a variant is no neighbour here)
         if ctx.streamed:
             select_beside(self, ctx, lambda o: bool(o.body.get("stop_token_ids")))
