@@ -176,7 +176,7 @@ def test_recorded_probe_contents():
     tm = r["timings"]
     assert [row["row_bytes"] for row in tm["rows"]] == ROW_SIZES
     bw = tm["h2d_bandwidth_gb_per_s"]
-    assert 5 < bw < 1000
+    assert 0.05 < bw < 1000  # units (GB/s), not this machine's speed
     for row in tm["rows"]:
         assert 0 < row["deferred_us_median"] <= row["deferred_us_p99"]
         assert 0 < row["sync_us_median"] <= row["sync_us_p99"]
@@ -341,7 +341,11 @@ def test_native_lifecycle_fake_driver(fake_driver):
     assert "aligned" in out["unaligned"]
     st = out["stranding"]
     assert st["status"] == "ok" and st["fired"] and st["released"] and st["replay_after_ok"]
-    assert st["blocked_us"] >= 0.1e6 and st["releases"] == 1
+    assert st["blocked_us"] >= 0.1e6 and st["flag_after_release"] == 0
+    # One release drains the single WAIT; the guard may write again only when the flag was consumed
+    # and the stream is still busy 2 ms after its previous write (a slow machine finishing the copy),
+    # so the count is bounded by the release phase's length, never a tight loop.
+    assert 1 <= st["releases"] <= 1 + st["release_us"] / 2000.0, st
 
 
 def test_probe_sections_fake_driver_ok(fake_driver):
