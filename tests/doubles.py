@@ -130,7 +130,7 @@ class FakeEngine:
                 if how == "never":
                     eng.release.wait(120)
                     return self._cut()
-                streaming = body.get("stream", True) is not False
+                streaming = body.get("stream") is True  # OpenAI: false when omitted
                 collected: list[dict] = []  # non-streamed: the chunks, merged into one answer
                 if streaming:
                     self.send_response(200)

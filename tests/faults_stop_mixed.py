@@ -15,6 +15,8 @@
   finish_reason "stop" (a neighbour's stop applied to its batch row).
 - :class:`StopIdsIgnored`: a request with ``stop_token_ids`` that arrives while another request
   is in flight is sent without them (the stop rule lost for its row): it runs past its stop ID.
+- :class:`Rechunk`: no fault, a gateway that re-chunks streams (one ID a piece, the text on the
+  first, SSE comments, an extra field): a healthy engine behind it must still pass.
 """
 from __future__ import annotations
 
@@ -74,7 +76,7 @@ class IdsAfterStop(Fault):
 def is_default(body) -> bool:
     """Whether a request body sets none of the per-request parameters mixed_params varies."""
     return not (any(k in body for k in (*PENALTIES, *STOP_IDS)) or body.get("stop")
-                or body.get("ignore_eos") is False)
+                or not body.get("ignore_eos"))  # the eos variant omits it (vLLM: false)
 
 
 def select_beside(fault, ctx, pred) -> None:
@@ -182,3 +184,38 @@ class StopIdsIgnored(Fault):
         with self.lock:
             self.hits.append(ctx.number)
         return {k: v for k, v in body.items() if k != "stop_token_ids"}
+
+
+class Rechunk(Fault):
+    """Not a fault: a gateway in front of a healthy engine (issue 35 item 7). Every streamed
+    completions chunk with several token IDs is sent as one piece per ID, the whole text on the
+    first piece, each logprobs list split with its IDs, finish_reason and usage on the last; an
+    SSE comment line goes before each chunk and every piece carries an extra field. The OpenAI
+    protocol allows all of it: only the concatenations of text and IDs are promised.
+    ``split``: chunks split so far."""
+
+    def __init__(self):
+        self.split = 0
+
+    def chunk(self, ctx, chunk):
+        if not ctx.streamed:
+            return dict(chunk, gateway="x")  # one JSON answer: nothing to re-chunk
+        if len(chunk.get("choices") or []) != 1:
+            return [": gateway keep-alive", dict(chunk, gateway="x")]
+        (c,) = chunk["choices"]
+        ids = c.get("token_ids") or []
+        if len(ids) < 2:
+            return [": gateway keep-alive", dict(chunk, gateway="x")]
+        self.split += 1
+        lp = c.get("logprobs") or None
+        pieces: list = [": gateway keep-alive"]
+        for j, tid in enumerate(ids):
+            last = j == len(ids) - 1
+            piece = dict(c, token_ids=[tid], text=c.get("text") or "" if j == 0 else "",
+                         finish_reason=c.get("finish_reason") if last else None)
+            if lp:
+                piece["logprobs"] = {k: v[j:j + 1] if isinstance(v, list) else v
+                                     for k, v in lp.items()}
+            pieces.append(dict(chunk, choices=[piece], gateway="x",
+                               usage=chunk.get("usage") if last else None))
+        return pieces

@@ -167,6 +167,26 @@ def test_acomplete_many_splits_choices_by_index_with_their_own_usage():
     assert a.text == "tt" and a.ttft_s is not None and a.latency_s >= a.ttft_s
 
 
+def test_bodies_leave_optional_fields_out_at_their_default():
+    """Issue 35 item 7: a request at vLLM's default ignore_eos (false) is sent without the field,
+    as clients write it; the harness's fixed-length requests send ignore_eos true; chat too;
+    temperature is always sent."""
+    events = [_choice(0, [5], "length", (3, 1))]
+    with CannedSSE(events) as srv:
+        cl = EngineClient(srv.url, "m")
+        try:
+            cl._run(cl.acomplete([1, 2, 3], 1, ignore_eos=False))
+            cl._run(cl.acomplete([1, 2, 3], 1))
+            cl._run(cl.achat([{"role": "user", "content": "hi"}], 1, ignore_eos=False))
+        finally:
+            cl.close()
+    plain, fixed, chat = srv.bodies[:3]
+    assert "ignore_eos" not in plain and plain["temperature"] == 0.0
+    assert not {"seed", "stop", "logprobs"} & set(plain)
+    assert fixed["ignore_eos"] is True
+    assert "ignore_eos" not in chat and chat["messages"] == [{"role": "user", "content": "hi"}]
+
+
 @pytest.mark.parametrize("events, error", [
     ([_choice(0, [5], "length"), _choice(2, [6], "length")], "index 2 outside the 2 prompts"),
     ([_choice(0, [5], "length"), _choice(1, [6])], "without a finish_reason"),

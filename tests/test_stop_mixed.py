@@ -6,7 +6,8 @@ import pytest
 
 from conftest import load_json, run_cli
 from doubles import FaultProxy
-from faults_stop_mixed import IdsAfterStop, PenaltyOnNeighbour, StopIdsIgnored, StopOnNeighbour
+from faults_stop_mixed import (IdsAfterStop, PenaltyOnNeighbour, Rechunk, StopIdsIgnored,
+                               StopOnNeighbour)
 
 pytestmark = pytest.mark.engine
 
@@ -76,6 +77,20 @@ def test_ids_after_a_stop_string_fail_the_request(cpu_engine, tmp_path):
     assert "ids after the stop: 2 ID(s)" in rule["detail"]
     assert "expect_len" in rule["detail"]
     assert q["match"] is False  # and its IDs differ from the same request alone
+
+
+def test_a_gateway_that_rechunks_the_stream_is_no_failure(cpu_engine, tmp_path):
+    """Issue 35 item 7: a healthy engine behind a gateway that sends one ID a chunk (the text on
+    the first piece), SSE comments and an extra field passes stop_strings; the check notes the
+    re-chunked deltas instead of failing them (only the concatenations are promised)."""
+    gateway = Rechunk()
+    with FaultProxy(cpu_engine.url, gateway) as proxy:
+        r, out, m = stress(proxy.url, tmp_path, "gateway", "stop_strings")
+    assert gateway.split > 0
+    assert r.returncode == 0 and m["verdict"] == "pass", out[-3000:]
+    stop_checks = [c for q in m["requests"] for c in q["checks"] if c["name"] == "stop_string"]
+    assert stop_checks and {c["status"] for c in stop_checks} == {"pass"}
+    assert any("deltas re-chunked" in c["detail"] for c in stop_checks)
 
 
 def test_penalty_applied_to_a_neighbour_fails_the_default_requests(cpu_engine, tmp_path):

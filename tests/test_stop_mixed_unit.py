@@ -73,13 +73,19 @@ def test_text_past_the_stop_or_inconsistent_usage_fail():
     assert r.status == "fail" and "reaches no stop string and ignore_eos was on" in r.detail
 
 
-def test_streamed_text_may_lag_but_never_run_ahead_of_its_ids():
+def test_streamed_deltas_are_judged_by_their_concatenations_only():
+    """Issue 35 item 7: text lagging its IDs (vLLM holding back a stop prefix) and text ahead of
+    them (a gateway that re-chunks: the text on the first piece) both pass; the latter is noted.
+    Text past the stop still fails, however the deltas split it."""
     lag = [([10], ""), ([11], " 1"), ([12, 13], " 2 3")]
-    assert stop_check(Ctx(), spec(stop=(" 4",)), comp([10, 11, 12, 13], " 1 2 3", lag),
-                      {}).status == "pass"
-    ahead = [([10], " 1 2"), ([11, 12, 13], " 3")]
+    r = stop_check(Ctx(), spec(stop=(" 4",)), comp([10, 11, 12, 13], " 1 2 3", lag), {})
+    assert r.status == "pass" and "re-chunked" not in r.detail
+    ahead = [([10], " 1 2 3"), ([11], ""), ([12], ""), ([13], "")]
     r = stop_check(Ctx(), spec(stop=(" 4",)), comp([10, 11, 12, 13], " 1 2 3", ahead), {})
-    assert r.status == "fail" and "deltas: after delta 0 (1 IDs)" in r.detail
+    assert r.status == "pass" and "deltas re-chunked: after delta 0 (1 IDs)" in r.detail
+    past = [([10], " 1 2 3 4"), ([11, 12, 13], "")]
+    r = stop_check(Ctx(), spec(stop=(" 4",)), comp([10, 11, 12, 13], " 1 2 3 4", past), {})
+    assert r.status == "fail" and "text: contains the stop string ' 4'" in r.detail
 
 
 def test_eos_ids_are_left_out_of_the_text_and_a_failed_request_is_skipped():

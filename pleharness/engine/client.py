@@ -552,8 +552,10 @@ class EngineClient:
         CancelledError only when the caller's task is cancelled."""
         body: dict[str, Any] = {
             "model": self.model, "messages": [dict(m) for m in messages],
-            "max_tokens": max_tokens, "temperature": temperature, "ignore_eos": ignore_eos,
+            "max_tokens": max_tokens, "temperature": temperature,
             "stream": True, "stream_options": {"include_usage": True}, "return_token_ids": True}
+        if ignore_eos:  # omitted at vLLM's default (false), as clients write it
+            body["ignore_eos"] = True
         if seed is not None:
             body["seed"] = seed
         if logprobs is not None:
@@ -637,12 +639,17 @@ class EngineClient:
     def _body(self, prompt: list, max_tokens: int, *, temperature: float, ignore_eos: bool,
               logprobs: int | None, seed: int | None, stream: bool,
               stop: Sequence[str] | None, extra: dict | None) -> dict[str, Any]:
-        """The /v1/completions request body (see :meth:`acomplete` for the fields)."""
+        """The /v1/completions request body (see :meth:`acomplete` for the fields). Optional
+        fields are left out at the API's default (``ignore_eos`` false, no seed, stop or
+        logprobs), as clients write them, so engine state that only a request without the
+        field inherits is reached too; ``temperature`` is always sent (a model's
+        generation_config may change the server's default)."""
         body: dict[str, Any] = {
             "model": self.model, "prompt": prompt, "max_tokens": max_tokens,
-            "temperature": temperature, "ignore_eos": ignore_eos, "stream": stream,
-            "return_token_ids": True,
+            "temperature": temperature, "stream": stream, "return_token_ids": True,
         }
+        if ignore_eos:  # omitted at vLLM's default (false), as clients write it (issue 35.7)
+            body["ignore_eos"] = True
         if stream:
             body["stream_options"] = {"include_usage": True}
         if seed is not None:

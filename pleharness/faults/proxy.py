@@ -41,7 +41,8 @@ class RequestCtx:
 
     @property
     def streamed(self) -> bool:
-        return self.body.get("stream", True) is not False
+        """Whether the answer is streamed: OpenAI's ``stream``, false when omitted."""
+        return self.body.get("stream") is True
 
 
 def corrupt_if_selected(ctx: "RequestCtx", chunk: dict, vocab: int) -> dict:
@@ -69,7 +70,9 @@ class Fault:
     def request(self, ctx: RequestCtx, body: dict) -> dict:
         return body
 
-    def chunk(self, ctx: RequestCtx, chunk: dict) -> dict | None:
+    def chunk(self, ctx: RequestCtx, chunk: dict) -> dict | list | None:
+        """The streamed chunk as the client gets it: a dict, None (dropped), or a list of
+        pieces sent in its place, each a chunk dict or a raw SSE line (e.g. a ``: comment``)."""
         return chunk
 
     def metrics(self, text: str) -> str:
@@ -552,11 +555,12 @@ class FaultProxy:
                 if text.startswith("data:") and text[5:].strip() != "[DONE]":
                     chunk = json.loads(text[5:])
                     n_ids = sum(len(c.get("token_ids") or []) for c in chunk.get("choices") or [])
-                    chunk = self.fault_for(ctx).chunk(ctx, chunk)
+                    out = self.fault_for(ctx).chunk(ctx, chunk)
                     ctx.tokens_so_far += n_ids
-                    if chunk is None:
-                        continue
-                    text = "data: " + json.dumps(chunk)
+                    for piece in out if isinstance(out, list) else [] if out is None else [out]:
+                        write(((piece if isinstance(piece, str) else "data: " + json.dumps(piece))
+                               + "\n\n").encode())
+                    continue
                 write((text + "\n\n").encode())
             write(b"")
         except (OSError, ValueError, requests.RequestException, AttributeError):

@@ -20,7 +20,7 @@ The stop strings are taken at run time from the engine's own output, never hard-
    requests as neighbours, ``concurrency`` in flight. Each output equals its reference (the
    same request alone: stream is not part of the reference key, so streamed == non-streamed),
    and passes ``stop_string`` (text ends before the stop; IDs, logprobs, usage and
-   finish_reason agree with the text; the deltas' text never runs ahead of their IDs).
+   finish_reason agree with the text; streamed deltas by their concatenations only).
 
 Table ``stop_strings``: per stop request, the stop string, the cut position, the length of the
 speculative step it fell in and whether it was inside it. Phase check ``stop_inside_step`` on
