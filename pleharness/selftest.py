@@ -37,9 +37,10 @@ from rich.table import Table
 
 from .errors import ExitCode, UsageError
 from .files import write_private
-from .faults.builtin import BUILTIN, SelftestFault
+from .faults import BUILTIN, FamilyFault, SelftestFault
 
 DEFAULT_SUITE = "selftest"
+FAMILY_SUITE = "selftest-families"  # the family classes' scenarios when the suite lacks them
 
 
 @dataclass
@@ -57,6 +58,8 @@ class PassResult:
     outcome: str = ""
     summary: str = ""
     wall_s: float = 0.0
+    ran: list[str] = field(default_factory=list)  # the scenarios of this pass
+    family: str = ""  # a family class's feature ("" for the core classes and the clean pass)
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -117,6 +120,51 @@ def headline(results: list[PassResult], alarms: int) -> str:
     return line
 
 
+def _name(ref) -> str:
+    return ref if isinstance(ref, str) else ref[0]
+
+
+def plan_passes(cfg, faults: list[str], kinds: list[str]) -> list[tuple[str, Any, list]]:
+    """(name, fault or None, scenario refs) of every pass: the clean pass first, then one per
+    class of ``faults`` (names of :data:`BUILTIN`, instantiated here). ``kinds``: the scenario
+    kind of each of ``cfg.scenarios``. A core class's pass runs the suite; a family class's pass
+    (:class:`~pleharness.faults.families.FamilyFault`) runs only the scenarios of its family: the
+    suite's entry of that kind, else the entry of :data:`FAMILY_SUITE`; the clean pass runs the
+    suite and every family scenario the suite lacks (so its false alarms cover all of them).
+    Raises UsageError when the family suite lacks a family's scenario."""
+    from .suites import load_suite
+    base = list(cfg.scenarios)
+    own = {k: ref for k, ref in zip(kinds, base)}
+    fams = [BUILTIN[f]() for f in faults]
+    wanted = [k for f in fams if isinstance(f, FamilyFault) for k in f.scenarios]
+    extra: dict[str, Any] = {}
+    if any(k not in own for k in wanted):
+        refs = {_name(r): r for r in load_suite(FAMILY_SUITE).scenario_refs()}
+        for k in wanted:
+            if k not in own:
+                if k not in refs:
+                    raise UsageError(f"suite {FAMILY_SUITE}: no scenario {k!r} for its family")
+                extra[k] = refs[k]
+    clean = base + [extra[k] for k in dict.fromkeys(wanted) if k in extra]
+    plan: list[tuple[str, Any, list]] = [("clean", None, clean)]
+    for name, f in zip(faults, fams):
+        if isinstance(f, FamilyFault):
+            plan.append((name, f, [own.get(k) or extra[k] for k in f.scenarios]))
+        else:
+            plan.append((name, f, base))
+    return plan
+
+
+def _overrides_for(refs: list, overrides: dict[str, Any]) -> dict[str, Any]:
+    """The command-line overrides that apply to one of ``refs`` (a family pass runs a subset of
+    the suite: an override of the suite's other scenarios is no error there)."""
+    from .scenarios import load_scenario_file
+    if not overrides:
+        return {}
+    keys = {k for r in refs for k in type(load_scenario_file(_name(r)).params).model_fields}
+    return {k: v for k, v in overrides.items() if k in keys}
+
+
 def run_selftest(cfg, faults: list[str], console: Console, err: Console,
                  selftest_id: str | None = None) -> int:
     """Run the clean pass and one pass per fault class in ``faults`` (names of
@@ -137,7 +185,11 @@ def run_selftest(cfg, faults: list[str], console: Console, err: Console,
         raise UsageError(f"--fault {unknown[0]!r}: not a built-in fault class (known: "
                          f"{', '.join(BUILTIN)})")
     cfg.validate()
-    load_scenarios(cfg.scenarios, cfg.overrides)  # bad input: before anything starts
+    # bad input: before anything starts
+    kinds = [sc.kind for sc in load_scenarios(cfg.scenarios, cfg.overrides)]
+    plan = plan_passes(cfg, faults, kinds)
+    for refs in {repr(r): r for _n, _f, r in plan if r != list(cfg.scenarios)}.values():
+        load_scenarios(refs, _overrides_for(refs, cfg.overrides))
     target = cfg.target(console)
     sid, sdir = new_run_dir(Path(cfg.results_dir), selftest_id)
     console.print(f"selftest {sid}: {len(faults)} fault classes + 1 clean pass; results in "
@@ -167,14 +219,14 @@ def run_selftest(cfg, faults: list[str], console: Console, err: Console,
                 console.print(f"selftest.json: {escape(str(sdir / 'selftest.json'))}")
                 return ExitCode.ENGINE
             facts = dict(cfg.explicit_facts)
-            plan: list[tuple[str, SelftestFault | None]] = [("clean", None)] + \
-                [(f, BUILTIN[f]()) for f in faults]
-            for i, (name, fault) in enumerate(plan):
+            for i, (name, fault, refs) in enumerate(plan):
                 pcfg = replace(cfg, url=None, model=None, results_dir=sdir,
                                run_id=f"{i:02d}-{name}", engine_args=[], engine_env={},
-                               profile=None, explicit_facts=facts,
+                               profile=None, explicit_facts=facts, scenarios=list(refs),
+                               overrides=_overrides_for(refs, cfg.overrides),
                                invocation=cfg.invocation + [f"(selftest pass {name})"])
                 res, pcode, m = _run_pass(pcfg, name, fault, eng.client)
+                res.ran, res.family = [_name(r) for r in refs], getattr(fault, "family", "")
                 if fault is None:
                     alarms = false_alarms(m) if pcode in (ExitCode.OK, ExitCode.FAIL) else alarms
                 results.append(res)
@@ -244,13 +296,20 @@ def _close_pass_clients(keep) -> None:
             lt.close()
 
 
+def _ran(r: dict) -> str:
+    """What a pass ran, for the table: "suite" for the suite itself, else its scenarios."""
+    return ", ".join(r.get("ran") or []) if r.get("family") else "suite"
+
+
 def render(results: list[PassResult], line: str, console: Console) -> None:
-    """The per-class table and the headline."""
+    """The per-class table (a family class's row names its family and the scenarios its pass
+    ran) and the headline."""
     t = Table(title="selftest: planted fault classes")
-    for col in ("class", "what was planted", "fired on", "outcome", "caught by"):
+    for col in ("class", "family", "what was planted", "ran", "fired on", "outcome", "caught by"):
         t.add_column(col)
     for r in results:
-        t.add_row(escape(r.name), escape(r.summary), "-" if r.name == "clean" else str(r.fired),
+        t.add_row(escape(r.name), escape(r.family or "-"), escape(r.summary),
+                  escape(_ran(r.as_dict())), "-" if r.name == "clean" else str(r.fired),
                   escape(r.outcome), escape(", ".join(r.caught_by) or "-"),
                   style="" if r.outcome in ("detected", "clean") else "red")
     console.print(t)
@@ -260,9 +319,10 @@ def render(results: list[PassResult], line: str, console: Console) -> None:
 def markdown_table(path: Path) -> str:
     """The rows of a ``selftest.json`` as a Markdown table (for a README or a PR)."""
     data = json.loads(Path(path).read_text())
-    lines = ["| class | what was planted | fired on (requests) | outcome | caught by |",
-             "|---|---|---:|---|---|"]
+    lines = ["| class | family | what was planted | ran | fired on (requests) | outcome | caught by |",
+             "|---|---|---|---|---:|---|---|"]
     for r in data["passes"]:
-        lines.append(f"| {r['name']} | {r['summary']} | {'-' if r['name'] == 'clean' else r['fired']}"
-                     f" | {r['outcome']} | {', '.join(r['caught_by']) or '-'} |")
+        lines.append(f"| {r['name']} | {r.get('family') or '-'} | {r['summary']} | {_ran(r)} | "
+                     f"{'-' if r['name'] == 'clean' else r['fired']} | {r['outcome']} | "
+                     f"{', '.join(r['caught_by']) or '-'} |")
     return "\n".join(lines + ["", data["headline"]])

@@ -1,5 +1,6 @@
 """Fault doubles of issue 26 items 2 and 3 (stop strings, mixed per-request parameters), for a
-:class:`doubles.FaultProxy` in front of the real CPU engine.
+:class:`doubles.FaultProxy` in front of the real CPU engine. The first three are the selftest's
+family classes (:mod:`pleharness.faults.families`), re-exported here.
 
 - :class:`IdsAfterStop`: the first streamed request with a stop string that ``select(ctx)``
   picks gets ``extra`` more token IDs (and logprob entries) appended to its last delta, the one
@@ -23,158 +24,15 @@ from __future__ import annotations
 import threading
 
 from doubles import Fault
-
-PENALTIES = ("repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias")
-STOP_IDS = ("stop_token_ids", "min_tokens")
-
-
-class IdsAfterStop(Fault):
-    """See the module docstring. ``hits``: (request number, IDs appended)."""
-
-    def __init__(self, select, extra: int = 2):
-        self.select = select
-        self.extra = extra
-        self.hits: list[tuple[int, int]] = []
-        self.picked: list[int] = []
-        self.lock = threading.Lock()
-
-    def chunk(self, ctx, chunk):
-        if not ctx.body.get("stop") or not ctx.streamed:
-            return chunk
-        if "selected" not in ctx.state:
-            with self.lock:
-                ctx.state["selected"] = not self.picked and bool(self.select(ctx))
-                if ctx.state["selected"]:
-                    self.picked.append(ctx.number)
-        if not ctx.state["selected"]:
-            return chunk
-        keys = ("token_logprobs", "top_logprobs", "tokens", "text_offset")
-        for ch in chunk.get("choices") or []:
-            ids = ch.get("token_ids")
-            lp = ch.get("logprobs") or {}
-            if ids:  # the last ID and logprob entries seen: the finishing delta may carry none
-                ctx.state["last"] = (ids[-1], {k: lp[k][-1] for k in keys
-                                               if isinstance(lp.get(k), list) and lp[k]})
-            if ch.get("finish_reason") == "stop" and "last" in ctx.state:
-                last_id, last_lp = ctx.state["last"]
-                ch["token_ids"] = list(ids or []) + [last_id] * self.extra
-                if last_lp:
-                    if ch.get("logprobs") is None:
-                        ch["logprobs"] = {}
-                    lp = ch["logprobs"]
-                    for k, v in last_lp.items():
-                        lp[k] = list(lp.get(k) or []) + [v] * self.extra
-                ctx.state["appended"] = True
-                self.hits.append((ctx.number, self.extra))
-        if ctx.state.get("appended") and chunk.get("usage"):
-            u = chunk["usage"]
-            u["completion_tokens"] += self.extra
-            u["total_tokens"] = (u.get("prompt_tokens") or 0) + u["completion_tokens"]
-        return chunk
-
-
-def is_default(body) -> bool:
-    """Whether a request body sets none of the per-request parameters mixed_params varies."""
-    return not (any(k in body for k in (*PENALTIES, *STOP_IDS)) or body.get("stop")
-                or not body.get("ignore_eos"))  # the eos variant omits it (vLLM: false)
-
-
-def select_beside(fault, ctx, pred) -> None:
-    """Mark ``ctx`` selected (and note it in ``fault.hits``) when another request in flight on
-    ``fault.proxy`` satisfies ``pred``."""
-    with fault.proxy.lock:
-        beside = [o for o in fault.proxy.active if o is not ctx and pred(o)]
-    if beside:
-        ctx.state["selected"] = True
-        with fault.lock:
-            fault.hits.append(ctx.number)
-
-
-class PenaltyOnNeighbour(Fault):
-    """See the module docstring. Set ``proxy`` after creating the FaultProxy. ``hits``: the
-    numbers of the changed requests."""
-
-    def __init__(self, start: int = 2):
-        self.start = start
-        self.proxy = None
-        self.hits: list[int] = []
-        self.lock = threading.Lock()
-
-    def request(self, ctx, body):
-        if not is_default(body):
-            return body  # only default requests are changed
-        select_beside(self, ctx, lambda o: any(k in o.body for k in PENALTIES))
-        return body
-
-    def chunk(self, ctx, chunk):
-        if not ctx.state.get("selected"):
-            return chunk
-        for ch in chunk.get("choices") or []:
-            ids = ch.get("token_ids") or []
-            changed = False
-            for i in range(len(ids)):
-                if ctx.tokens_so_far + i >= self.start:
-                    ids[i] = ids[i] - 1 if ids[i] > 16 else ids[i] + 1
-                    changed = True
-            if changed:
-                ch["text"] = "".join(f" t{t}" for t in ids)
-        return chunk
-
-
-class StopOnNeighbour(Fault):
-    """See the module docstring. Set ``proxy`` after creating the FaultProxy. ``hits``: the
-    numbers of the cut requests."""
-
-    LP_KEYS = ("tokens", "token_logprobs", "top_logprobs", "text_offset")
-
-    def __init__(self, start: int = 3):
-        self.start = start
-        self.proxy = None
-        self.hits: list[int] = []
-        self.lock = threading.Lock()
-
-    def request(self, ctx, body):
-        if not is_default(body):
-            return body  # only default requests are cut (a variant is no neighbour here)
-        if ctx.streamed:
-            select_beside(self, ctx, lambda o: bool(o.body.get("stop_token_ids")))
-        return body
-
-    def chunk(self, ctx, chunk):
-        if not ctx.state.get("selected"):
-            return chunk
-        if ctx.state.get("cut"):  # after the cut: only the finish and the usage go through
-            done = [ch for ch in chunk.get("choices") or [] if ch.get("finish_reason")]
-            if not done and not chunk.get("usage"):
-                return None
-            for ch in done:
-                ch.update(token_ids=[], text="", logprobs=None, finish_reason="stop")
-            chunk["choices"] = done
-            if chunk.get("usage"):
-                u = chunk["usage"]
-                u["completion_tokens"] = self.start
-                u["total_tokens"] = (u.get("prompt_tokens") or 0) + self.start
-            return chunk
-        for ch in chunk.get("choices") or []:
-            ids = ch.get("token_ids") or []
-            keep = self.start - ctx.tokens_so_far
-            if 0 <= keep < len(ids):
-                ch["token_ids"] = ids[:keep]
-                lp = ch.get("logprobs") or {}
-                for k in self.LP_KEYS:
-                    if isinstance(lp.get(k), list):
-                        lp[k] = lp[k][:keep]
-                ch["finish_reason"] = ch.get("finish_reason") and "stop"
-                ctx.state["cut"] = True
-        return chunk
+from pleharness.faults.families import (IdsAfterStop, PenaltyOnNeighbour,  # noqa: F401
+                                        StopOnNeighbour, is_default)
 
 
 class StopIdsIgnored(Fault):
-    """See the module docstring. Set ``proxy`` after creating the FaultProxy. ``hits``: the
-    numbers of the requests sent without their stop IDs."""
+    """See the module docstring. ``hits``: the numbers of the requests sent without their stop
+    IDs."""
 
     def __init__(self):
-        self.proxy = None
         self.hits: list[int] = []
         self.lock = threading.Lock()
 

@@ -6,6 +6,7 @@ import pytest
 
 from conftest import load_json, run_cli
 from doubles import Fault, FaultProxy
+from pleharness.faults.families import ChatFlipUnderLoad
 from pleharness.engine.client import Completion, _from_chat
 from pleharness.scenarios.chat_api import ChatApiParams, conversations
 
@@ -50,27 +51,6 @@ def stress(url, tmp_path, run_id):
     return r, r.stdout + r.stderr, load_json(tmp_path / run_id / "manifest.json")
 
 
-class ChatFlip(Fault):
-    """Chat answers only: output position 5 becomes token + 1 while >= 2 requests are in
-    flight (a defect of the chat path under load; completions are untouched)."""
-
-    chat = True
-
-    def __init__(self):
-        self.hits = []
-
-    def chunk(self, ctx, chunk):
-        if "messages" not in ctx.body or ctx.in_flight < 2:
-            return chunk
-        for ch in chunk.get("choices") or []:
-            ids = ch.get("token_ids") or []
-            for i in range(len(ids)):
-                if ctx.tokens_so_far + i == 5:
-                    ids[i] = (ids[i] + 1) % 700
-                    self.hits.append(ctx.number)
-        return chunk
-
-
 class ChatPromptShift(Fault):
     """The first chat answer reports prompt IDs with one token dropped (a template that differs
     from /tokenize's)."""
@@ -93,7 +73,7 @@ def test_chat_path_defects_fail_the_run_naming_the_requests(cpu_engine, tmp_path
     suite: test_e2e_cpu): the first chat answer reports prompt IDs with a token dropped (the
     chat_template check fails on the solo phase), and chat answers under load get position 5
     changed (parity fails on those chat requests only; completions are untouched)."""
-    class Both(ChatFlip):
+    class Both(ChatFlipUnderLoad):
         def __init__(self):
             super().__init__()
             self.shift = ChatPromptShift()

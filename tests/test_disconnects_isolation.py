@@ -111,7 +111,7 @@ def test_attached_without_reset_says_so_and_passes(cpu_engine, tmp_path):
 
 @pytest.mark.engine
 def test_corrupted_continuation_after_disconnect_is_caught(cpu_engine, tmp_path):
-    fault = CorruptAfterDisconnect(VOCAB, B)
+    fault = CorruptAfterDisconnect(block=B)
     with FaultProxy(cpu_engine.url, fault) as proxy:
         r, out, m = stress(proxy.url, tmp_path, "afterabort", "disconnects")
     assert fault.gone and fault.hits, "the double saw no disconnect"

@@ -7,7 +7,8 @@ distribution test."""
 import pytest
 
 from conftest import load_json, run_cli
-from doubles import Fault, FaultProxy, set_top, top_first, top_of
+from doubles import Fault, FaultProxy
+from pleharness.faults.families import FirstTokenUnderLoad, unseeded_sample
 
 pytestmark = pytest.mark.engine
 
@@ -20,11 +21,6 @@ def stress(url, tmp_path, run_id, *extra):
     r = run_cli("stress", "--url", url, "--results-dir", str(tmp_path), "--run-id", run_id,
                 *FACTS, "--scenario", "sampled", *extra)
     return r, r.stdout + r.stderr, load_json(tmp_path / run_id / "manifest.json")
-
-
-def unseeded_sample(ctx) -> bool:
-    b = ctx.body
-    return float(b.get("temperature") or 0) > 0 and b.get("seed") is None
 
 
 def failed(m, check):
@@ -64,27 +60,6 @@ class BadSampleUnderLoad(Fault):
             if kind == "bang" and ids and ctx.tokens_so_far + len(ids) > 2:
                 keep = max(0, 2 - ctx.tokens_so_far)
                 ch["text"] = (ch.get("text") or "")[:keep] + "!" * (len(ids) - keep)
-        return chunk
-
-
-class FirstTokenUnderLoad(Fault):
-    """Every unseeded sampled request that arrives with another in flight answers token 17 first."""
-
-    def __init__(self):
-        self.hits = 0
-
-    def chunk(self, ctx, chunk):
-        if ctx.tokens_so_far == 0 and unseeded_sample(ctx) and ctx.in_flight >= 2:
-            for ch in chunk.get("choices") or []:
-                ids = ch.get("token_ids") or []
-                if ids:
-                    top = top_of(ch, 0)
-                    if top:  # logprobs consistent with the new token: only the distribution shows it
-                        set_top(ch, 0, top_first(top, 17), 17)
-                    ids[0] = 17
-                    ch["text"] = "#" + (ch.get("text") or "")[1:]
-                    self.hits += 1
-                    break
         return chunk
 
 
@@ -138,7 +113,7 @@ def test_first_token_shift_under_load_is_caught_by_the_distribution_test(cpu_eng
     fault = FirstTokenUnderLoad()
     with FaultProxy(cpu_engine.url, fault) as proxy:
         r, out, m = stress(proxy.url, tmp_path, "shift")
-    assert fault.hits > 0
+    assert len(fault.hits) > 0
     assert r.returncode == 1, out[-3000:]
     rows = [x for x in m["tables"]["sampled_distribution"] if x["test"] == "first_tokens"]
     assert rows and all(x["verdict"] == "fail" and x["p_value"] <= x["threshold"] for x in rows)

@@ -9,6 +9,7 @@ suite cannot see reported missed); an engine with prefix caching off makes the w
 """
 import json
 import re
+import threading
 from types import SimpleNamespace
 
 import pytest
@@ -21,12 +22,12 @@ from pleharness.compare import Comparison, check_thresholds
 from pleharness.compare_spec import gate, parse_spec_threshold
 from pleharness.engine import metrics
 from pleharness.errors import UsageError
-from pleharness.faults import BUILTIN
+from pleharness.faults import BUILTIN, CORE, FAMILIES
 from pleharness.faults.builtin import CutShort, DropDelta, FlipUnderLoad, WrongFinish
 from pleharness.manifest import Manifest, PhaseRecord
 from pleharness.causes import headline
 from pleharness.selftest import headline as selftest_headline
-from pleharness.selftest import judge
+from pleharness.selftest import judge, plan_passes
 
 METRICS = """# TYPE vllm:spec_decode_num_drafts counter
 vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} %(d)s
@@ -198,10 +199,71 @@ def _chunk(ids, finish=None, usage=None):
     return c
 
 
-def test_builtin_classes_are_the_nine_of_the_issue():
-    assert list(BUILTIN) == ["flip_under_load", "corrupt_warm", "oov_id", "token0_run",
-                             "dropped_delta", "usage_mismatch", "wrong_finish",
-                             "sentinel_logprob", "cut_short"]
+def test_builtin_classes_are_the_nine_of_the_issue_then_one_per_family():
+    assert list(CORE) == ["flip_under_load", "corrupt_warm", "oov_id", "token0_run",
+                          "dropped_delta", "usage_mismatch", "wrong_finish",
+                          "sentinel_logprob", "cut_short"]
+    assert list(BUILTIN) == list(CORE) + list(FAMILIES)
+    fams = {c.family: c.scenarios for c in FAMILIES.values()}
+    assert fams == {"stop strings": ("stop_strings",), "mixed parameters": ("mixed_params",),
+                    "token-level stops": ("mixed_params",), "chat completions": ("chat_api",),
+                    "client disconnects": ("disconnects",),
+                    "prefix-cache isolation": ("prefix_isolation",),
+                    "sampled requests": ("sampled",)}
+
+
+def test_selftest_passes_run_the_suite_or_their_familys_scenarios():
+    """Issue 35 item 8: a core class's pass runs the suite; a family class's pass only its
+    family's scenario (the suite's own entry of that kind when it has one, else the
+    selftest-families suite's); the clean pass runs the suite and the families it lacks."""
+    own_stop = ("stop_strings", {"prompts": 2})
+    cfg = SimpleNamespace(scenarios=[("transitions", {"repeats": 1}), own_stop])
+    plan = plan_passes(cfg, ["flip_under_load", "ids_after_stop", "penalty_on_neighbour",
+                             "stop_id_on_neighbour"], ["transitions", "stop_strings"])
+    names = [(n, [r if isinstance(r, str) else r[0] for r in refs]) for n, _f, refs in plan]
+    assert names == [("clean", ["transitions", "stop_strings", "mixed_params"]),
+                     ("flip_under_load", ["transitions", "stop_strings"]),
+                     ("ids_after_stop", ["stop_strings"]),
+                     ("penalty_on_neighbour", ["mixed_params"]),
+                     ("stop_id_on_neighbour", ["mixed_params"])]
+    assert plan[2][2] == [own_stop]  # the suite's own entry, with its params
+    assert plan[0][1] is None and isinstance(plan[3][1], FAMILIES["penalty_on_neighbour"])
+    core_only = plan_passes(cfg, ["oov_id"], ["transitions", "stop_strings"])
+    assert [refs for _n, _f, refs in core_only] == [cfg.scenarios, cfg.scenarios]
+
+
+def _stop_chunk(ids, finish=None, usage=None):
+    c = {"choices": [{"index": 0, "text": "x", "token_ids": list(ids), "finish_reason": finish}]}
+    if usage:
+        c["usage"] = usage
+    return c
+
+
+def test_family_classes_pick_by_what_is_in_flight_beside():
+    stop = FAMILIES["ids_after_stop"]()
+    body = {"prompt": [1], "max_tokens": 8, "stop": [" 4"], "stream": True}
+    alone = RequestCtx(1, dict(body), in_flight=1)
+    assert stop.chunk(alone, _stop_chunk([20, 21], "stop"))["choices"][0]["token_ids"] == [20, 21]
+    loaded = RequestCtx(2, dict(body), in_flight=2)
+    stop.chunk(loaded, _stop_chunk([30]))
+    out = stop.chunk(loaded, _stop_chunk([31], "stop", {"prompt_tokens": 1,
+                                                        "completion_tokens": 2}))
+    assert out["choices"][0]["token_ids"] == [31, 31, 31] and out["usage"]["completion_tokens"] == 4
+    assert stop.hits == [2]
+    pen = FAMILIES["penalty_on_neighbour"]()
+    default = {"prompt": [1], "max_tokens": 4, "ignore_eos": True, "stream": True}
+    penalised = RequestCtx(1, dict(default, repetition_penalty=1.5), in_flight=1)
+    pen.proxy = SimpleNamespace(lock=threading.Lock(), active=[])
+    first = RequestCtx(2, dict(default), in_flight=1)
+    pen.request(first, first.body)  # nobody penalised beside it: untouched
+    pen.proxy.active = [penalised]
+    second = RequestCtx(3, dict(default), in_flight=2)
+    pen.request(second, second.body)
+    assert pen.hits == [3] and not first.state.get("selected")
+    assert pen.chunk(second, _stop_chunk([40, 41, 42]))["choices"][0]["token_ids"] == [40, 41, 41]
+    eos = RequestCtx(4, {"prompt": [1], "max_tokens": 4, "stream": True}, in_flight=2)
+    pen.request(eos, eos.body)  # the eos variant (no ignore_eos) is no default request
+    assert pen.hits == [3]
 
 
 def test_flip_under_load_leaves_a_request_alone_untouched():
@@ -214,7 +276,7 @@ def test_flip_under_load_leaves_a_request_alone_untouched():
 
 
 def test_cut_short_wrong_finish_and_dropped_delta_on_a_stream():
-    body = {"prompt": [1], "max_tokens": 4}
+    body = {"prompt": [1], "max_tokens": 4, "stream": True}
     f, ctx = CutShort(), RequestCtx(4, body, in_flight=1)
     out = []
     for i in range(4):

@@ -7,7 +7,7 @@ import typer
 
 from .. import config
 from ..errors import UsageError
-from ..faults.builtin import BUILTIN
+from ..faults import BUILTIN
 from . import Command, app, console, err_console
 from .options import (P_SCEN, AttachOptions, EngineOptions, OutputOptions, Pick, given, grouped,
                       values)

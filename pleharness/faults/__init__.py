@@ -1,7 +1,12 @@
 """Fault injection in front of a real engine: :mod:`.proxy` (the forwarding proxy and the fault
-classes the tests use) and :mod:`.builtin` (the planted fault classes of ``ple-harness
-selftest``)."""
-from .builtin import BUILTIN, SelftestFault
+classes the tests use), :mod:`.builtin` (the core planted fault classes of ``ple-harness
+selftest``) and :mod:`.families` (one planted class per request-feature family).
+:data:`BUILTIN`: every selftest class by name, the core ones first."""
+from .builtin import CORE, SelftestFault
+from .families import FAMILIES, FamilyFault
 from .proxy import Fault, FaultProxy, RequestCtx
 
-__all__ = ["BUILTIN", "Fault", "FaultProxy", "RequestCtx", "SelftestFault"]
+BUILTIN: dict[str, type[SelftestFault]] = {**CORE, **FAMILIES}
+
+__all__ = ["BUILTIN", "CORE", "FAMILIES", "Fault", "FamilyFault", "FaultProxy", "RequestCtx",
+           "SelftestFault"]

@@ -1,5 +1,7 @@
-"""The built-in fault classes of ``ple-harness selftest``: one planted engine fault each, applied by
-:class:`pleharness.faults.proxy.FaultProxy` to the answers of a real engine.
+"""The core fault classes of ``ple-harness selftest`` (:data:`CORE`): one planted engine fault each,
+applied by :class:`pleharness.faults.proxy.FaultProxy` to the answers of a real engine; the
+request-feature families are in :mod:`.families`, both together in
+:data:`pleharness.faults.BUILTIN`.
 
 Each class is a :class:`SelftestFault` with a ``name`` (the selftest's row), a one-line
 ``summary`` (what a broken engine would do) and ``expect`` (the checks of this harness that should
@@ -270,6 +272,6 @@ class CutShort(_EveryNth):
         return chunk
 
 
-BUILTIN: dict[str, type[SelftestFault]] = {c.name: c for c in (
+CORE: dict[str, type[SelftestFault]] = {c.name: c for c in (
     FlipUnderLoad, CorruptWarm, OutOfVocab, ZeroRun, DropDelta, UsageMismatch, WrongFinish,
     SentinelLogprob, CutShort)}

@@ -393,6 +393,8 @@ class FaultProxy:
                  port: int = 0):
         self.upstream = upstream.rstrip("/")
         self.fault = fault or Fault()
+        if hasattr(self.fault, "proxy"):  # a fault that looks at the requests in flight
+            self.fault.proxy = self
         self.lock = threading.Lock()
         self.count = 0
         self.in_flight = 0
