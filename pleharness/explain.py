@@ -810,12 +810,10 @@ def confirm_repros(report: ExplainReport, m: Manifest, run_dir: Path, runs: int,
     (``same_schedule_as``). Replays run under ``RUN/explain/confirm/``, ``side.n`` side by side
     (each with ``side.add``); ``on_each()`` is called after every case. Raises Interrupted when
     a replay was interrupted (SIGINT / SIGTERM)."""
-    from .reproduce import ReplayTarget, replay_reproducer
+    from .reproduce import ReplayTarget, judging_options, replay_reproducer
     console = console or Console(stderr=True)
-    o = m.run_options
     rt = ReplayTarget(launch=run_target(m, engine_python).launch_spec(),
-                      golden=o.get("golden", True) is not False, strict=bool(o.get("strict")),
-                      reference_cache_state=o.get("reference_cache_state") or "warm",
+                      **judging_options(m.run_options),
                       start_timeout_s=start_timeout_s, parallel=side.n if side else 1,
                       engine_args_add=list(side.add) if side else [])
     from .scenarios import load_scenario_file

@@ -70,6 +70,21 @@ class ReplayTarget:
         return self.url is None
 
 
+def judging_options(run_options) -> dict[str, Any]:
+    """The judging fields of a :class:`ReplayTarget` (``golden``, ``near_tie_nats``, ``strict``,
+    ``reference_cache_state``) from a run's ``manifest.run_options``, so that every replay of
+    that run's reproducers (``stress --confirm-runs``, ``explain``) judges at the run's own
+    threshold and rules (issue 34: explain replayed a run made with ``--near-tie-nats`` at the
+    dtype's default). ``near_tie_nats``: the threshold the run used (derived from the serving
+    dtype or given), None for a run that recorded none."""
+    o = run_options
+    nats = o.get("near_tie_nats")
+    return {"golden": o.get("golden", True) is not False,
+            "near_tie_nats": float(nats) if nats is not None else None,
+            "strict": bool(o.get("strict")),
+            "reference_cache_state": o.get("reference_cache_state") or "warm"}
+
+
 def rate_verdict(reproduced: int, runs: int, errors: int = 0, fresh: bool = True,
                  inconclusive: int = 0) -> str:
     """The one-line reproduction verdict, e.g. ``reproduced 3/3 on fresh engines``,

@@ -535,15 +535,14 @@ def _confirm_reproducers(run: _Run, eng: Engine, target: Target, beside: int = 0
     (:mod:`pleharness.reproduce`). The rates land in the table's rows and in
     ``summary.reproducers``. ``beside``: engines already up beside them (a control engine
     started with the engine under test): fewer confirmations side by side."""
-    from .reproduce import ReplayTarget, confirm_run_reproducers
+    from .reproduce import ReplayTarget, confirm_run_reproducers, judging_options
     cfg = run.cfg
     spec = eng.server.spec if eng.server is not None else None
     assert run.session is not None
     run.session.stop(eng)
     rt = ReplayTarget(launch=spec, url=None if spec is not None else cfg.url,
                       api_key=cfg.api_key, explicit_facts=dict(cfg.explicit_facts),
-                      golden=cfg.golden, near_tie_nats=cfg.near_tie_nats, strict=cfg.strict,
-                      reference_cache_state=cfg.reference_cache_state,
+                      **judging_options(run.manifest.run_options),
                       start_timeout_s=cfg.start_timeout_s, timeouts=cfg.timeouts,
                       parallel=max(1, run.side.n - beside), engine_args_add=list(run.side.add))
     if run.side.n > 1 and spec is not None:

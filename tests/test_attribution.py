@@ -657,3 +657,29 @@ def test_explain_replays_are_judged_with_the_runs_golden_model(tmp_path, embedde
                                             "golden_classifier": "off (--no-golden)"})
     none, why = _RunGolden.of_run(off, target, tmp_path)
     assert none is None and "off (--no-golden)" in why
+
+
+def test_explain_and_stress_replay_at_the_runs_threshold(monkeypatch):
+    """Issue 34: explain's confirmations judge a reproducer with the run's own near-tie
+    threshold and rules, as stress --confirm-runs does (both through
+    reproduce.judging_options); explain used to replay at the dtype's default."""
+    from pleharness import reproduce
+    from pleharness.explain import ExplainReport, confirm_repros
+    built = []
+
+    class Capture(reproduce.ReplayTarget):
+        def __init__(self, **kw):
+            super().__init__(**kw)
+            built.append(self)
+    monkeypatch.setattr(reproduce, "ReplayTarget", Capture)
+    m = Manifest(run_id="t", status="complete", verdict="fail",
+                 engine={"mode": "launched", "launch": {"model": "m", "python": "p"}},
+                 run_options={"near_tie_nats": 0.37, "strict": True, "golden": False,
+                              "reference_cache_state": "cold"})
+    confirm_repros(ExplainReport(run_id="t", tries=1, budget_s=1.0), m, Path("."), 3)
+    (rt,) = built
+    assert (rt.near_tie_nats, rt.strict, rt.golden, rt.reference_cache_state) == \
+        (0.37, True, False, "cold")
+    assert reproduce.judging_options(m.run_options) == {
+        "golden": False, "near_tie_nats": 0.37, "strict": True, "reference_cache_state": "cold"}
+    assert reproduce.judging_options({})["near_tie_nats"] is None  # a run that recorded none
