@@ -146,9 +146,10 @@ class PenaltyOnNeighbour(FamilyFault):
 
 
 class StopOnNeighbour(FamilyFault):
-    """A streamed request without per-request parameters that arrives while a request with
-    ``stop_token_ids`` is in flight ends at position ``start`` with finish_reason "stop" and
-    usage to match: a neighbour's stop applied to its batch row."""
+    """A streamed request without per-request parameters that shares the engine with a request
+    with ``stop_token_ids`` (in flight when it arrives, or at any of its chunks before position
+    ``start``: a stop request may come and go within a few steps) ends at position ``start``
+    with finish_reason "stop" and usage to match: a neighbour's stop applied to its batch row."""
 
     name = "stop_id_on_neighbour"
     family = "token-level stops"
@@ -160,14 +161,19 @@ class StopOnNeighbour(FamilyFault):
         super().__init__()
         self.start = start
 
-    def request(self, ctx, body):
-        if is_default(body) and ctx.streamed and self.beside(
-                ctx, lambda o: bool(o.body.get("stop_token_ids"))):
+    def _pick(self, ctx) -> None:
+        if (not ctx.state.get("selected") and is_default(ctx.body) and ctx.streamed
+                and ctx.tokens_so_far <= self.start
+                and self.beside(ctx, lambda o: bool(o.body.get("stop_token_ids")))):
             ctx.state["selected"] = True
             self.hit(ctx)
+
+    def request(self, ctx, body):
+        self._pick(ctx)
         return body
 
     def chunk(self, ctx, chunk):
+        self._pick(ctx)
         if not ctx.state.get("selected"):
             return chunk
         if ctx.state.get("cut"):  # after the cut: only the finish and the usage go through
