@@ -42,6 +42,12 @@ class RequestSpec:
     the first token); recorded as error ``abandoned``, which is not a request failure (see
     :meth:`pleharness.engine.client.EngineClient.acomplete`). Streamed requests only; never
     part of a reference (a reference run reads to the end).
+    ``prompt_logprobs`` (vLLM extension, 0..20: the top-k scored with each prompt token;
+    non-streamed requests only, vLLM refuses it streamed) and ``echo`` (OpenAI: the prompt's
+    scores lead the logprobs; with ``logprobs``): the prompt's scores come back in
+    ``Completion.prompt_logprobs`` (issue 35 item 4, :mod:`pleharness.engine.prompt_logprobs`);
+    part of :attr:`params` (sent, and in the reference key: the reference carries the solo
+    request's prompt scores).
     """
 
     prompt: Prompt
@@ -68,6 +74,8 @@ class RequestSpec:
     top_p: float | None = None
     top_k: int | None = None
     abandon_after_tokens: int | None = None
+    prompt_logprobs: int | None = None
+    echo: bool = False
 
     @property
     def params(self) -> dict[str, Any]:
@@ -89,6 +97,10 @@ class RequestSpec:
             p["stop_token_ids"] = [int(t) for t in self.stop_token_ids]
         if self.min_tokens:
             p["min_tokens"] = int(self.min_tokens)
+        if self.prompt_logprobs is not None:
+            p["prompt_logprobs"] = int(self.prompt_logprobs)
+        if self.echo:
+            p["echo"] = True
         return p
 
     @property

@@ -38,6 +38,7 @@ except ImportError:  # pragma: no cover - orjson is a dependency; the standard l
     _dumps = json.dumps
 
 from ..errors import EngineError
+from . import prompt_logprobs as prompt_scores
 
 
 @dataclass
@@ -82,6 +83,9 @@ class Completion:
         chunks: when asked (``keep_chunks``), the streamed choice deltas in arrival order, each
             ``(token_ids, text)`` (a delta with neither is left out); one entry holding every
             token for a non-streamed answer.
+        prompt_logprobs / prompt_ranks / echo_ids: the prompt's scores, when asked (vLLM's
+            ``prompt_logprobs``, or ``echo`` with ``logprobs``): see
+            :mod:`pleharness.engine.prompt_logprobs` (None when not asked).
     """
 
     token_ids: list[int] = field(default_factory=list)
@@ -102,6 +106,9 @@ class Completion:
     prompt_token_ids: list[int] | None = None
     started_at: float | None = None
     chunks: list[tuple[list[int], str]] | None = None
+    prompt_logprobs: list[dict[int, float] | None] | None = None
+    prompt_ranks: list[dict[int, int] | None] | None = None
+    echo_ids: list[int] | None = None
 
 
 class _Active:
@@ -523,11 +530,16 @@ class EngineClient:
         out = Completion(logprobs=[] if logprobs is not None else None,
                          token_logprobs=[] if logprobs is not None else None, streamed=stream,
                          chunks=[] if keep_chunks else None)
+        echo = prompt_scores.asks_echo(body)
+        if echo:
+            out.echo_ids = []
         a = _Active()
         await self._watched(a, self._stream(body, out, a, on_token, abandon_after_tokens)
                             if stream else self._plain(body, out, a, on_token))
         if a.reason is not None:  # cut off by the monitor (timeout) or by abort_all
             out.error, out.error_detail = a.reason
+        if echo:
+            prompt_scores.split_echo(out, len(prompt_ids))
         out.latency_s = time.monotonic() - a.t0
         return out
 
@@ -825,6 +837,7 @@ class EngineClient:
             if out.chunks is not None:
                 out.chunks.append((list(out.token_ids), out.text))
             _take_logprobs(choice, out)
+            prompt_scores.take_prompt_logprobs(choice, out)
             out.finish_reason = choice.get("finish_reason")
             if on_token is not None and out.token_ids:
                 on_token(len(out.token_ids))
@@ -992,6 +1005,8 @@ def _take_logprobs(choice: dict, out: Completion) -> None:
     tops = lp.get("top_logprobs") or []
     for top in tops:
         out.logprobs.append(_parse_top(top))
+    if out.echo_ids is not None:  # echo: the echoed prompt's IDs lead the tokens (split later)
+        out.echo_ids.extend(prompt_scores.token_ids_of(lp.get("tokens") or ()))
     chosen = lp.get("token_logprobs")
     if out.token_logprobs is not None:
         if chosen is None:  # keep positions aligned with the top candidates

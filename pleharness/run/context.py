@@ -61,7 +61,8 @@ class ScenarioContext:
 
     Read-only: ``facts`` (:class:`pleharness.engine.facts.EngineFacts`), ``client`` (the engine
     client, for /metrics around a request), ``console`` / ``progress`` (output), ``references``
-    (by request key), ``strict``, ``reference_mode``, ``reference_cache_state``,
+    (by request key), ``strict``, ``near_tie_nats``, ``reference_mode``,
+    ``reference_cache_state``,
     ``engine_probe``, ``run_dir``, ``run_id``, ``scenario_name``, ``phase_prefix``.
     Methods: :meth:`RunContext.run_phase`, :meth:`RunContext.take_references`,
     :meth:`RunContext.keep_warm_references`, :meth:`RunContext.add_phase_check`,
@@ -78,7 +79,7 @@ class ScenarioContext:
             "phase_prefix", "run_phase", "take_references", "keep_warm_references",
             "add_phase_check", "issue", "prompt_builder", "note", "add_table", "set_table",
             "add_planned_phases", "mark", "since", "detokenize", "reference",
-            "reset_prefix_cache")
+            "reset_prefix_cache", "near_tie_nats")
 
     def __init__(self, run: "RunContext"):
         self._run = run

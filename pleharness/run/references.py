@@ -100,8 +100,10 @@ class References:
         for s in specs:
             if s.ref_key not in self.by_key and s.ref_key not in seen:
                 seen.add(s.ref_key)
-                # a copy keeps the sampling (temperature, seed); references always stream
-                todo.append(replace(s, compare=False, stream=True, abandon_after_tokens=None))
+                # a copy keeps the sampling (temperature, seed); references stream, except a
+                # request with prompt_logprobs (vLLM refuses them streamed: a 400)
+                todo.append(replace(s, compare=False, stream=s.prompt_logprobs is None,
+                                    abandon_after_tokens=None))
         if not todo:
             return None
         if self.mode == "golden" and not self.collect_only:

@@ -3,8 +3,8 @@ from .base import REGISTRY, Scenario, ScenarioError, load_scenario_file, registe
 
 # Import kinds so that they register themselves.
 from . import (boundary, capture_edges, chat_api, determinism, disconnects, fuzz,  # noqa: E402,F401
-               insert, kv_pressure, mixed_params, pairs, prefix_isolation, replay, sampled,
-               stop_strings, transitions)
+               insert, kv_pressure, mixed_params, pairs, prefix_isolation, prompt_logprobs,
+               replay, sampled, stop_strings, transitions)
 
 __all__ = ["REGISTRY", "Scenario", "ScenarioError", "load_scenario_file", "register",
            "scenario_dirs"]
