@@ -183,8 +183,8 @@ def parity(c, ref, prompt: list[int], threshold: float, why: str) -> CheckResult
                          f"solo request's by more than {threshold:g} nats ({why}); first at "
                          f"position {t}: {a:.4f} vs {b:.4f}")
         if missing:
-            parts.append(f"{len(missing)} position(s) the solo request scores are missing "
-                         f"(first {missing[0]})")
+            parts.append(f"{len(missing)} prompt position(s) lack the prompt token's score "
+                         f"that the solo request gives (first at position {missing[0]})")
         return CheckResult(name=PARITY, status="fail", detail="; ".join(parts))
     return CheckResult(name=PARITY, status="pass",
                        detail=f"{len(prompt) - 1} prompt positions within {threshold:g} nats "
