@@ -28,7 +28,8 @@ from .errors import UsageError
 from .redact import redact_argv, redact_url
 
 DEFAULT_SCENARIOS = ["transitions", "boundary", "pairs", "insert", "sampled", "stop_strings",
-                     "mixed_params", "disconnects", "prefix_isolation", "chat_api"]
+                     "mixed_params", "disconnects", "prefix_isolation", "chat_api",
+                     "prompt_logprobs"]
 REFERENCE_MODES = ("solo", "engine", "manifest", "golden")
 
 # launch-only options (python name, flag)

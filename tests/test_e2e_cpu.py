@@ -23,7 +23,7 @@ def test_stress_default_suite_launch(tmp_path):
     assert [s["name"] for s in m["scenarios"]] == ["transitions", "boundary", "pairs", "insert",
                                                    "sampled", "stop_strings", "mixed_params",
                                                    "disconnects", "prefix_isolation",
-                                                   "chat_api"]
+                                                   "chat_api", "prompt_logprobs"]
     assert all(p["status"] == "pass" for p in m["phases"])
     # the chat path (issue 35): every chat answer equals the completions reference of its
     # template's IDs, alone and under load, and the chat path reports /tokenize's IDs
@@ -33,6 +33,11 @@ def test_stress_default_suite_launch(tmp_path):
     rows = m["tables"]["chat_api"]
     assert len(rows) == 4 and all(r["template"] == "same" for r in rows)
     assert {r["turns"] for r in rows} == {1, 2, 3}
+    # prompt logprobs and echo (issue 35 item 4): a short prompt and a chunked one (C = 256)
+    rows = m["tables"]["prompt_logprobs"]
+    assert sorted((r["way"], r["chunks"], r["rules"]) for r in rows) == [
+        ("echo", 1, "pass"), ("echo", 2, "pass"), ("prompt_logprobs", 1, "pass"),
+        ("prompt_logprobs", 2, "pass")]
     # transitions: 16 ladder phases, every hash matched
     load = [p for p in m["phases"] if p["role"] == "load" and p["scenario"] == "transitions"]
     assert [p["concurrency"] for p in load] == [4, 3, 2, 1, 2, 3, 4, 1] * 2

@@ -129,10 +129,14 @@ class PromptLogprobs(Scenario):
                                       note="echo with logprobs"))
         ctx.take_references(plain)  # plain first: the prompts are prefix-cached from here on
         refs = ctx.take_references(scored)
-        solo = {o.spec.ref_key: o.completion for o in refs or ()}
-        if refs is None:
-            ctx.note("prompt_logprobs_notes", "prompt_logprobs_parity not judged: the "
-                     "references were not taken on this engine (no solo prompt scores)")
+        # the solo scores, kept across the suite's repeats (references are taken once)
+        solo = self.__dict__.setdefault("_solo_scores", {})
+        solo.update({o.spec.ref_key: o.completion for o in refs or ()
+                     if o.completion.error is None})
+        if any(s.ref_key not in solo for s in scored):
+            ctx.note("prompt_logprobs_notes", "prompt_logprobs_parity not judged for some "
+                     "requests: no solo run with prompt scores on this engine (references "
+                     "from elsewhere, or the solo request failed)")
         threshold, why = ctx.near_tie_nats, "the run's near-tie threshold"
         diffs: dict[int, float | None] = {}
 
