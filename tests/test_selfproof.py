@@ -209,7 +209,8 @@ def test_builtin_classes_are_the_nine_of_the_issue_then_one_per_family():
                     "token-level stops": ("mixed_params",), "chat completions": ("chat_api",),
                     "client disconnects": ("disconnects",),
                     "prefix-cache isolation": ("prefix_isolation",),
-                    "sampled requests": ("sampled",)}
+                    "sampled requests": ("sampled",),
+                    "prompt logprobs": ("prompt_logprobs",)}
 
 
 def test_selftest_passes_run_the_suite_or_their_familys_scenarios():
