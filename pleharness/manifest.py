@@ -259,6 +259,7 @@ class ReferenceRecord(BaseModel):
     output_ids: list[int]
     margins: list[float | None] | None = None  # top-1 minus top-2 logprob per position, nats
     top_ids: list[list[int]] | None = None  # per position, the token IDs of the returned top-k
+    token_logprobs: list[float | None] | None = None  # per position, the emitted token's logprob
     source: str = "solo"  # solo | engine | golden | manifest
     cache_state: str = "cold"  # cold: the prompt's first run; warm: a later, prefix-cached run
     cold_output_hash: str | None = None  # for a warm reference: the first run's hash

@@ -210,7 +210,8 @@ def test_builtin_classes_are_the_nine_of_the_issue_then_one_per_family():
                     "client disconnects": ("disconnects",),
                     "prefix-cache isolation": ("prefix_isolation",),
                     "sampled requests": ("sampled",),
-                    "prompt logprobs": ("prompt_logprobs",)}
+                    "prompt logprobs": ("prompt_logprobs",),
+                    "emitted-token logprobs": ("transitions",)}
 
 
 def test_selftest_passes_run_the_suite_or_their_familys_scenarios():
@@ -364,9 +365,21 @@ def test_selftest_catches_every_class(cpu_engine, tmp_path):
                 "--run-id", "all")
     data = json.loads((tmp_path / "all" / "selftest.json").read_text())
     assert r.returncode == 0, r.stdout[-4000:]
-    assert data["headline"] == ("this suite on this engine catches 9/9 planted fault classes; "
-                                "0 false alarms")
+    n = len(BUILTIN)
+    assert data["headline"] == (f"this suite on this engine catches {n}/{n} planted fault "
+                                "classes; 0 false alarms")
     rows = {p["name"]: p for p in data["passes"]}
+    # each family class is caught by its family's own rule, its pass ran only its scenario
+    # (issue 35 item 8), and the clean pass ran every family scenario
+    for name, rule in (("ids_after_stop", "stop_string"), ("stop_id_on_neighbour", "parity"),
+                       ("penalty_on_neighbour", "parity"), ("chat_flip_under_load", "parity"),
+                       ("serve_from_original", "prefix_isolation"),
+                       ("sampled_first_token_under_load", "sampled_distribution"),
+                       ("prompt_logprobs_shifted", "prompt_logprobs_parity"),
+                       ("logprobs_off_under_load", "logprob_parity")):
+        assert rule in rows[name]["caught_by"], rows[name]
+        assert rows[name]["ran"] == list(FAMILIES[name].scenarios)
+    assert {k for c in FAMILIES.values() for k in c.scenarios} <= set(rows["clean"]["ran"])
     assert rows["clean"]["outcome"] == "clean" and rows["clean"]["exit_code"] == 0
     assert all(rows[n]["outcome"] == "detected" and rows[n]["fired"] > 0 for n in BUILTIN)
     assert "parity" in rows["flip_under_load"]["caught_by"]

@@ -6,13 +6,9 @@ Each class is a :class:`~pleharness.faults.builtin.SelftestFault` with a ``famil
 name for it) and ``scenarios``: the scenarios whose requests it acts on. Its selftest pass runs
 those scenarios (the suite's entry of that name, else the entry of
 ``scenarios/suites/selftest-families.toml``), not the whole suite; the clean pass runs them too.
-Requests are picked by what is in flight beside them or by what happened before (a stop string,
-a penalised neighbour, a disconnect, a near duplicate), never at random. Faults that look at the
-neighbours in flight read them from ``proxy`` (set by :class:`~pleharness.faults.proxy.FaultProxy`
-when it is built with the fault).
-
-The tests' engine doubles of the same families (tests/faults_stop_mixed.py,
-tests/faults_disconnect.py, tests/test_chat_api.py, tests/test_sampled.py) are these classes.
+Requests are picked by what is in flight beside them or by what happened before, never at
+random; ``proxy`` (set by :class:`~pleharness.faults.proxy.FaultProxy`) shows the neighbours.
+The tests' engine doubles of these families are these classes.
 """
 from __future__ import annotations
 
@@ -457,6 +453,45 @@ class ShiftedPromptLogprobs(FamilyFault):
         return chunk
 
 
+class LogprobsOffUnderLoad(FamilyFault):
+    """Greedy requests with ``logprobs`` that arrive while another request is in flight get every
+    logprob from output position ``start`` on lowered by ``by`` nats, the emitted token's and
+    its top candidates' alike: ranks, margins and the top-1 rule still hold, each answer is
+    self-consistent (what a draft model's logprobs reported for the target's tokens, or a
+    logprob row taken from another batch row, looks like); only the comparison with the solo
+    run's logprobs can tell."""
+
+    name = "logprobs_off_under_load"
+    family = "emitted-token logprobs"
+    scenarios = ("transitions",)
+    summary = "logprobs of greedy answers under load lowered by 1 nat from position 1 on"
+    expect = "logprob_parity"
+
+    def __init__(self, start: int = 1, by: float = 1.0):
+        super().__init__()
+        self.start, self.by = start, by
+
+    def chunk(self, ctx, chunk):
+        b = ctx.body
+        if ctx.in_flight < 2 or b.get("logprobs") is None or float(b.get("temperature") or 0):
+            return chunk
+        pos = ctx.tokens_so_far
+        for ch in chunk.get("choices") or []:
+            lp = ch.get("logprobs") or {}
+            tops, chosen = lp.get("top_logprobs") or [], lp.get("token_logprobs") or []
+            for i in range(len(ch.get("token_ids") or [])):
+                if pos + i < self.start:
+                    continue
+                if i < len(tops) and tops[i]:
+                    tops[i] = {k: v - self.by for k, v in tops[i].items()}
+                if i < len(chosen) and chosen[i] is not None:
+                    chosen[i] -= self.by
+                    self.hit(ctx)
+            pos += len(ch.get("token_ids") or [])
+        return chunk
+
+
 FAMILIES: dict[str, type[FamilyFault]] = {c.name: c for c in (
     IdsAfterStop, PenaltyOnNeighbour, StopOnNeighbour, ChatFlipUnderLoad,
-    CorruptAfterDisconnect, ServeFromOriginal, FirstTokenUnderLoad, ShiftedPromptLogprobs)}
+    CorruptAfterDisconnect, ServeFromOriginal, FirstTokenUnderLoad, ShiftedPromptLogprobs,
+    LogprobsOffUnderLoad)}

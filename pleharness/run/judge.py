@@ -21,6 +21,7 @@ from typing import Any
 
 from ..divergence import (Rule, analyse, compare_outputs, first_divergence,  # noqa: F401
                           golden_side, is_half_precision, noise_floor, settle, solo_gaps)
+from ..checks.logprob_parity import logprob_parity
 from ..engine.client import Completion
 from ..manifest import (CheckResult, Divergence, Manifest, PhaseRecord, ReferenceRecord,
                         RequestRecord, SideEvidence)
@@ -83,6 +84,10 @@ class Judge:
                 if not rec.match:
                     rec.first_divergence = first_divergence(ref.output_ids, c.token_ids)
                     rec.output_ids = list(c.token_ids)
+                if ph.role != "reference" and rec.id != ref.request_id:
+                    lp = logprob_parity(spec, c, ref, self.rule.near_tie_nats)
+                    if lp is not None:
+                        rec.checks.append(lp)
             else:
                 rec.reference_hash = ref.output_hash
                 rec.match = False

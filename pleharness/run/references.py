@@ -165,6 +165,7 @@ class References:
                 output_hash=token_hash(c.token_ids), output_ids=list(c.token_ids),
                 margins=margins(c.logprobs), source=self.source,
                 top_ids=[sorted(t) for t in c.logprobs] if c.logprobs is not None else None,
+                token_logprobs=list(c.token_logprobs) if c.token_logprobs else None,
                 cache_state=cache_state, request_id=o.record.id,
                 cold_output_hash=old.output_hash if old is not None else None,
                 params=o.spec.params or None, temperature=o.spec.temperature, seed=o.spec.seed)
