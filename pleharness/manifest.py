@@ -185,6 +185,8 @@ class RequestRecord(BaseModel):
     api: str | None = None  # "chat": sent to /v1/chat/completions (None: /v1/completions)
     top_p: float | None = None  # nucleus sampling sent with a sampled request (None: not sent)
     top_k: int | None = None  # top-k sampling sent with a sampled request (None: not sent)
+    n: int | None = None  # choices of the request this record is one of (None: n = 1)
+    choice: int | None = None  # this record's choice index in that request (None: n = 1)
 
     @property
     def failed_checks(self) -> list[CheckResult]:

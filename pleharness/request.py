@@ -48,6 +48,15 @@ class RequestSpec:
     ``Completion.prompt_logprobs`` (issue 35 item 4, :mod:`pleharness.engine.prompt_logprobs`);
     part of :attr:`params` (sent, and in the reference key: the reference carries the solo
     request's prompt scores).
+    ``n`` / ``choice`` (issue 35 item 2): with ``n`` > 1 this spec is choice ``choice`` (0 ..
+    n - 1) of ONE request for ``n`` choices (OpenAI ``n``); the request's ``n`` specs stand
+    consecutively in one phase, identical but for ``choice`` and ``seed``, and
+    :mod:`pleharness.run.choices` sends them once and gives each choice its own record. A
+    seeded choice's ``seed`` is its derived seed (vLLM: the request's seed + the choice index,
+    ``vllm/v1/engine/parallel_sampling.py``), so it is compared with the single request (n =
+    1) of that seed; a greedy choice (temperature 0) with the greedy reference (it is sent as
+    top-1 sampling: vLLM refuses n > 1 at temperature 0). Not part of the reference key; a
+    reference is always one request of one choice.
     """
 
     prompt: Prompt
@@ -76,6 +85,8 @@ class RequestSpec:
     abandon_after_tokens: int | None = None
     prompt_logprobs: int | None = None
     echo: bool = False
+    n: int = 1
+    choice: int = 0
 
     @property
     def params(self) -> dict[str, Any]:

@@ -13,6 +13,10 @@ Asserts, for streamed and non-streamed responses alike:
   ``ignore_eos = false``, or the request's own ``ignore_eos`` off) or with stop strings
   (``RequestSpec.stop``), fewer IDs need finish_reason "stop".
 
+One choice of a request for n > 1 choices (``RequestSpec.n``) is judged on its own usage when
+streamed (``continuous_usage_stats``: each chunk carries its choice's counts); not streamed,
+vLLM reports only the request's usage, so completion_tokens is left to the ``choices`` check.
+
 A missing usage block is a failure (the harness asks for it: ``stream_options.include_usage`` when
 streaming; non-streamed responses always carry it). Params: ``prompt_tokens`` (intended length,
 default the prompt's), ``ignore_eos`` (default: the request's, true unless it asked otherwise).
@@ -34,12 +38,15 @@ def check(ctx, spec, c, params) -> CheckResult:
         return CheckResult(name="usage", status="skip", detail="request failed")
     problems = []
     want = params.get("prompt_tokens", len(spec.prompt))
-    if c.prompt_tokens is None or c.completion_tokens is None:
+    # one choice of a non-streamed request for n > 1 choices: vLLM reports the request's usage
+    # only (no count per choice); the ``choices`` check judges it
+    request_only = getattr(spec, "n", 1) > 1 and not getattr(c, "streamed", True)
+    if c.prompt_tokens is None or (c.completion_tokens is None and not request_only):
         problems.append("no usage block in the response")
     else:
         if c.prompt_tokens != want:
             problems.append(f"usage.prompt_tokens {c.prompt_tokens} != intended {want}")
-        if c.completion_tokens != len(c.token_ids):
+        if not request_only and c.completion_tokens != len(c.token_ids):
             problems.append(f"usage.completion_tokens {c.completion_tokens} != "
                             f"{len(c.token_ids)} returned IDs")
     n, mt = len(c.token_ids), spec.max_tokens

@@ -8,7 +8,8 @@ its own shape: ``choices[i].token_ids`` and ``delta``, the prompt IDs on the fir
 passes each SSE chunk through ``fault.chunk(ctx, chunk)``, which may modify it. ``ctx`` tells the fault which completion request this is (1-based arrival order), the prompt,
 how many tokens were already streamed, and how many identical prompts were in flight when it
 arrived. A non-streamed answer goes through ``fault.chunk`` once, as one chunk that holds every
-token (``tokens_so_far`` = 0) and the usage block. ``fault.request(ctx, body)`` may change the
+token (``tokens_so_far`` = 0) and the usage block; a streamed chunk may be dropped (None) or
+replaced by a list of chunks, each sent as its own event. ``fault.request(ctx, body)`` may change the
 request before it is forwarded (the engine then answers the changed request).
 """
 from __future__ import annotations

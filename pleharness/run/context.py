@@ -32,6 +32,7 @@ from ..manifest import (CheckResult, Manifest, PhaseRecord, ReferenceRecord, Req
                         now_iso, write_manifest)
 from ..parity import token_hash
 from ..request import Outcome, RequestSpec
+from . import choices
 from .judge import Judge, Rule, finish_phase
 from .references import References
 
@@ -432,6 +433,11 @@ class RunContext:
         an overloaded host (``concurrency`` must then be ``len(specs)``; the specs must be
         streamed, not abandoned, and differ only in their prompts: UsageError otherwise).
 
+        Specs with ``n`` > 1 are the choices of requests for several choices
+        (:mod:`pleharness.run.choices`): each request is sent once, ``concurrency`` counts
+        requests, and every choice gets its own record (UsageError for choices that cannot
+        form one request).
+
         ``issue``: a custom (blocking) request function, run in a pool of ``concurrency``
         threads (default: the client's event loop). ``on_outcome(outcome)``: called for each
         finished request once its record is made and before the phase is judged and written, so
@@ -451,8 +457,13 @@ class RunContext:
         # a custom ``issue`` (which may block) runs in a pool of ``concurrency`` threads
         job = self._aissue if issue is None else issue
         items: Sequence[Any] = specs
+        groups = None  # requests for several choices (issue 35 item 2): spec indices per request
         if together:
             job, items = self._together(name, specs, concurrency, issue), [specs]
+        elif choices.has_choices(specs):
+            groups, job = choices.plan(name, specs, issue, self._aissue, self._request_args,
+                                       self.client)
+            items = [[specs[i] for i in g] for g in groups]
         ph = PhaseRecord(index=len(self.manifest.phases), name=name, scenario=self.scenario_name,
                          repeat=self.repeat_index,
                          concurrency=concurrency, requests=len(specs),
@@ -466,7 +477,8 @@ class RunContext:
 
         def done(_i: int) -> None:
             if task is not None:
-                self.progress.advance(task, len(specs) if together else 1)
+                self.progress.advance(task, len(specs) if together
+                                      else len(groups[_i]) if groups else 1)
 
         from ..engine import metrics
         before = metrics.snapshot(self.client)
@@ -477,8 +489,10 @@ class RunContext:
             completions = batch.wait()
             if together:
                 completions = completions[0]
+            elif groups is not None:
+                completions = choices.ungroup(groups, completions, len(specs))
         except BaseException:
-            self._interrupted(ph, specs, batch, t0, task, together)
+            self._interrupted(ph, specs, batch, t0, task, together, groups)
             raise
         finally:
             watchdog.stop()
@@ -493,11 +507,13 @@ class RunContext:
         return outcomes
 
     def _interrupted(self, ph: PhaseRecord, specs: Sequence[RequestSpec], batch, t0: float,
-                     task, together: bool = False) -> None:
+                     task, together: bool = False, groups=None) -> None:
         """Interrupted: keep (record and compare) the requests that had finished, abandon the
         ones in flight; the phase is "interrupted" (or "not_run" when none had finished)."""
         if together:  # one item: the list of every spec's completion, or nothing
             finished = [x for _, cs in batch.finished() for x in zip(specs, cs)]
+        elif groups is not None:  # an item per request: its choices' completions
+            finished = [(specs[j], c) for g, cs in batch.finished() for j, c in zip(groups[g], cs)]
         else:
             finished = [(specs[i], c) for i, c in batch.finished()]
         batch.cancel()  # start no further request
@@ -624,6 +640,7 @@ class RunContext:
             api="chat" if spec.messages else None,
             top_p=spec.top_p if spec.temperature > 0 else None,
             top_k=spec.top_k if spec.temperature > 0 else None,
+            n=spec.n if spec.n > 1 else None, choice=spec.choice if spec.n > 1 else None,
             error_expected=bool(spec.accept_4xx and c.error == "http" and c.http_status is not None
                                 and 400 <= c.http_status < 500)
                                 or (c.error == "abandoned" and spec.abandon_after_tokens

@@ -101,9 +101,10 @@ class References:
             if s.ref_key not in self.by_key and s.ref_key not in seen:
                 seen.add(s.ref_key)
                 # a copy keeps the sampling (temperature, seed); references stream, except a
-                # request with prompt_logprobs (vLLM refuses them streamed: a 400)
+                # request with prompt_logprobs (vLLM refuses them streamed: a 400); one
+                # request of one choice (a choice's seed is its own, RequestSpec.n)
                 todo.append(replace(s, compare=False, stream=s.prompt_logprobs is None,
-                                    abandon_after_tokens=None))
+                                    abandon_after_tokens=None, n=1, choice=0))
         if not todo:
             return None
         if self.mode == "golden" and not self.collect_only:
