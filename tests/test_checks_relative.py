@@ -77,7 +77,8 @@ def test_every_check_says_its_kind():
                      "health_after_phase": "absolute", "expected_text": "relative",
                      "counting": "relative", "degeneration": "relative",
                      "stop_string": "absolute", "sampled_degeneration": "relative",
-                     "stop_token": "absolute", "prompt_logprobs": "absolute"}
+                     "stop_token": "absolute", "prompt_logprobs": "absolute",
+                     "choices": "absolute"}
     for n, f in {**REGISTRY, **PHASE_REGISTRY}.items():
         import sys
         assert f"Kind: **{f.kind}**" in sys.modules[f.__module__].__doc__, n
