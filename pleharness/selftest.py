@@ -16,12 +16,14 @@ otherwise, 2 usage error, 3 the engine failed to start or died, 130 / 143 interr
 runs in one :class:`~pleharness.engine.session.EngineSession` (stopped on every exit path, its
 GPU memory checked after a launch on GPUs: ``selftest.json``'s ``gpu_memory``).
 
-Family classes (:mod:`pleharness.faults.families`, issue 35 item 8: stop strings, mixed
-parameters, token-level stops, chat completions, client disconnects, prefix-cache isolation,
-sampled requests, prompt logprobs) plant a fault on one request feature; the pass of such a
-class runs only its family's scenario (the suite's entry of that kind, else the entry of
-``scenarios/suites/selftest-families.toml``), and the clean pass runs the suite plus every family scenario the suite lacks, so the false
-alarms are counted on all of them (:func:`plan_passes`).
+Family classes (:mod:`pleharness.faults.families` and :mod:`~pleharness.faults.scores`, issue 35
+item 8: stop strings, mixed parameters, token-level stops, chat completions, client
+disconnects, prefix-cache isolation, sampled requests, several choices, prompt logprobs,
+emitted-token logprobs) plant a fault on one request feature; the pass of such a class runs only
+its family's scenario (the suite's entry of that kind, else the entry of
+``scenarios/suites/selftest-families.toml``), and the clean pass runs the suite plus every
+family scenario the suite lacks, so the false alarms are counted on all of them
+(:func:`plan_passes`).
 
 Default suite: ``scenarios/suites/selftest.toml`` (a short ladder with C3 and C2, boundary depth
 1 with the warm half, pairs): every built-in class needs concurrency, a warm run, logprobs or

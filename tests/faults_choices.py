@@ -5,8 +5,8 @@
 - :class:`ClonedChoices`: the request goes to the engine with n = 1 and its one choice comes
   back as every choice (index 0 .. n - 1), usage counting them all: every choice repeats
   choice 0 (the public bug pattern: the seed shared by every choice, vllm-project/vllm#11898).
-- :class:`ChoiceTokenChanged`: choice ``index``'s IDs from position ``start`` on are changed
-  (``id - 1``, or + 1 for small IDs), text to match: one choice broken under load.
+- :class:`ChoiceTokenChanged`: the selftest's family class (choice ``index``'s IDs from position
+  ``start`` on changed under load, text to match), re-exported here.
 - :class:`UsageOneChoice`: the request's final usage counts choice 0's IDs only
   (``completion_tokens`` = choice 0's count).
 """
@@ -16,6 +16,7 @@ import copy
 import threading
 
 from doubles import Fault
+from pleharness.faults.families import ChoiceTokenChanged  # noqa: F401
 
 
 class _Selecting(Fault):
@@ -65,35 +66,6 @@ class ClonedChoices(_Selecting):
             u = chunk["usage"]
             u["completion_tokens"] *= n
             u["total_tokens"] = u["prompt_tokens"] + u["completion_tokens"]
-        return chunk
-
-
-class ChoiceTokenChanged(_Selecting):
-    """See the module docstring. ``hits``: the request numbers changed."""
-
-    def __init__(self, select, index: int = 1, start: int = 2):
-        super().__init__(select)
-        self.index = index
-        self.start = start
-
-    def request(self, ctx, body):
-        self.picked(ctx, body)
-        return body
-
-    def chunk(self, ctx, chunk):
-        if not ctx.state.get("selected"):
-            return chunk
-        seen = ctx.state.setdefault("seen", 0)
-        for ch in chunk.get("choices") or []:
-            if ch.get("index") != self.index:
-                continue
-            ids = ch.get("token_ids") or []
-            for k in range(len(ids)):
-                if seen + k >= self.start:
-                    ids[k] = ids[k] - 1 if ids[k] > 16 else ids[k] + 1
-            if ids:
-                ch["text"] = "".join(f" t{t}" for t in ids)
-            ctx.state["seen"] = seen + len(ids)
         return chunk
 
 
