@@ -63,7 +63,7 @@ def check(ctx, spec, c, params) -> CheckResult:
             int(c.token_ids[-1]) in stop_ids
         if c.finish_reason != "length" and not on_stop_id:
             problems.append(f"finish_reason {c.finish_reason!r} with {n} IDs = "
-                            + (f"max_tokens" if n == mt else "the room left by max_model_len"))
+                            + ("max_tokens" if n == mt else "the room left by max_model_len"))
     elif params.get("ignore_eos", getattr(spec, "ignore_eos", True)) \
             and not getattr(spec, "stop", None) and not stop_ids:  # (stop_token owns those)
         problems.append(f"only {n} of max_tokens={mt} IDs (finish_reason {c.finish_reason!r}) "
