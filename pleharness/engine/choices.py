@@ -27,7 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .client import Completion, EngineClient, _Active, _fail, _loads, _take_logprobs
+from .client import (Completion, EngineClient, _Active, _fail, _json_answer,
+                     _take_logprobs)
 
 GREEDY_AS = {"temperature": 1.0, "top_k": 1}  # how greedy choices go on the wire (docstring)
 
@@ -119,17 +120,11 @@ async def _plain(client: EngineClient, body: dict, agg: Completion,
     if resp is None:
         return
     try:
-        raw = await resp.read()
-        if resp.status != 200:
-            return _fail(agg, "http", f"HTTP {resp.status}: "
-                         f"{raw[:300].decode('utf-8', errors='replace')}")
-        try:
-            data = _loads(raw)
-        except ValueError:
-            return _fail(agg, "protocol", f"malformed JSON response: {raw[:200]!r}")
-        choices = data.get("choices") if isinstance(data, dict) else None
-        if not isinstance(choices, list):
-            return _fail(agg, "protocol", f"response without choices: {raw[:200]!r}")
+        got = await _json_answer(resp, agg)
+        if got is None:
+            return
+        data, raw = got
+        choices = data["choices"]
         usage = data.get("usage") or {}
         agg.prompt_tokens = usage.get("prompt_tokens")
         agg.completion_tokens = usage.get("completion_tokens")

@@ -810,18 +810,13 @@ class EngineClient:
         if resp is None:
             return
         try:
-            raw = await resp.read()
-            if resp.status != 200:
-                return _fail(out, "http", f"HTTP {resp.status}: "
-                             f"{raw[:300].decode('utf-8', errors='replace')}")
-            try:
-                data = _loads(raw)
-            except ValueError:
-                return _fail(out, "protocol", f"malformed JSON response: {raw[:200]!r}")
-            choices = data.get("choices") if isinstance(data, dict) else None
-            if not choices or not isinstance(choices[0], dict):
+            got = await _json_answer(resp, out)
+            if got is None:
+                return
+            data, raw = got
+            choice = data["choices"][0]
+            if not isinstance(choice, dict):
                 return _fail(out, "protocol", f"response without choices: {raw[:200]!r}")
-            choice = choices[0]
             usage = data.get("usage") or {}
             out.prompt_tokens = usage.get("prompt_tokens")
             out.completion_tokens = usage.get("completion_tokens")
@@ -841,11 +836,6 @@ class EngineClient:
             out.finish_reason = choice.get("finish_reason")
             if on_token is not None and out.token_ids:
                 on_token(len(out.token_ids))
-        except TimeoutError as exc:
-            return _fail(out, "timeout", f"{exc.__class__.__name__}: {_text(exc)}")
-        except (aiohttp.ClientError, OSError) as exc:
-            kind = "timeout" if "timed out" in str(exc).lower() else "connection"
-            return _fail(out, kind, f"{exc.__class__.__name__}: {_text(exc)}")
         finally:
             resp.release()
 
@@ -953,6 +943,31 @@ def _take_choice(choice: dict, payload: bytes, now: float, out: Completion, a: _
     if choice.get("finish_reason") is not None:
         out.finish_reason = choice["finish_reason"]
     return False
+
+
+async def _json_answer(resp: aiohttp.ClientResponse,
+                       out: Completion) -> tuple[dict, bytes] | None:
+    """A non-streamed answer read whole: (its JSON object, whose ``choices`` is a non-empty
+    list; the raw body), or None after recording in ``out`` why not (HTTP status, a transport
+    error or timeout while reading, malformed JSON, no choices). The caller releases ``resp``."""
+    try:
+        raw = await resp.read()
+    except TimeoutError as exc:
+        return _fail(out, "timeout", f"{exc.__class__.__name__}: {_text(exc)}")
+    except (aiohttp.ClientError, OSError) as exc:
+        kind = "timeout" if "timed out" in str(exc).lower() else "connection"
+        return _fail(out, kind, f"{exc.__class__.__name__}: {_text(exc)}")
+    if resp.status != 200:
+        return _fail(out, "http", f"HTTP {resp.status}: "
+                     f"{raw[:300].decode('utf-8', errors='replace')}")
+    try:
+        data = _loads(raw)
+    except ValueError:
+        return _fail(out, "protocol", f"malformed JSON response: {raw[:200]!r}")
+    choices = data.get("choices") if isinstance(data, dict) else None
+    if not isinstance(choices, list) or not choices:
+        return _fail(out, "protocol", f"response without choices: {raw[:200]!r}")
+    return data, raw
 
 
 def _text(exc: BaseException, n: int = 200) -> str:
