@@ -75,9 +75,9 @@ class ShiftedPromptLogprobs(FamilyFault):
 
 
 class LogprobsOffUnderLoad(FamilyFault):
-    """Greedy requests with ``logprobs`` that arrive while another request is in flight get every
-    logprob from output position ``start`` on lowered by ``by`` nats, the emitted token's and
-    its top candidates' alike: ranks, margins and the top-1 rule still hold, each answer is
+    """Greedy requests with ``logprobs`` in flight with another request (when they arrive, or at
+    any later chunk) get every logprob from output position ``start`` on lowered by ``by``
+    nats, the emitted token's and its top candidates' alike: ranks, margins and the top-1 rule still hold, each answer is
     self-consistent (what a draft model's logprobs reported for the target's tokens, or a
     logprob row taken from another batch row, looks like); only the comparison with the solo
     run's logprobs can tell."""
@@ -94,8 +94,12 @@ class LogprobsOffUnderLoad(FamilyFault):
 
     def chunk(self, ctx, chunk):
         b = ctx.body
-        if ctx.in_flight < 2 or b.get("logprobs") is None or float(b.get("temperature") or 0):
+        if b.get("logprobs") is None or float(b.get("temperature") or 0):
             return chunk
+        if not ctx.state.get("selected"):  # in flight with another, now or when it arrived
+            ctx.state["selected"] = ctx.in_flight >= 2 or self.beside(ctx, lambda o: True)
+            if not ctx.state["selected"]:
+                return chunk
         pos = ctx.tokens_so_far
         for ch in chunk.get("choices") or []:
             lp = ch.get("logprobs") or {}
