@@ -14,6 +14,6 @@ case "${1:-}" in
   --all) shift; exec .venv/bin/python -m pytest "$@" ;;
 esac
 rc=0  # the first failing pass's code; 5 (no test selected in a pass, e.g. by -k) is not one
-.venv/bin/python -m pytest -m "not engine and not nightly" -n 2 "$@" || { c=$?; [ "$c" = 5 ] || rc=$c; }
-.venv/bin/python -m pytest -m "engine and not nightly" "$@" || { c=$?; [ "$c" = 5 ] || [ "$rc" != 0 ] || rc=$c; }
+.venv/bin/python -m pytest -m "not engine and not nightly" -n 2 --durations=10 "$@" || { c=$?; [ "$c" = 5 ] || rc=$c; }
+.venv/bin/python -m pytest -m "engine and not nightly" --durations=25 "$@" || { c=$?; [ "$c" = 5 ] || [ "$rc" != 0 ] || rc=$c; }
 exit "$rc"

@@ -34,8 +34,11 @@ def selftest(
     then run the suite through an in-process fault-injection proxy once clean and once per
     planted fault class (a flipped token under load, a corrupted warm run, an out-of-vocabulary
     id, a run of token 0, a dropped streamed delta, a usage mismatch, a wrong finish_reason, a
-    sentinel logprob, a response cut short). Reports per class detected or missed (never
-    triggered is missed too) and the clean pass's false alarms; writes
+    sentinel logprob, a response cut short), and once per request-feature family (stop strings,
+    token-level stops, penalties, chat, disconnects, prefix isolation, sampled, prompt logprobs,
+    several choices, logprobs): a family's pass runs only its family's scenario, the clean pass
+    runs them all. Reports per class detected or missed (never triggered is missed too) and the
+    clean pass's false alarms; writes
     RESULTS/ID/selftest.json and one run folder per pass.
 
     Exit 0 every class detected and no false alarm, 1 a class missed or a false alarm, 2 usage
