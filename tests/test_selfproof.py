@@ -367,10 +367,15 @@ def test_acceptance_per_phase_and_compare_fails_shortened_accepted_steps(cpu_eng
 FAMILY_RULES = {"ids_after_stop": {"stop_string"}, "stop_id_on_neighbour": {"parity"},
                 "penalty_on_neighbour": {"parity"}, "chat_flip_under_load": {"parity"},
                 "serve_from_original": {"prefix_isolation"},
+                "corrupt_after_disconnect": {"abandoned_prefix"},
                 "sampled_first_token_under_load": {"sampled_distribution"},
                 "prompt_logprobs_shifted": {"prompt_logprobs_parity"},
                 "choice_token_changed": {"parity", "choices", "logprob_sanity"},
                 "logprobs_off_under_load": {"logprob_parity"}}
+
+
+def test_every_family_class_has_its_catching_rule():
+    assert set(FAMILY_RULES) == set(FAMILIES)  # a new family class names the rule that catches it
 
 
 def _selftest(url, tmp_path, run_id, faults=()):
