@@ -5,7 +5,8 @@
 # every greedy request with logprobs) on the random-weight bf16 dense model
 # (make-random-model.py) with profiles/gpu-h200-ngram-k2.toml, one cold engine start. The run
 # folder is copied to $OUT every 10 s, so a run stopped by the device's time limit still comes back.
-#   LIMIT_S=360 bash docs/gpu-runs/issue35-run.sh
+#   LIMIT_S=360 bash docs/gpu-runs/issue35-run.sh [stress args]
+# SCENARIOS="--scenario A --scenario B" runs those instead of the suite.
 set -u
 export PYTHONPATH=/tmp/site:/tmp/code VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 \
   NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -27,7 +28,7 @@ copy() {
 ( while sleep 10; do copy; done ) & copier=$!
 left=$(( ${LIMIT_S:-360} - ($(date +%s) - t0) ))
 timeout -s INT "$left" python3 -m pleharness stress --engine-profile profiles/gpu-h200-ngram-k2.toml \
-  --model /tmp/dense --suite "${SUITE:-premerge}" --results-dir $R --run-id "$name" "$@" \
+  --model /tmp/dense ${SCENARIOS:---suite ${SUITE:-premerge}} --results-dir $R --run-id "$name" "$@" \
   2>&1 | tee "$OUT/$name.console.txt"
 rc=${PIPESTATUS[0]}
 kill $copier 2>/dev/null; copy
