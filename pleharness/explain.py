@@ -811,8 +811,9 @@ def confirm_repros(report: ExplainReport, m: Manifest, run_dir: Path, runs: int,
     (each with ``side.add``); ``on_each()`` is called after every case. Raises Interrupted when
     a replay was interrupted (SIGINT / SIGTERM)."""
     from .reproduce import ReplayTarget, judging_options, replay_reproducer
+    from .stress import run_stress
     console = console or Console(stderr=True)
-    rt = ReplayTarget(launch=run_target(m, engine_python).launch_spec(),
+    rt = ReplayTarget(runner=run_stress, launch=run_target(m, engine_python).launch_spec(),
                       **judging_options(m.run_options),
                       start_timeout_s=start_timeout_s, parallel=side.n if side else 1,
                       engine_args_add=list(side.add) if side else [])

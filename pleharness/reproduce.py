@@ -49,8 +49,11 @@ class ReplayTarget:
 
     The other fields carry the judging options of the run the reproducer came from, so the
     replay judges like it did (golden classifier on or off, near-tie threshold, strict, the
-    reference cache state, attach-only facts)."""
+    reference cache state, attach-only facts). ``runner``: the run a replay is,
+    ``runner(cfg, console, err_console) -> exit code`` (:func:`pleharness.stress.run_stress`,
+    handed in by the job that confirms: this module stays below the jobs and imports none)."""
 
+    runner: Callable[[Any, Console, Console], int]
     launch: Any = None
     url: str | None = None
     api_key: str | None = None
@@ -176,7 +179,6 @@ def _replay_once(path: Path, target: ReplayTarget, out_dir: Path, label: str, i:
     from .engine.session import Interrupted
     from .errors import HarnessError
     from .manifest import load_manifest
-    from .stress import run_stress
     run_id = f"{label}-{i}"
     kw: dict[str, Any] = dict(
         scenarios=[str(path)], results_dir=out_dir, run_id=run_id, golden=target.golden,
@@ -197,7 +199,7 @@ def _replay_once(path: Path, target: ReplayTarget, out_dir: Path, label: str, i:
                   host=sp.host, port=sp.port)
     quiet = Console(file=io.StringIO(), width=200)
     try:
-        code = run_stress(StressConfig(**kw), console=quiet, err_console=quiet)
+        code = target.runner(StressConfig(**kw), quiet, quiet)
     except HarnessError as exc:  # a usage error before the run folder existed
         code = exc.exit_code
     if code in (130, 143):

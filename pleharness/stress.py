@@ -540,7 +540,7 @@ def _confirm_reproducers(run: _Run, eng: Engine, target: Target, beside: int = 0
     spec = eng.server.spec if eng.server is not None else None
     assert run.session is not None
     run.session.stop(eng)
-    rt = ReplayTarget(launch=spec, url=None if spec is not None else cfg.url,
+    rt = ReplayTarget(runner=run_stress, launch=spec, url=None if spec is not None else cfg.url,
                       api_key=cfg.api_key, explicit_facts=dict(cfg.explicit_facts),
                       **judging_options(run.manifest.run_options),
                       start_timeout_s=cfg.start_timeout_s, timeouts=cfg.timeouts,

@@ -678,6 +678,8 @@ def test_explain_and_stress_replay_at_the_runs_threshold(monkeypatch):
                               "reference_cache_state": "cold"})
     confirm_repros(ExplainReport(run_id="t", tries=1, budget_s=1.0), m, Path("."), 3)
     (rt,) = built
+    from pleharness.stress import run_stress
+    assert rt.runner is run_stress  # handed in: reproduce imports no job (issue 34's cycle)
     assert (rt.near_tie_nats, rt.strict, rt.golden, rt.reference_cache_state) == \
         (0.37, True, False, "cold")
     assert reproduce.judging_options(m.run_options) == {
