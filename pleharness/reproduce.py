@@ -277,16 +277,3 @@ def confirm_run_reproducers(manifest, run_dir: Path, target: ReplayTarget, runs:
                            larger_reproduction_rate=fb.get("rate"),
                            confirmed_on_fresh_engine=target.fresh)
     return rows
-
-
-def markdown_lines(manifest) -> list[str]:
-    """summary.md lines for the run's reproducers and their confirmation ([] when none)."""
-    rows = manifest.tables.get("reproducers") or []
-    if not rows:
-        return []
-    out = ["", "### Reproducers", "", "| reproducer | from | schedule | confirmation |",
-           "|---|---|---|---|"]
-    for r in rows:
-        v = r.get("verdict") or "not confirmed (--confirm-runs 0)"
-        out.append(f"| `{r['path']}` | {r.get('source', '')} | {r.get('schedule', '')} | {v} |")
-    return out

@@ -601,7 +601,9 @@ def test_few_phases_draw(n):
 
 def test_reproduction_verdicts_and_report_lines():
     from pleharness.manifest import Manifest
-    from pleharness.reproduce import markdown_lines, rate_verdict
+    from pleharness.reproduce import rate_verdict
+    from pleharness.scenarios.fuzz import Fuzz
+    markdown_lines = Fuzz.markdown
     assert rate_verdict(3, 3) == "reproduced 3/3 on fresh engines"
     assert rate_verdict(1, 3) == ("reproduced 1/3 on fresh engines: intermittent "
                                   "(timing-dependent)")

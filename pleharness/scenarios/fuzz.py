@@ -723,8 +723,18 @@ class Fuzz(Scenario):
 
     @classmethod
     def markdown(cls, m) -> list[str]:
-        from ..reproduce import markdown_lines
-        return markdown_lines(m)
+        """summary.md lines for the run's reproducers and their confirmation (table
+        ``reproducers``, confirmed by :mod:`pleharness.reproduce`; [] when none)."""
+        rows = m.tables.get("reproducers") or []
+        if not rows:
+            return []
+        out = ["", "### Reproducers", "", "| reproducer | from | schedule | confirmation |",
+               "|---|---|---|---|"]
+        for r in rows:
+            v = r.get("verdict") or "not confirmed (--confirm-runs 0)"
+            out.append(f"| `{r['path']}` | {r.get('source', '')} | {r.get('schedule', '')} "
+                       f"| {v} |")
+        return out
 
     def run(self, ctx: "ScenarioContext") -> None:
         from hypothesis.errors import HypothesisException
