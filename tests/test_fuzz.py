@@ -264,8 +264,11 @@ def flip_load_runs(length):
 
 
 def fuzz_fake(eng, tmp_path, run_id, *args):
+    # --no-features: FakeEngine has no model and implements no per-request parameters
+    # (prompt_logprobs, stop_token_ids, ...); the features are tested on the real CPU engine
     r = run_cli("fuzz", "--url", eng.url, "--results-dir", str(tmp_path), "--run-id", run_id,
-                *CLI_FACTS, "--vocab-size", "600", "--max-tokens", "8", "--no-golden", *args,
+                *CLI_FACTS, "--vocab-size", "600", "--max-tokens", "8", "--no-golden",
+                "--no-features", *args,
                 timeout=600)
     return r, r.stdout + r.stderr, load_json(tmp_path / run_id / "manifest.json")
 
@@ -418,7 +421,8 @@ def test_engine_planted_crowded_fault_is_found(cpu_engine, tmp_path):
     with proxy:
         r = run_cli("fuzz", "--url", proxy.url, "--results-dir", str(tmp_path), "--run-id", "f",
                     *CLI_FACTS, "--max-examples", "40", "--seed", "2", "--no-shrink",
-                    "--max-tokens", "6", "--no-golden", "--confirm-runs", "0", timeout=900)
+                    "--no-features", "--max-tokens", "6", "--no-golden", "--confirm-runs", "0",
+                    timeout=900)
     out = r.stdout + r.stderr
     m = load_json(tmp_path / "f" / "manifest.json")
     assert fault.hits, "the double never corrupted a request"
@@ -462,7 +466,7 @@ def test_engine_planted_insert_fault_is_found(cpu_engine, tmp_path):
     with proxy:
         r = run_cli("fuzz", "--url", proxy.url, "--results-dir", str(tmp_path), "--run-id", "f",
                     *CLI_FACTS, "--max-examples", "40", "--seed", "0", "--no-shrink",
-                    "--no-golden", "--confirm-runs", "2", timeout=900)
+                    "--no-features", "--no-golden", "--confirm-runs", "2", timeout=900)
     out = r.stdout + r.stderr
     assert fault.hits, "the double never saw an insert past token 24"
     assert r.returncode == 1, out[-3000:]
@@ -525,7 +529,10 @@ def launched_fuzz(cpu_engine, tmp_path, run_id, python, env, *args):
     r = run_cli("fuzz", "--engine-python", python, "--engine-profile", "profiles/cpu-ngram.toml",
                 "--results-dir", str(tmp_path), "--run-id", run_id, "--max-examples", "8",
                 "--seed", "1", "--max-tokens", "8", "--max-phases", "2", "--max-concurrency",
-                "2", "--max-inserts", "0", "--no-golden", "--confirm-runs", "2", *args,
+                "2", "--max-inserts", "0", "--no-golden", "--confirm-runs", "2",
+                # the double counts a prompt's runs (its third is corrupt): feature references
+                # (stop / bias IDs, prompt_logprobs) would add runs it does not expect
+                "--no-features", *args,
                 env=env, timeout=900)
     return r, r.stdout + r.stderr, load_json(tmp_path / run_id / "manifest.json"), env
 
