@@ -20,7 +20,13 @@ must equal its streamed reference), and, where the engine probe measured that se
 reproduce alone and in a batch (:func:`sampling_allowed`; without a probe: where speculative
 decoding is known to be off, ``num_speculative_tokens`` known and 0), sometimes a seeded sample
 (``temperature``, one of 4 seeds; it must reproduce its solo sample, never excused as a near
-tie).
+tie). With ``features`` (default on), each request also gets, each with probability 1/8 and
+shrunk towards absent, the per-request parameters of issue 35 that its engine configuration
+takes (:mod:`pleharness.scenarios.fuzz_features`): ``logprobs`` (then ``logprob_parity``),
+``stop_token_ids`` (the ID its request without parameters emits at a drawn position),
+``min_tokens``, ``ignore_eos`` off, a penalty, ``logit_bias`` (speculative decoding known off),
+``prompt_logprobs`` (non-streamed) and chat-API requests (shape ``messages``, a chat
+template); all but logprobs and the chat shape are in the reference key.
 
 One phase in three also gets a *carrier*: a streamed decode of up to ``carrier_tokens`` tokens
 (a prompt with room for it), issued with the phase's requests, and 1..``max_inserts`` *inserts*,
@@ -47,7 +53,8 @@ the schedule still fails (stages ``delete``, ``delete-retry``). Manifest tables:
 schedule summary, verdict, seconds),
 ``fuzz_shrink_steps`` (each failing example, in the order seen: the first found, then every
 smaller one), ``fuzz_failing`` (the minimal schedule, request by request, with its role: request,
-carrier or insert, and an insert's ``insert_after_tokens``) and ``fuzz_summary`` (one row: counts,
+carrier or insert, an insert's ``insert_after_tokens``, its drawn ``features``, ``logprobs``,
+``params`` as sent and ``api``) and ``fuzz_summary`` (one row: counts,
 seconds per example, repro path). The confirming replay (stage ``recheck``) runs the minimal
 schedule three times; when it does not fail every time (a timing-dependent fault shrunk to its
 edge), the larger failing schedules seen are tried, newest first, and the first that fails every
