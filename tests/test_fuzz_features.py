@@ -1,0 +1,196 @@
+"""The per-request features ``fuzz`` draws (pleharness/scenarios/fuzz_features.py, issue 35
+item 8): each is drawn, left out where the engine configuration cannot take it, shrinks towards
+absent, names concrete stop / bias IDs, round-trips through repro.toml (the ``replay`` kind reads
+and sends it) and is recorded in ``fuzz_failing``; a bad value in a replay file is a usage error
+naming the key. The engine run is in tests/test_fuzz.py (test_engine_clean_fuzz_passes,
+test_engine_fuzz_finds_a_stop_token_fault)."""
+from dataclasses import replace
+
+import pytest
+from hypothesis import find, given, settings
+from hypothesis.errors import NoSuchExample
+
+from pleharness.request import RequestSpec
+from pleharness.scenarios import load_scenario_file
+from pleharness.scenarios.base import ScenarioError
+from pleharness.scenarios.fuzz import (FuzzParams, FuzzPhase, FuzzRequest, PhaseSpecs, Schedule,
+                                       _failing_rows, build_space, schedules, write_repro)
+from pleharness.scenarios.fuzz_features import NONE, Features, apply, resolve
+from pleharness.scenarios.replay import Replay, prompt_of
+
+FACTS = {"num_speculative_tokens": 3, "block_size": 32, "max_num_batched_tokens": 256,
+         "max_model_len": 1024, "max_num_seqs": 8, "vocab_size": 793}
+OK = settings(database=None, max_examples=2000)  # found within a few dozen: stops when found
+NEVER = settings(database=None, max_examples=300)  # a NoSuchExample search runs every example
+
+
+def space(k: int = 3, chat: bool = True, **kw):
+    sp = build_space({**FACTS, "num_speculative_tokens": k}, FuzzParams(max_tokens=9, **kw))
+    if chat:
+        sp.chat_min = 20  # as Fuzz._chat_prompts sets it where the model has a chat template
+    return sp
+
+
+def members(s: Schedule):
+    return [r for p in s.phases for r in p.members()]
+
+
+K0 = space(0)
+
+
+@pytest.mark.parametrize("what", [
+    lambda f: f.logprobs is not None, lambda f: f.stop_at is not None,
+    lambda f: f.min_tokens is not None, lambda f: f.eos, lambda f: f.penalty is not None,
+    lambda f: f.bias_at is not None, lambda f: f.prompt_logprobs is not None])
+def test_each_feature_is_drawn(what):
+    find(schedules(K0), lambda s: any(what(r.features) for r in members(s)), settings=OK)
+
+
+def test_chat_api_requests_are_drawn_streamed_only_with_a_template():
+    find(schedules(K0), lambda s: any(r.shape == "messages" for r in members(s)), settings=OK)
+    with pytest.raises(NoSuchExample):
+        find(schedules(space(0, chat=False)),
+             lambda s: any(r.shape == "messages" for r in members(s)), settings=NEVER)
+    with pytest.raises(NoSuchExample):
+        find(schedules(K0), lambda s: any(r.shape == "messages" and not r.stream
+                                          for r in members(s)), settings=NEVER)
+
+
+def test_engine_facts_leave_features_out_with_a_reason():
+    sp = space(3)
+    assert "logit_bias" not in sp.features and "logit_bias" in K0.features
+    assert any("logit_bias left out" in n and "k = 3" in n for n in sp.notes)
+    unknown = build_space({k: v for k, v in FACTS.items() if k != "num_speculative_tokens"},
+                          FuzzParams())
+    assert "logit_bias" not in unknown.features
+    assert any("logit_bias left out" in n and "unknown" in n for n in unknown.notes)
+    with pytest.raises(NoSuchExample):  # vLLM refuses logit_bias with speculative decoding
+        find(schedules(sp), lambda s: any(r.features.bias_at is not None for r in members(s)),
+             settings=NEVER)
+    assert not space(0, features=False).features
+    with pytest.raises(NoSuchExample):
+        find(schedules(space(0, features=False)),
+             lambda s: any(r.features for r in members(s)), settings=NEVER)
+
+
+@settings(max_examples=150, deadline=None, database=None)
+@given(schedules(K0))
+def test_drawn_features_fit_their_request(sched):
+    for r in members(sched):
+        f = r.features
+        if f.prompt_logprobs is not None:  # vLLM refuses prompt logprobs streamed
+            assert not r.stream and r.shape != "messages"
+        for pos in (f.stop_at, f.bias_at):
+            assert pos is None or 0 <= pos < r.max_tokens
+        assert f.min_tokens is None or 1 <= f.min_tokens <= r.max_tokens
+        assert f.logprobs is None or 1 <= f.logprobs <= 5
+    for ph in sched.phases:
+        assert ph.carrier is None or not ph.carrier.features  # a carrier decodes to its end
+
+
+def test_features_shrink_towards_absent():
+    """The smallest schedule with a stop ID keeps that one feature and nothing else."""
+    got = find(schedules(K0), lambda s: any(r.features.stop_at is not None
+                                            for r in members(s)), settings=OK)
+    (r,) = members(got)
+    assert r.features == Features(stop_at=0) and r.shape == "random" and r.max_tokens == 1
+    assert got.summary() == "C1[1+1<stop@0>]"
+
+
+def test_stop_and_bias_ids_come_from_the_output_without_parameters():
+    # stop_at 2: the ID there (7) was emitted before (position 0), so the first ID from 2 on
+    # not emitted before (9, position 3) stops it there; bias_at 1: the ID emitted there
+    base, prompt = [7, 8, 7, 9, 5], (40, 41, 42)
+    assert resolve(Features(stop_at=2, bias_at=1, bias=-100.0), base, prompt) == \
+        ((9,), ((8, -100.0),))
+    # past the output (or none at all): the prompt's ID, modulo its length
+    assert resolve(Features(stop_at=4, bias_at=7, bias=10.0), [1, 2], prompt) == \
+        ((41,), ((41, 10.0),))
+    spec = apply(RequestSpec(prompt_of([40, 41, 42]), 6),
+                 Features(logprobs=3, stop_at=0, min_tokens=2, eos=True,
+                          penalty=("frequency_penalty", -1.0), prompt_logprobs=1), [5, 6])
+    assert spec.logprobs == 3 and spec.params == {
+        "ignore_eos": False, "frequency_penalty": -1.0, "stop_token_ids": [5],
+        "min_tokens": 2, "prompt_logprobs": 1}
+    assert {"stop_token", "prompt_logprobs"} <= set(spec.checks)
+    # the parameters are the reference key: the reference is the solo request with them
+    assert spec.ref_key != RequestSpec(prompt_of([40, 41, 42]), 6).ref_key
+    assert apply(RequestSpec(prompt_of([1]), 2), NONE, None).params == {}
+
+
+def full_spec(stream: bool = True, chat: bool = False) -> RequestSpec:
+    """A request with every per-request parameter fuzz writes."""
+    s = RequestSpec(prompt_of([20, 21, 22]), 6, stream=stream, logprobs=4, ignore_eos=False,
+                    repetition_penalty=0.8, logit_bias=((17, -100.0),), stop_token_ids=(9, 11),
+                    min_tokens=2, prompt_logprobs=None if stream else 3)
+    if chat:
+        s = replace(s, messages=(("user", 'Reply with OK. "the" \u00e9 \\ engine'),))
+    return s
+
+
+def test_every_field_round_trips_through_repro_toml(tmp_path):
+    a = FuzzRequest("new", 3, "random", 0, 6, False, "q - 1",
+                    features=Features(logprobs=4, prompt_logprobs=3))
+    b = FuzzRequest("new", 3, "messages", 1, 6, True, "chat",
+                    features=Features(stop_at=1, eos=True))
+    sched = Schedule((FuzzPhase(2, (a, b)),))
+    specs = [PhaseSpecs([full_spec(stream=False), full_spec(chat=True)])]
+    path = tmp_path / "repro.toml"
+    write_repro(specs, sched, path, "run1")
+    sc = load_scenario_file(str(path))
+    got = [Replay._spec(r) for r in sc.params.phases[0].requests]
+    for want, g in zip(specs[0].requests, got):
+        assert g.params == want.params and g.ref_key == want.ref_key
+        assert (g.logprobs, g.stream, g.messages) == (want.logprobs, want.stream, want.messages)
+        assert "stop_token" in g.checks
+    assert "prompt_logprobs" in got[0].checks and got[1].messages[0][1].endswith("\\ engine")
+    assert sched.summary() == "C2[3n+6<lp4,plp3>,3a+6<stop@1,eos>]"
+    # fuzz_failing: the drawn features and the parameters as sent, request by request
+    rows = _failing_rows(sched, specs)
+    assert [r["features"] for r in rows] == ["<lp4,plp3>", "<stop@1,eos>"]
+    assert rows[0]["params"]["prompt_logprobs"] == 3 and rows[0]["logprobs"] == 4
+    assert rows[1]["api"] == "chat" and rows[1]["params"]["stop_token_ids"] == [9, 11]
+
+
+REQ = """kind = "replay"
+[[params.phases]]
+name = "p"
+concurrency = 1
+[[params.phases.requests]]
+prompt = [20, 21]
+max_tokens = 4
+"""
+
+
+@pytest.mark.parametrize("extra, msg", [
+    ("prompt_logprobs = 2", "prompt_logprobs needs stream = false"),
+    ("logprobs = 21", "logprobs"),
+    ("min_tokens = 5", "min_tokens 5 exceeds max_tokens 4"),
+    ('logit_bias = { "x" = 1.0 }', "key 'x' is not a token ID"),
+    ('logit_bias = { "3" = 300.0 }', "outside -100..100"),
+    ("stop_token_ids = [-1]", "stop_token_ids"),
+    ("repetition_penalty = 0.0", "repetition_penalty"),
+    ("frequency_penalty = 3.0", "frequency_penalty"),
+    ("echo = true", "echo needs logprobs"),
+    ('messages = [{ role = "robot", content = "x" }]', "role"),
+    ('messages = [{ role = "user", content = "x" }]\nstream = false', "cannot take stream"),
+    ('stop = ["a"]\nmessages = [{ role = "user", content = "x" }]', "cannot take stop"),
+])
+def test_a_bad_value_in_a_replay_file_names_the_key(tmp_path, extra, msg):
+    path = tmp_path / "r.toml"
+    path.write_text(REQ + extra + "\n")
+    with pytest.raises(ScenarioError) as e:
+        load_scenario_file(str(path))
+    assert str(path) in str(e.value) and "params.phases" in str(e.value)
+    assert msg in str(e.value)
+
+
+def test_ids_outside_the_vocabulary_are_refused_against_the_facts(tmp_path):
+    from pleharness.engine.facts import as_facts
+    for extra, key in (("stop_token_ids = [793]", "stop_token_ids"),
+                       ('logit_bias = { "900" = 5.0 }', "logit_bias")):
+        path = tmp_path / "r.toml"
+        path.write_text(REQ + extra + "\n")
+        sc = load_scenario_file(str(path))
+        with pytest.raises(ScenarioError, match=rf"requests\[0\]\.{key}: token IDs must be in"):
+            sc.validate_against(as_facts(FACTS))
