@@ -11,8 +11,9 @@ pytestmark = pytest.mark.engine
 
 def test_stress_default_suite_launch(tmp_path):
     """The main job, launched by the harness: the default suite (transitions, boundary, pairs,
-    insert, sampled, stop_strings, mixed_params ..., constrained) on the CPU engine with ngram speculative decoding (k = 3), block size 32,
-    max_num_batched_tokens 256 and prefix caching."""
+    insert, sampled, stop_strings, mixed_params ..., constrained) on the CPU engine with ngram
+    speculative decoding (k = 3), block size 32, max_num_batched_tokens 256 and prefix
+    caching."""
     r = run_cli("stress", "--engine-profile", "profiles/cpu-ngram.toml", "--results-dir",
                 str(tmp_path), "--run-id", "e2e")
     out = r.stdout + r.stderr
