@@ -29,7 +29,7 @@ from .redact import redact_argv, redact_url
 
 DEFAULT_SCENARIOS = ["transitions", "boundary", "pairs", "insert", "sampled", "stop_strings",
                      "mixed_params", "disconnects", "prefix_isolation", "chat_api",
-                     "prompt_logprobs"]
+                     "prompt_logprobs", "constrained"]
 REFERENCE_MODES = ("solo", "engine", "manifest", "golden")
 
 # launch-only options (python name, flag)

@@ -57,6 +57,10 @@ class RequestSpec:
     1) of that seed; a greedy choice (temperature 0) with the greedy reference (it is sent as
     top-1 sampling: vLLM refuses n > 1 at temperature 0). Not part of the reference key; a
     reference is always one request of one choice.
+    ``structured`` (issue 35 item 3): (kind, spec), the output's constraint, sent as vLLM's
+    ``structured_outputs: {kind: spec}``: ``("json", schema dict)``, ``("regex", pattern)`` or
+    ``("choice", (text, ...))`` (:mod:`pleharness.checks.constrained` judges the output); part
+    of :attr:`params` (the reference is the solo request of the same prompt and constraint).
     """
 
     prompt: Prompt
@@ -87,6 +91,7 @@ class RequestSpec:
     echo: bool = False
     n: int = 1
     choice: int = 0
+    structured: tuple[str, Any] | None = None
 
     @property
     def params(self) -> dict[str, Any]:
@@ -112,6 +117,9 @@ class RequestSpec:
             p["prompt_logprobs"] = int(self.prompt_logprobs)
         if self.echo:
             p["echo"] = True
+        if self.structured is not None:
+            kind, spec = self.structured
+            p["structured_outputs"] = {kind: list(spec) if kind == "choice" else spec}
         return p
 
     @property

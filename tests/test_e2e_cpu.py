@@ -11,8 +11,9 @@ pytestmark = pytest.mark.engine
 
 def test_stress_default_suite_launch(tmp_path):
     """The main job, launched by the harness: the default suite (transitions, boundary, pairs,
-    insert, sampled, stop_strings, mixed_params ...) on the CPU engine with ngram speculative decoding (k = 3), block size 32,
-    max_num_batched_tokens 256 and prefix caching."""
+    insert, sampled, stop_strings, mixed_params ..., constrained) on the CPU engine with ngram
+    speculative decoding (k = 3), block size 32, max_num_batched_tokens 256 and prefix
+    caching."""
     r = run_cli("stress", "--engine-profile", "profiles/cpu-ngram.toml", "--results-dir",
                 str(tmp_path), "--run-id", "e2e")
     out = r.stdout + r.stderr
@@ -23,7 +24,8 @@ def test_stress_default_suite_launch(tmp_path):
     assert [s["name"] for s in m["scenarios"]] == ["transitions", "boundary", "pairs", "insert",
                                                    "sampled", "stop_strings", "mixed_params",
                                                    "disconnects", "prefix_isolation",
-                                                   "chat_api", "prompt_logprobs"]
+                                                   "chat_api", "prompt_logprobs",
+                                                   "constrained"]
     assert all(p["status"] == "pass" for p in m["phases"])
     # the chat path (issue 35): every chat answer equals the completions reference of its
     # template's IDs, alone and under load, and the chat path reports /tokenize's IDs
@@ -38,6 +40,10 @@ def test_stress_default_suite_launch(tmp_path):
     assert sorted((r["way"], r["chunks"], r["rules"]) for r in rows) == [
         ("echo", 1, "pass"), ("echo", 2, "pass"), ("prompt_logprobs", 1, "pass"),
         ("prompt_logprobs", 2, "pass")]
+    # constrained output (issue 35 item 3): every JSON / regex / choice output conforms and
+    # equals its solo request's, streamed and not, beside unconstrained neighbours
+    rows = m["tables"]["constrained"]
+    assert len(rows) == 12 and all(r["rule"] == "pass" and r["match"] for r in rows)
     # transitions: 16 ladder phases, every hash matched
     load = [p for p in m["phases"] if p["role"] == "load" and p["scenario"] == "transitions"]
     assert [p["concurrency"] for p in load] == [4, 3, 2, 1, 2, 3, 4, 1] * 2

@@ -211,6 +211,7 @@ def test_builtin_classes_are_the_nine_of_the_issue_then_one_per_family():
                     "prefix-cache isolation": ("prefix_isolation",),
                     "sampled requests": ("sampled",),
                     "several choices": ("choices",),
+                    "constrained output": ("constrained",),
                     "prompt logprobs": ("prompt_logprobs",),
                     "emitted-token logprobs": ("transitions",)}
 
@@ -371,6 +372,7 @@ FAMILY_RULES = {"ids_after_stop": {"stop_string"}, "stop_id_on_neighbour": {"par
                 "sampled_first_token_under_load": {"sampled_distribution"},
                 "prompt_logprobs_shifted": {"prompt_logprobs_parity"},
                 "choice_token_changed": {"parity", "choices", "logprob_sanity"},
+                "constrained_broken_under_load": {"constrained"},
                 "logprobs_off_under_load": {"logprob_parity"}}
 
 

@@ -203,7 +203,7 @@ def test_suites_load_and_compose(tmp_path):
     assert [x.kind for x in scs] == ["transitions", "boundary", "pairs", "insert", "determinism",
                                     "stop_strings", "mixed_params", "capture_edges", "sampled",
                                     "disconnects", "prefix_isolation", "chat_api",
-                                    "prompt_logprobs", "choices"]
+                                    "prompt_logprobs", "choices", "constrained"]
     assert scs[0].params.repeats == 1 and scs[4].params.n == 16
     assert load_suite("nightly").repeat == 3
     bad = tmp_path / "s.toml"

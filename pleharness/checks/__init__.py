@@ -57,9 +57,10 @@ register_phase = _registrar(PHASE_REGISTRY)  # phase checks
 
 
 def _load() -> None:
-    from . import (choices, counting, degeneration, expected_text,  # noqa: F401
-                   health_after_phase, logprob_sanity, max_model_len_edge, prompt_logprobs,
-                   sampled_degeneration, stop_string, stop_token, usage, vocab_range)
+    from . import (choices, constrained, counting, degeneration,  # noqa: F401
+                   expected_text, health_after_phase, logprob_sanity, max_model_len_edge,
+                   prompt_logprobs, sampled_degeneration, stop_string, stop_token, usage,
+                   vocab_range)
 
 
 _load()

@@ -7,7 +7,12 @@ When logprobs were requested, at every output position:
    ``SENTINEL_LOGPROB`` (-9999.0: how vLLM's OpenAI server renders -inf, ``serving_completion``
    clamps with ``max(logprob, -9999.0)``); a NaN/inf/-9999 entry means a NaN/-inf logit row or
    top-k taken from a corrupted or masked row (the bug pattern: one real entry, then -9999.0 on
-   token ids 0, 1, 2, ...: the top-k of a row that is -inf everywhere else);
+   token ids 0, 1, 2, ...: the top-k of a row that is -inf everywhere else). Except for a
+   constrained request (``RequestSpec.structured``): vLLM 0.32 takes its logprobs after the
+   grammar's token mask (renormalised over the tokens the grammar allows), so where fewer than k
+   tokens are allowed the forbidden ones fill the top k at -9999.0 (measured,
+   docs/constrained-output.md); there -9999.0 / -inf entries are allowed, NaN, +inf and values
+   > 0 are not, and the emitted token's must be real (item 3);
 2. (no order rule) the candidates are ranked by value, never by their position in the response:
    ``top_logprobs`` entries are JSON objects, which are unordered (RFC 8259, section 4: "An
    object is an unordered collection of zero or more name/value pairs"), and gateways, proxies,
@@ -73,12 +78,23 @@ def shapes_logits(spec) -> bool:
     return any(k in params for k in LOGIT_PARAMS)
 
 
+def masked_out(v) -> bool:
+    """Whether candidate logprob ``v`` is -inf or the -9999.0 sentinel (a token a grammar's
+    mask forbids, for a constrained request)."""
+    try:
+        return float(v) <= SENTINEL_LOGPROB
+    except (TypeError, ValueError):
+        return False
+
+
 def problems_at(pos: int, top: dict, emitted: int | None, chosen_lp, greedy: bool, tol: float,
-                greedy_tol: float) -> list[str]:
+                greedy_tol: float, masked: bool = False) -> list[str]:
     """The rule violations at one output position (empty when sane): items 1, 3 and 4 of the
-    module docstring; the order of ``top``'s keys is never read (item 2)."""
+    module docstring; the order of ``top``'s keys is never read (item 2). ``masked``: a
+    constrained request, whose -inf / -9999.0 candidates are the grammar's forbidden tokens."""
     out = []
-    bad = [(t, v) for t, v in top.items() if not real_logprob(v) or float(v) > tol]
+    bad = [(t, v) for t, v in top.items() if (not real_logprob(v) or float(v) > tol)
+           and not (masked and masked_out(v))]
     if bad:
         shown = ", ".join(f"{t}: {v}" for t, v in bad[:4])
         out.append(f"sentinel/non-finite logprob in top candidates at position {pos} ({shown})")
@@ -87,6 +103,9 @@ def problems_at(pos: int, top: dict, emitted: int | None, chosen_lp, greedy: boo
     if emitted is not None:
         if emitted not in top:
             out.append(f"emitted token {emitted} missing from its top candidates at position {pos}")
+        elif not real_logprob(top[emitted]):  # masked: a token the grammar forbids was emitted
+            out.append(f"emitted token {emitted} has logprob {top[emitted]} (a token the "
+                       f"grammar's mask forbids) at position {pos}")
         else:
             if chosen_lp is not None and (not real_logprob(chosen_lp)
                                           or abs(float(chosen_lp) - float(top[emitted])) > tol):
@@ -115,6 +134,7 @@ def check(ctx, spec, c, params) -> CheckResult:
     greedy_tol = float(params.get("greedy_tol_nats", 1e-3))
     greedy = float(getattr(spec, "temperature", 0.0) or 0.0) == 0.0 \
         and not shapes_logits(spec)
+    masked = getattr(spec, "structured", None) is not None  # item 1: a grammar's mask
     chosen = c.token_logprobs or []
     found: list[str] = []
     if c.logprobs and len(c.logprobs) != len(c.token_ids):
@@ -122,7 +142,7 @@ def check(ctx, spec, c, params) -> CheckResult:
     for pos, top in enumerate(c.logprobs):
         emitted = c.token_ids[pos] if pos < len(c.token_ids) else None
         found += problems_at(pos, top, emitted, chosen[pos] if pos < len(chosen) else None,
-                             greedy, tol, greedy_tol)
+                             greedy, tol, greedy_tol, masked)
         if len(found) >= 3:
             break
     if found:
