@@ -96,7 +96,7 @@ def test_features_shrink_towards_absent():
                                             for r in members(s)),
                settings=settings(OK, derandomize=True))  # the same search on every machine
     rs = members(got)
-    assert len(got.phases) == 1 and any(r.features == Features(stop_at=0) for r in rs)
+    assert any(r.features == Features(stop_at=0) for r in rs), got.summary()
     assert all(not r.features or r.features == Features(stop_at=0) for r in rs), got.summary()
     assert all(r.shape == "random" and r.max_tokens == 1 for r in rs), got.summary()
 
