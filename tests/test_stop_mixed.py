@@ -2,6 +2,8 @@
 profiles/cpu-ngram.toml, ngram k = 3): scenario kinds ``stop_strings`` and ``mixed_params`` pass
 on the clean engine, and fail naming the request and the rule when a double plants the fault
 (tests/faults_stop_mixed.py)."""
+from collections import Counter
+
 import pytest
 
 from conftest import load_json, run_cli
@@ -62,8 +64,17 @@ def test_clean_engine_passes_stop_strings_and_mixed_params(cpu_engine, tmp_path)
 
 
 def test_ids_after_a_stop_string_fail_the_request(cpu_engine, tmp_path):
-    # the first streamed stop request under load (its references ran before, untouched)
-    fault = IdsAfterStop(lambda ctx: ctx.body.get("stream") and ctx.in_flight >= 2)
+    # the first streamed stop request of the load phase: each stop request's third streamed run
+    # (its warm references ran it alone twice before, untouched). Chosen by count, not by what
+    # is in flight: on a fast machine a streamed stop request can finish before another arrives.
+    runs: Counter = Counter()
+
+    def third_run(ctx):
+        key = (repr(ctx.body.get("prompt")), tuple(ctx.body["stop"]))
+        runs[key] += 1
+        return runs[key] == 3
+
+    fault = IdsAfterStop(third_run)
     with FaultProxy(cpu_engine.url, fault) as proxy:
         r, out, m = stress(proxy.url, tmp_path, "after-stop", "stop_strings")
     assert len(fault.hits) == 1, fault.hits

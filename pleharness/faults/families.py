@@ -54,8 +54,8 @@ class FamilyFault(SelftestFault):
 
 
 class IdsAfterStop(FamilyFault):
-    """The first streamed request with a stop string that ``select(ctx)`` picks (default: one
-    that arrived with another in flight) gets ``extra`` more token IDs (copies of the last ID,
+    """The first streamed request with a stop string that ``select(ctx)`` picks (default:
+    :meth:`under_load`) gets ``extra`` more token IDs (copies of the last ID,
     with logprob entries) on the delta that finishes with "stop", and usage counting them; the
     text stays cut at the stop: the public bug pattern of a stop inside a multi-token speculative
     step, text cut but IDs kept."""
@@ -68,9 +68,18 @@ class IdsAfterStop(FamilyFault):
 
     def __init__(self, select=None, extra: int = 2):
         super().__init__()
-        self.select = select or (lambda ctx: ctx.in_flight >= 2)
+        self.select = select or self.under_load
         self.extra = extra
         self.picked: list[int] = []
+        self.runs: dict[tuple, int] = {}
+
+    def under_load(self, ctx) -> bool:
+        """Default pick: arrived with another request in flight, or is its (prompt, stop)'s third
+        streamed run (the load phase's, after the two solo runs of warm references): on a fast
+        engine a streamed stop request can end before the next one arrives."""
+        key = (repr(ctx.body.get("prompt") or ctx.body.get("messages")), repr(ctx.body["stop"]))
+        self.runs[key] = self.runs.get(key, 0) + 1
+        return ctx.in_flight >= 2 or self.runs[key] >= 3
 
     def chunk(self, ctx, chunk):
         if not ctx.body.get("stop") or not ctx.streamed:
