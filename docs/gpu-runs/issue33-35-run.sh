@@ -10,7 +10,7 @@
 # /tmp/wt.tar` (carry .gpuwheels/t/pNN).
 #   PART=start bash docs/gpu-runs/issue33-35-run.sh          # install, models, start the jobs
 #   PART=wait WAIT_S=500 bash docs/gpu-runs/issue33-35-run.sh  # wait; $OUT/runs.tgz
-# UNTIL=premerge-done stops the wait after step 1.
+# UNTIL=premerge-done stops the wait after step 1. TOGETHER=1 starts step 2 beside step 1.
 set -u
 export PYTHONPATH=/tmp/site:/tmp/code VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 \
   NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -42,15 +42,20 @@ start)
 jobs)
   cd /tmp/code
   echo "start $(date -u +%T)" > $R/done.txt
-  premerge premerge-trained &
-  premerge premerge-random --model /tmp/dense &
-  wait
+  ttd() {
+    mkdir -p $R/ttd
+    python3 benchmarks/time_to_diagnosis.py --model /tmp/dense --profile $PROFILE --cold \
+      --cache /tmp/ttd-compile-cache --results $R/ttd --out $R/ttd/time_to_diagnosis.json \
+      --steps "${STEPS:-stress,fuzz-3,explain-4}" --budget-s 420 --step-limit-s 480 > $R/ttd.log 2>&1
+    echo "ttd exit $? at $(date -u +%T)" >> $R/done.txt
+  }
+  [ "${TOGETHER:-0}" = 1 ] && { ttd & }  # short of device time: all at once (timings shared)
+  premerge premerge-trained & a=$!
+  premerge premerge-random --model /tmp/dense & b=$!
+  wait $a $b
   echo "premerge-done $(date -u +%T); GPU memory after: $(nvidia-smi --query-gpu=memory.used --format=csv,noheader)" >> $R/done.txt
-  mkdir -p $R/ttd
-  python3 benchmarks/time_to_diagnosis.py --model /tmp/dense --profile $PROFILE --cold \
-    --cache /tmp/ttd-compile-cache --results $R/ttd --out $R/ttd/time_to_diagnosis.json \
-    --steps "${STEPS:-stress,fuzz-3,explain-4}" --budget-s 420 --step-limit-s 480 > $R/ttd.log 2>&1
-  echo "ttd exit $? at $(date -u +%T)" >> $R/done.txt
+  [ "${TOGETHER:-0}" = 1 ] || ttd
+  wait
   echo ALL-DONE >> $R/done.txt ;;
 wait)
   for _ in $(seq "${WAIT_S:-500}"); do grep -q "${UNTIL:-ALL-DONE}" $R/done.txt 2>/dev/null && break; sleep 1; done
