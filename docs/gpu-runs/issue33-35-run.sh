@@ -6,8 +6,9 @@
 #      profiles/gpu-h200-ngram-k2.toml (ngram k = 2, FULL_AND_PIECEWISE graphs, fixed KV cache);
 #   2. then issue 33: benchmarks/time_to_diagnosis.py (stress, fuzz-3, explain-4, an emptied
 #      compile cache) after the fixes that run o called for, alone on the machine.
-# The wheels come as the tar pieces .gpuwheels/t/pNN, one call each: `cat .gpuwheels/t/pNN >>
-# /tmp/wt.tar` (carry .gpuwheels/t/pNN).
+# The wheels: one call per folder .gpuwheels/partN (`mkdir -p /tmp/wh && cp .gpuwheels/partN/* /tmp/wh/`,
+# carry .gpuwheels/partN; with the run folders docs/gpu-runs/2026-* moved aside, the tree and a
+# 53 MB part fit the 64 MiB a call carries), or the tar pieces .gpuwheels/t/pNN appended to /tmp/wt.tar.
 #   PART=start bash docs/gpu-runs/issue33-35-run.sh          # install, models, start the jobs
 #   PART=wait WAIT_S=500 bash docs/gpu-runs/issue33-35-run.sh  # wait; $OUT/runs.tgz
 # UNTIL=premerge-done stops the wait after step 1. TOGETHER=1 starts step 2 beside step 1.
@@ -28,8 +29,10 @@ case "${PART:-start}" in
 start)
   t0=$(date +%s)
   if ! python3 -c "import vllm" 2>/dev/null; then
-    mkdir -p /tmp/wtar /tmp/wh && tar -x -C /tmp/wtar -f /tmp/wt.tar && cp /tmp/wtar/part*/* /tmp/wh/ \
-      && rm -rf /tmp/wtar /tmp/wt.tar || { echo "wheels incomplete"; ls -la /tmp/wt.tar; exit 1; }
+    if [ -f /tmp/wt.tar ]; then
+      mkdir -p /tmp/wtar /tmp/wh && tar -x -C /tmp/wtar -f /tmp/wt.tar && cp /tmp/wtar/part*/* /tmp/wh/ \
+        && rm -rf /tmp/wtar /tmp/wt.tar || { echo "wheels incomplete"; ls -la /tmp/wt.tar; exit 1; }
+    fi
     bash docs/gpu-runs/device-install-vllm.sh /tmp/wh > /tmp/install.log 2>&1 || { tail -20 /tmp/install.log; exit 1; }
   fi
   python3 -c "import vllm; print('vllm', vllm.__version__)"
