@@ -125,7 +125,7 @@ def run_stress(cfg: StressConfig, console: Console | None = None,
                 if cfg.reference_mode == "engine":
                     references = _reference_pass(run, scenarios, target)
                 eng, control_eng = _start_engines(run, scenarios, target)
-                _resolve_api(run, eng)
+                run.manifest.run_options.update({"api": cfg.api, "api_used": cfg.api})
                 golden = _golden_model(cfg, golden_dir or _local_model(cfg, target, eng),
                                        cfg.reference_mode, run.manifest, run.run_dir)
                 if golden is not None:
@@ -356,20 +356,10 @@ def _context(cfg: StressConfig, eng: Engine, manifest: Manifest, mpath: Path, fa
                       near_tie_nats=nats, strict=cfg.strict,
                       serving_dtype=normalize_dtype(facts.dtype),
                       reference_cache_state=cfg.reference_cache_state,
-                      api=manifest.run_options.api_used or "completions", **options)
+                      api=cfg.api, **options)
     return RunContext(eng.client, manifest, mpath, facts, progress.console,
                       eng.server, progress, options=opts, golden=golden,
                       references=references if opts.reference_mode != "solo" else None)
-
-
-def _resolve_api(run: "_Run", eng: Engine) -> None:
-    """``--api`` on this engine (:func:`pleharness.run.api.resolve`: a model without a chat
-    template falls back to completions, with a warning) into ``manifest.run_options``."""
-    from .run.api import resolve
-    got = resolve(run.cfg.api, eng.client)
-    run.manifest.run_options.update(got)
-    if got.get("api_note"):
-        run.err.print(f"[yellow]warning:[/yellow] {esc(got['api_note'])}")
 
 
 def _probe_engine(run: "_Run", ctx: RunContext) -> None:

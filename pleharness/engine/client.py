@@ -474,8 +474,13 @@ class EngineClient:
 
     def tokenize(self, **payload: Any) -> list[int]:
         """POST /tokenize (``prompt=...`` or ``messages=...``); returns the token IDs. Raises
-        EngineError when the engine cannot answer."""
-        return list(self._post_json("/tokenize", {"model": self.model, **payload})["tokens"])
+        EngineError when the engine cannot answer (an answer without a ``tokens`` list too)."""
+        got = self._post_json("/tokenize", {"model": self.model, **payload})
+        toks = got.get("tokens") if isinstance(got, dict) else None
+        if not isinstance(toks, list):
+            raise EngineError(f"/tokenize failed: an answer without a tokens list: "
+                              f"{str(got)[:160]}")
+        return list(toks)
 
     def detokenize(self, ids: list[int]) -> str:
         """POST /detokenize; returns the text of ``ids``. Raises EngineError when the engine

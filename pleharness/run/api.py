@@ -15,6 +15,9 @@ itself. Per load phase (never the reference passes, which stay on completions):
   and compared with the same completions reference (the reference key ignores the endpoint).
 - ``chat``: such specs go to the chat endpoint instead (:func:`plan` routes them).
 
+The model's chat template is asked (:func:`resolve`) at the first load phase with a prompt of
+message form; a model without one leaves every request on completions, with a note.
+
 A spec whose parameters the chat path does not take stays on completions (counted as
 ``not_chat_shaped``): a disconnect (``abandon_after_tokens``), ``echo`` / ``prompt_logprobs``,
 ``n`` > 1, a constraint, an edge probe (``accept_4xx``), or a phase sent as one batched-prompt
@@ -112,13 +115,34 @@ def count(paths: dict[str, dict[str, int]], scenario: str, counts: dict[str, int
         row[k] = row.get(k, 0) + int(v)
 
 
+def begin_phase(summary, scenario: str, specs: Sequence[RequestSpec], mode: str, *,
+                load: bool, batched: bool, on_outcome=None) -> tuple[list[RequestSpec],
+                                                                     dict[int, RequestSpec], Any]:
+    """What :meth:`pleharness.run.context.RunContext.run_phase` sends for a phase of ``specs``
+    under ``mode`` (:func:`plan`), its counts added to ``summary.api_paths`` under
+    ``scenario``: (the specs to send, the chat route, ``on_outcome`` wrapped so that it never
+    sees a twin: the scenario's hook judges its own specs). Raises ValueError for an unknown
+    mode."""
+    p = plan(specs, mode, load=load, batched=batched)
+    paths = summary.api_paths or {}
+    count(paths, scenario, p.counts)
+    summary.api_paths = paths
+    twins = {id(s) for s in p.send[len(specs):]}
+    hook = on_outcome
+    if hook is not None and twins:
+        def on_outcome(o):
+            if id(o.spec) not in twins:
+                hook(o)
+    return p.send, p.route, on_outcome
+
+
 def probe_chat_template(client) -> tuple[bool, str | None]:
     """Whether the served model has a chat template: ``/tokenize`` with a one-message
     conversation answers. Returns (True, None) or (False, why); never raises."""
     from ..errors import EngineError
     try:
         client.tokenize(messages=CHAT_PROBE, add_generation_prompt=True)
-    except EngineError as exc:
+    except (EngineError, ValueError, TypeError, KeyError) as exc:
         return False, f"/tokenize with messages was refused ({str(exc)[:160]})"
     return True, None
 
@@ -126,10 +150,10 @@ def probe_chat_template(client) -> tuple[bool, str | None]:
 def resolve(mode: str, client) -> dict[str, Any]:
     """The run's api settings for ``manifest.run_options``: ``api`` (the mode asked),
     ``api_used`` (``completions`` when the model has no chat template), ``chat_template``
-    (True / False; None when not asked: ``--api completions``) and ``api_note`` (why the mode
+    (True / False; absent when not asked: ``--api completions``) and ``api_note`` (why the mode
     fell back). Never raises."""
     if mode == "completions":
-        return {"api": mode, "api_used": mode, "chat_template": None}
+        return {"api": mode, "api_used": mode}
     ok, why = probe_chat_template(client)
     if ok:
         return {"api": mode, "api_used": mode, "chat_template": True}

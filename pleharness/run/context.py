@@ -233,6 +233,7 @@ class RunContext:
         self._prompt_builders: dict[tuple[str, int], Any] = {}
         self._detok_cache: dict[tuple[int, ...], str] = {}
         self._route: dict[int, RequestSpec] = {}  # --api chat: phase spec id -> its chat form
+        self._api_used: str | None = None  # --api once the chat template was asked
         self.scenario_name = ""  # set by in_scenario()
         self.phase_prefix = ""
         self.repeat_index = 1
@@ -463,15 +464,9 @@ class RunContext:
             return PhaseResult()  # reference pass on the reference engine: only references
         name = self.phase_prefix + name
         own = len(specs)
-        plan = api.plan(specs, self.options.api, load=role == "load", batched=together)
-        paths = self.manifest.summary.api_paths or {}
-        api.count(paths, self.scenario_name, plan.counts)
-        self.manifest.summary.api_paths = paths
-        specs, self._route = plan.send, plan.route
-        twins = {id(s) for s in specs[own:]}
-        if on_outcome is not None and twins:
-            hook = on_outcome
-            on_outcome = lambda o: None if id(o.spec) in twins else hook(o)  # noqa: E731
+        specs, self._route, on_outcome = api.begin_phase(
+            self.manifest.summary, self.scenario_name, specs, self._api_mode(specs, role),
+            load=role == "load", batched=together, on_outcome=on_outcome)
         # the default request path runs on the client's event loop (no thread per request);
         # a custom ``issue`` (which may block) runs in a pool of ``concurrency`` threads
         job = self._aissue if issue is None else issue
@@ -591,6 +586,22 @@ class RunContext:
         if self.on_timeout == "abort" and any(o.completion.error == "timeout" for o in outcomes):
             raise RequestTimeoutAbort(f"phase {ph.name}: request(s) timed out and the policy is "
                                       "--on-timeout abort")
+
+    def _api_mode(self, specs: Sequence[RequestSpec], role: str) -> str:
+        """The ``--api`` mode of a phase of ``specs``: :attr:`RunOptions.api`, once the model's
+        chat template answered (asked at the first load phase with a prompt of message form;
+        none: completions for the rest of the run, said in ``run_options`` and a warning)."""
+        mode = self.options.api
+        if mode == "completions" or role != "load" or not any(s.prompt.messages
+                                                               for s in specs):
+            return mode
+        if self._api_used is None:
+            got = api.resolve(mode, self.client)
+            self.manifest.run_options.update(got)
+            self._api_used = got["api_used"]
+            if got.get("api_note"):
+                self._warn(got["api_note"])
+        return self._api_used
 
     def _request_args(self, spec: RequestSpec) -> dict[str, Any]:
         lp = spec.logprobs if spec.logprobs is not None else self.logprobs
