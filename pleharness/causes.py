@@ -24,6 +24,9 @@ def headline(m: Manifest) -> str:
                  "against " + ", ".join(sorted({c['method'] == 'golden' and 'the golden '
                                                 'continuation' or 'the majority output'
                                                 for c in s.corrupt_references})) + ")")
+    api = _api_clause(m)
+    if api:
+        line += f"; {api}"
     if s.near_ties:
         line += f"; {s.near_ties} near-tie divergence(s) (warnings)"
     if s.hard_divergences:
@@ -55,6 +58,23 @@ def headline(m: Manifest) -> str:
         strict = " (--strict: failures)" if m.run_options.strict else " (warnings)"
         line += f"; VACUOUS{strict}: " + "; ".join(s.vacuous)
     return line
+
+
+def _api_clause(m: Manifest) -> str | None:
+    """The summary line's ``--api`` clause (:mod:`pleharness.run.api`), e.g. ``api both: 6 chat
+    request(s) (6 twins), 150 token-ID prompt(s) completions only``, or ``api both ->
+    completions (no chat template)``; None for ``--api completions`` or a manifest without it."""
+    mode, used = m.run_options.api, m.run_options.api_used
+    if mode in (None, "completions"):
+        return None
+    if used is not None and used != mode:
+        return f"api {mode} -> {used} (no chat template)"
+    paths = (m.summary.api_paths or {}).values()
+    tot = {k: sum(int(r.get(k, 0)) for r in paths) for k in ("chat", "chat_twins",
+                                                              "no_chat_form")}
+    twins = f" ({tot['chat_twins']} twins)" if mode == "both" else ""
+    return (f"api {mode}: {tot['chat']} chat request(s){twins}, {tot['no_chat_form']} "
+            "token-ID prompt(s) completions only")
 
 
 def _where(r: RequestRecord) -> str:

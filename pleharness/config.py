@@ -327,6 +327,7 @@ def stress_config(o: Mapping[str, Any], given: Iterable[str],
         control_profile=str(control_profile) if control_profile else None,
         reference_cache_state=_value(o["reference_cache_state"]),
         confirm_runs=o["confirm_runs"], confirm_runs_given="confirm_runs" in given,
+        api=_value(o.get("api", "both")),
         parallel_engines=parse_parallel(o.get("parallel_engines", 1)),
         timeouts=Timeouts(o["connect_timeout"], o["first_token_timeout"],
                           o["between_tokens_timeout"], o["request_timeout"]))
@@ -383,6 +384,9 @@ class StressConfig:
     confirm_runs: int = 3  # replays of each reproducer the run writes (pleharness.reproduce)
     confirm_runs_given: bool = False  # --confirm-runs was on the command line
     parallel_engines: int | None = 1  # confirmation engines side by side (None: auto)
+    # --api: endpoint of load requests whose prompt has a message form (pleharness.run.api);
+    # `stress` defaults to both, other commands that build a StressConfig keep completions
+    api: str = "completions"
 
     @property
     def reference_mode(self) -> str:
@@ -404,6 +408,8 @@ class StressConfig:
             (self.repeat < 1, "--suite-repeats must be >= 1"),
             (self.confirm_runs < 0, f"--confirm-runs {self.confirm_runs}: expected 0 (skip) or "
                                     "more replays"),
+            (self.api not in ("completions", "chat", "both"),
+             f"--api {self.api!r}: expected completions, chat or both"),
             (self.reference_cache_state not in ("cold", "warm"),
              f"--reference-cache-state {self.reference_cache_state!r}: expected cold or warm"),
             (mode not in REFERENCE_MODES,

@@ -389,6 +389,10 @@ class RunOptionsRecord(_Section):
     golden_model: str | None = None  # the golden model's folder (explain's replays use it too)
     golden_tolerance: dict[str, Any] | None = None  # tolerance_nats and its source
     reference_cache_state: str | None = None
+    api: str | None = None  # --api: completions | chat | both (pleharness.run.api)
+    api_used: str | None = None  # completions when the model has no chat template
+    chat_template: bool | None = None  # /tokenize with messages answered (None: not asked)
+    api_note: str | None = None  # why --api fell back to completions
 
 
 class Summary(_Section):
@@ -409,6 +413,8 @@ class Summary(_Section):
     also_in_control: int | None = None
     only_under_test: int | None = None
     no_twin: int | None = None
+    # requests per endpoint per scenario (--api; pleharness.run.api.count)
+    api_paths: dict[str, Any] | None = None
     corrupt_side: dict[str, Any] | None = None
     corrupt_references: list[dict[str, Any]] | None = None  # method, evidence (run/judge.py)
     engaged: dict[str, Any] | None = None  # what the run exercised (pleharness.evidence)

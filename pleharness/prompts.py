@@ -14,12 +14,19 @@ from .parity import token_hash
 
 @dataclass(frozen=True)
 class Prompt:
-    """A prompt with a stable key (for references) and its token IDs."""
+    """A prompt with a stable key (for references) and its token IDs.
+
+    ``messages``: ((role, content), ...) when ``ids`` are exactly the chat template of these
+    messages with the generation prompt (``/tokenize`` with them, nothing padded or cut): such a
+    prompt can also go to ``/v1/chat/completions`` (``--api``, :mod:`pleharness.run.api`);
+    None for token-ID prompts that have no message form (random IDs, padded templates). Not part
+    of :attr:`hash` (the IDs are the prompt)."""
 
     key: str
     ids: tuple[int, ...]
     text: str | None = None  # the instruction, for display and expected-text checks
     why: str | None = None  # why this length was chosen (boundary scenarios)
+    messages: tuple[tuple[str, str], ...] | None = None
 
     @property
     def hash(self) -> str:
@@ -97,9 +104,17 @@ class ChatPromptBuilder:
                 messages=[{"role": "user", "content": text}], add_generation_prompt=True)
         return self._templates[text]
 
+    def prompt(self, text: str, key: str, why: str | None = None) -> Prompt:
+        """The unpadded chat prompt of user message ``text``: :meth:`template`'s IDs, with
+        ``messages`` set (it can also go to /v1/chat/completions). Raises EngineError when
+        /tokenize cannot answer."""
+        return Prompt(key=key, ids=tuple(self.template(text)), text=text, why=why,
+                      messages=(("user", text),))
+
     def build(self, text: str, length: int, key: str | None = None, why: str | None = None) -> Prompt:
         """A chat prompt of exactly ``length`` tokens: the template of ``text`` padded with the
-        filler before the last ``tail`` tokens. Raises ValueError when ``length`` is shorter than
-        the template."""
+        filler before the last ``tail`` tokens (no ``messages``: an exact-length prompt is
+        treated as token IDs, even where no filler was needed; :meth:`prompt` gives the message
+        form). Raises ValueError when ``length`` is shorter than the template."""
         ids = pad_chat_prompt(self.template(text), self.filler_id, length, self.tail)
         return Prompt(key=key or f"chat-len{length}", ids=tuple(ids), text=text, why=why)

@@ -125,6 +125,7 @@ def run_stress(cfg: StressConfig, console: Console | None = None,
                 if cfg.reference_mode == "engine":
                     references = _reference_pass(run, scenarios, target)
                 eng, control_eng = _start_engines(run, scenarios, target)
+                run.manifest.run_options.update({"api": cfg.api, "api_used": cfg.api})
                 golden = _golden_model(cfg, golden_dir or _local_model(cfg, target, eng),
                                        cfg.reference_mode, run.manifest, run.run_dir)
                 if golden is not None:
@@ -354,7 +355,8 @@ def _context(cfg: StressConfig, eng: Engine, manifest: Manifest, mpath: Path, fa
     opts = RunOptions(on_timeout=cfg.on_timeout, logprobs=cfg.logprobs or None,
                       near_tie_nats=nats, strict=cfg.strict,
                       serving_dtype=normalize_dtype(facts.dtype),
-                      reference_cache_state=cfg.reference_cache_state, **options)
+                      reference_cache_state=cfg.reference_cache_state,
+                      api=cfg.api, **options)
     return RunContext(eng.client, manifest, mpath, facts, progress.console,
                       eng.server, progress, options=opts, golden=golden,
                       references=references if opts.reference_mode != "solo" else None)

@@ -77,8 +77,11 @@ def test_stress_default_suite_launch(tmp_path):
     ok = [c for c in checks if c["name"] == "expected_text"]
     assert len(ok) > 40 and all(c["status"] == "pass" for c in ok)
     counting = [c for c in checks if c["name"] == "counting"]
-    # cold reference, warm reference, the decode with inserts
-    assert len(counting) == 3 and all(c["detail"] == "1..300 in order" for c in counting)
+    # cold reference, warm reference, the decode with inserts and its chat twin (--api both)
+    assert len(counting) == 4 and all(c["detail"] == "1..300 in order" for c in counting)
+    assert m["run_options"]["api"] == "both" and m["run_options"]["chat_template"] is True
+    assert m["summary"]["api_paths"]["insert"]["chat_twins"] == 1
+    assert "api both: " in out
     assert all(c["status"] == "pass" for c in checks if c["name"] in ("vocab_range", "usage"))
     # degeneration: what the model itself repeats in a reference or warm-up run is a note (it
     # differs between machines); a load request never gets a note, and nothing fails

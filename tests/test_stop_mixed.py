@@ -35,8 +35,10 @@ def test_clean_engine_passes_stop_strings_and_mixed_params(cpu_engine, tmp_path)
     assert len(stops) >= 2
     want = {(s["prompt_key"], s["stop"]): s["expected_ids"] for s in stops}
     judged = [q for q in m["requests"] if (q.get("params") or {}).get("stop")]
-    # each stop request: its two references, streamed and non-streamed under load
-    assert len(judged) == 4 * len(stops)
+    # each stop request: its two references, streamed and non-streamed under load, and (--api
+    # both, the default: the counting prompt is its chat template) one chat twin under load
+    assert len([q for q in judged if q.get("api") != "chat"]) == 4 * len(stops)
+    assert len([q for q in judged if q.get("api") == "chat"]) == len(stops)
     for q in judged:
         (stop,) = q["params"]["stop"]
         assert q["output_len"] == want[(q["prompt_key"], stop)], q

@@ -61,6 +61,23 @@ class CacheState(str, Enum):
     cold = "cold"
 
 
+class Api(str, Enum):
+    """``--api``: which endpoint requests whose prompt has a message form go to."""
+
+    completions = "completions"
+    chat = "chat"
+    both = "both"
+
+
+API_HELP = (
+    "Endpoint of the load requests whose prompt is exactly a chat template of messages (the "
+    "stop_strings and insert counting prompts): both (default): each also sent as a chat twin "
+    "to /v1/chat/completions in the same phase, compared with the same completions reference; "
+    "chat: sent only there; completions: only /v1/completions. Token-ID prompts (random IDs, "
+    "padded templates) and the references always use /v1/completions. A model without a chat "
+    "template falls back to completions with a note (manifest run_options.api_used).")
+
+
 @dataclass(frozen=True)
 class Pick:
     """Which fields of a group a command takes (``only`` or all ``without`` some) and the defaults

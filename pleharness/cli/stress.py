@@ -8,7 +8,8 @@ import typer
 
 from .. import config
 from . import Command, app, console, err_console, warn
-from .options import (P_CTRL, P_REF, P_SCEN, PARALLEL_ENGINES_HELP, AttachOptions, CacheState,
+from .options import (API_HELP, P_CTRL, P_REF, P_SCEN, PARALLEL_ENGINES_HELP, Api,
+                      AttachOptions, CacheState,
                       EngineOptions, GoldenProbeOptions, OutputOptions, TimeoutOptions,
                       VerdictOptions, given, grouped, option_group, values)
 
@@ -36,6 +37,7 @@ class ScenarioOptions:
              "else 1.")] = 1
     repeat_old: Annotated[Optional[int], typer.Option("--repeat", min=1, hidden=True,
         help="Deprecated spelling of --suite-repeats.")] = None
+    api: Annotated[Api, typer.Option(rich_help_panel=P_SCEN, help=API_HELP)] = Api.both
 
 
 @option_group

@@ -474,8 +474,13 @@ class EngineClient:
 
     def tokenize(self, **payload: Any) -> list[int]:
         """POST /tokenize (``prompt=...`` or ``messages=...``); returns the token IDs. Raises
-        EngineError when the engine cannot answer."""
-        return list(self._post_json("/tokenize", {"model": self.model, **payload})["tokens"])
+        EngineError when the engine cannot answer (an answer without a ``tokens`` list too)."""
+        got = self._post_json("/tokenize", {"model": self.model, **payload})
+        toks = got.get("tokens") if isinstance(got, dict) else None
+        if not isinstance(toks, list):
+            raise EngineError(f"/tokenize failed: an answer without a tokens list: "
+                              f"{str(got)[:160]}")
+        return list(toks)
 
     def detokenize(self, ids: list[int]) -> str:
         """POST /detokenize; returns the text of ``ids``. Raises EngineError when the engine
@@ -550,7 +555,8 @@ class EngineClient:
     async def achat(self, messages: Sequence[dict], max_tokens: int, *,
                     temperature: float = 0.0, ignore_eos: bool = True,
                     logprobs: int | None = None, seed: int | None = None, on_token=None,
-                    extra: dict | None = None) -> Completion:
+                    extra: dict | None = None, stop: Sequence[str] | None = None,
+                    keep_chunks: bool = False) -> Completion:
         """One streamed ``/v1/chat/completions`` request (issue 35 item 1): the server applies
         the model's chat template to ``messages`` (OpenAI ``[{"role", "content"}, ...]``).
         Token IDs come from vLLM's ``return_token_ids`` (the prompt's, as the template made
@@ -558,6 +564,7 @@ class EngineClient:
         logprobs from ``logprobs`` / ``top_logprobs`` with ``return_tokens_as_token_ids``, so
         the Completion has the same shape as :meth:`acomplete`'s and is judged the same way.
         ``text`` is the content of the deltas (reasoning or tool-call deltas are not text).
+        ``stop`` (OpenAI stop strings) and ``keep_chunks`` as in :meth:`acomplete`.
 
         Returns a :class:`Completion`; failures are recorded in ``error`` / ``error_detail``
         (a server without ``return_token_ids`` for chat fails with ``protocol``). Raises
@@ -570,12 +577,15 @@ class EngineClient:
             body["ignore_eos"] = True
         if seed is not None:
             body["seed"] = seed
+        if stop:
+            body["stop"] = list(stop)
         if logprobs is not None:
             body.update(logprobs=True, top_logprobs=logprobs, return_tokens_as_token_ids=True)
         if extra:
             body.update(extra)
         out = Completion(logprobs=[] if logprobs is not None else None,
-                         token_logprobs=[] if logprobs is not None else None, streamed=True)
+                         token_logprobs=[] if logprobs is not None else None, streamed=True,
+                         chunks=[] if keep_chunks else None)
         a = _Active()
         await self._watched(a, self._stream(body, out, a, on_token, path=CHAT_PATH))
         if a.reason is not None:

@@ -32,7 +32,7 @@ from ..manifest import (CheckResult, Manifest, PhaseRecord, ReferenceRecord, Req
                         now_iso, write_manifest)
 from ..parity import token_hash
 from ..request import Outcome, RequestSpec
-from . import choices
+from . import api, choices
 from .judge import Judge, Rule, finish_phase
 from .references import References
 
@@ -172,6 +172,8 @@ class RunOptions:
     engine). ``collect_only``: take references, skip load phases (the reference engine).
     ``serving_dtype``: the engine's dtype; on half precision golden divergences are judged
     against a tolerance measured in the run (:meth:`pleharness.run.judge.Judge.finish_judgement`).
+    ``api``: which endpoint load requests whose prompt has a message form go to (completions,
+    chat, or both: a chat twin beside each; :mod:`pleharness.run.api`).
     """
 
     on_timeout: str = "continue"
@@ -183,6 +185,7 @@ class RunOptions:
     reference_source: str = "solo"
     collect_only: bool = False
     serving_dtype: str | None = None  # bfloat16 | float16 | float32 | None (unknown)
+    api: str = "completions"  # completions | chat | both (pleharness.run.api)
 
     @property
     def rule(self) -> Rule:
@@ -229,6 +232,8 @@ class RunContext:
         self._req_counter = 0
         self._prompt_builders: dict[tuple[str, int], Any] = {}
         self._detok_cache: dict[tuple[int, ...], str] = {}
+        self._route: dict[int, RequestSpec] = {}  # --api chat: phase spec id -> its chat form
+        self._api_used: str | None = None  # --api once the chat template was asked
         self.scenario_name = ""  # set by in_scenario()
         self.phase_prefix = ""
         self.repeat_index = 1
@@ -433,6 +438,11 @@ class RunContext:
         an overloaded host (``concurrency`` must then be ``len(specs)``; the specs must be
         streamed, not abandoned, and differ only in their prompts: UsageError otherwise).
 
+        ``--api`` (:attr:`RunOptions.api`, :mod:`pleharness.run.api`): in a load phase, a
+        spec whose prompt has a message form also goes (``both``: a chat twin sent after the
+        phase's specs, recorded and judged, not returned) or only goes (``chat``) to
+        ``/v1/chat/completions``; ``summary.api_paths`` counts the endpoints per scenario.
+
         Specs with ``n`` > 1 are the choices of requests for several choices
         (:mod:`pleharness.run.choices`): each request is sent once, ``concurrency`` counts
         requests, and every choice gets its own record (UsageError for choices that cannot
@@ -453,6 +463,10 @@ class RunContext:
         if self.options.collect_only and role != "reference":
             return PhaseResult()  # reference pass on the reference engine: only references
         name = self.phase_prefix + name
+        own = len(specs)
+        specs, self._route, on_outcome = api.begin_phase(
+            self.manifest.summary, self.scenario_name, specs, self._api_mode(specs, role),
+            load=role == "load", batched=together, on_outcome=on_outcome)
         # the default request path runs on the client's event loop (no thread per request);
         # a custom ``issue`` (which may block) runs in a pool of ``concurrency`` threads
         job = self._aissue if issue is None else issue
@@ -496,15 +510,16 @@ class RunContext:
             raise
         finally:
             watchdog.stop()
+            route, self._route = self._route, {}
         ph.wall_s = time.monotonic() - t0
         ph.ended_at = now_iso()
         if task is not None:
             self.progress.remove_task(task)
-        outcomes = PhaseResult([Outcome(s, c, self._record(ph, s, c))
+        outcomes = PhaseResult([Outcome(s, c, self._record(ph, route.get(id(s), s), c))
                                 for s, c in zip(specs, completions)], ph)
         self._close_phase(ph, outcomes, before, on_outcome)
         self._after_phase(ph, outcomes, watchdog)
-        return outcomes
+        return PhaseResult(outcomes[:own], ph) if len(outcomes) > own else outcomes
 
     def _interrupted(self, ph: PhaseRecord, specs: Sequence[RequestSpec], batch, t0: float,
                      task, together: bool = False, groups=None) -> None:
@@ -516,6 +531,7 @@ class RunContext:
             finished = [(specs[j], c) for g, cs in batch.finished() for j, c in zip(groups[g], cs)]
         else:
             finished = [(specs[i], c) for i, c in batch.finished()]
+        finished = [(self._route.get(id(s), s), c) for s, c in finished]
         batch.cancel()  # start no further request
         self.client.abort_all("harness interrupted")
         ph.wall_s = time.monotonic() - t0
@@ -571,6 +587,22 @@ class RunContext:
             raise RequestTimeoutAbort(f"phase {ph.name}: request(s) timed out and the policy is "
                                       "--on-timeout abort")
 
+    def _api_mode(self, specs: Sequence[RequestSpec], role: str) -> str:
+        """The ``--api`` mode of a phase of ``specs``: :attr:`RunOptions.api`, once the model's
+        chat template answered (asked at the first load phase with a prompt of message form;
+        none: completions for the rest of the run, said in ``run_options`` and a warning)."""
+        mode = self.options.api
+        if mode == "completions" or role != "load" or not any(s.prompt.messages
+                                                               for s in specs):
+            return mode
+        if self._api_used is None:
+            got = api.resolve(mode, self.client)
+            self.manifest.run_options.update(got)
+            self._api_used = got["api_used"]
+            if got.get("api_note"):
+                self._warn(got["api_note"])
+        return self._api_used
+
     def _request_args(self, spec: RequestSpec) -> dict[str, Any]:
         lp = spec.logprobs if spec.logprobs is not None else self.logprobs
         extra = {k: v for k, v in spec.params.items() if k not in ("stop", "ignore_eos")}
@@ -613,14 +645,16 @@ class RunContext:
 
     async def _aissue(self, spec: RequestSpec, on_token=None) -> Completion:
         """Issue one spec on the client's event loop (the default request path of run_phase):
-        ``/v1/completions``, or ``/v1/chat/completions`` for a spec with ``messages``."""
+        ``/v1/completions``, or ``/v1/chat/completions`` for a spec with ``messages`` (or
+        routed there by ``--api chat``)."""
+        spec = self._route.get(id(spec), spec)
         args = self._request_args(spec)
         if spec.messages:
             return await self.client.achat(
                 [{"role": r, "content": c} for r, c in spec.messages], spec.max_tokens,
                 temperature=spec.temperature, ignore_eos=spec.ignore_eos,
                 logprobs=args["logprobs"], seed=spec.seed, on_token=on_token,
-                extra=args["extra"])
+                extra=args["extra"], stop=spec.stop, keep_chunks=spec.keep_chunks)
         return await self.client.acomplete(**args, on_token=on_token)
 
     def _record(self, ph: PhaseRecord, spec: RequestSpec, c: Completion) -> RequestRecord:

@@ -59,7 +59,6 @@ class Insert(ChatScenario):
     phases = 1
 
     def run(self, ctx: "ScenarioContext") -> None:
-        from ..prompts import Prompt
         p = self.params
         b = builder(ctx, p)
         text = f"Count from 1 to {p.count_to}."
@@ -68,8 +67,8 @@ class Insert(ChatScenario):
         m = ctx.facts.max_model_len
         if m is not None:
             n_decode = max(p.count_to, min(n_decode, int(m) - len(tpl) - 1))
-        decode = RequestSpec(Prompt(key=f"count-to-{p.count_to}", ids=tuple(tpl), text=text),
-                             n_decode, note="ongoing decode")
+        decode = RequestSpec(b.prompt(text, f"count-to-{p.count_to}"), n_decode,
+                             note="ongoing decode")
         decode.checks["counting"] = {"n": p.count_to}
         lengths, notes = boundary_lengths(ctx.facts, p.depth, p.controls,
                                           max_prompt_len(ctx, p.max_tokens), p.extra_lengths)

@@ -39,7 +39,6 @@ from pydantic import Field, model_validator
 from ..checks import DEFAULT_CHECKS
 from ..checks.stop_string import eos_ids
 from ..manifest import CheckResult
-from ..prompts import Prompt
 from ..request import RequestSpec
 from .base import Params, Scenario, ScenarioError, TableRow, register
 from .shared.chat import builder
@@ -170,8 +169,8 @@ class StopStrings(Scenario):
         for i in range(p.prompts):
             n = max(8, p.count_to - 8 * i)
             text = f"Count from 1 to {n}. " + " ".join(str(k) for k in range(1, n + 1))
-            prompt = Prompt(key=f"count-to-{n}", ids=tuple(b.template(text)), text=text,
-                            why="the count in the prompt: drafts of several tokens are accepted")
+            prompt = b.prompt(text, f"count-to-{n}",
+                              why="the count in the prompt: drafts of several tokens are accepted")
             plain.append(RequestSpec(prompt, p.max_tokens, keep_chunks=True,
                                      checks={name: {} for name in DEFAULT_CHECKS}))
         k = (ctx.facts.num_speculative_tokens or 0)
