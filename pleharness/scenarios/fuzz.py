@@ -74,7 +74,7 @@ from pydantic import Field
 from ..engine.facts import as_facts, query_len
 from ..prompts import Prompt, seeded_prompts
 from .base import Params, Scenario, ScenarioError, register
-from .fuzz_features import NONE, Features, allowed, draw_features, fit
+from .fuzz_features import NONE, Features, allowed, draw_features, fit, gate
 from .shared.lengths import boundary_lengths
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -354,7 +354,8 @@ def _request_strategy(space: Space):
             if space.chat_min is not None and length >= space.chat_min else "random"
         seed = draw(st.integers(0, PROMPT_SEEDS - 1))
         stream = stream or shape == "messages"  # the chat path streams
-        feats = draw_features(draw, space.features, mt, stream) if space.features else NONE
+        feats = draw_features(draw, space.features, mt, stream, shape) \
+            if space.features else NONE
         return k, idx, FuzzRequest("new", length, shape, seed, mt, stream, why, sample_seed,
                                    feats)
 
@@ -417,7 +418,7 @@ def _resolve_one(space: Space, earlier: list, k: str, idx: int, r: FuzzRequest, 
     if out.shape == "messages" and not out.stream:  # the chat path streams
         out = replace(out, stream=True)
     if out.features:
-        out = replace(out, features=fit(out.features, out.max_tokens, out.stream))
+        out = replace(out, features=fit(out.features, out.max_tokens, out.stream, out.shape))
     n = space.sampled_prompt_len
     if out.sample_seed is not None and n and out.length > n:
         return replace(out, sample_seed=None)
@@ -547,9 +548,8 @@ class Fuzz(Scenario):
             spec.note += " (chat API)"
         if r.features:
             from .fuzz_features import apply, base_spec
-            base = ctx.references.get(base_spec(spec).ref_key) \
-                if r.features.stop_at is not None or r.features.bias_at is not None else None
-            spec = apply(spec, r.features, base.output_ids if base is not None else None)
+            base = ctx.references.get(base_spec(spec).ref_key) if r.features.needs_base else None
+            spec = apply(spec, r.features, base.output_ids if base is not None else None, ctx)
         return spec
 
     def _take_bases(self, ctx: "ScenarioContext", sched: Schedule, label: str) -> None:
@@ -561,7 +561,7 @@ class Fuzz(Scenario):
         bases = []
         for ph in sched.phases:
             for r in ph.members():
-                if r.features.stop_at is not None or r.features.bias_at is not None:
+                if r.features.needs_base:
                     bases.append(base_spec(self._spec(ctx, replace(r, features=NONE))))
         if bases:
             ctx.take_references(bases, phase_name=f"{label}/references-base")
@@ -809,6 +809,8 @@ class Fuzz(Scenario):
         self._messages: dict[tuple, tuple] = {}
         if p.chat:
             self._chat_prompts(ctx, space)
+        space.features, why_not = gate(ctx, space.features)  # constrained output: a probe
+        space.notes += why_not
         db_path = Path(p.db) if p.db else run_dir / "hypothesis-db"
         examples: list[dict] = []  # also the manifest's tables of these names (_keep)
         steps: list[dict] = []
