@@ -254,8 +254,10 @@ def test_a_stop_string_is_taken_from_the_output_without_parameters():
     assert got.params["stop"] == [" c"] and "stop_string" not in spec.checks
     # " a" at position 3 occurred before (position 0): " b a" is the first that completes there
     assert apply(spec, Features(stop_str_at=3), [5, 1, 6, 7, 9], Ctx()).stop == (" b a",)
-    # none completes only at that position, or no output there: dropped, and the note says why
-    for ids, j in (([5, 5], 1), ([5], 3)):
+    # none completes only at that position (EOS has no text; "</s>b" would only complete there
+    # in a text with EOS in it, which no completion has), or no output there: dropped, and the
+    # note says why
+    for ids, j in (([5, 1], 1), ([6, 1, 8], 2), ([5], 3)):
         none = apply(spec, Features(stop_str_at=j, logprobs=2), ids, Ctx())
         assert none.stop is None and "stop_string" not in none.checks
         assert "stop string dropped" in none.note and none.logprobs == 2
