@@ -25,8 +25,10 @@ shrunk towards absent, the per-request parameters of issue 35 that its engine co
 takes (:mod:`pleharness.scenarios.fuzz_features`): ``logprobs`` (then ``logprob_parity``),
 ``stop_token_ids`` (the ID its request without parameters emits at a drawn position),
 ``min_tokens``, ``ignore_eos`` off, a penalty, ``logit_bias`` (speculative decoding known off),
-``prompt_logprobs`` (non-streamed) and chat-API requests (shape ``messages``, a chat
-template); all but logprobs and the chat shape are in the reference key.
+``prompt_logprobs`` and ``echo`` (non-streamed), chat-API requests (shape ``messages``, a chat
+template), a stop string (chat-shaped prompts) and constrained output (text prompts, where the
+``constrained`` kind's probe passes); all but logprobs and the chat shape are in the reference
+key.
 
 One phase in three also gets a *carrier*: a streamed decode of up to ``carrier_tokens`` tokens
 (a prompt with room for it), issued with the phase's requests, and 1..``max_inserts`` *inserts*,
@@ -126,7 +128,8 @@ class FuzzParams(Params):
         "a one-token prefill is never split"))
     features: bool = Field(True, description=(
         "draw per-request features (logprobs, stop_token_ids, min_tokens, ignore_eos off, a "
-        "penalty, logit_bias, prompt_logprobs, chat-shaped requests to /v1/chat/completions), "
+        "penalty, logit_bias, prompt_logprobs, chat-shaped requests to /v1/chat/completions, "
+        "echo, a stop string, constrained output), "
         "each with probability 1/8, where the engine configuration takes them "
         "(pleharness/scenarios/fuzz_features.py)"))
 

@@ -24,7 +24,18 @@ speculative decoding is known to be off (vLLM refuses it with speculative decodi
 and logit_bias sampling parameters are not yet supported with speculative decoding",
 docs/stop-and-mixed.md); ``prompt_logprobs`` only on non-streamed requests (vLLM refuses it
 streamed); chat-shaped requests only where the model has a chat template (``/tokenize`` of
-messages answers) and always streamed (the chat path streams). Stop strings, ``echo``,
+messages answers) and always streamed (the chat path streams); ``echo`` only on non-streamed
+requests, sent with ``logprobs`` (its prompt scores come in them; :data:`ECHO_LOGPROBS` when
+none is drawn) and judged by the absolute ``prompt_logprobs`` rules; a stop string (``stop``)
+only on chat-shaped prompts to /v1/completions (shape ``chat``: text, which check
+``stop_string``'s text rule needs; the chat path sends no ``stop``), taken when the example
+runs from the output of the request without parameters as the ``stop_strings`` kind takes one
+(:func:`stop_string`), and dropped for that request, its note saying why, where none exists;
+constrained output (``structured_outputs``, one of :data:`CONSTRAINTS`, with ``ignore_eos``
+off, check ``constrained``) only on text prompts (shapes ``chat`` / ``messages``) and only where
+the ``constrained`` kind's probe passes when the run starts (:func:`gate`); with chat-shaped
+prompts off, neither. :func:`fit` resolves the conflicts (a constraint drops stop IDs, a stop
+string and min_tokens; a stop string drops stop IDs and min_tokens). JSON-Schema constraints,
 ``top_p`` / ``top_k`` and ``n`` > 1 are not drawn (docs/fuzz.md says why).
 """
 from __future__ import annotations
@@ -290,7 +301,8 @@ def apply(spec: "RequestSpec", f: Features, base_ids: list[int] | None,
     """``spec`` with the parameters of ``f`` (stop / bias IDs by :func:`resolve`, the stop
     string by :func:`stop_string`, which needs ``ctx``, a ScenarioContext: without one it is
     dropped) and the checks they call for: ``stop_token`` with stop IDs, min_tokens or EOS on
-    (a constraint turns EOS on; not with a stop string: it ends with finish_reason "stop" on no stop ID), ``stop_string``
+    (a constraint turns EOS on; not with a stop string: it ends with finish_reason "stop" on
+    no stop ID), ``stop_string``
     with a stop string, the absolute ``prompt_logprobs`` rules with prompt_logprobs or echo,
     ``constrained`` with a constraint (sent with ``ignore_eos`` off: the output ends at the
     constraint's end). A dropped stop string is said in the note. Returns a new spec."""
