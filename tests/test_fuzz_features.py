@@ -307,8 +307,10 @@ def test_new_features_round_trip_through_repro_toml(tmp_path, con):
                     prompt_logprobs=2)
     b = RequestSpec(prompt_of([30, 31]), 6, ignore_eos=False, stop=(' 7 "8',))
     c = RequestSpec(prompt_of([40, 41]), 6, ignore_eos=False, structured=con)
-    reqs = [FuzzRequest("new", n, "chat", 0, 6, s.stream, "q") for n, s in
-            ((3, a), (2, b), (2, c))]
+    feats = (Features(echo=True, prompt_logprobs=2), Features(stop_str_at=4),
+             Features(constraint=0))
+    reqs = [FuzzRequest("new", n, "chat", 0, 6, s.stream, "q", features=f) for n, s, f in
+            ((3, a, feats[0]), (2, b, feats[1]), (2, c, feats[2]))]
     sched = Schedule((FuzzPhase(3, tuple(reqs)),))
     path = tmp_path / "repro.toml"
     write_repro([PhaseSpecs([a, b, c])], sched, path, "run1")
@@ -319,6 +321,8 @@ def test_new_features_round_trip_through_repro_toml(tmp_path, con):
     assert "prompt_logprobs" in got[0].checks and got[0].echo
     assert "stop_string" in got[1].checks and "stop_token" not in got[1].checks
     assert got[2].structured == con and "constrained" in got[2].checks
+    # the description quotes the summary (a stop string's tag has quotes: TOML must still read)
+    assert sc.description == 'fuzz run1: C3[3hn+6<plp2,echo>,2h+6<stop"..."@4>,2h+6<choice0>]'
 
 
 @pytest.mark.parametrize("extra, msg", [

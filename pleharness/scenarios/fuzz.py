@@ -1051,7 +1051,8 @@ def write_repro(phases: list[PhaseSpecs], sched: Schedule, path: Path, run_id: s
              "# Order of runs: each distinct prompt alone first (cold, then warm: the warm run is "
              "compared with the cold one), then the phases in order, every request compared "
              "with its prompt's reference taken in this replay.",
-             'kind = "replay"', f'description = "fuzz {run_id}: {sched.summary()}"']
+             'kind = "replay"',  # the summary may quote (a stop string's tag: stop"..."@J)
+             f'description = {json.dumps(f"fuzz {run_id}: {sched.summary()}")}']
     names = []
     for i, (ph, specs) in enumerate(zip(sched.phases, phases), 1):
         n = ph.concurrency + (1 if ph.carrier else 0)
