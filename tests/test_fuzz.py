@@ -740,3 +740,26 @@ def test_recheck_keeps_the_smallest_schedule_that_fails_every_time(outcomes, pic
     assert (name[got.key()], ok) == (picked, confirmed)
     for k, seq in outcomes.items():  # a schedule stops at its first passing run
         assert ran.count(k) == (seq.index("P") + 1 if "P" in seq else len(seq))
+
+
+@pytest.mark.engine
+def test_engine_clean_fuzz_passes_with_echo_stop_strings_and_constraints(cpu_engine, tmp_path):
+    """The request features added last (issue 35 item 8: echo, a stop string taken from the
+    output, constrained output) were all sent in this seed's schedules on the clean engine and
+    judged by their checks, and the run passes (seed 11 first failed on a false alarm of the
+    usage check: a stop string completed by the last allowed ID ends with "stop")."""
+    r = run_cli("fuzz", "--url", cpu_engine.url, "--results-dir", str(tmp_path), "--run-id", "n",
+                *CLI_FACTS, "--max-examples", "12", "--seed", "11", "--max-tokens", "6",
+                "--no-golden", "--confirm-runs", "0", timeout=900)
+    m = load_json(tmp_path / "n" / "manifest.json")
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    s = m["tables"]["fuzz_summary"][0]
+    assert s["failing_examples"] == 0
+    assert {"echo", "stop", "structured"} <= set(s["space"]["features"])  # the probe passed
+    load = [x for x in m["requests"] if "/p" in x["phase"]]
+    sent = {k for x in load for k in (x.get("params") or {})}
+    assert {"echo", "stop", "structured_outputs"} <= sent, sent
+    judged = {c["name"]: c["status"] for x in load for c in x["checks"]
+              if c["name"] in ("stop_string", "constrained", "prompt_logprobs")
+              and c["status"] == "pass"}
+    assert set(judged) == {"stop_string", "constrained", "prompt_logprobs"}, judged

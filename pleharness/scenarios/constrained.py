@@ -116,6 +116,27 @@ def text_prompt(ctx: "ScenarioContext", key: str, rng: random.Random, words: int
     return Prompt(key=key, ids=tuple(ctx.client.tokenize(prompt=text)), text=text)
 
 
+def probe(ctx: "ScenarioContext") -> str | None:
+    """Why this engine does not serve ``structured_outputs``, or None when one request
+    constrained to the single choice :data:`PROBE` answered exactly that."""
+    try:
+        ids = list(ctx.client.tokenize(prompt="Say it:"))
+    except EngineError as exc:
+        return f"/tokenize failed, so no text prompt: {exc}"
+    c = ctx.client.complete(ids, 16, ignore_eos=False, stream=False,
+                            extra={"structured_outputs": {"choice": [PROBE]}})
+    if c.error is not None:
+        return (f"the engine refused structured_outputs ({c.error}"
+                f"{f' {c.http_status}' if c.http_status else ''}: "
+                f"{(c.error_detail or '')[:160]})")
+    if c.text != PROBE:
+        return (f"the engine ignores structured_outputs: a request constrained to the one "
+                f"choice {PROBE!r} answered {c.text[:60]!r} (finish_reason "
+                f"{c.finish_reason!r}; vLLM before structured_outputs read guided_choice, "
+                "guided_regex, guided_json)")
+    return None
+
+
 @register
 class Constrained(Scenario):
     """Kind ``constrained``: see the module docstring (two load phases; check ``constrained``;
@@ -129,24 +150,8 @@ class Constrained(Scenario):
     tables = {"constrained": ConstrainedRow}
 
     def probe(self, ctx: "ScenarioContext") -> str | None:
-        """Why this engine does not serve ``structured_outputs``, or None when one request
-        constrained to the single choice :data:`PROBE` answered exactly that."""
-        try:
-            ids = list(ctx.client.tokenize(prompt="Say it:"))
-        except EngineError as exc:
-            return f"/tokenize failed, so no text prompt: {exc}"
-        c = ctx.client.complete(ids, 16, ignore_eos=False, stream=False,
-                                extra={"structured_outputs": {"choice": [PROBE]}})
-        if c.error is not None:
-            return (f"the engine refused structured_outputs ({c.error}"
-                    f"{f' {c.http_status}' if c.http_status else ''}: "
-                    f"{(c.error_detail or '')[:160]})")
-        if c.text != PROBE:
-            return (f"the engine ignores structured_outputs: a request constrained to the one "
-                    f"choice {PROBE!r} answered {c.text[:60]!r} (finish_reason "
-                    f"{c.finish_reason!r}; vLLM before structured_outputs read guided_choice, "
-                    "guided_regex, guided_json)")
-        return None
+        """Why this engine does not serve ``structured_outputs`` (:func:`probe`), or None."""
+        return probe(ctx)
 
     def run(self, ctx: "ScenarioContext") -> None:
         p = self.params

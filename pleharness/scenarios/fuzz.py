@@ -25,8 +25,10 @@ shrunk towards absent, the per-request parameters of issue 35 that its engine co
 takes (:mod:`pleharness.scenarios.fuzz_features`): ``logprobs`` (then ``logprob_parity``),
 ``stop_token_ids`` (the ID its request without parameters emits at a drawn position),
 ``min_tokens``, ``ignore_eos`` off, a penalty, ``logit_bias`` (speculative decoding known off),
-``prompt_logprobs`` (non-streamed) and chat-API requests (shape ``messages``, a chat
-template); all but logprobs and the chat shape are in the reference key.
+``prompt_logprobs`` and ``echo`` (non-streamed), chat-API requests (shape ``messages``, a chat
+template), a stop string (chat-shaped prompts) and constrained output (text prompts, where the
+``constrained`` kind's probe passes); all but logprobs and the chat shape are in the reference
+key.
 
 One phase in three also gets a *carrier*: a streamed decode of up to ``carrier_tokens`` tokens
 (a prompt with room for it), issued with the phase's requests, and 1..``max_inserts`` *inserts*,
@@ -74,7 +76,7 @@ from pydantic import Field
 from ..engine.facts import as_facts, query_len
 from ..prompts import Prompt, seeded_prompts
 from .base import Params, Scenario, ScenarioError, register
-from .fuzz_features import NONE, Features, allowed, draw_features, fit
+from .fuzz_features import NONE, Features, allowed, draw_features, fit, gate
 from .shared.lengths import boundary_lengths
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -126,7 +128,8 @@ class FuzzParams(Params):
         "a one-token prefill is never split"))
     features: bool = Field(True, description=(
         "draw per-request features (logprobs, stop_token_ids, min_tokens, ignore_eos off, a "
-        "penalty, logit_bias, prompt_logprobs, chat-shaped requests to /v1/chat/completions), "
+        "penalty, logit_bias, prompt_logprobs, chat-shaped requests to /v1/chat/completions, "
+        "echo, a stop string, constrained output), "
         "each with probability 1/8, where the engine configuration takes them "
         "(pleharness/scenarios/fuzz_features.py)"))
 
@@ -354,7 +357,8 @@ def _request_strategy(space: Space):
             if space.chat_min is not None and length >= space.chat_min else "random"
         seed = draw(st.integers(0, PROMPT_SEEDS - 1))
         stream = stream or shape == "messages"  # the chat path streams
-        feats = draw_features(draw, space.features, mt, stream) if space.features else NONE
+        feats = draw_features(draw, space.features, mt, stream, shape) \
+            if space.features else NONE
         return k, idx, FuzzRequest("new", length, shape, seed, mt, stream, why, sample_seed,
                                    feats)
 
@@ -417,7 +421,7 @@ def _resolve_one(space: Space, earlier: list, k: str, idx: int, r: FuzzRequest, 
     if out.shape == "messages" and not out.stream:  # the chat path streams
         out = replace(out, stream=True)
     if out.features:
-        out = replace(out, features=fit(out.features, out.max_tokens, out.stream))
+        out = replace(out, features=fit(out.features, out.max_tokens, out.stream, out.shape))
     n = space.sampled_prompt_len
     if out.sample_seed is not None and n and out.length > n:
         return replace(out, sample_seed=None)
@@ -547,9 +551,8 @@ class Fuzz(Scenario):
             spec.note += " (chat API)"
         if r.features:
             from .fuzz_features import apply, base_spec
-            base = ctx.references.get(base_spec(spec).ref_key) \
-                if r.features.stop_at is not None or r.features.bias_at is not None else None
-            spec = apply(spec, r.features, base.output_ids if base is not None else None)
+            base = ctx.references.get(base_spec(spec).ref_key) if r.features.needs_base else None
+            spec = apply(spec, r.features, base.output_ids if base is not None else None, ctx)
         return spec
 
     def _take_bases(self, ctx: "ScenarioContext", sched: Schedule, label: str) -> None:
@@ -561,7 +564,7 @@ class Fuzz(Scenario):
         bases = []
         for ph in sched.phases:
             for r in ph.members():
-                if r.features.stop_at is not None or r.features.bias_at is not None:
+                if r.features.needs_base:
                     bases.append(base_spec(self._spec(ctx, replace(r, features=NONE))))
         if bases:
             ctx.take_references(bases, phase_name=f"{label}/references-base")
@@ -809,6 +812,8 @@ class Fuzz(Scenario):
         self._messages: dict[tuple, tuple] = {}
         if p.chat:
             self._chat_prompts(ctx, space)
+        space.features, why_not = gate(ctx, space.features)  # constrained output: a probe
+        space.notes += why_not
         db_path = Path(p.db) if p.db else run_dir / "hypothesis-db"
         examples: list[dict] = []  # also the manifest's tables of these names (_keep)
         steps: list[dict] = []
@@ -1046,7 +1051,8 @@ def write_repro(phases: list[PhaseSpecs], sched: Schedule, path: Path, run_id: s
              "# Order of runs: each distinct prompt alone first (cold, then warm: the warm run is "
              "compared with the cold one), then the phases in order, every request compared "
              "with its prompt's reference taken in this replay.",
-             'kind = "replay"', f'description = "fuzz {run_id}: {sched.summary()}"']
+             'kind = "replay"',  # the summary may quote (a stop string's tag: stop"..."@J)
+             f'description = {json.dumps(f"fuzz {run_id}: {sched.summary()}")}']
     names = []
     for i, (ph, specs) in enumerate(zip(sched.phases, phases), 1):
         n = ph.concurrency + (1 if ph.carrier else 0)

@@ -24,7 +24,18 @@ speculative decoding is known to be off (vLLM refuses it with speculative decodi
 and logit_bias sampling parameters are not yet supported with speculative decoding",
 docs/stop-and-mixed.md); ``prompt_logprobs`` only on non-streamed requests (vLLM refuses it
 streamed); chat-shaped requests only where the model has a chat template (``/tokenize`` of
-messages answers) and always streamed (the chat path streams). Stop strings, ``echo``,
+messages answers) and always streamed (the chat path streams); ``echo`` only on non-streamed
+requests, sent with ``logprobs`` (its prompt scores come in them; :data:`ECHO_LOGPROBS` when
+none is drawn) and judged by the absolute ``prompt_logprobs`` rules; a stop string (``stop``)
+only on chat-shaped prompts to /v1/completions (shape ``chat``: text, which check
+``stop_string``'s text rule needs; the chat path sends no ``stop``), taken when the example
+runs from the output of the request without parameters as the ``stop_strings`` kind takes one
+(:func:`stop_string`), and dropped for that request, its note saying why, where none exists;
+constrained output (``structured_outputs``, one of :data:`CONSTRAINTS`, with ``ignore_eos``
+off, check ``constrained``) only on text prompts (shapes ``chat`` / ``messages``) and only where
+the ``constrained`` kind's probe passes when the run starts (:func:`gate`); with chat-shaped
+prompts off, neither. :func:`fit` resolves the conflicts (a constraint drops stop IDs, a stop
+string and min_tokens; a stop string drops stop IDs and min_tokens). JSON-Schema constraints,
 ``top_p`` / ``top_k`` and ``n`` > 1 are not drawn (docs/fuzz.md says why).
 """
 from __future__ import annotations
@@ -43,7 +54,13 @@ PENALTIES = {"repetition_penalty": (1.5, 0.8), "frequency_penalty": (1.5, -1.0),
              "presence_penalty": (1.5, -1.0)}
 BIASES = (-100.0, 10.0)  # a ban of the emitted token, and a push towards it
 ALL = ("logprobs", "stop_token_ids", "min_tokens", "ignore_eos", "penalty", "logit_bias",
-       "prompt_logprobs", "messages")
+       "prompt_logprobs", "messages", "echo", "stop", "structured")
+TEXT_SHAPES = ("chat", "messages")  # prompts that are text (a chat template's IDs)
+ECHO_LOGPROBS = 1  # logprobs sent with a drawn echo when none is drawn (the prompt's scores)
+# a drawn constraint: an index into these (0, the shrink target, the smallest); the regexes and
+# the three-way choice are the ``constrained`` kind's (its DEFAULT_CONSTRAINTS)
+CONSTRAINTS = (("choice", ("yes", "no")), ("choice", ("red", "green", "blue")),
+               ("regex", "[0-9]{3}"), ("regex", "(cat|dog|bird) [0-9]{1,2}"))
 CHAT_WORDS = ("the engine cache block prefill decode token batch request stream step model "
               "server graph kernel memory").split()
 
@@ -58,7 +75,12 @@ class Features:
     request). ``penalty``: (name, value), one of :data:`PENALTIES`. ``bias_at`` / ``bias``: a
     ``logit_bias`` of ``bias`` (:data:`BIASES`) on the ID emitted at output position
     ``bias_at`` by the request without parameters. ``prompt_logprobs``: 0..5, non-streamed
-    requests only."""
+    requests only. ``echo``: OpenAI ``echo`` (the prompt's scores lead the logprobs; with
+    ``logprobs``, :data:`ECHO_LOGPROBS` when none is drawn), non-streamed requests only.
+    ``stop_str_at``: a stop string (``stop``) whose text completes at this output position of
+    the request without parameters (:func:`stop_string`); text prompts of shape ``chat`` only.
+    ``constraint``: ``structured_outputs``, index into :data:`CONSTRAINTS`, text prompts
+    (shapes ``chat`` / ``messages``) only, ``ignore_eos`` off."""
 
     logprobs: int | None = None
     stop_at: int | None = None
@@ -68,13 +90,27 @@ class Features:
     bias_at: int | None = None
     bias: float | None = None
     prompt_logprobs: int | None = None
+    echo: bool = False
+    stop_str_at: int | None = None
+    constraint: int | None = None
+
+    @property
+    def needs_base(self) -> bool:
+        """Whether a concrete value comes from the output of :func:`base_spec`'s request
+        (``stop_at``, ``bias_at``, ``stop_str_at``)."""
+        return any(x is not None for x in (self.stop_at, self.bias_at, self.stop_str_at))
 
     def __bool__(self) -> bool:
-        return any(getattr(self, f.name) not in (None, False) for f in fields(self))
+        # by identity: a position or top-k of 0 (stop_at=0, prompt_logprobs=0) is present,
+        # though 0 == False
+        return any(getattr(self, f.name) is not None and getattr(self, f.name) is not False
+                   for f in fields(self))
 
     def tag(self) -> str:
-        """The summary notation, e.g. ``<lp2,stop@3,min2,eos,rep1.5,bias@0:-100,plp1>``; empty
-        when nothing is drawn."""
+        """The summary notation, e.g. ``<lp2,stop@3,min2,eos,rep1.5,bias@0:-100,plp1,echo,
+        stop"..."@4,regex2>`` (``stop"..."@J``: a stop string taken at output position J;
+        ``choiceN`` / ``regexN``: constraint N of :data:`CONSTRAINTS`); empty when nothing is
+        drawn."""
         parts = []
         if self.logprobs is not None:
             parts.append(f"lp{self.logprobs}")
@@ -90,6 +126,12 @@ class Features:
             parts.append(f"bias@{self.bias_at}:{self.bias:g}")
         if self.prompt_logprobs is not None:
             parts.append(f"plp{self.prompt_logprobs}")
+        if self.echo:
+            parts.append("echo")
+        if self.stop_str_at is not None:
+            parts.append(f'stop"..."@{self.stop_str_at}')
+        if self.constraint is not None:
+            parts.append(f"{CONSTRAINTS[self.constraint][0]}{self.constraint}")
         return f"<{','.join(parts)}>" if parts else ""
 
 
@@ -112,14 +154,33 @@ def allowed(facts, enabled: bool, chat: bool) -> tuple[frozenset[str], list[str]
                      + (f"(k = {k})" if k is not None else "(k unknown: pass "
                         "--num-speculative-tokens 0 where it is off)"))
     if not chat:
-        out.discard("messages")
+        out -= {"messages", "stop", "structured"}
+        notes.append("features: stop strings and constrained output left out: they need text "
+                     "prompts (chat-shaped), and chat-shaped prompts are off")
     return frozenset(out), notes
 
 
-def draw_features(draw, names: frozenset[str], max_tokens: int, stream: bool) -> Features:
+def gate(ctx, names: frozenset[str]) -> tuple[frozenset[str], list[str]]:
+    """The features of ``names`` that this engine serves, and notes on those it does not:
+    ``structured`` only when the ``constrained`` kind's probe
+    (:func:`pleharness.scenarios.constrained.probe`: one request constrained to a single
+    choice answers exactly it) passes on ``ctx`` (a ScenarioContext). Sends one request when
+    ``structured`` is asked; never raises for an engine's refusal."""
+    if "structured" not in names:
+        return names, []
+    from .constrained import probe
+    why = probe(ctx)
+    if why is None:
+        return names, []
+    return names - {"structured"}, [f"features: constrained output left out: {why}"]
+
+
+def draw_features(draw, names: frozenset[str], max_tokens: int, stream: bool,
+                  shape: str = "random") -> Features:
     """Draw a :class:`Features` (hypothesis ``draw``) over the feature ``names`` for a request
-    of ``max_tokens`` (>= 1), streamed or not. Each feature is present with probability
-    1 / ODDS; every value shrinks towards absent (then towards its smallest value)."""
+    of ``max_tokens`` (>= 1), streamed or not, of prompt ``shape`` (random | chat | messages).
+    Each feature is present with probability 1 / ODDS; every value shrinks towards absent
+    (then towards its smallest value). Conflicts are resolved later by :func:`fit`."""
     from hypothesis import strategies as st
 
     def on(name: str) -> bool:
@@ -137,16 +198,35 @@ def draw_features(draw, names: frozenset[str], max_tokens: int, stream: bool) ->
     if on("logit_bias"):
         bias_at, bias = draw(st.integers(0, max_tokens - 1)), draw(st.sampled_from(BIASES))
     plp = draw(st.integers(0, MAX_LOGPROBS)) if not stream and on("prompt_logprobs") else None
-    return Features(lp, stop_at, mt, eos, pen, bias_at, bias, plp)
+    echo = not stream and on("echo")
+    sj = draw(st.integers(0, max_tokens - 1)) if shape == "chat" and on("stop") else None
+    con = draw(st.integers(0, len(CONSTRAINTS) - 1)) \
+        if shape in TEXT_SHAPES and on("structured") else None
+    return Features(lp, stop_at, mt, eos, pen, bias_at, bias, plp, echo, sj, con)
 
 
-def fit(f: Features, max_tokens: int, stream: bool) -> Features:
-    """``f`` made valid for a request of ``max_tokens``, streamed or not (a warm repeat keeps
-    its own draw; this guards every combination): positions and min_tokens within max_tokens,
-    no prompt_logprobs on a streamed request."""
+def fit(f: Features, max_tokens: int, stream: bool, shape: str = "random") -> Features:
+    """``f`` made valid for a request of ``max_tokens``, streamed or not, of prompt ``shape``
+    (a warm repeat keeps its own draw; this guards every combination): positions and
+    min_tokens within max_tokens, no prompt_logprobs or echo on a streamed request, a stop
+    string only on a ``chat`` prompt and a constraint only on a text one. A constraint drops
+    stop IDs, a stop string and min_tokens (a stop before the constraint's end would leave a
+    text that does not conform); a stop string drops stop IDs and min_tokens (vLLM checks no
+    stop string before min_tokens, and a stop ID ends the output with finish_reason "stop"
+    but no stop string: check ``stop_string`` could not tell these from a fault)."""
     if not f:
         return f
     out = f
+    if out.stop_str_at is not None and (shape != "chat" or out.constraint is not None):
+        out = replace(out, stop_str_at=None)
+    if out.constraint is not None and shape not in TEXT_SHAPES:
+        out = replace(out, constraint=None)
+    if out.constraint is not None or out.stop_str_at is not None:
+        out = replace(out, stop_at=None, min_tokens=None)
+    if out.stop_str_at is not None and out.stop_str_at >= max_tokens:
+        out = replace(out, stop_str_at=max_tokens - 1)
+    if stream and out.echo:
+        out = replace(out, echo=False)
     if out.stop_at is not None and out.stop_at >= max_tokens:
         out = replace(out, stop_at=max_tokens - 1)
     if out.bias_at is not None and out.bias_at >= max_tokens:
@@ -187,24 +267,73 @@ def resolve(f: Features, base_ids: list[int] | None, prompt_ids: tuple[int, ...]
     return stop, bias
 
 
-def apply(spec: "RequestSpec", f: Features, base_ids: list[int] | None) -> "RequestSpec":
-    """``spec`` with the parameters of ``f`` (stop / bias IDs by :func:`resolve`) and the
-    checks they call for: ``stop_token`` with stop IDs, min_tokens or EOS on, and the
-    absolute ``prompt_logprobs`` rules with prompt_logprobs. Returns a new spec."""
+def stop_string(ctx, f: Features, base_ids: list[int] | None) -> tuple[str | None, str]:
+    """(stop string, why) of ``f.stop_str_at`` = j: the ``stop_strings`` kind's pick
+    (:func:`pleharness.scenarios.stop_strings.stop_for`: the text of token j, then of j-1..j,
+    ... whose first occurrence in the output's text ends at token j) in ``base_ids`` (the
+    output of :func:`base_spec`'s request), kept only when it also holds for the text the
+    engine searches (EOS IDs left out). (None, why) when there is none: no output there, no
+    such text, or /detokenize failed (the feature is then dropped for this request)."""
+    j = f.stop_str_at
+    if j is None:
+        return None, ""
+    if not base_ids or j >= len(base_ids):
+        return None, (f"stop string dropped: the request without parameters emitted "
+                      f"{len(base_ids or ())} token(s), none at position {j}")
+    from ..checks.stop_string import eos_ids
+    from ..errors import EngineError
+    from .stop_strings import stop_for
+    try:
+        ids = [int(t) for t in base_ids]
+        s = stop_for(ctx, ids, j)
+        eos = eos_ids(ctx)
+        text = ctx.detokenize([t for t in ids[:j + 1] if t not in eos]) if s else ""
+    except EngineError as exc:
+        return None, f"stop string dropped: /detokenize failed ({str(exc)[:80]})"
+    if s is None or not text.endswith(s) or text.find(s) != len(text) - len(s):
+        return None, (f"stop string dropped: no text of the output's last tokens through "
+                      f"position {j} completes only there")
+    return s, f"stop {s!r} completes at output position {j} of the request without parameters"
+
+
+def apply(spec: "RequestSpec", f: Features, base_ids: list[int] | None,
+          ctx=None) -> "RequestSpec":
+    """``spec`` with the parameters of ``f`` (stop / bias IDs by :func:`resolve`, the stop
+    string by :func:`stop_string`, which needs ``ctx``, a ScenarioContext: without one it is
+    dropped) and the checks they call for: ``stop_token`` with stop IDs, min_tokens or EOS on
+    (a constraint turns EOS on; not with a stop string: it ends with finish_reason "stop" on
+    no stop ID), ``stop_string``
+    with a stop string, the absolute ``prompt_logprobs`` rules with prompt_logprobs or echo,
+    ``constrained`` with a constraint (sent with ``ignore_eos`` off: the output ends at the
+    constraint's end). A dropped stop string is said in the note. Returns a new spec."""
     if not f:
         return spec
+    from ..checks.constrained import NAME as CON
     from ..checks.prompt_logprobs import NAME as PLP
     stop, bias = resolve(f, base_ids, spec.prompt.ids)
+    text, why = stop_string(ctx, f, base_ids) if ctx is not None else \
+        (None, "stop string dropped: no engine to take it from" if f.stop_str_at is not None
+         else "")
     pen = dict([f.penalty]) if f.penalty else {}
     checks = dict(spec.checks)
-    if stop or f.min_tokens or f.eos:
+    if (stop or f.min_tokens or f.eos or f.constraint is not None) and not text:
         checks["stop_token"] = {}
-    if f.prompt_logprobs is not None:
+    if text:
+        checks["stop_string"] = {}
+    if f.prompt_logprobs is not None or f.echo:
         checks[PLP] = {}
-    return replace(spec, logprobs=f.logprobs if f.logprobs is not None else spec.logprobs,
-                   stop_token_ids=stop, min_tokens=f.min_tokens, ignore_eos=not f.eos,
-                   logit_bias=bias, prompt_logprobs=f.prompt_logprobs, checks=checks,
-                   note=(spec.note or "") + f" {f.tag()}", **pen)
+    if f.constraint is not None:
+        checks[CON] = {}
+    lp = f.logprobs if f.logprobs is not None else spec.logprobs
+    if f.echo and lp is None:
+        lp = ECHO_LOGPROBS
+    return replace(spec, logprobs=lp, stop_token_ids=stop, min_tokens=f.min_tokens,
+                   ignore_eos=not (f.eos or f.constraint is not None), logit_bias=bias,
+                   prompt_logprobs=f.prompt_logprobs, checks=checks, echo=f.echo,
+                   stop=(text,) if text else spec.stop,
+                   structured=CONSTRAINTS[f.constraint] if f.constraint is not None
+                   else spec.structured,
+                   note=(spec.note or "") + f" {f.tag()}" + (f" ({why})" if why else ""), **pen)
 
 
 def messages_prompt(client, length: int, seed: int, key: str, why: str) \
@@ -240,8 +369,10 @@ def messages_prompt(client, length: int, seed: int, key: str, why: str) \
 def toml_lines(spec: "RequestSpec") -> list[str]:
     """The replay-file lines (``[[params.phases.requests]]`` keys, :mod:`.replay`) of
     ``spec``'s per-request parameters: logprobs, ignore_eos, stop, penalties, logit_bias (a
-    table of ID strings), stop_token_ids, min_tokens, prompt_logprobs, echo, messages (inline
-    tables of role and content); none for a plain request."""
+    table of ID strings), stop_token_ids, min_tokens, prompt_logprobs, echo,
+    structured_outputs (``{ choice = [...] }``, ``{ regex = "..." }``; a JSON Schema as JSON,
+    which TOML reads as an inline table), messages (inline tables of role and content); none
+    for a plain request."""
     lines = []
     if spec.logprobs is not None:
         lines.append(f"logprobs = {int(spec.logprobs)}")
@@ -261,10 +392,27 @@ def toml_lines(spec: "RequestSpec") -> list[str]:
             lines.append(f"{name} = {json.dumps(p[name])}")
     if p.get("echo"):
         lines.append("echo = true")
+    if "structured_outputs" in p:
+        ((kind, con),) = p["structured_outputs"].items()
+        lines.append(f"structured_outputs = {{ {kind} = {_toml(con)} }}")
     if spec.messages:
         lines.append("messages = [" + ", ".join(f"{{ role = {_s(r)}, content = {_s(c)} }}"
                                                 for r, c in spec.messages) + "]")
     return lines
+
+
+def _toml(v) -> str:
+    """A TOML value of ``v`` (str, bool, int, float, list, dict with string keys: an inline
+    table). Raises ValueError for None or another type (TOML has no null)."""
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{_s(str(k))} = {_toml(x)}" for k, x in v.items()) + " }"
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml(x) for x in v) + "]"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float, str)):
+        return _s(v) if isinstance(v, str) else repr(v)
+    raise ValueError(f"no TOML value for {v!r}")
 
 
 def _s(v) -> str:

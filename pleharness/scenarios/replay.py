@@ -26,9 +26,12 @@ there: ``logprobs`` (top-k, 0..20), ``ignore_eos`` (default true), ``stop`` (str
 (<= max_tokens), ``prompt_logprobs`` (0..20, non-streamed requests only), ``echo`` (with
 ``logprobs``), ``messages`` (``[{ role = "user", content = "..." }]``: sent to
 /v1/chat/completions, streamed, and compared with the /v1/completions reference of ``prompt``,
-the IDs the chat template made of them; no ``stop``, ``prompt_logprobs`` or ``echo``). The
+the IDs the chat template made of them; no ``stop``, ``prompt_logprobs`` or ``echo``),
+``structured_outputs`` (one of ``{ json = {...} }``, ``{ regex = "..." }``, ``{ choice =
+["...", ...] }``; needs ``ignore_eos = false``). The
 stop check ``stop_token`` runs on a request with stop_token_ids, min_tokens or ignore_eos off,
-the ``prompt_logprobs`` rules on one with prompt_logprobs, ``stop_string`` on one with stop. A request with ``insert_into = j`` and
+the ``prompt_logprobs`` rules on one with prompt_logprobs, ``stop_string`` on one with stop,
+``constrained`` on one with structured_outputs. A request with ``insert_into = j`` and
 ``insert_after_tokens = N`` is an *insert*: it is sent once request j of its phase (the carrier,
 streamed) has streamed N tokens (:mod:`pleharness.scenarios.shared.inserting`); ``concurrency`` then
 counts the other requests, and the inserts come on top (what ``ple-harness fuzz`` writes). Phase
@@ -98,6 +101,9 @@ class ReplayRequest(Params):
     prompt_logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = False
     messages: list[ChatMessage] | None = Field(None, min_length=1)
+    structured_outputs: dict[str, Any] | None = Field(None, description=(
+        "the output's constraint, one key: { json = {schema} }, { regex = \"...\" } or "
+        "{ choice = [\"...\", ...] }"))
 
     @model_validator(mode="after")
     def _params(self):
@@ -117,6 +123,18 @@ class ReplayRequest(Params):
                              "logprobs on a streamed request)")
         if self.echo and self.logprobs is None:
             raise ValueError("echo needs logprobs (the prompt's scores come with them)")
+        if self.structured_outputs is not None:
+            from ..checks.constrained import KINDS, constraint_problem
+            if len(self.structured_outputs) != 1:
+                raise ValueError(f"structured_outputs: one key of {', '.join(KINDS)}, not "
+                                 f"{sorted(self.structured_outputs) or 'none'}")
+            ((kind, con),) = self.structured_outputs.items()
+            why = constraint_problem(kind, con)
+            if why:
+                raise ValueError(f"structured_outputs: {why}")
+            if self.ignore_eos:
+                raise ValueError("structured_outputs needs ignore_eos = false (with EOS "
+                                 "ignored the engine decodes past the constraint's end)")
         if self.messages:
             bad = [k for k, v in (("stream = false", not self.stream), ("stop", self.stop),
                                   ("prompt_logprobs", self.prompt_logprobs is not None),
@@ -221,6 +239,15 @@ class ReplayParams(Params):
         return self
 
 
+def _structured(so: dict[str, Any] | None) -> tuple[str, Any] | None:
+    """``RequestSpec.structured`` of a request's ``structured_outputs`` table (validated:
+    one key), a choice's list as a tuple; None without one."""
+    if not so:
+        return None
+    ((kind, con),) = so.items()
+    return kind, tuple(con) if kind == "choice" else con
+
+
 def prompt_of(ids: list[int]) -> Prompt:
     """A :class:`~pleharness.prompts.Prompt` keyed by its length and hash prefix."""
     p = Prompt(key="", ids=tuple(ids))
@@ -271,14 +298,18 @@ class Replay(Scenario):
             if r.logit_bias else None,
             stop_token_ids=tuple(r.stop_token_ids) if r.stop_token_ids else None,
             min_tokens=r.min_tokens, prompt_logprobs=r.prompt_logprobs, echo=r.echo,
-            messages=tuple((m.role, m.content) for m in r.messages) if r.messages else None)
-        if spec.stop_token_ids or spec.min_tokens or not spec.ignore_eos:
-            spec.checks["stop_token"] = {}
+            messages=tuple((m.role, m.content) for m in r.messages) if r.messages else None,
+            structured=_structured(r.structured_outputs))
+        if (spec.stop_token_ids or spec.min_tokens or not spec.ignore_eos) and not spec.stop:
+            spec.checks["stop_token"] = {}  # a stop string ends with "stop" on no stop ID
         if spec.stop:
             spec.checks["stop_string"] = {}
         if spec.prompt_logprobs is not None or spec.echo:
             from ..checks.prompt_logprobs import NAME
             spec.checks[NAME] = {}
+        if spec.structured is not None:
+            from ..checks.constrained import NAME as CON
+            spec.checks[CON] = {}
         spec.checks.update({name: dict(params) for name, params in r.checks.items()})
         return spec
 
