@@ -63,7 +63,8 @@ def headline(m: Manifest) -> str:
 def _api_clause(m: Manifest) -> str | None:
     """The summary line's ``--api`` clause (:mod:`pleharness.run.api`), e.g. ``api both: 6 chat
     request(s) (6 twins), 150 token-ID prompt(s) completions only``, or ``api both ->
-    completions (no chat template)``; None for ``--api completions`` or a manifest without it."""
+    completions (no chat template)``; None for ``--api completions``, for ``both`` when no request
+    had a message form, or a manifest without it."""
     mode, used = m.run_options.api, m.run_options.api_used
     if mode in (None, "completions"):
         return None
@@ -72,6 +73,8 @@ def _api_clause(m: Manifest) -> str | None:
     paths = (m.summary.api_paths or {}).values()
     tot = {k: sum(int(r.get(k, 0)) for r in paths) for k in ("chat", "chat_twins",
                                                               "no_chat_form")}
+    if mode == "both" and not tot["chat"]:
+        return None  # no prompt of this run has a message form: nothing to say on every line
     twins = f" ({tot['chat_twins']} twins)" if mode == "both" else ""
     return (f"api {mode}: {tot['chat']} chat request(s){twins}, {tot['no_chat_form']} "
             "token-ID prompt(s) completions only")

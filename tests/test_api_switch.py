@@ -109,7 +109,12 @@ def test_summary_line_says_the_api_mode():
                            "transitions": {"chat": 0, "chat_twins": 0, "no_chat_form": 80}}
     assert "; api both: 3 chat request(s) (3 twins), 80 token-ID prompt(s) completions only" \
         in headline(m)
-    m.run_options.update({"api_used": "completions", "chat_template": False})
+    # a run with no message-form prompt says nothing of the api on its line (the manifest does)
+    m.summary.api_paths = {"transitions": {"chat": 0, "chat_twins": 0, "no_chat_form": 80}}
+    assert "api" not in headline(m)
+    m.run_options.update({"api": "chat", "api_used": "chat"})
+    assert "; api chat: 0 chat request(s), 80 token-ID prompt(s) completions only" in headline(m)
+    m.run_options.update({"api": "both", "api_used": "completions", "chat_template": False})
     assert "; api both -> completions (no chat template)" in headline(m)
 
 
