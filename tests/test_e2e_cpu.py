@@ -29,9 +29,14 @@ def test_stress_default_suite_launch(tmp_path):
     assert all(p["status"] == "pass" for p in m["phases"])
     # the chat path (issue 35): every chat answer equals the completions reference of its
     # template's IDs, alone and under load, and the chat path reports /tokenize's IDs
-    chat = [q for q in m["requests"] if q.get("api") == "chat"]
+    every_chat = [q for q in m["requests"] if q.get("api") == "chat"]
+    chat = [q for q in every_chat if q["phase"].startswith("chat-api-")]
     assert {q["phase"] for q in chat} == {"chat-api-solo", "chat-api-c4"} and len(chat) == 8
-    assert all(q["match"] for q in chat)
+    assert all(q["match"] for q in every_chat)
+    # elsewhere (--api both, the default): the chat twins of the load phases' message prompts
+    twins = [q for q in every_chat if not q["phase"].startswith("chat-api-")]
+    assert len(twins) == sum(r["chat_twins"] for r in m["summary"]["api_paths"].values()) > 0
+    assert {q["phase"].split("/")[-1] for q in twins} <= {"stop-plain-solo", "stop-c8", "insert"}
     rows = m["tables"]["chat_api"]
     assert len(rows) == 4 and all(r["template"] == "same" for r in rows)
     assert {r["turns"] for r in rows} == {1, 2, 3}
