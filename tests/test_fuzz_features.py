@@ -2,7 +2,7 @@
 item 8): each is drawn, left out where the engine configuration cannot take it, shrinks towards
 absent, names concrete stop / bias IDs, round-trips through repro.toml (the ``replay`` kind reads
 and sends it) and is recorded in ``fuzz_failing``; a bad value in a replay file is a usage error
-naming the key. The engine run is in tests/test_fuzz.py (test_engine_clean_fuzz_passes,
+naming the key. The engine run is in tests/test_fuzz.py (test_engine_clean_fuzz_passes_with_every_feature,
 test_engine_fuzz_finds_a_stop_token_fault)."""
 from dataclasses import replace
 
