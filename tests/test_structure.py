@@ -59,3 +59,77 @@ def test_no_import_cycle():
         list(graphlib.TopologicalSorter(g).static_order())
     except graphlib.CycleError as exc:
         raise AssertionError(f"import cycle: {' -> '.join(exc.args[1])}") from None
+
+
+# -- the floors (issue 34): a module imports only its own floor and those below it ------------
+# Each entry: a module or package of pleharness (the longest matching prefix decides), its floor.
+# docs/extending.md draws the same table. The job floor is special: a job never imports another
+# job (each calls the run layer and what lies below it).
+FLOORS: dict[str, int] = {
+    # 1 foundation: no engine, no scenario
+    "errors": 1, "files": 1, "redact": 1, "parity": 1, "twosample": 1, "faults": 1,
+    "tomlfile": 1, "manifest": 1, "model": 1, "prompts": 1, "probe": 1, "profile": 1,
+    "environment": 1, "summary": 1, "plot": 1,
+    # 2 the engine: launch or attach, the HTTP client, facts, metrics
+    "engine": 2,
+    # 3 judging one output, with no run around it
+    "evidence": 3, "golden": 3, "explain_plan": 3, "checks": 3, "compare_spec": 3,
+    "request": 4, "divergence": 4, "engine_probe": 4,
+    # 5 the run layer: context, references, judgement, sides
+    "run": 5,
+    # 6 what a run is made of: scenario kinds, and how a divergence is attributed
+    "scenarios": 6, "causes": 6, "attribution": 6,
+    # 7 reading and writing runs: comparison, renderers, suites, configuration, confirmation
+    "compare": 7, "suites": 7, "render": 7, "config": 7, "reproduce": 7,
+    # 8 the jobs
+    "stress": 8, "explain": 8, "selftest": 8, "factsjob": 8, "fuzz": 8,
+    # 9 the command line
+    "cli": 9, "__main__": 9,
+}
+JOB_FLOOR = 8
+
+
+def floor_of(mod: str) -> tuple[str, int]:
+    """(the FLOORS entry that places ``mod``, its floor); KeyError for a module of no floor."""
+    parts = mod.split(".")[1:]
+    for n in range(len(parts), 0, -1):
+        key = ".".join(parts[:n])
+        if key in FLOORS:
+            return key, FLOORS[key]
+    raise KeyError(mod)
+
+
+def floor_problems(graph: dict[str, set[str]]) -> list[str]:
+    """Every import that runs up a floor, or from one job to another, as 'a -> b (floor x -> y)';
+    every module with no floor."""
+    out = []
+    for mod, deps in graph.items():
+        if mod == "pleharness":
+            continue
+        try:
+            key, fl = floor_of(mod)
+        except KeyError:
+            out.append(f"{mod}: no floor in FLOORS")
+            continue
+        for dep in sorted(deps):
+            if dep == "pleharness":
+                continue
+            dkey, dfl = floor_of(dep)
+            if dfl > fl or (fl == dfl == JOB_FLOOR and dkey != key):
+                out.append(f"{mod} -> {dep} (floor {fl} -> {dfl})")
+    return sorted(out)
+
+
+def test_every_import_stays_on_its_floor_or_goes_down():
+    problems = floor_problems(import_graph())
+    assert not problems, "imports that run up a floor or between jobs:\n" + "\n".join(problems)
+
+
+def test_the_floor_rule_catches_an_upward_import_and_a_job_calling_a_job():
+    g = {"pleharness.engine.client": {"pleharness.run.context"},
+         "pleharness.explain": {"pleharness.stress", "pleharness.run.judge"},
+         "pleharness.run.judge": {"pleharness.engine.client", "pleharness.checks.usage"}}
+    assert floor_problems(g) == [
+        "pleharness.engine.client -> pleharness.run.context (floor 2 -> 5)",
+        "pleharness.explain -> pleharness.stress (floor 8 -> 8)"]
+    assert floor_problems({"pleharness.nowhere": set()}) == ["pleharness.nowhere: no floor in FLOORS"]
