@@ -629,7 +629,7 @@ def test_explain_replays_are_judged_with_the_runs_golden_model(tmp_path, embedde
     """Issue 33 (the H200 benchmark): explain judges its replays with the run's golden model and
     measured floor, as the run judged itself; a run without one gets none, said why."""
     from pleharness.engine.session import Target
-    from pleharness.explain import _Replayer, _RunGolden
+    from pleharness.explain.replay import _Replayer, _RunGolden
     target = Target(url=None, model_path=str(embedded_model), served_name="m",
                     python=sys.executable)
     floor = {"informative": True, "tolerance_nats": 0.3}
