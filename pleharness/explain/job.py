@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from .suspects import failing_cases, suspects_for
 
 
 def confirm_repros(report: ExplainReport, m: Manifest, run_dir: Path, runs: int, *,
+                   runner: Callable[[Any, Console, Console], int],
                    engine_python: str | None = None, start_timeout_s: float = 900.0,
                    console: Console | None = None, on_each: Any = None,
                    side: SideBySide | None = None) -> None:
@@ -33,12 +34,13 @@ def confirm_repros(report: ExplainReport, m: Manifest, run_dir: Path, runs: int,
     engines", "0/3: not reproduced ..."). Cases whose reproducers replay the same schedule (the
     cases of one phase, at its companions level) are replayed once and share the result
     (``same_schedule_as``). Replays run under ``RUN/explain/confirm/``, ``side.n`` side by side
-    (each with ``side.add``); ``on_each()`` is called after every case. Raises Interrupted when
-    a replay was interrupted (SIGINT / SIGTERM)."""
+    (each with ``side.add``); ``on_each()`` is called after every case. ``runner``: the run a
+    replay is (:attr:`pleharness.reproduce.ReplayTarget.runner`: the stress job's
+    :func:`pleharness.stress.run_stress`, handed in by the command line, since a job imports no
+    other job). Raises Interrupted when a replay was interrupted (SIGINT / SIGTERM)."""
     from ..reproduce import ReplayTarget, judging_options, replay_reproducer
-    from ..stress import run_stress
     console = console or Console(stderr=True)
-    rt = ReplayTarget(runner=run_stress, launch=run_target(m, engine_python).launch_spec(),
+    rt = ReplayTarget(runner=runner, launch=run_target(m, engine_python).launch_spec(),
                       **judging_options(m.run_options),
                       start_timeout_s=start_timeout_s, parallel=side.n if side else 1,
                       engine_args_add=list(side.add) if side else [])
@@ -69,7 +71,8 @@ def confirm_repros(report: ExplainReport, m: Manifest, run_dir: Path, runs: int,
             on_each()
 
 
-def explain(run: Path, *, suspects_extra: Sequence[str] = (), suspects_drop: Sequence[str] = (),
+def explain(run: Path, *, runner: Callable[[Any, Console, Console], int],
+            suspects_extra: Sequence[str] = (), suspects_drop: Sequence[str] = (),
             auto_suspects: bool = True, include_warnings: bool = False, tries: int = 3,
             budget_s: float = 3600.0, engine_python: str | None = None,
             start_timeout_s: float = 900.0, console: Console | None = None,
@@ -78,8 +81,10 @@ def explain(run: Path, *, suspects_extra: Sequence[str] = (), suspects_drop: Seq
     package's docstring (:mod:`pleharness.explain`). Returns the report (also written to
     ``RUN/explain/explain.json``, with ``explain.md`` and ``junit.xml``).
 
-    ``confirm_runs``: replays of each reproducer on fresh engines (:func:`confirm_repros`; 0:
-    skip). ``parallel_engines``: engines started side by side (None: auto;
+    ``runner``: the run each confirming replay is (:func:`pleharness.stress.run_stress`, which
+    the command line hands in: a job imports no other job). ``confirm_runs``: replays of each
+    reproducer on fresh engines (:func:`confirm_repros`, with ``runner``; 0: skip).
+    ``parallel_engines``: engines started side by side (None: auto;
     :func:`pleharness.engine.side_by_side.plan`).
 
     explain.json and explain.md are rewritten after every launch and every confirmation, and
@@ -154,7 +159,8 @@ def explain(run: Path, *, suspects_extra: Sequence[str] = (), suspects_drop: Seq
                                                   str(path.relative_to(run_dir))))
             if confirm_runs:
                 progress.save("confirming the reproducers")
-                confirm_repros(report, m, run_dir, confirm_runs, engine_python=engine_python,
+                confirm_repros(report, m, run_dir, confirm_runs, runner=runner,
+                               engine_python=engine_python,
                                start_timeout_s=start_timeout_s, console=console,
                                on_each=lambda: progress.save("confirming the reproducers"),
                                side=side)
