@@ -629,7 +629,7 @@ def test_explain_replays_are_judged_with_the_runs_golden_model(tmp_path, embedde
     """Issue 33 (the H200 benchmark): explain judges its replays with the run's golden model and
     measured floor, as the run judged itself; a run without one gets none, said why."""
     from pleharness.engine.session import Target
-    from pleharness.explain import _Replayer, _RunGolden
+    from pleharness.explain.replay import _Replayer, _RunGolden
     target = Target(url=None, model_path=str(embedded_model), served_name="m",
                     python=sys.executable)
     floor = {"informative": True, "tolerance_nats": 0.3}
@@ -662,6 +662,7 @@ def test_explain_and_stress_replay_at_the_runs_threshold(monkeypatch):
     reproduce.judging_options); explain used to replay at the dtype's default."""
     from pleharness import reproduce
     from pleharness.explain import ExplainReport, confirm_repros
+    from pleharness.stress import run_stress
     built = []
 
     class Capture(reproduce.ReplayTarget):
@@ -673,10 +674,10 @@ def test_explain_and_stress_replay_at_the_runs_threshold(monkeypatch):
                  engine={"mode": "launched", "launch": {"model": "m", "python": "p"}},
                  run_options={"near_tie_nats": 0.37, "strict": True, "golden": False,
                               "reference_cache_state": "cold"})
-    confirm_repros(ExplainReport(run_id="t", tries=1, budget_s=1.0), m, Path("."), 3)
+    confirm_repros(ExplainReport(run_id="t", tries=1, budget_s=1.0), m, Path("."), 3,
+                   runner=run_stress)
     (rt,) = built
-    from pleharness.stress import run_stress
-    assert rt.runner is run_stress  # handed in: reproduce imports no job (issue 34's cycle)
+    assert rt.runner is run_stress  # handed in: neither reproduce nor explain imports a job
     assert (rt.near_tie_nats, rt.strict, rt.golden, rt.reference_cache_state) == \
         (0.37, True, False, "cold")
     assert reproduce.judging_options(m.run_options) == {

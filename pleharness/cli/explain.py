@@ -51,8 +51,10 @@ def explain(
     RUN/explain/ (table, diagnosis, JUnit, reproducers). Exit 0 when done (the table is the result), 2 usage error, 3 engine
     failure."""
     from ..explain import explain as run_explain
+    from ..stress import run_stress  # handed to explain: a job imports no other job
     config.raise_all(config.engine_arg_problems(list(suspect or []), "--suspect"))
-    run_explain(run, suspects_extra=list(suspect or []), suspects_drop=list(suspect_drop or []),
+    run_explain(run, runner=run_stress, suspects_extra=list(suspect or []),
+                suspects_drop=list(suspect_drop or []),
                 auto_suspects=auto_suspects, include_warnings=include_warnings, tries=tries,
                 budget_s=budget_s,
                 engine_python=engine_python, start_timeout_s=start_timeout,

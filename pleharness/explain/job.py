@@ -1,0 +1,221 @@
+"""The explain job itself: :func:`explain` (load the run, plan, launch and replay, write the
+report) and :func:`confirm_repros` (the reproducers replayed on fresh engines)."""
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+
+from ..engine.session import EngineSession
+from ..engine.side_by_side import SideBySide, model_bytes
+from ..engine.side_by_side import plan as plan_side_by_side
+from ..errors import UsageError
+from ..explain_plan import estimate, order_first_round
+from ..files import private_dir
+from ..manifest import Manifest, load_manifest, write_atomic
+from .replay import _replay_all, _RunGolden, run_target
+from .report import CaseReport, ExplainReport, _Progress, write_repro
+from .suspects import failing_cases, suspects_for
+
+
+def confirm_repros(report: ExplainReport, m: Manifest, run_dir: Path, runs: int, *,
+                   runner: Callable[[Any, Console, Console], int],
+                   engine_python: str | None = None, start_timeout_s: float = 900.0,
+                   console: Console | None = None, on_each: Any = None,
+                   side: SideBySide | None = None) -> None:
+    """Replay every case's ``repro-N.toml`` ``runs`` times, each on a freshly started engine of
+    the configuration under test (:mod:`pleharness.reproduce`); each report case gets
+    ``reproduction`` (the result) and ``reproduction_verdict`` ("reproduced 3/3 on fresh
+    engines", "0/3: not reproduced ..."). Cases whose reproducers replay the same schedule (the
+    cases of one phase, at its companions level) are replayed once and share the result
+    (``same_schedule_as``). Replays run under ``RUN/explain/confirm/``, ``side.n`` side by side
+    (each with ``side.add``); ``on_each()`` is called after every case. ``runner``: the run a
+    replay is (:attr:`pleharness.reproduce.ReplayTarget.runner`: the stress job's
+    :func:`pleharness.stress.run_stress`, handed in by the command line, since a job imports no
+    other job). Raises Interrupted when a replay was interrupted (SIGINT / SIGTERM)."""
+    from ..reproduce import ReplayTarget, judging_options, replay_reproducer
+    console = console or Console(stderr=True)
+    rt = ReplayTarget(runner=runner, launch=run_target(m, engine_python).launch_spec(),
+                      **judging_options(m.run_options),
+                      start_timeout_s=start_timeout_s, parallel=side.n if side else 1,
+                      engine_args_add=list(side.add) if side else [])
+    from ..scenarios import load_scenario_file
+    done: dict[str, tuple[str, dict]] = {}  # schedule key -> (repro, result)
+    for c in report.cases:
+        path = run_dir / c.repro
+        # cases of one phase share its schedule ("with its phase companions"): replayed once
+        key = json.dumps([[ph.concurrency, [r.model_dump() for r in ph.requests]]
+                          for ph in load_scenario_file(str(path)).params.phases],
+                         sort_keys=True)  # phase names carry the case number: not compared
+        if key in done:
+            first, res = done[key]
+            c.reproduction = {**res, "same_schedule_as": first}
+            c.reproduction_verdict = f"{res['verdict']} (the schedule of {first})"
+            if on_each:
+                on_each()
+            continue
+        console.print(f"confirming {escape(c.repro)}: {runs} replay(s), each on a freshly "
+                      "started engine", highlight=False)
+        res = replay_reproducer(path, rt, runs, path.parent / "confirm",
+                                log=lambda x: console.print(escape(x), highlight=False))
+        done[key] = (c.repro, res)
+        c.reproduction = res
+        c.reproduction_verdict = res["verdict"]
+        console.print(f"{escape(c.repro)}: {escape(res['verdict'])}", highlight=False)
+        if on_each:
+            on_each()
+
+
+def explain(run: Path, *, runner: Callable[[Any, Console, Console], int],
+            suspects_extra: Sequence[str] = (), suspects_drop: Sequence[str] = (),
+            auto_suspects: bool = True, include_warnings: bool = False, tries: int = 3,
+            budget_s: float = 3600.0, engine_python: str | None = None,
+            start_timeout_s: float = 900.0, console: Console | None = None,
+            confirm_runs: int = 3, parallel_engines: int | None = 1) -> ExplainReport:
+    """Explain the failing divergences of the run at ``run`` (folder or manifest); see the
+    package's docstring (:mod:`pleharness.explain`). Returns the report (also written to
+    ``RUN/explain/explain.json``, with ``explain.md`` and ``junit.xml``).
+
+    ``runner``: the run each confirming replay is (:func:`pleharness.stress.run_stress`, which
+    the command line hands in: a job imports no other job). ``confirm_runs``: replays of each
+    reproducer on fresh engines (:func:`confirm_repros`, with ``runner``; 0: skip).
+    ``parallel_engines``: engines started side by side (None: auto;
+    :func:`pleharness.engine.side_by_side.plan`).
+
+    explain.json and explain.md are rewritten after every launch and every confirmation, and
+    on SIGINT / SIGTERM, with ``status`` saying how far it got and every launch not reached
+    "not tested yet" (a stopped explain keeps what it learned).
+
+    Raises UsageError for a run that cannot be explained (attached engine, nothing failing, no
+    prompt IDs kept, more side-by-side engines than fit); EngineError when the configuration
+    under test cannot be started; Interrupted on SIGINT / SIGTERM (the engines running then
+    are stopped first).
+    """
+    from ..render.explain import render, to_junit
+    console = console or Console(stderr=True)
+    m, run_dir = _load_run(run)
+    cases = failing_cases(m, include_warnings)
+    if engine_python is not None:  # a typo must not wait for the first launch
+        from ..engine.launch import engine_python_check
+        problem = engine_python_check(engine_python)
+        if problem:
+            raise UsageError(f"--engine-python: {problem}")
+    unfinished = ""
+    if m.status not in ("complete", "control_failed"):
+        s = m.summary
+        done = f" after {s.phases_completed} of {s.phases_planned} phases" \
+            if s.phases_planned else ""
+        unfinished = f"the run did not complete (status {m.status!r}{done})"
+        if not cases:  # refused before any folder is made or moved
+            raise UsageError(f"{run}: {unfinished}: no verdict, nothing to explain")
+    out_dir = run_dir / "explain"
+    kept = _keep_previous(out_dir)
+    if kept is not None:
+        console.print(f"the previous explain of this run is kept in {escape(str(kept))}",
+                      highlight=False)
+    private_dir(out_dir)
+    report = ExplainReport(m.run_id, tries, budget_s, include_warnings=include_warnings)
+    if unfinished:
+        console.print(f"{unfinished}: explaining the {len(cases)} failing case(s) it recorded",
+                      highlight=False)
+    if not cases:
+        console.print("no failing divergences in this run: nothing to explain")
+        write_atomic(out_dir / "explain.json", report.to_json())
+        return report
+    target = run_target(m, engine_python, start_timeout_s)
+    from ..environment import gpu_inventory
+    gpus = gpu_inventory()
+    side = plan_side_by_side(parallel_engines, gpus=gpus, model=model_bytes(target.model_path),
+                             engine_args=target.engine_args, engine_env=target.engine_env)
+    suspects = order_first_round(m, suspects_for(m, suspects_extra, suspects_drop,
+                                                 auto_suspects))
+    report.suspects = list(suspects)
+    report.side_by_side = side.record()
+    report.estimate = estimate(m, 1 + len(suspects), side.n, budget_s)
+    console.print(f"{len(cases)} failing case(s); {1 + len(suspects)} engine launch(es) planned: "
+                  f"the configuration under test, then without: "
+                  f"{', '.join(s.name for s in suspects) or '(no suspects)'}", highlight=False)
+    console.print(f"estimate: {report.estimate['text']}", highlight=False)
+    if side.n > 1:
+        console.print(escape(side.why), highlight=False)
+    console.print(f"explain.json and explain.md: {escape(str(out_dir))} (rewritten after every "
+                  "launch)", highlight=False)
+    progress = _Progress(report, cases, out_dir, run_dir)
+    golden, report.golden = _RunGolden.of_run(m, target, out_dir)
+    t0 = time.monotonic()
+    try:
+        with EngineSession(console, out_dir, gpus_before=gpus) as session:
+            configs = _replay_all(session, target, m, cases, report, budget_s, t0, console,
+                                  progress, side, golden)
+            for c in cases:
+                path = out_dir / f"repro-{c.index}.toml"
+                write_repro(c, path, m.run_id)
+                report.cases.append(CaseReport.of(c, configs[1:],
+                                                  str(path.relative_to(run_dir))))
+            if confirm_runs:
+                progress.save("confirming the reproducers")
+                confirm_repros(report, m, run_dir, confirm_runs, runner=runner,
+                               engine_python=engine_python,
+                               start_timeout_s=start_timeout_s, console=console,
+                               on_each=lambda: progress.save("confirming the reproducers"),
+                               side=side)
+    except BaseException as exc:
+        progress.save(_stopped(exc, report))
+        raise
+    finally:
+        if golden is not None:
+            golden.close()
+            if golden.error:
+                report.golden += f"; stopped: {golden.error}"
+    report.elapsed_s = round(time.monotonic() - t0, 1)
+    progress.save("complete")
+    write_atomic(out_dir / "junit.xml", to_junit(report))
+    render(report, console)
+    return report
+
+
+def _keep_previous(out_dir: Path) -> Path | None:
+    """Move an earlier explain's folder (one with an explain.json) aside to
+    ``explain-<its time>``, so that a new explain (which rewrites explain.json from its first
+    launch on) loses nothing; returns where it went, or None."""
+    if not (out_dir / "explain.json").exists():
+        return None
+    stamp = time.strftime("%Y%m%d-%H%M%S",
+                          time.localtime((out_dir / "explain.json").stat().st_mtime))
+    dest, n = out_dir.with_name(f"explain-{stamp}"), 1
+    while dest.exists():
+        n += 1
+        dest = out_dir.with_name(f"explain-{stamp}-{n}")
+    out_dir.rename(dest)
+    return dest
+
+
+def _stopped(exc: BaseException, report: "ExplainReport") -> str:
+    """explain.json's ``status`` when explain ends early with ``exc``."""
+    from ..engine.session import Interrupted
+    done = sum(1 for la in report.launches if la.get("command"))
+    if isinstance(exc, Interrupted):
+        return f"interrupted ({exc}) after {done} launch(es)"
+    return f"stopped by an error after {done} launch(es): {str(exc)[:300]}"
+
+
+def _load_run(run: Path) -> tuple[Manifest, Path]:
+    """The run's manifest and folder; UsageError for an unreadable manifest or a run the
+    harness did not launch."""
+    try:
+        m = load_manifest(run)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    run_dir = Path(run) if Path(run).is_dir() else Path(run).parent
+    if m.engine.get("mode") is None:
+        raise UsageError(f"{run}: the run recorded no engine (status {m.status}: it ended "
+                         "before its engine was up, or was killed then): nothing to explain")
+    if m.engine.get("mode") != "launched" or not m.engine.get("launch"):
+        raise UsageError(f"{run}: explain relaunches the engine, so the run must have been "
+                         "launched by the harness (not attached with --url)")
+    return m, run_dir
