@@ -274,7 +274,8 @@ def _run_pass(pcfg, name: str, fault: SelftestFault | None, client) -> tuple:
     """One pass: the ``stress`` run ``pcfg`` through a fault proxy in front of ``client``'s
     engine planting ``fault`` (None: the clean pass). Returns (its :class:`PassResult`, its
     exit code, its manifest or None). Raises UsageError naming the pass."""
-    from .faults.proxy import Fault, FaultProxy
+    from .faults.proxy import FaultProxy
+    from .faults.rules import Fault
     from .manifest import load_manifest
     from .stress import run_stress
     t0 = time.monotonic()

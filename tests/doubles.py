@@ -10,9 +10,10 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from pleharness.faults.proxy import (Corrupt, CorruptConfident, CorruptInserted,  # noqa: F401
-                                     CorruptWhenCrowded, Counted, EditTokens, Fault, FaultProxy,
-                                     FlipToken, RequestCtx, Reseed, SentinelLogprobs, StopAtBlock,
+from pleharness.faults.proxy import FaultProxy  # noqa: F401
+from pleharness.faults.rules import (Corrupt, CorruptConfident, CorruptInserted,  # noqa: F401
+                                     CorruptWhenCrowded, Counted, EditTokens, Fault, FlipToken,
+                                     RequestCtx, Reseed, SentinelLogprobs, StopAtBlock,
                                      TruncatePrompt, corrupt_if_selected, merge_chunks, set_top,
                                      top_first, top_of)
 from pleharness.faults import builtin  # noqa: F401  (the selftest fault classes)

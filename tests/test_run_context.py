@@ -28,7 +28,7 @@ def _record(ctx: RunContext, role: str = "load"):
     spec = RequestSpec(Prompt(key="k", ids=(1, 2, 3)), 3, compare=False)
     c = Completion(token_ids=[4, 5, 6], finish_reason="length", prompt_tokens=3,
                    completion_tokens=3)
-    return ctx._record(ph, spec, c)
+    return ctx.record_request(ph, spec, c)
 
 
 def test_a_context_built_without_a_registry_runs_every_default_check(tmp_path):

@@ -103,14 +103,13 @@ def test_scenario_file_and_params():
 
 
 def test_top_p_top_k_are_sent_and_keyed():
-    from pleharness.run.context import RunContext
+    from pleharness.run.sending import request_args
     s = RequestSpec(Prompt(key="p", ids=[20]), 4, temperature=1.0, seed=3, top_p=0.95, top_k=20)
     assert s.ref_key[-2:] == (0.95, 20)
     g = RequestSpec(Prompt(key="p", ids=[20]), 4, top_p=0.95, top_k=20)
     assert g.ref_key == (g.prompt.hash, 4)  # greedy: the truncation is not sent, not keyed
-    ctx = SimpleNamespace(logprobs=2)
-    assert RunContext._request_args(ctx, s)["extra"] == {"top_p": 0.95, "top_k": 20}
-    assert not RunContext._request_args(ctx, g)["extra"]
+    assert request_args(s, 2)["extra"] == {"top_p": 0.95, "top_k": 20}
+    assert not request_args(g, 2)["extra"]
 
 
 def test_truncation_is_left_out_only_with_spec_decode_on_a_cpu_engine():

@@ -1,13 +1,14 @@
-"""Fault injection in front of a real engine: :mod:`.proxy` (the forwarding proxy and the fault
-classes the tests use), :mod:`.builtin` (the core planted fault classes of ``ple-harness
-selftest``), :mod:`.families`, :mod:`.constrained` and :mod:`.scores` (one planted class per
-request-feature family).
+"""Fault injection in front of a real engine: :mod:`.proxy` (the forwarding proxy), :mod:`.rules`
+(the fault hooks and the fault classes the tests use), :mod:`.builtin` (the core planted fault
+classes of ``ple-harness selftest``), :mod:`.families`, :mod:`.constrained` and :mod:`.scores`
+(one planted class per request-feature family).
 :data:`BUILTIN`: every selftest class by name, the core ones first."""
 from .builtin import CORE, SelftestFault
 from .constrained import CONSTRAINED
 from .families import FAMILIES as _REQUEST_FAMILIES
 from .families import FamilyFault
-from .proxy import Fault, FaultProxy, RequestCtx
+from .proxy import FaultProxy
+from .rules import Fault, RequestCtx
 from .scores import SCORES
 
 FAMILIES: dict[str, type[FamilyFault]] = {**_REQUEST_FAMILIES, **CONSTRAINED, **SCORES}

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 
-from .proxy import Counted, Fault, RequestCtx, set_top, top_first, top_of
+from .rules import Counted, Fault, RequestCtx, set_top, top_first, top_of
 
 OOV_ID = 1_000_003  # an ID above any vocabulary this harness serves (vocab_range: id < V)
 

@@ -4,7 +4,7 @@ name."""
 from __future__ import annotations
 
 from .families import FamilyFault, shifted
-from .proxy import set_top, top_first, top_of
+from .rules import set_top, top_first, top_of
 
 CONSTRAINT_FIELDS = ("structured_outputs", "response_format", "guided_json", "guided_regex",
                      "guided_choice", "guided_grammar")

@@ -13,7 +13,7 @@ The tests' engine doubles of these families are these classes.
 from __future__ import annotations
 
 from .builtin import SelftestFault
-from .proxy import RequestCtx, set_top, top_first, top_of
+from .rules import RequestCtx, set_top, top_first, top_of
 
 PENALTIES = ("repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias")
 STOP_IDS = ("stop_token_ids", "min_tokens")

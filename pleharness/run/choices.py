@@ -30,7 +30,7 @@ def plan(name: str, specs: Sequence[RequestSpec], issue: Callable | None,
     """(groups, job) for a phase named ``name``: ``groups`` the spec indices of each request in
     order, ``job(group_specs)`` a coroutine function returning the group's completions in
     spec order. ``single``: the context's coroutine for one n = 1 spec; ``args(spec)``: its
-    request arguments (:meth:`pleharness.run.context.RunContext._request_args`); ``client``:
+    request arguments (:meth:`pleharness.run.sending.Sender.args`); ``client``:
     the :class:`pleharness.engine.client.EngineClient`. Raises
     UsageError naming the phase and the spec for choices that cannot form one request (not
     consecutive, out of order, differing in more than choice and seed, a seed that is not the

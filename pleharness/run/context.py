@@ -2,16 +2,16 @@
 
 :class:`ScenarioContext` is the contract a scenario kind codes against (docs/extending.md);
 :class:`RunContext` implements it: it issues phases (:meth:`RunContext.run_phase`, which records,
-judges and persists each phase and returns its :class:`PhaseResult`), takes references
-(:mod:`pleharness.run.references`), judges requests (:mod:`pleharness.run.judge`) and keeps the
-scenario's tables and notes. A scenario never touches the manifest or saves it; on the reference
-engine's collect-only pass (``--reference engine``) load phases, tables and notes are no-ops, so
-a scenario never branches on the reference mode either. Checks see a :class:`CheckContext`.
+judges and persists each phase and returns its :class:`~pleharness.run.phases.PhaseResult`;
+the phase's work is in :mod:`pleharness.run.phases`, the request path in
+:mod:`pleharness.run.sending`), takes references (:mod:`pleharness.run.references`),
+judges requests (:mod:`pleharness.run.judge`) and keeps the scenario's tables and notes. A
+scenario never touches the manifest or saves it; on the reference engine's collect-only pass
+(``--reference engine``) load phases, tables and notes are no-ops, so a scenario never branches
+on the reference mode either. Checks see a :class:`CheckContext`.
 """
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -22,30 +22,19 @@ from typing import Any
 from rich.console import Console
 from rich.progress import Progress
 
-from ..checks import DEFAULT_PHASE_CHECKS, PHASE_REGISTRY
 from ..divergence import DEFAULT_NEAR_TIE_NATS
 from ..engine.client import Completion, EngineClient
 from ..engine.facts import EngineFacts
 from ..engine.launch import EngineServer
-from ..errors import EngineError, RequestTimeoutAbort, UsageError
+from ..errors import EngineError, UsageError
 from ..manifest import (CheckResult, Manifest, PhaseRecord, ReferenceRecord, RequestRecord,
-                        now_iso, write_manifest)
-from ..parity import token_hash
+                        write_manifest)
 from ..request import Outcome, RequestSpec
-from . import api, choices
-from .judge import Judge, Rule, finish_phase
+from . import phases
+from .judge import Judge, Rule
+from .phases import PhaseResult
 from .references import References
-
-
-class PhaseResult(list):
-    """What :meth:`RunContext.run_phase` returns: the phase's outcomes (a list of
-    :class:`~pleharness.request.Outcome`, in the order of the specs) and ``phase``, its
-    :class:`~pleharness.manifest.PhaseRecord` (recorded, judged and written already; None when
-    no phase was run: the collect-only pass of the reference engine)."""
-
-    def __init__(self, outcomes: Iterable[Outcome] = (), phase: PhaseRecord | None = None):
-        super().__init__(outcomes)
-        self.phase = phase
+from .sending import Sender
 
 
 @dataclass(frozen=True)
@@ -123,42 +112,6 @@ class CheckContext:
         self._run.judge.golden_failed(why)
 
 
-class _Watchdog:
-    """Polls the engine while a phase runs (every ``interval_s``): the launched process must be
-    alive and /health must answer 200. Two failed polls in a row mark the engine dead and cut off
-    every request in flight, so a dead engine is noticed within a few seconds instead of after
-    the request timeouts."""
-
-    def __init__(self, ctx: "RunContext", interval_s: float = 2.0):
-        self.ctx = ctx
-        self.interval_s = interval_s
-        self.dead: str | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True, name="ple-watchdog")
-        self._thread.start()
-
-    def _run(self) -> None:
-        misses = 0
-        while not self._stop.wait(self.interval_s):
-            srv = self.ctx.server
-            if srv is not None and not srv.alive():
-                self.dead = f"engine process exited (code {srv.proc.poll()})"
-            elif not self.ctx.client.health(timeout=min(5.0, self.interval_s * 2)):
-                misses += 1
-                if misses >= 2:
-                    self.dead = "/health stopped answering 200"
-            else:
-                misses = 0
-            if self.dead:
-                self.ctx.client.abort_all(self.dead)
-                return
-
-    def stop(self) -> None:
-        """Stop polling (joins the thread)."""
-        self._stop.set()
-        self._thread.join(timeout=10)
-
-
 @dataclass(frozen=True)
 class RunOptions:
     """How a run context issues and judges requests; fixed for the context's life.
@@ -232,8 +185,7 @@ class RunContext:
         self._req_counter = 0
         self._prompt_builders: dict[tuple[str, int], Any] = {}
         self._detok_cache: dict[tuple[int, ...], str] = {}
-        self._route: dict[int, RequestSpec] = {}  # --api chat: phase spec id -> its chat form
-        self._api_used: str | None = None  # --api once the chat template was asked
+        self.sender = Sender(client, options, manifest, warn=self._warn)  # the request path
         self.scenario_name = ""  # set by in_scenario()
         self.phase_prefix = ""
         self.repeat_index = 1
@@ -282,7 +234,7 @@ class RunContext:
         thread (keep it short), e.g. to trigger an insert
         (:mod:`pleharness.scenarios.shared.inserting`). Returns the Completion (errors recorded
         in it, never raised)."""
-        return self.client._run(self._aissue(spec, on_token))
+        return self.client._run(self.sender.aissue(spec, on_token))
 
     def prompt_builder(self, filler: str, tail: int):
         """The engine's :class:`pleharness.prompts.ChatPromptBuilder` for ``filler`` (one token)
@@ -462,223 +414,15 @@ class RunContext:
             raise UsageError(f"phase {name}: concurrency must be >= 1")
         if self.options.collect_only and role != "reference":
             return PhaseResult()  # reference pass on the reference engine: only references
-        name = self.phase_prefix + name
-        own = len(specs)
-        specs, self._route, on_outcome = api.begin_phase(
-            self.manifest.summary, self.scenario_name, specs, self._api_mode(specs, role),
-            load=role == "load", batched=together, on_outcome=on_outcome)
-        # the default request path runs on the client's event loop (no thread per request);
-        # a custom ``issue`` (which may block) runs in a pool of ``concurrency`` threads
-        job = self._aissue if issue is None else issue
-        items: Sequence[Any] = specs
-        groups = None  # requests for several choices (issue 35 item 2): spec indices per request
-        if together:
-            job, items = self._together(name, specs, concurrency, issue), [specs]
-        elif choices.has_choices(specs):
-            groups, job = choices.plan(name, specs, issue, self._aissue, self._request_args,
-                                       self.client)
-            items = [[specs[i] for i in g] for g in groups]
-        ph = PhaseRecord(index=len(self.manifest.phases), name=name, scenario=self.scenario_name,
-                         repeat=self.repeat_index,
-                         concurrency=concurrency, requests=len(specs),
-                         counts_for_throughput=counts_for_throughput and role == "load",
-                         role=role, started_at=now_iso())
-        self.manifest.phases.append(ph)
-        task = None
-        if self.progress is not None:
-            task = self.progress.add_task(f"{self.scenario_name}: {name} (C{concurrency})",
-                                          total=len(specs))
+        return phases.run(self, self.phase_prefix + name, concurrency, specs,
+                          counts_for_throughput=counts_for_throughput, role=role, issue=issue,
+                          on_outcome=on_outcome, together=together)
 
-        def done(_i: int) -> None:
-            if task is not None:
-                self.progress.advance(task, len(specs) if together
-                                      else len(groups[_i]) if groups else 1)
-
-        from ..engine import metrics
-        before = metrics.snapshot(self.client)
-        t0 = time.monotonic()
-        batch = self.client.run_batch(items, 1 if together else concurrency, job, on_done=done)
-        watchdog = _Watchdog(self)
-        try:
-            completions = batch.wait()
-            if together:
-                completions = completions[0]
-            elif groups is not None:
-                completions = choices.ungroup(groups, completions, len(specs))
-        except BaseException:
-            self._interrupted(ph, specs, batch, t0, task, together, groups)
-            raise
-        finally:
-            watchdog.stop()
-            route, self._route = self._route, {}
-        ph.wall_s = time.monotonic() - t0
-        ph.ended_at = now_iso()
-        if task is not None:
-            self.progress.remove_task(task)
-        outcomes = PhaseResult([Outcome(s, c, self._record(ph, route.get(id(s), s), c))
-                                for s, c in zip(specs, completions)], ph)
-        self._close_phase(ph, outcomes, before, on_outcome)
-        self._after_phase(ph, outcomes, watchdog)
-        return PhaseResult(outcomes[:own], ph) if len(outcomes) > own else outcomes
-
-    def _interrupted(self, ph: PhaseRecord, specs: Sequence[RequestSpec], batch, t0: float,
-                     task, together: bool = False, groups=None) -> None:
-        """Interrupted: keep (record and compare) the requests that had finished, abandon the
-        ones in flight; the phase is "interrupted" (or "not_run" when none had finished)."""
-        if together:  # one item: the list of every spec's completion, or nothing
-            finished = [x for _, cs in batch.finished() for x in zip(specs, cs)]
-        elif groups is not None:  # an item per request: its choices' completions
-            finished = [(specs[j], c) for g, cs in batch.finished() for j, c in zip(groups[g], cs)]
-        else:
-            finished = [(specs[i], c) for i, c in batch.finished()]
-        finished = [(self._route.get(id(s), s), c) for s, c in finished]
-        batch.cancel()  # start no further request
-        self.client.abort_all("harness interrupted")
-        ph.wall_s = time.monotonic() - t0
-        if finished:
-            finish_phase(ph, [self._record(ph, s, c) for s, c in finished])
-        ph.status = "interrupted" if finished else "not_run"
-        ph.reason = (f"interrupted after {len(finished)} of {len(specs)} requests finished"
-                     + (f" ({ph.reason})" if finished and ph.reason else ""))
-        ph.ended_at = now_iso()
-        if task is not None:
-            self.progress.remove_task(task)
-        self.save()
-
-    def _close_phase(self, ph: PhaseRecord, outcomes: PhaseResult, before,
-                     on_outcome: Callable[[Outcome], None] | None) -> None:
-        """Evidence, the scenario's per-request hook, phase checks, the phase's verdict; the
-        manifest is written."""
-        from .. import evidence
-        from ..engine import metrics
-        ph.engaged = evidence.phase_evidence(before, metrics.snapshot(self.client),
-                                             [o.completion for o in outcomes],
-                                             [len(o.spec.prompt) for o in outcomes],
-                                             self.facts.max_num_batched_tokens)
-        if on_outcome is not None:
-            for o in outcomes:
-                on_outcome(o)
-        if any(o.record.match is False for o in outcomes):  # kept for `ple-harness explain`
-            for o in outcomes:
-                self.manifest.prompts.setdefault(o.spec.prompt.hash, list(o.spec.prompt.ids))
-        for name in DEFAULT_PHASE_CHECKS:
-            ph.checks.append(PHASE_REGISTRY[name](self.checks_view, ph))
-        finish_phase(ph, [o.record for o in outcomes])
-        peak = ph.engaged.get("in_flight_peak")
-        if ph.role == "load" and ph.concurrency > 1 and len(outcomes) > 1 and peak == 1:
-            evidence.mark_vacuous(self, ph, f"C{ph.concurrency} phase: at most 1 of its requests "
-                                  "was in flight at any time (each ended before the next began)")
-        self.save()
-
-    def _after_phase(self, ph: PhaseRecord, outcomes: PhaseResult, watchdog: _Watchdog) -> None:
-        """Raise when the engine died or a timeout aborts the run (the phase is written)."""
-        healthy = all(c.status != "fail" for c in ph.checks if c.name == "health_after_phase")
-        if watchdog.dead is not None:
-            ph.reason = (ph.reason + "; " if ph.reason else "") + f"engine died: {watchdog.dead}"
-            self.save()
-            self.ensure_engine_alive()
-            raise EngineError(f"engine died during phase {ph.name}: {watchdog.dead}",
-                              self.server.root_cause() if self.server else None,
-                              str(self.server.log_path) if self.server else None)
-        if not healthy or any(o.completion.error in ("connection", "aborted")
-                              for o in outcomes):
-            self.ensure_engine_alive()
-        if self.on_timeout == "abort" and any(o.completion.error == "timeout" for o in outcomes):
-            raise RequestTimeoutAbort(f"phase {ph.name}: request(s) timed out and the policy is "
-                                      "--on-timeout abort")
-
-    def _api_mode(self, specs: Sequence[RequestSpec], role: str) -> str:
-        """The ``--api`` mode of a phase of ``specs``: :attr:`RunOptions.api`, once the model's
-        chat template answered (asked at the first load phase with a prompt of message form;
-        none: completions for the rest of the run, said in ``run_options`` and a warning)."""
-        mode = self.options.api
-        if mode == "completions" or role != "load" or not any(s.prompt.messages
-                                                               for s in specs):
-            return mode
-        if self._api_used is None:
-            got = api.resolve(mode, self.client)
-            self.manifest.run_options.update(got)
-            self._api_used = got["api_used"]
-            if got.get("api_note"):
-                self._warn(got["api_note"])
-        return self._api_used
-
-    def _request_args(self, spec: RequestSpec) -> dict[str, Any]:
-        lp = spec.logprobs if spec.logprobs is not None else self.logprobs
-        extra = {k: v for k, v in spec.params.items() if k not in ("stop", "ignore_eos")}
-        if spec.temperature > 0:  # nucleus / top-k sampling (vLLM's top_p, top_k fields)
-            extra.update({k: v for k, v in (("top_p", spec.top_p), ("top_k", spec.top_k))
-                          if v is not None})
-        return {"prompt_ids": list(spec.prompt.ids), "max_tokens": spec.max_tokens,
-                "logprobs": lp, "temperature": spec.temperature, "seed": spec.seed,
-                "stream": spec.stream, "ignore_eos": spec.ignore_eos, "stop": spec.stop,
-                "keep_chunks": spec.keep_chunks, "extra": extra or None,
-                "abandon_after_tokens": spec.abandon_after_tokens}
-
-    def _together(self, name: str, specs: Sequence[RequestSpec], concurrency: int,
-                  issue) -> Callable:
-        """The job of a ``together`` phase (see :meth:`run_phase`): one coroutine sending every
-        spec's prompt in one request. Raises UsageError for specs that cannot share one."""
-        args = [self._request_args(s) for s in specs]
-        first = {k: v for k, v in args[0].items() if k != "prompt_ids"} if args else {}
-        why = None
-        if issue is not None:
-            why = "a custom issue function"
-        elif any(s.messages for s in specs):
-            why = "chat requests (one prompt each)"
-        elif concurrency != len(specs):
-            why = f"concurrency {concurrency} != {len(specs)} requests"
-        elif any({k: v for k, v in a.items() if k != "prompt_ids"} != first for a in args):
-            why = "requests differ in more than their prompts"
-        elif first and (not first["stream"] or first["abandon_after_tokens"] is not None
-                        or first["keep_chunks"]):
-            why = "not streamed, abandoned or keep_chunks"
-        if why:
-            raise UsageError(f"phase {name}: requests sent together in one "
-                             f"request: {why}")
-        many = {k: v for k, v in first.items()
-                if k not in ("stream", "abandon_after_tokens", "keep_chunks")}
-
-        async def job(group: Sequence[RequestSpec]) -> list[Completion]:
-            return await self.client.acomplete_many([list(s.prompt.ids) for s in group], **many)
-        return job
-
-    async def _aissue(self, spec: RequestSpec, on_token=None) -> Completion:
-        """Issue one spec on the client's event loop (the default request path of run_phase):
-        ``/v1/completions``, or ``/v1/chat/completions`` for a spec with ``messages`` (or
-        routed there by ``--api chat``)."""
-        spec = self._route.get(id(spec), spec)
-        args = self._request_args(spec)
-        if spec.messages:
-            return await self.client.achat(
-                [{"role": r, "content": c} for r, c in spec.messages], spec.max_tokens,
-                temperature=spec.temperature, ignore_eos=spec.ignore_eos,
-                logprobs=args["logprobs"], seed=spec.seed, on_token=on_token,
-                extra=args["extra"], stop=spec.stop, keep_chunks=spec.keep_chunks)
-        return await self.client.acomplete(**args, on_token=on_token)
-
-    def _record(self, ph: PhaseRecord, spec: RequestSpec, c: Completion) -> RequestRecord:
+    def record_request(self, ph: PhaseRecord, spec: RequestSpec, c: Completion) -> RequestRecord:
         """The record of ``spec``'s completion ``c`` in ``ph``, judged
         (:meth:`pleharness.run.judge.Judge.judge_request`) and appended to the manifest."""
         self._req_counter += 1
-        rec = RequestRecord(
-            id=f"r{self._req_counter:05d}", scenario=self.scenario_name, phase=ph.name,
-            concurrency=ph.concurrency, prompt_key=spec.prompt.key, prompt_len=len(spec.prompt),
-            prompt_hash=spec.prompt.hash, max_tokens=spec.max_tokens,
-            output_hash=token_hash(c.token_ids) if c.error is None else None,
-            output_len=len(c.token_ids), finish_reason=c.finish_reason,
-            prompt_tokens=c.prompt_tokens, completion_tokens=c.completion_tokens,
-            ttft_s=c.ttft_s, latency_s=c.latency_s, error=c.error, error_detail=c.error_detail,
-            http_status=c.http_status, note=spec.note, temperature=spec.temperature,
-            seed=spec.seed, stream=spec.stream, params=spec.params or None,
-            api="chat" if spec.messages else None,
-            top_p=spec.top_p if spec.temperature > 0 else None,
-            top_k=spec.top_k if spec.temperature > 0 else None,
-            n=spec.n if spec.n > 1 else None, choice=spec.choice if spec.n > 1 else None,
-            error_expected=bool(spec.accept_4xx and c.error == "http" and c.http_status is not None
-                                and 400 <= c.http_status < 500)
-                                or (c.error == "abandoned" and spec.abandon_after_tokens
-                                    is not None))
+        rec = phases.request_record(f"r{self._req_counter:05d}", self.scenario_name, ph, spec, c)
         self.judge.judge_request(ph, spec, c, rec, self.checks_view)
         self.manifest.requests.append(rec)
         return rec

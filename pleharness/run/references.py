@@ -72,7 +72,7 @@ class References:
              cache_state: str | None = None):
         """Take the references ``specs`` still lack (see the module docstring and
         :meth:`pleharness.run.context.RunContext.take_references`). Returns the
-        :class:`~pleharness.run.context.PhaseResult` of the kept outputs, or None when nothing was
+        :class:`~pleharness.run.phases.PhaseResult` of the kept outputs, or None when nothing was
         run here (every reference exists, they come from elsewhere, or this is the collect-only
         pass, whose phases belong to the reference engine, not to the run under test).
 
