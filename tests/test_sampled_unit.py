@@ -7,7 +7,7 @@ import pytest
 
 from pleharness.checks import REGISTRY
 from pleharness.checks.sampled_degeneration import longest_punct_run
-from pleharness.engine.client import Completion
+from pleharness.engine.completion import Completion
 from pleharness.engine.facts import as_facts
 from pleharness.prompts import Prompt
 from pleharness.request import RequestSpec

@@ -24,7 +24,8 @@ from rich.progress import Progress
 
 from ..checks import DEFAULT_PHASE_CHECKS, PHASE_REGISTRY
 from ..divergence import DEFAULT_NEAR_TIE_NATS
-from ..engine.client import Completion, EngineClient
+from ..engine.client import EngineClient
+from ..engine.completion import Completion
 from ..engine.facts import EngineFacts
 from ..engine.launch import EngineServer
 from ..errors import EngineError, RequestTimeoutAbort, UsageError
