@@ -37,7 +37,8 @@ from ..errors import EngineError, HarnessError, UsageError
 from ..redact import redact_argv, redact_url
 from .client import EngineClient
 from .inflight import Timeouts
-from .facts import EngineFacts, gather_facts, parse_engine_args
+from .fact_sources import parse_engine_args
+from .facts import EngineFacts, gather_facts
 from .launch import EngineServer, LaunchSpec, _signal_group, engine_python_check, redact_env
 from .registry import leftover_engines, leftover_text
 
