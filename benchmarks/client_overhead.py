@@ -121,7 +121,9 @@ BUCKETS = [("json decoding", ("json/", "orjson")), ("aiohttp", ("/aiohttp/",)),
            ("urllib3", ("/urllib3/",)), ("http.client / email header parsing",
                                          ("http/client.py", "email/")),
            ("socket / selectors", ("socket.py", "selectors.py", "ssl.py")),
-           ("harness client (pleharness/engine/client.py)", ("pleharness/engine/client.py",)),
+           ("harness client (engine/client.py + rooms)",
+            ("pleharness/engine/client.py", "pleharness/engine/completion.py",
+             "pleharness/engine/streaming.py", "pleharness/engine/inflight.py")),
            ("threading / queue", ("threading.py", "queue.py"))]
 
 

@@ -50,7 +50,7 @@ def effective_config(args: Sequence[str], env: dict[str, str]) -> tuple[dict, di
     """What an engine launch amounts to: {flag: value} as vLLM's parser ends up with it (later
     occurrences win, ``_`` = ``-`` in names, bare flags True) and the environment. Two launches
     with equal results serve the same configuration."""
-    from .engine.facts import parse_engine_args
+    from .engine.fact_sources import parse_engine_args
     parsed = parse_engine_args(list(args))
     return {flag_name(k): v for k, v in parsed.items()}, dict(env)
 

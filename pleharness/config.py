@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 from rich.console import Console
 
-from .engine.client import Timeouts
+from .engine.inflight import Timeouts
 from .engine.session import Target, resolve_target
 from .engine.side_by_side import parse_parallel
 from .errors import UsageError

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .checks import DEFAULT_CHECKS
-from .engine.client import Completion
+from .engine.completion import Completion
 from .manifest import RequestRecord
 from .prompts import Prompt
 

@@ -299,7 +299,7 @@ def _close_pass_clients(keep) -> None:
     """Close the HTTP clients a finished pass left open (its run's engine client), so that ten
     passes in one process leave no unclosed aiohttp session behind; ``keep``: the selftest's own
     client of the engine."""
-    from .engine.client import _LoopThread
+    from .engine.inflight import _LoopThread
     own = getattr(keep, "_lt", None)
     for lt in list(_LoopThread.live):
         if lt is not own:

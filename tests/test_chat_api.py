@@ -7,7 +7,7 @@ import pytest
 from conftest import load_json, run_cli
 from doubles import Fault, FaultProxy
 from pleharness.faults.families import ChatFlipUnderLoad
-from pleharness.engine.client import Completion, _from_chat
+from pleharness.engine.completion import Completion, _from_chat
 from pleharness.scenarios.chat_api import ChatApiParams, conversations
 
 FACTS = ["--block-size", "32", "--chunk-size", "256", "--num-speculative-tokens", "3"]

@@ -2,7 +2,7 @@ import math
 
 from pleharness.checks import REGISTRY
 from pleharness.checks.degeneration import longest_loop, longest_run
-from pleharness.engine.client import Completion
+from pleharness.engine.completion import Completion
 from pleharness.engine.facts import EngineFacts
 from pleharness.manifest import ReferenceRecord
 from pleharness.prompts import Prompt

@@ -3,7 +3,7 @@ reference for a load request, the golden model for a reference or warm-up run) p
 check; engine-contract (absolute) checks always fail. Unit tests on constructed evidence; the
 end-to-end proof on the real CPU engine is in tests/test_e2e_checks.py."""
 from pleharness.checks import PHASE_REGISTRY, REGISTRY
-from pleharness.engine.client import Completion
+from pleharness.engine.completion import Completion
 from pleharness.engine.facts import EngineFacts
 from pleharness.golden import GoldenError, GoldenOutput
 from pleharness.manifest import ReferenceRecord

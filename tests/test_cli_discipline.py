@@ -158,7 +158,7 @@ def test_internal_error_during_a_run_exits_4_and_leaves_a_manifest(tmp_path, mon
     from rich.console import Console
 
     from pleharness import config, stress
-    from pleharness.engine.client import Timeouts
+    from pleharness.engine.inflight import Timeouts
 
     def boom(*a, **k):
         raise ZeroDivisionError("bug in a scenario")

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from pleharness.checks import logprob_sanity
 from pleharness.checks.constrained import check, conformance, constraint_problem, describe
-from pleharness.engine.client import Completion
+from pleharness.engine.completion import Completion
 from pleharness.faults.constrained import ConstrainedBrokenUnderLoad, is_constrained
 from pleharness.prompts import Prompt
 from pleharness.request import RequestSpec, params_key

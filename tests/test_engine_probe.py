@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pleharness.engine.client import Completion
+from pleharness.engine.completion import Completion
 from pleharness.engine.facts import EngineFacts
 from pleharness.engine_probe import REPEATS, SEEDED_PROMPTS, run_probe, seeded_samples_decision
 from pleharness.scenarios.base import load_scenario_file

@@ -13,7 +13,7 @@ from rich.console import Console
 
 from doubles import FakeEngine
 from pleharness import checks, scenarios
-from pleharness.engine.client import Completion
+from pleharness.engine.completion import Completion
 from pleharness.manifest import load_manifest
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -648,7 +648,7 @@ def test_an_insert_that_reached_the_engine_after_its_carrier_ended_did_not_land(
     replay that warns so is inconclusive (reproduce._not_exercised)."""
     from types import SimpleNamespace as NS
 
-    from pleharness.engine.client import Completion
+    from pleharness.engine.completion import Completion
     from pleharness.manifest import CheckResult, Manifest, PhaseRecord, write_manifest
     from pleharness.reproduce import _not_exercised
     from pleharness.request import RequestSpec

@@ -15,7 +15,8 @@ from doubles import (CorruptConfident, FakeEngine, FaultProxy, Reseed, SentinelL
 from pleharness.checks import DEFAULT_CHECKS, REGISTRY
 from pleharness.checks.logprob_sanity import real_logprob, sane_top_logprobs
 from pleharness.divergence import margins
-from pleharness.engine.client import Completion, EngineClient
+from pleharness.engine.client import EngineClient
+from pleharness.engine.completion import Completion
 from pleharness.engine.facts import EngineFacts
 from pleharness.prompts import Prompt
 from pleharness.request import RequestSpec

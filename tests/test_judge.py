@@ -4,7 +4,7 @@ golden model blames a corrupt reference (which fails its own run and is replaced
 check fails the phase; ``compare_outputs`` (explain's replays) applies the same rule."""
 import pytest
 
-from pleharness.engine.client import Completion
+from pleharness.engine.completion import Completion
 from pleharness.golden import GoldenOutput
 from pleharness.manifest import CheckResult, Manifest, PhaseRecord, ReferenceRecord, RequestRecord
 from pleharness.parity import token_hash

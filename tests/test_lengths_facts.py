@@ -3,7 +3,8 @@ import json
 import pytest
 
 from pleharness.errors import UsageError
-from pleharness.engine.facts import gather_facts, parse_engine_args
+from pleharness.engine.fact_sources import parse_engine_args
+from pleharness.engine.facts import gather_facts
 from pleharness.engine.metrics import delta, parse_counters
 from pleharness.profile import load_profile
 from pleharness.scenarios.shared.lengths import boundary_lengths
@@ -161,7 +162,7 @@ LOG_026 = ("(EngineCore pid=1153) INFO 11-29 18:27:37 [core.py:116] Initializing
 
 
 def test_engine_sources_parse():
-    from pleharness.engine.facts import log_observations, metrics_observations
+    from pleharness.engine.fact_sources import log_observations, metrics_observations
     m = metrics_observations(CACHE_INFO)
     assert m["block_size"] == "128" and m["kv_cache_size_tokens"] == "262144"
     assert m["prefix_caching"] == "True" and m["kv_cache_dtype"] == "auto"
@@ -247,7 +248,7 @@ def test_reference_engine_ranks_launch_args_first():
 
 
 def test_sliding_window_hints_from_config(tmp_path):
-    from pleharness.engine.facts import model_config_observations
+    from pleharness.engine.fact_sources import model_config_observations
     (tmp_path / "config.json").write_text(json.dumps({
         "sliding_window": 512, "layer_types": ["sliding_attention"] * 5 + ["full_attention"]}))
     obs, _ = model_config_observations(str(tmp_path))
@@ -357,7 +358,7 @@ def test_cudagraph_mode_and_dtype_forms_compare_equal():
 
 
 def test_chunk_budget_from_compile_ranges_and_text_server_info():
-    from pleharness.engine.facts import log_observations, server_info_observations
+    from pleharness.engine.fact_sources import log_observations, server_info_observations
     line = ("(EngineCore pid=1) INFO [core.py:116] Initializing a V1 LLM engine (v0.26.0) with "
             "config: model='/m', speculative_config=None, dtype=torch.bfloat16, "
             "compilation_config={'compile_sizes': [], 'compile_ranges_endpoints': [128, 256], "

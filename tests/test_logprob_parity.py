@@ -10,7 +10,7 @@ import pytest
 from conftest import load_json, run_cli
 from doubles import FaultProxy
 from pleharness.checks.logprob_parity import logprob_parity
-from pleharness.engine.client import Completion
+from pleharness.engine.completion import Completion
 from pleharness.faults.scores import LogprobsOffUnderLoad
 
 GREEDY = SimpleNamespace(temperature=0.0)

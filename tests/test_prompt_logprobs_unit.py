@@ -6,7 +6,7 @@ import math
 import pytest
 
 from pleharness.checks.prompt_logprobs import check, parity
-from pleharness.engine.client import Completion
+from pleharness.engine.completion import Completion
 from pleharness.engine.prompt_logprobs import parse_entries, split_echo, take_prompt_logprobs
 from pleharness.prompts import Prompt
 from pleharness.request import RequestSpec
@@ -109,7 +109,7 @@ def test_sentinel_or_positive_prompt_logprob_fails():
 
 def echo_completion(tokens, tops, prompt_len=4):
     """A streamed echo answer as the client reads it: logprobs over prompt + output."""
-    from pleharness.engine.client import _take_logprobs
+    from pleharness.engine.completion import _take_logprobs
     c = Completion(token_ids=[5, 6], logprobs=[], token_logprobs=[], echo_ids=[])
     lp = {"tokens": [f"token_id:{t}" for t in tokens],
           "token_logprobs": [None if top is None else top.get(f"token_id:{t}")

@@ -7,7 +7,7 @@ import pytest
 from rich.console import Console
 
 from pleharness.checks import DEFAULT_CHECKS, PHASE_REGISTRY, REGISTRY
-from pleharness.engine.client import Completion
+from pleharness.engine.completion import Completion
 from pleharness.engine.facts import EngineFacts
 from pleharness.manifest import CheckResult, Manifest, PhaseRecord
 from pleharness.prompts import Prompt

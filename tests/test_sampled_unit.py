@@ -7,7 +7,7 @@ import pytest
 
 from pleharness.checks import REGISTRY
 from pleharness.checks.sampled_degeneration import longest_punct_run
-from pleharness.engine.client import Completion
+from pleharness.engine.completion import Completion
 from pleharness.engine.facts import as_facts
 from pleharness.prompts import Prompt
 from pleharness.request import RequestSpec
@@ -113,7 +113,7 @@ def test_top_p_top_k_are_sent_and_keyed():
 
 
 def test_truncation_is_left_out_only_with_spec_decode_on_a_cpu_engine():
-    from pleharness.engine.facts import server_info_observations
+    from pleharness.engine.fact_sources import server_info_observations
     assert server_info_observations(
         {"vllm_config": {"device_config": {"device": "cpu"}}})["device_type"] == "cpu"
     sc = load_scenario_file("sampled")

@@ -4,7 +4,7 @@ choice of cut positions."""
 from types import SimpleNamespace
 
 from pleharness.checks.stop_string import check as stop_check
-from pleharness.engine.client import Completion
+from pleharness.engine.completion import Completion
 from pleharness.engine.facts import as_facts
 from pleharness.prompts import Prompt
 from pleharness.request import RequestSpec

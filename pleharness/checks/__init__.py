@@ -4,7 +4,7 @@ A request check is a callable ``check(ctx, spec, completion, params) -> CheckRes
 states exactly what it asserts. ``ctx`` is the :class:`pleharness.run.context.CheckContext` (engine
 facts, references, phase role, golden model, client, engine version: never the run or its
 manifest), ``spec`` the :class:`pleharness.request.RequestSpec`, ``completion`` the
-:class:`pleharness.engine.client.Completion`, ``params`` the check's parameters from the scenario.
+:class:`pleharness.engine.completion.Completion`, ``params`` the check's parameters from the scenario.
 A check that cannot run returns status ``skip`` with the reason; it never passes silently.
 
 Each check is of one of two kinds (its ``kind`` attribute; its docstring says which):

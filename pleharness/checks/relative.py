@@ -90,7 +90,7 @@ def judge(ctx, fn: Callable, spec, c, params, result: CheckResult) -> CheckResul
     ``fail`` (the judge passes it: the engine is wrong), ``note`` (the judge fails it too, or a
     reference/warm-up run has no golden judge: model behaviour) or ``fail`` with the reason the
     judge could not be evaluated (module docstring). Never raises."""
-    from ..engine.client import Completion
+    from ..engine.completion import Completion
     role = getattr(ctx, "phase_role", "load")
     ids, who, none_why = _judge_output(ctx, spec)
     if ids is None:

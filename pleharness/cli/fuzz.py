@@ -13,7 +13,7 @@ import typer
 from pydantic import ValidationError
 
 from .. import config
-from ..engine.client import Timeouts
+from ..engine.inflight import Timeouts
 from ..errors import UsageError
 from ..scenarios.fuzz import FuzzParams
 from . import Command, app, console, err_console, warn

@@ -27,8 +27,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .client import (Completion, EngineClient, _Active, _fail, _json_answer,
-                     _take_logprobs)
+from .client import EngineClient
+from .completion import Completion, _Active, _fail, _take_logprobs
+from .streaming import _json_answer
 
 GREEDY_AS = {"temperature": 1.0, "top_k": 1}  # how greedy choices go on the wire (docstring)
 

@@ -1,5 +1,5 @@
 """The prompt's scores in a completions answer: vLLM's ``prompt_logprobs`` and the OpenAI
-``echo`` with ``logprobs`` (issue 35 item 4), read into :class:`pleharness.engine.client.
+``echo`` with ``logprobs`` (issue 35 item 4), read into :class:`pleharness.engine.completion.
 Completion` fields.
 
 What vLLM 0.32 returns (``vllm/entrypoints/openai/completion/serving.py``, ``protocol.py``,

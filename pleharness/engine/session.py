@@ -35,8 +35,10 @@ from rich.markup import escape
 
 from ..errors import EngineError, HarnessError, UsageError
 from ..redact import redact_argv, redact_url
-from .client import EngineClient, Timeouts
-from .facts import EngineFacts, gather_facts, parse_engine_args
+from .client import EngineClient
+from .inflight import Timeouts
+from .fact_sources import parse_engine_args
+from .facts import EngineFacts, gather_facts
 from .launch import EngineServer, LaunchSpec, _signal_group, engine_python_check, redact_env
 from .registry import leftover_engines, leftover_text
 

@@ -23,7 +23,8 @@ from rich.console import Console
 from rich.progress import Progress
 
 from ..divergence import DEFAULT_NEAR_TIE_NATS
-from ..engine.client import Completion, EngineClient
+from ..engine.client import EngineClient
+from ..engine.completion import Completion
 from ..engine.facts import EngineFacts
 from ..engine.launch import EngineServer
 from ..errors import EngineError, UsageError

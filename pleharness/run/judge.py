@@ -22,7 +22,7 @@ from typing import Any
 from ..divergence import (Rule, analyse, compare_outputs, first_divergence,  # noqa: F401
                           golden_side, is_half_precision, noise_floor, settle, solo_gaps)
 from ..checks.logprob_parity import logprob_parity
-from ..engine.client import Completion
+from ..engine.completion import Completion
 from ..manifest import (CheckResult, Divergence, Manifest, PhaseRecord, ReferenceRecord,
                         RequestRecord, SideEvidence)
 from ..parity import token_hash

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ...engine.client import Completion
+    from ...engine.completion import Completion
     from ...request import RequestSpec
     from ...run.context import ScenarioContext
 
