@@ -79,7 +79,7 @@ def test_fuzz_options_carry_the_bounds_and_defaults_of_fuzz_params():
     import typer.main
 
     from pleharness.cli.fuzz import FUZZ_FLAGS
-    from pleharness.scenarios.fuzz import FuzzParams
+    from pleharness.scenarios.fuzz.strategy import FuzzParams
     cmd = typer.main.get_command(app).commands["fuzz"]
     by_name = {p.name: p for p in cmd.params}
     for field, name, _ in FUZZ_FLAGS:

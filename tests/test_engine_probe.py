@@ -14,7 +14,7 @@ from pleharness.engine.completion import Completion
 from pleharness.engine.facts import EngineFacts
 from pleharness.engine_probe import REPEATS, SEEDED_PROMPTS, run_probe, seeded_samples_decision
 from pleharness.scenarios.base import load_scenario_file
-from pleharness.scenarios.fuzz import FuzzParams, build_space
+from pleharness.scenarios.fuzz.strategy import FuzzParams, build_space
 
 
 class ProbeCtx:

@@ -1,4 +1,4 @@
-"""`ple-harness fuzz` (pleharness/scenarios/fuzz.py): schedule strategies, the reproducer file, the
+"""`ple-harness fuzz` (pleharness/scenarios/fuzz/): schedule strategies, the reproducer file, the
 search and shrink loop against engine doubles.
 
 - unit: the schedule space derived from facts, the strategy's bounds, repro.toml round trip;
@@ -19,9 +19,10 @@ from hypothesis import strategies as st
 from conftest import ROOT, load_json, run_cli
 from doubles import CorruptInserted, CorruptWhenCrowded, FakeEngine, FaultProxy
 from pleharness.scenarios import load_scenario_file
-from pleharness.scenarios.fuzz import (FuzzInsert, FuzzParams, FuzzPhase, FuzzRequest, PhaseSpecs,
-                                       REPRO_RUNWAY_TOKENS, Schedule, build_space,
-                                       concurrency_edges, schedules, write_repro)
+from pleharness.scenarios.fuzz.repro import REPRO_RUNWAY_TOKENS, write_repro
+from pleharness.scenarios.fuzz.strategy import (FuzzInsert, FuzzParams, FuzzPhase, FuzzRequest,
+                                                PhaseSpecs, Schedule, build_space,
+                                                concurrency_edges, schedules)
 
 FACTS = {"num_speculative_tokens": 3, "block_size": 32, "max_num_batched_tokens": 256,
          "max_model_len": 1024, "max_num_seqs": 8, "vocab_size": 793}
@@ -43,7 +44,7 @@ def test_a_warm_carrier_never_repeats_a_prompt_without_room_for_its_decode():
     """A carrier drawn as a warm repeat takes an earlier prompt only if prompt + carrier decode
     fit max_model_len (found by a fresh clone's run: a 1015-token earlier prompt + 48 > 1024);
     with none that fits it is the carrier as drawn."""
-    from pleharness.scenarios.fuzz import FuzzRequest, _resolve
+    from pleharness.scenarios.fuzz.strategy import FuzzRequest, _resolve
     space = build_space(FACTS, FuzzParams(max_tokens=9, max_concurrency=6, max_phases=5))
     long_ = FuzzRequest("new", space.carrier_max_len + 40, "random", 1, 4, True)
     short = FuzzRequest("new", 20, "random", 2, 4, True)
@@ -621,7 +622,7 @@ def test_few_phases_draw(n):
 def test_reproduction_verdicts_and_report_lines():
     from pleharness.manifest import Manifest
     from pleharness.reproduce import rate_verdict
-    from pleharness.scenarios.fuzz import Fuzz
+    from pleharness.scenarios.fuzz.job import Fuzz
     markdown_lines = Fuzz.markdown
     assert rate_verdict(3, 3) == "reproduced 3/3 on fresh engines"
     assert rate_verdict(1, 3) == ("reproduced 1/3 on fresh engines: intermittent "
@@ -692,7 +693,7 @@ def test_recheck_keeps_the_smallest_schedule_that_fails_every_time(outcomes, pic
     failed 0/3 on fresh engines. The recheck now wants every run to fail before it keeps a
     schedule, walking back to larger failing ones first (each run costs seconds; a wasted
     confirmation wave, an engine start)."""
-    from pleharness.scenarios.fuzz import Fuzz
+    from pleharness.scenarios.fuzz.job import Fuzz
 
     def sched(n):
         r = FuzzRequest("new", 4 + n, "random", 0, 8, True)

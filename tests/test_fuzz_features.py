@@ -13,8 +13,9 @@ from hypothesis.errors import NoSuchExample
 from pleharness.request import RequestSpec
 from pleharness.scenarios import load_scenario_file
 from pleharness.scenarios.base import ScenarioError
-from pleharness.scenarios.fuzz import (FuzzParams, FuzzPhase, FuzzRequest, PhaseSpecs, Schedule,
-                                       _failing_rows, build_space, schedules, write_repro)
+from pleharness.scenarios.fuzz.repro import failing_rows, write_repro
+from pleharness.scenarios.fuzz.strategy import (FuzzParams, FuzzPhase, FuzzRequest, PhaseSpecs,
+                                                Schedule, build_space, schedules)
 from pleharness.scenarios.fuzz_features import (CONSTRAINTS, NONE, Features, allowed, apply,
                                                  fit, gate, resolve, toml_lines)
 from pleharness.scenarios.replay import Replay, prompt_of
@@ -28,7 +29,7 @@ NEVER = settings(database=None, max_examples=300)  # a NoSuchExample search runs
 def space(k: int = 3, chat: bool = True, **kw):
     sp = build_space({**FACTS, "num_speculative_tokens": k}, FuzzParams(max_tokens=9, **kw))
     if chat:
-        sp.chat_min = 20  # as Fuzz._chat_prompts sets it where the model has a chat template
+        sp.chat_min = 20  # as FuzzExamples._chat_prompts sets it where the model has a chat template
     return sp
 
 
@@ -159,7 +160,7 @@ def test_every_field_round_trips_through_repro_toml(tmp_path):
     assert "prompt_logprobs" in got[0].checks and got[1].messages[0][1].endswith("\\ engine")
     assert sched.summary() == "C2[3n+6<lp4,plp3>,3a+6<stop@1,eos>]"
     # fuzz_failing: the drawn features and the parameters as sent, request by request
-    rows = _failing_rows(sched, specs)
+    rows = failing_rows(sched, specs)
     assert [r["features"] for r in rows] == ["<lp4,plp3>", "<stop@1,eos>"]
     assert rows[0]["params"]["prompt_logprobs"] == 3 and rows[0]["logprobs"] == 4
     assert rows[1]["api"] == "chat" and rows[1]["params"]["stop_token_ids"] == [9, 11]

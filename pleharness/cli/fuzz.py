@@ -1,5 +1,5 @@
 """``ple-harness fuzz``: the search options are generated from
-:class:`pleharness.scenarios.fuzz.FuzzParams` (type, default and bounds from the field, so the
+:class:`pleharness.scenarios.fuzz.strategy.FuzzParams` (type, default and bounds from the field, so the
 command line cannot drift from what the scenario kind accepts); only the flag name and its help
 are declared here. The rest are the option groups :mod:`.options` shares with ``stress``."""
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from .. import config
 from ..engine.inflight import Timeouts
 from ..errors import UsageError
-from ..scenarios.fuzz import FuzzParams
+from ..scenarios.fuzz.strategy import FuzzParams
 from . import Command, app, console, err_console, warn
 from .options import (PARALLEL_ENGINES_HELP, AttachOptions, EngineOptions, GoldenProbeOptions,
                       OutputOptions, Pick, TimeoutOptions, VerdictOptions, given, grouped,

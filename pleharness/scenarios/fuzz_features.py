@@ -142,7 +142,7 @@ def allowed(facts, enabled: bool, chat: bool) -> tuple[frozenset[str], list[str]
     """The features drawn on an engine of ``facts`` (an EngineFacts) and why some are not:
     (names of :data:`ALL`, notes). ``enabled``: FuzzParams.features (off: none); ``chat``:
     chat-shaped prompts asked (``messages`` then still needs a chat template, checked when the
-    run starts: :meth:`pleharness.scenarios.fuzz.Fuzz._chat_prompts`)."""
+    run starts: :meth:`pleharness.scenarios.fuzz.example.FuzzExamples._chat_prompts`)."""
     if not enabled:
         return frozenset(), []
     out = set(ALL)

@@ -65,25 +65,24 @@ left out (``truncation_with_spec_decode`` auto; the ``device_type`` fact, from /
 Phases: ``sampled-seed-probe`` (and ``-2``), ``sampled-seeded-references(-cold)`` when (c)
 applies, ``sampled-solo`` (the solo samples, one at a time), then one phase per ladder level
 ``sampled-sN-CC``. Tables ``sampled_distribution`` (one row per test) and ``sampled_seeds``.
+The samples kept per side and the tests on them (b): :mod:`.sampled_stats`.
 """
 from __future__ import annotations
 
 from ..engine.facts import as_facts
 
-import re
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from ..checks import DEFAULT_CHECKS
 from ..checks.sampled_degeneration import NAME as SAMPLED_DEGENERATION
-from ..checks.sampled_degeneration import eos_ids, longest_punct_run
-from ..checks.degeneration import longest_run
+from ..checks.sampled_degeneration import eos_ids
 from ..manifest import CheckResult, Manifest
 from ..prompts import Prompt, seeded_prompts
-from ..request import Outcome, RequestSpec
-from ..twosample import fisher_less, permutation_test
+from ..request import RequestSpec
 from .base import ScenarioError, TableRow, register
+from .sampled_stats import DistributionRow, collector, distribution_rows
 from .shared.chat import ChatParams, ChatScenario, boundary_spec, max_prompt_len
 from .shared.lengths import boundary_lengths
 
@@ -141,22 +140,6 @@ class SampledParams(ChatParams):
                              f"{self.alpha}: the smallest p-value 1/(1 + permutations) must be "
                              "below alpha / 3 (the Bonferroni share of one test)")
         return self
-
-
-class DistributionRow(TableRow):
-    """One two-sample test (``tables.sampled_distribution``)."""
-
-    test: str  # first_tokens | expected_text
-    prompt_key: str
-    prompt_len: int | None
-    why: str  # why this prompt
-    solo: int  # samples alone
-    load: int  # samples at C >= 2
-    statistic: float | None
-    p_value: float
-    threshold: float  # alpha / number of tests (Bonferroni)
-    verdict: str  # pass | fail
-    detail: str
 
 
 class SeedRow(TableRow):
@@ -308,7 +291,7 @@ class Sampled(ChatScenario):
         matches: dict[str, list[int]] = {"solo": [0, 0], "load": [0, 0]}
         samples: dict[tuple, dict[str, list[list[int]]]] = {}
         solo_longest: dict[str, list[int]] = {}
-        collect = _collector(expect, eos_ids(ctx), samples, matches, solo_longest)
+        collect = collector(expect, eos_ids(ctx), samples, matches, solo_longest)
 
         ctx.run_phase("sampled-solo", 1, solo_specs, role="reference",
                       counts_for_throughput=False, on_outcome=collect("solo"))
@@ -401,41 +384,7 @@ class Sampled(ChatScenario):
 
     def _judge(self, ctx, ph, dist, samples, matches) -> None:
         """(b) and the expected-text rate: one phase check each on the last ladder phase."""
-        p = self.params
-        tests = len(dist) + (1 if matches["solo"][1] and matches["load"][1] else 0)
-        thr = p.alpha / max(1, tests)
-        rows = []
-        for s, why in dist:
-            sm = samples.get((s.prompt.key, s.max_tokens), {"solo": [], "load": []})
-            if not sm["solo"] or not sm["load"]:
-                rows.append(DistributionRow(
-                    test="first_tokens", prompt_key=s.prompt.key, prompt_len=len(s.prompt),
-                    why=why, solo=len(sm["solo"]), load=len(sm["load"]), statistic=None,
-                    p_value=1.0, threshold=thr, verdict="fail",
-                    detail="no samples on one side (requests failed)"))
-                continue
-            r = permutation_test(sm["solo"], sm["load"], p.positions, p.permutations,
-                                 rng_seed=p.seed)
-            sh = r.shift or {}
-            detail = (f"first {p.positions} tokens of {r.n_load} samples under load vs "
-                      f"{r.n_solo} alone: largest standardised chi-square {r.statistic:.2f}, permutation p = "
-                      f"{r.p_value:.2g} (threshold {thr:.2g})")
-            if sh:
-                detail += (f"; most shifted: token {sh['token']} at position {sh['position']} "
-                           f"({sh['solo_count']} alone, {sh['load_count']} under load)")
-            rows.append(DistributionRow(
-                test="first_tokens", prompt_key=s.prompt.key, prompt_len=len(s.prompt), why=why,
-                solo=r.n_solo, load=r.n_load, statistic=r.statistic, p_value=r.p_value,
-                threshold=thr, verdict="fail" if r.p_value <= thr else "pass", detail=detail))
-        if tests > len(dist):
-            (ps, ns), (pl, nl) = matches["solo"], matches["load"]
-            pv = fisher_less(ps, ns, pl, nl)
-            rows.append(DistributionRow(
-                test="expected_text", prompt_key="chat-shaped boundary lengths", prompt_len=None,
-                why=f"/{p.expected_regex}/", solo=ns, load=nl, statistic=None, p_value=pv,
-                threshold=thr, verdict="fail" if pv <= thr else "pass",
-                detail=f"{pl}/{nl} samples under load match vs {ps}/{ns} alone: one-sided "
-                       f"Fisher p = {pv:.2g} (threshold {thr:.2g})"))
+        rows = distribution_rows(self.params, dist, samples, matches)
         self.put_table(ctx, "sampled_distribution", rows)
         for r in rows:
             name = "sampled_distribution" if r.test == "first_tokens" else "sampled_expected_text"
@@ -474,42 +423,6 @@ class Sampled(ChatScenario):
             raise ScenarioError(f"{self.source}: params.dist_max_tokens "
                                 f"{self.params.dist_max_tokens} leaves no room for a prompt: "
                                 f"max_model_len is {m}")
-
-
-def _collector(expect: dict[str, str], eos, samples: dict, matches: dict[str, list[int]],
-               solo_longest: dict[str, list[int]]):
-    """``collect(side)``: an on_outcome hook for the ``solo`` or ``load`` side that keeps each
-    answered sample's token IDs in ``samples`` (by (prompt key, max_tokens), then side), on the
-    solo side the longest token and punctuation runs in ``solo_longest`` (by prompt key:
-    [longest token run, longest punctuation run, samples]), and, for a prompt with an expected
-    pattern (``expect``), an ``expected_text`` check counted in ``matches[side]`` ([matched,
-    judged])."""
-    def collect(side: str):
-        def on_outcome(o: Outcome) -> None:
-            c = o.completion
-            if c.error is not None:
-                return
-            key = o.spec.prompt.key
-            # the test compares the distribution prompts' own samples (a boundary request of
-            # the same prompt, e.g. L = n*C + q, asks for another max_tokens)
-            samples.setdefault((key, o.spec.max_tokens), {"solo": [], "load": []})[
-                side].append(list(c.token_ids))
-            if side == "solo":
-                lr = solo_longest.setdefault(key, [0, 0, 0])
-                lr[0] = max(lr[0], longest_run(list(c.token_ids), eos)[0])
-                lr[1] = max(lr[1], longest_punct_run(c.text or "")[0])
-                lr[2] += 1
-            rx = expect.get(key)
-            if rx is not None:
-                ok = re.match(rx, c.text or "") is not None
-                matches[side][0] += ok
-                matches[side][1] += 1
-                o.record.checks.append(CheckResult(
-                    name="expected_text", status="pass" if ok else "note",
-                    detail="" if ok else f"sample {c.text[:40]!r} does not match /{rx}/ "
-                    "(a sample: judged by rate, phase check sampled_expected_text)"))
-        return on_outcome
-    return collect
 
 
 def _interleave(groups: list[list[RequestSpec]]) -> list[RequestSpec]:
