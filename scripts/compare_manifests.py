@@ -40,13 +40,19 @@ IGNORED = [
     # the engine probe draws its prompts from a fresh seed each run (engine_probe.prompt_seed):
     # its prompts and their hashes differ by design; its verdicts (the properties) are compared
     r"engine_probe\.prompt_seed", r"engine_probe\.evidence(\..*)?",
+    # how many requests the probe needed depends on its prompts (where repeats first diverge)
+    r"engine_probe\.requests", r".*s_per_example",
     # the two-sample statistics of unseeded samples (kind sampled): random by design
     r"tables\.sampled_distribution\.\d+\.(statistic|p_value|detail)",
 ]
 _IGNORED = re.compile("|".join(f"(?:{p})" for p in IGNORED))
-_VOLATILE_TEXT = re.compile(r"/\S*?/(?=(pleharness|scenarios|profiles)/)"
+_VOLATILE_TEXT = re.compile(r"/\S*?/(?=(pleharness|scenarios|profiles|tests)/)"
                             r"|https?://[\w.]+:\d+|/\S+/(?=engine\.log)|/tmp/\S+"
-                            r"|client-seen decode position \d+|\d+(\.\d+)? ?s\b")
+                            r"|client-seen decode position \d+|\d+(\.\d+)? ?s\b"
+                            # where the probe's random prompts first diverge on repeat
+                            r"|diverged at position \d+"
+                            # a disconnect's abandoned request may finish before it is cut
+                            r"|finished normally \d+ of")
 
 
 def _norm(x: Any) -> Any:
@@ -90,11 +96,29 @@ def _unseeded_sample(record: Any) -> bool:
         and record.get("seed") is None
 
 
+def _local(x: Any, folders: list[tuple[str, str]]) -> Any:
+    """``x`` with every string's run folders named by role (``folders``: (absolute path, name),
+    the longest first) and the value after ``--port`` in a command list hidden."""
+    if isinstance(x, dict):
+        return {k: _local(v, folders) for k, v in x.items()}
+    if isinstance(x, list):
+        return [("<port>" if i and x[i - 1] == "--port" else _local(v, folders))
+                for i, v in enumerate(x)]
+    if isinstance(x, str):
+        for path, name in folders:
+            x = x.replace(path, name)
+    return x
+
+
 def load(path: str) -> dict:
-    """A manifest as JSON, its records inline (``requests``) whatever the schema version, the
-    output hashes of unseeded samples left out. Raises OSError / ValueError for an unreadable
-    file."""
-    data = json.loads(Path(path).read_text())
+    """A manifest (or explain.json) as JSON, its records inline (``requests``) whatever the
+    schema version, the output hashes of unseeded samples left out, the folders it was written
+    in (its own and its parent: the run and results folders) and engine ports hidden.
+    Raises OSError / ValueError for an unreadable file."""
+    here = Path(path).resolve().parent
+    folders = [(str(d), f"<folder-{i}>") for i, d in enumerate([here, here.parent])
+               if len(d.parts) > 2]
+    data = _local(json.loads(Path(path).read_text()), folders)
     name = data.pop("requests_file", None)
     count = data.pop("requests_count", None)
     data.pop("schema_version", None)

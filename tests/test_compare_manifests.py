@@ -85,3 +85,24 @@ def test_unseeded_samples_outputs_are_random_by_design(tmp_path):
             (tmp_path / f"{name}.json").write_text(json.dumps(m))
             paths.append(str(tmp_path / f"{name}.json"))
         assert len(cm.diff(*(cm.load(p) for p in paths))) == want
+
+
+def test_run_folders_ports_and_run_to_run_texts_are_left_out(tmp_path):
+    """Two runs of the same command into other results folders (scripts/refactor_check.py):
+    paths under the run's own folder and its results folder, an engine's --port in a launch
+    command, where the probe's random prompts diverged and how many disconnected requests still
+    finished are left out; a changed launch argument is not."""
+    import json
+
+    def write(root, port, pos, finished, arg="--block-size"):
+        d = tmp_path / root / "run"
+        d.mkdir(parents=True)
+        (d / "manifest.json").write_text(json.dumps({
+            "repro": f"{d}/repro.toml", "db": f"{tmp_path / root}/other/db",
+            "launches": [{"command": ["python", "--port", str(port), arg, "16"]}],
+            "notes": [f"solo repeats diverged at position {pos}",
+                      f"requests finished normally {finished} of 4 sent"]}))
+        return str(d / "manifest.json")
+    a = write("before", 41234, 6, 4)
+    assert cm.main([a, write("after", 52345, 7, 3)]) == 0
+    assert cm.main([a, write("later", 41234, 6, 4, arg="--max-num-seqs")]) == 1
