@@ -105,8 +105,8 @@ def _local(x: Any, folders: list[tuple[str, str]]) -> Any:
         return [("<port>" if i and x[i - 1] == "--port" else _local(v, folders))
                 for i, v in enumerate(x)]
     if isinstance(x, str):
-        for path, name in folders:
-            x = x.replace(path, name)
+        for path, name in folders:  # a whole folder name: /r/after is no part of /r/after1
+            x = re.sub(re.escape(path) + r"(?![\w.-])", name, x)
     return x
 
 

@@ -104,5 +104,7 @@ def test_run_folders_ports_and_run_to_run_texts_are_left_out(tmp_path):
                       f"requests finished normally {finished} of 4 sent"]}))
         return str(d / "manifest.json")
     a = write("before", 41234, 6, 4)
+    # a checkout beside the results folder whose name begins with it is not a run folder
+    assert cm.diff(cm._local("/x/before1/pleharness/m", [("/x/before", "<f>")]), "/x/y/pleharness/m") == []
     assert cm.main([a, write("after", 52345, 7, 3)]) == 0
     assert cm.main([a, write("later", 41234, 6, 4, arg="--max-num-seqs")]) == 1
