@@ -36,6 +36,7 @@ from __future__ import annotations
 import io
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -175,20 +176,22 @@ def _overrides_for(refs: list, overrides: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_selftest(cfg, faults: list[str], console: Console, err: Console,
-                 selftest_id: str | None = None) -> int:
+                 selftest_id: str | None = None, *,
+                 runner: Callable[[Any, Console, Console], int]) -> int:
     """Run the clean pass and one pass per fault class in ``faults`` (names of
     :data:`BUILTIN`) against one engine, with ``cfg`` (a :class:`pleharness.config.StressConfig`:
-    the engine, scenarios and options of every pass). Writes ``selftest.json`` (the rows and the
-    headline) in the selftest folder first, after every pass and at the end (``status``:
-    running | complete | engine_failed, with ``error`` and ``root_cause`` | interrupted |
-    failed), and prints a table. Returns the exit code (module
-    docstring). Raises UsageError for an unknown fault class or bad options, before anything
-    starts."""
+    the engine, scenarios and options of every pass). ``runner``: the run each pass is,
+    ``runner(cfg, console, err_console) -> exit code`` (:func:`pleharness.stress.run_stress`,
+    handed in by the command line: a job imports no other job). Writes ``selftest.json`` (the
+    rows and the headline) in the selftest folder first, after every pass and at the end
+    (``status``: running | complete | engine_failed, with ``error`` and ``root_cause`` |
+    interrupted | failed), and prints a table. Returns the exit code (module docstring).
+    Raises UsageError for an unknown fault class or bad options, before anything starts."""
     from .engine.session import EngineSession, Interrupted
     from .environment import gpu_inventory
     from .errors import EngineError
     from .run.rundir import new_run_dir
-    from .stress import load_scenarios
+    from .scenarios import load_scenarios
     unknown = [f for f in faults if f not in BUILTIN]
     if unknown:
         raise UsageError(f"--fault {unknown[0]!r}: not a built-in fault class (known: "
@@ -234,7 +237,7 @@ def run_selftest(cfg, faults: list[str], console: Console, err: Console,
                                profile=None, explicit_facts=facts, scenarios=list(refs),
                                overrides=_overrides_for(refs, cfg.overrides),
                                invocation=cfg.invocation + [f"(selftest pass {name})"])
-                res, pcode, m = _run_pass(pcfg, name, fault, eng.client)
+                res, pcode, m = _run_pass(pcfg, name, fault, eng.client, runner)
                 res.ran, res.family = [_name(r) for r in refs], getattr(fault, "family", "")
                 if fault is None:
                     alarms = false_alarms(m) if pcode in (ExitCode.OK, ExitCode.FAIL) else alarms
@@ -270,20 +273,21 @@ def run_selftest(cfg, faults: list[str], console: Console, err: Console,
     return code
 
 
-def _run_pass(pcfg, name: str, fault: SelftestFault | None, client) -> tuple:
-    """One pass: the ``stress`` run ``pcfg`` through a fault proxy in front of ``client``'s
-    engine planting ``fault`` (None: the clean pass). Returns (its :class:`PassResult`, its
-    exit code, its manifest or None). Raises UsageError naming the pass."""
+def _run_pass(pcfg, name: str, fault: SelftestFault | None, client,
+              runner: Callable[[Any, Console, Console], int]) -> tuple:
+    """One pass: the ``stress`` run ``pcfg`` (``runner``: :func:`run_selftest`) through a fault
+    proxy in front of ``client``'s engine planting ``fault`` (None: the clean pass). Returns
+    (its :class:`PassResult`, its exit code, its manifest or None). Raises UsageError naming the
+    pass."""
     from .faults.proxy import FaultProxy
     from .faults.rules import Fault
     from .manifest import load_manifest
-    from .stress import run_stress
     t0 = time.monotonic()
     with FaultProxy(client.base_url, fault or Fault()) as proxy:
         pcfg.url = proxy.url
         quiet = Console(file=io.StringIO(), width=200)
         try:
-            pcode = run_stress(pcfg, quiet, quiet)
+            pcode = runner(pcfg, quiet, quiet)
         except UsageError as exc:
             raise UsageError(f"selftest pass {name}: {exc}") from None
     _close_pass_clients(keep=client)

@@ -65,7 +65,7 @@ class Suite(BaseModel):
     gates: Gates = Field(default_factory=Gates)
 
     def scenario_refs(self) -> list[tuple[str, dict[str, Any]]]:
-        """(name, params) pairs in order, as :func:`pleharness.stress.load_scenarios` takes them."""
+        """(name, params) pairs in order, as :func:`pleharness.scenarios.load_scenarios` takes them."""
         return [(s.name, s.params) for s in self.scenario]
 
 

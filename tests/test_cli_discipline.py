@@ -22,7 +22,7 @@ import pytest
 from conftest import ROOT, load_json, run_cli
 from doubles import FakeEngine
 from pleharness.manifest import CheckResult, Divergence, Manifest, load_manifest, write_manifest
-from pleharness.stress import _summarize
+from pleharness.verdict import summarize
 
 SMALL = ["--scenario", "transitions", "--ladder", "2,1", "--repeats", "1", "--max-tokens", "8",
          "--vocab-size", "600"]
@@ -64,7 +64,7 @@ def failing_usage(m: Manifest, run_id: str, n: int) -> Manifest:
             name="usage", status="fail",
             detail=f"usage.prompt_tokens {q.prompt_len + 1} != intended {q.prompt_len}")]
     out.requests = reqs
-    _summarize(out)
+    summarize(out)
     out.verdict, out.exit_code = "fail", 1
     return out
 
@@ -162,7 +162,7 @@ def test_internal_error_during_a_run_exits_4_and_leaves_a_manifest(tmp_path, mon
 
     def boom(*a, **k):
         raise ZeroDivisionError("bug in a scenario")
-    monkeypatch.setattr(stress, "_run_suite", boom)
+    monkeypatch.setattr(stress, "run_suite", boom)
     with FakeEngine() as eng:
         cfg = config.StressConfig(url=eng.url, scenarios=["transitions"],
                                   overrides={"ladder": [1], "repeats": 1, "max_tokens": 4},
@@ -344,7 +344,7 @@ def test_summary_md_puts_causes_first(runs):
     bad.divergence = Divergence.model_validate(
         {"position": 3, "class": "hard", "fails": True, "margin_nats": 4.0,
          "reference_token": 17, "observed_token": 99, "reconverged": False, "checks_failed": []})
-    _summarize(m)
+    summarize(m)
     m.verdict, m.exit_code = "fail", 1
     md = to_markdown(m)
     why = md.index("### Why")

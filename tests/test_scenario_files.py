@@ -6,8 +6,7 @@ from conftest import run_cli
 
 from pleharness.errors import UsageError
 from pleharness.prompts import pad_chat_prompt, seeded_prompts
-from pleharness.scenarios import ScenarioError, load_scenario_file
-from pleharness.stress import load_scenarios
+from pleharness.scenarios import ScenarioError, load_scenario_file, load_scenarios
 
 
 def write(tmp_path: Path, text: str) -> str:

@@ -86,8 +86,8 @@ def run_manifest(phases, k=3, strict=False):
     m = Manifest(run_id="r", status="complete", verdict="pass", phases=phases,
                  facts={"num_speculative_tokens": {"value": k, "source": "launch"}},
                  run_options={"strict": strict})
-    from pleharness.stress import _verdict
-    _verdict(m)
+    from pleharness.verdict import verdict
+    verdict(m)
     return m
 
 

@@ -79,8 +79,10 @@ FLOORS: dict[str, int] = {
     "run": 5,
     # 6 what a run is made of: scenario kinds, and how a divergence is attributed
     "scenarios": 6, "causes": 6, "attribution": 6,
-    # 7 reading and writing runs: comparison, renderers, suites, configuration, confirmation
-    "compare": 7, "suites": 7, "render": 7, "config": 7, "reproduce": 7,
+    # 7 reading and writing runs: comparison, renderers, suites, configuration, confirmation, the
+    # second engines and the passes of a stress run, its verdict
+    "compare": 7, "suites": 7, "render": 7, "config": 7, "reproduce": 7, "verdict": 7,
+    "second_engine": 7, "passes": 7,
     # 8 the jobs
     "stress": 8, "explain": 8, "selftest": 8, "factsjob": 8, "fuzz": 8,
     # 9 the command line

@@ -196,7 +196,7 @@ def test_compare_gates_on_doctored_head(tmp_path):
 
 
 def test_suites_load_and_compose(tmp_path):
-    from pleharness.stress import load_scenarios
+    from pleharness.scenarios import load_scenarios
     from pleharness.suites import load_suite
     s = load_suite("premerge")
     scs = load_scenarios(s.scenario_refs(), {})

@@ -56,6 +56,7 @@ def selftest(
         raise UsageError(f"--fault {', '.join(twice)}: given more than once")
     fields = config.engine_fields(o, given(*groups))
     from ..selftest import DEFAULT_SUITE, run_selftest
+    from ..stress import run_stress  # each pass is a stress run: the job is handed it here
     if scenario:
         scenarios = list(scenario)
     elif suite == "default":
@@ -66,4 +67,4 @@ def selftest(
     fields.pop("run_id")
     cfg = config.StressConfig(**fields, scenarios=scenarios)
     raise typer.Exit(run_selftest(cfg, list(fault or BUILTIN), console, err_console,
-                                  selftest_id=output.run_id))
+                                  selftest_id=output.run_id, runner=run_stress))

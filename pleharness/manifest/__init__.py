@@ -174,8 +174,8 @@ class RunOptionsRecord(_Section):
 
 
 class Summary(_Section):
-    """``manifest.summary``: the run's counts and headline (:func:`pleharness.stress` writes it;
-    counts are requests or outputs unless named otherwise)."""
+    """``manifest.summary``: the run's counts and headline (:func:`pleharness.verdict.summarize`
+    writes it; counts are requests or outputs unless named otherwise)."""
 
     headline: str | None = None
     phases_planned: int | None = None

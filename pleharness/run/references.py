@@ -1,6 +1,6 @@
 """References: the outputs each request is compared with, in one place for every mode.
 
-``--reference`` modes (:data:`pleharness.stress.REFERENCE_MODES`):
+``--reference`` modes (:data:`pleharness.config.REFERENCE_MODES`):
 
 * ``solo`` (default): each (prompt, max_tokens[, sampling]) run alone on the engine under test,
   one request in flight; ``cold`` keeps the first run, ``warm`` runs it twice and keeps the

@@ -202,3 +202,31 @@ def load_scenario_file(name_or_path: str, overrides: dict[str, Any] | None = Non
     params = build_params(cls, raw, where)
     desc = data.get("description", "")
     return cls(str(data.get("name", path.stem)), params, str(path), desc)
+
+
+def load_scenarios(names: list, overrides: dict[str, Any]) -> list[Scenario]:
+    """Load scenario files; each override applies to the scenarios whose parameters have that key.
+
+    ``names`` items are a scenario name or path, or (name, params) pairs from a suite, whose
+    params override the file's (command-line overrides win over both). Raises UsageError
+    (ScenarioError) naming the file and key, or the overrides that apply to no scenario.
+    """
+    out = []
+    for item in names:
+        n, own = (item, {}) if isinstance(item, str) else item
+        sc = load_scenario_file(n)
+        mine = {**own, **{k: v for k, v in overrides.items() if k in type(sc.params).model_fields}}
+        if mine:
+            sc = load_scenario_file(n, mine)
+        out.append(sc)
+    chosen = [sc.name for sc in out]
+    twice = sorted({n for n in chosen if chosen.count(n) > 1})
+    if twice:
+        raise UsageError(f"scenario(s) {', '.join(twice)} selected more than once: phases and "
+                         "tables are named by the scenario, so the runs could not be told apart "
+                         "(use --suite-repeats to run the suite again)")
+    unused = set(overrides) - {k for sc in out for k in type(sc.params).model_fields}
+    if unused:
+        raise UsageError(f"option(s) {', '.join(sorted(unused))} apply to none of the selected "
+                         f"scenarios ({', '.join(str(n) for n in names)})")
+    return out
