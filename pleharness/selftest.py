@@ -275,7 +275,7 @@ def run_selftest(cfg, faults: list[str], console: Console, err: Console,
 
 def _run_pass(pcfg, name: str, fault: SelftestFault | None, client,
               runner: Callable[[Any, Console, Console], int]) -> tuple:
-    """One pass: the ``stress`` run ``pcfg`` (``runner``: :func:`run_selftest`) through a fault
+    """One pass: the ``stress`` run ``pcfg`` (``runner``: the stress job's ``run_stress``) through a fault
     proxy in front of ``client``'s engine planting ``fault`` (None: the clean pass). Returns
     (its :class:`PassResult`, its exit code, its manifest or None). Raises UsageError naming the
     pass."""
