@@ -107,6 +107,26 @@ def test_a_weak_golden_model_decides_nothing_and_the_headline_says_so(tmp_path):
     assert "below 9 nats (bound 2)" in headline(m)
 
 
+def test_solo_repeatability_applies_to_one_greedy_choice_alone_not_to_several_choices(tmp_path):
+    """GPU run q: two C1 runs of one prompt with n = 3 greedy choices (sent as top-1 sampling)
+    drew differently at an exact bf16 tie on a clean engine. Solo repeatability is evidence for a
+    lone greedy request only; a request of several choices falls back to the margins."""
+    from pleharness.manifest import ReferenceRecord
+    m = Manifest(run_id="n")
+    m.engine_probe = {"greedy_repeats": True}
+    m.facts = {"prefix_caching": {"value": False}}
+    ctx = RunContext(None, m, tmp_path / "manifest.json", None, None,
+                     options=RunOptions(serving_dtype="bfloat16", near_tie_nats=0.5))
+    ph = PhaseRecord(index=0, name="choices-solo", scenario="choices", concurrency=1)
+    rec = RequestRecord(id="r2", scenario="choices", phase="choices-solo", concurrency=1,
+                        prompt_key="p", prompt_len=3, prompt_hash="ph", max_tokens=4)
+    ref = ReferenceRecord(prompt_key="p", prompt_hash="ph", prompt_len=3, max_tokens=4,
+                          output_hash="h", output_ids=[5, 6, 7, 8], source="solo",
+                          request_id="r1", cache_state="cold")
+    assert "does not repeat itself alone" in ctx.judge._solo_repeat(ph, rec, spec(), ref)
+    assert ctx.judge._solo_repeat(ph, rec, spec(n=3, choice=0), ref) is None
+
+
 # -- on the real CPU engine -------------------------------------------------------------------
 
 BOUNDARY = """kind = "boundary"

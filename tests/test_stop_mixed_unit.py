@@ -59,6 +59,39 @@ def test_ids_after_the_stop_fail():
     assert "expect_len: 6 IDs, expected 4" in r.detail
 
 
+class SpecCtx(Ctx):
+    """Speculative decoding on (k = 2), the stop request's solo reference returned ``ref_ids``."""
+
+    def __init__(self, ref_ids=None, role="load", k=2, source="solo"):
+        self.facts = as_facts({"eos_token_id": 1, "num_speculative_tokens": k})
+        self.phase_role = role
+        ref = SimpleNamespace(output_ids=ref_ids, source=source)
+        self.references = {spec(stop=(" 4",)).ref_key: ref} if ref_ids is not None else {}
+
+
+def test_ids_kept_past_a_stop_by_a_speculative_step_warn_only_as_the_engines_own_solo_behaviour():
+    """GPU run q (vLLM 0.26.0, ngram k = 2): stock vLLM keeps the rest of a speculative step past
+    a stop string (vllm-project/vllm#47616) in every run, solo ones too. That is a warn when the
+    request is a reference, or its solo reference has the same IDs, and at most k IDs follow the
+    stop; load-only extra IDs, more than k, no speculative decoding, or another broken rule fail."""
+    ids = [10, 11, 12, 13, 14]  # one ID past the stop " 4"
+    s, c = spec(stop=(" 4",)), comp(ids, " 1 2 3")
+    r = stop_check(SpecCtx(role="reference"), s, c, {"expect_len": 4})
+    assert r.status == "warn" and "vllm-project/vllm#47616" in r.detail, r.detail
+    assert stop_check(SpecCtx(ref_ids=ids), s, c, {"expect_len": 4}).status == "warn"
+    assert stop_check(SpecCtx(ref_ids=ids[:4]), s, c, {}).status == "fail"  # only under load
+    assert stop_check(SpecCtx(), s, c, {}).status == "fail"  # no reference to tell
+    assert stop_check(SpecCtx(ref_ids=ids, source="golden"), s, c, {}).status == "fail"
+    assert stop_check(SpecCtx(role="reference", k=0), s, c, {}).status == "fail"
+    assert stop_check(Ctx(), s, c, {}).status == "fail"  # no speculative decoding fact
+    three = [10, 11, 12, 13, 14, 15, 16]  # 3 IDs past the stop: more than one step of k = 2
+    assert stop_check(SpecCtx(role="reference"), s, comp(three, " 1 2 3"), {}).status == "fail"
+    assert stop_check(SpecCtx(role="reference"), s, c, {"expect_len": 3}).status == "fail"
+    bad_usage = comp(ids, " 1 2 3")
+    bad_usage.completion_tokens = 9
+    assert stop_check(SpecCtx(role="reference"), s, bad_usage, {}).status == "fail"
+
+
 def test_text_past_the_stop_or_inconsistent_usage_fail():
     r = stop_check(Ctx(), spec(stop=(" 4",)), comp([10, 11, 12, 13], " 1 2 3 4"), {})
     assert r.status == "fail" and "text: contains the stop string ' 4'" in r.detail

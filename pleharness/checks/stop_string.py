@@ -28,6 +28,17 @@ finish_reason is "stop". With ``D(ids)`` = the engine's /detokenize of the IDs (
 - ``expect_len`` (param, optional): exactly this many IDs (the scenario's cut, taken from the
   same prompt's output without the stop).
 
+One exception, measured on a real GPU engine (vLLM 0.26.0, H100, ngram speculative decoding with
+k = 2, docs/gpu-runs/README.md run q): stock vLLM cuts the text at a stop string completed inside a
+multi-token speculative step but keeps the step's later IDs (vllm-project/vllm#47616, open: "V1
+truncates output_text to the stop boundary but leaves the tokens generated after the stop in
+token_ids"). Every other rule held. A patched engine built on it would fail every run, fixed or
+not. So ``ids after the stop`` (and the ``expect_len`` miss it alone explains) is a **warn**, not
+a fail, when all of these hold: speculative decoding is on (fact ``num_speculative_tokens`` = k >=
+1), at most k IDs follow the stop (the rest of one verify step), every other rule passes, and the
+request is a single-request run itself (a reference) or its single-request reference returned
+exactly the same IDs. IDs after a stop that only load brings (the solo run stops clean) still fail.
+
 Leading whitespace of the whole output is not compared (a tokenizer may decode an output's first
 token without its leading space when it is decoded alone). Params: ``expect_len``. A prompt whose
 text the incremental detokenizer cannot split cleanly from the output (random token-ID prompts
@@ -86,12 +97,14 @@ def check(ctx, spec, c, params) -> CheckResult:
         elif text.lstrip() != cut.lstrip():
             problems.append(f"text: {text[-40:]!r} (end) is not the IDs' text cut before the "
                             f"stop, {cut[-40:]!r}")
+        after = 0  # IDs past the one that completes the stop
         if len(ids) > 1:
             before = first_stop(d(ids[:-1]), stops)
             if before is not None:
                 extra = next(j for j in range(1, len(ids) + 1)
                              if first_stop(d(ids[:j]), stops) is not None)
-                problems.append(f"ids after the stop: {len(ids) - extra} ID(s) after the one "
+                after = len(ids) - extra
+                problems.append(f"ids after the stop: {after} ID(s) after the one "
                                 f"that completed {before[1]!r} (position {extra - 1}); "
                                 f"{len(ids)} IDs returned")
         if hit is not None and c.finish_reason != "stop":
@@ -111,11 +124,37 @@ def check(ctx, spec, c, params) -> CheckResult:
         note = _rechunked(c, d) if c.streamed and c.chunks else None
     except EngineError as exc:
         return CheckResult(name=name, status="skip", detail=f"/detokenize failed: {exc}")
+    if problems and _speculative_step_kept(ctx, spec, ids, after, problems, params):
+        return CheckResult(name=name, status="warn", detail="; ".join(problems) + (
+            "; as in the single-request run: stock vLLM keeps the rest of a speculative step "
+            "past a stop string (vllm-project/vllm#47616), not load"))
     if problems:
         return CheckResult(name=name, status="fail", detail="; ".join(problems))
     detail = (f"{len(ids)} IDs, stop {hit[1]!r} at text offset {hit[0]}" if hit
               else f"{len(ids)} IDs, no stop string reached")
     return CheckResult(name=name, status="pass", detail=detail + (f"; {note}" if note else ""))
+
+
+def _speculative_step_kept(ctx, spec, ids, after: int, problems: list[str], params) -> bool:
+    """True when the only broken rules are ``ids after the stop`` (``after`` IDs) and the
+    ``expect_len`` miss those IDs explain, speculative decoding is on with ``after`` <= k, and the
+    output is the engine's single-request behaviour: this request is a reference, or its solo
+    reference (not a golden one) returned exactly ``ids``. The known upstream pattern of the
+    module docstring."""
+    k = getattr(getattr(ctx, "facts", None), "num_speculative_tokens", None) or 0
+    if not after or after > k:
+        return False
+    want = params.get("expect_len")
+    for p in problems:
+        if p.startswith("ids after the stop:"):
+            continue
+        if not (p.startswith("expect_len:") and want is not None
+                and len(ids) - after == int(want)):
+            return False
+    if getattr(ctx, "phase_role", "load") == "reference":
+        return True
+    ref = (getattr(ctx, "references", None) or {}).get(spec.ref_key)
+    return ref is not None and ref.source != "golden" and list(ref.output_ids) == list(ids)
 
 
 def _rechunked(c, d) -> str | None:

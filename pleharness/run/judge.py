@@ -118,8 +118,13 @@ class Judge:
         one prefix-cache epoch: no reset between them), on an engine whose probe measured that
         solo greedy runs repeat (``engine_probe.greedy_repeats``). Then the two runs computed
         exactly the same thing and an engine that repeats itself alone must give one output:
-        the divergence is hard whatever the margins or the golden model say (issue 32)."""
-        if ph.concurrency != 1 or spec.temperature > 0 or ref.source != "solo" \
+        the divergence is hard whatever the margins or the golden model say (issue 32).
+        A request of several choices (``n`` > 1) never applies: its choices share every step
+        (not alone) and greedy ones are sent as top-1 sampling, which on vLLM keeps every token
+        tied at the top and draws among them (GPU run q: an exact bf16 tie, 0.0 nats, drew
+        differently in two C1 runs of one prompt on a clean engine)."""
+        if ph.concurrency != 1 or spec.temperature > 0 or (spec.n or 1) > 1 \
+                or ref.source != "solo" \
                 or ref.temperature or ref.request_id is None or ref.request_id == rec.id:
             return None
         if (self.manifest.engine_probe or {}).get("greedy_repeats") is not True:
