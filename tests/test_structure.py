@@ -84,7 +84,7 @@ FLOORS: dict[str, int] = {
     "compare": 7, "suites": 7, "render": 7, "config": 7, "reproduce": 7, "verdict": 7,
     "second_engine": 7, "passes": 7,
     # 8 the jobs
-    "stress": 8, "explain": 8, "selftest": 8, "factsjob": 8, "fuzz": 8,
+    "stress": 8, "explain": 8, "selftest": 8, "factsjob": 8,
     # 9 the command line
     "cli": 9, "__main__": 9,
 }
@@ -135,3 +135,17 @@ def test_the_floor_rule_catches_an_upward_import_and_a_job_calling_a_job():
         "pleharness.engine.client -> pleharness.run.context (floor 2 -> 5)",
         "pleharness.explain -> pleharness.stress (floor 8 -> 8)"]
     assert floor_problems({"pleharness.nowhere": set()}) == ["pleharness.nowhere: no floor in FLOORS"]
+
+
+def test_docs_extending_draws_the_same_floors():
+    """docs/extending.md's floor table names every FLOORS entry on its floor (and no other)."""
+    import re
+    doc = (PKG.parent / "docs" / "extending.md").read_text()
+    table = {}
+    for line in doc.splitlines():
+        m = re.match(r"\| *(\d+) *\| *(.*?) *\|", line)
+        if m:
+            rooms = re.sub(r"\(.*?\)", "", m.group(2))  # a room's parts, in brackets, are no rooms
+            for name in re.findall(r"`([\w/]+)`", rooms):
+                table[name.rstrip("/")] = int(m.group(1))
+    assert table == FLOORS
