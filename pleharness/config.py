@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 
 from rich.console import Console
 
+from .defaults import DEFAULT_CONFIRM_RUNS
 from .engine.inflight import Timeouts
 from .engine.session import Target, resolve_target
 from .engine.side_by_side import parse_parallel
@@ -381,7 +382,7 @@ class StressConfig:
     control_profile: str | None = None  # or: the control's own engine profile (args and env)
     strict: bool = False
     reference_cache_state: str = "warm"
-    confirm_runs: int = 3  # replays of each reproducer the run writes (pleharness.reproduce)
+    confirm_runs: int = DEFAULT_CONFIRM_RUNS  # replays of each reproducer the run writes (pleharness.reproduce)
     confirm_runs_given: bool = False  # --confirm-runs was on the command line
     parallel_engines: int | None = 1  # confirmation engines side by side (None: auto)
     # --api: endpoint of load requests whose prompt has a message form (pleharness.run.api);

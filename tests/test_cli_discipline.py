@@ -442,3 +442,23 @@ def test_piped_help_keeps_option_names_whole():
     for name in ("--reference-engine-arg", "--reference-drop-arg", "--reference-cache-state",
                  "--no-engine-probe", "PLE_HARNESS_ENGINE_PROBE"):
         assert name in out, name
+
+
+def test_confirm_runs_has_one_default_for_every_command():
+    """Issue 34 item 2: --confirm-runs of stress, fuzz and explain, StressConfig and explain()
+    all take pleharness.defaults.DEFAULT_CONFIRM_RUNS (it was written in six places)."""
+    import inspect
+
+    import typer
+
+    from pleharness.cli import app
+    from pleharness.config import StressConfig
+    from pleharness.defaults import DEFAULT_CONFIRM_RUNS
+    from pleharness.explain import explain
+    cmd = typer.main.get_command(app)
+    for name in ("stress", "fuzz", "explain"):
+        (opt,) = [p for p in cmd.commands[name].params if p.name == "confirm_runs"]
+        assert opt.default == DEFAULT_CONFIRM_RUNS, name
+        assert f"reproduced {DEFAULT_CONFIRM_RUNS}/{DEFAULT_CONFIRM_RUNS}" in opt.help, name
+    assert StressConfig.__dataclass_fields__["confirm_runs"].default == DEFAULT_CONFIRM_RUNS
+    assert inspect.signature(explain).parameters["confirm_runs"].default == DEFAULT_CONFIRM_RUNS

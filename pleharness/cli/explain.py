@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from .. import config
+from ..defaults import DEFAULT_CONFIRM_RUNS, confirm_runs_help
 from . import Command, app, err_console
 
 
@@ -33,9 +34,8 @@ def explain(
         help="Python with vLLM (default: the run's).")] = None,
     start_timeout: Annotated[float, typer.Option(min=1.0, help="Seconds to wait for each "
                                                  "engine.")] = 900.0,
-    confirm_runs: Annotated[int, typer.Option(min=0, max=100, help=(
-        "Replay each repro-N.toml this many times, each on a freshly started engine of the "
-        "configuration under test, and report the reproduction rate. 0: skip."))] = 3,
+    confirm_runs: Annotated[int, typer.Option(min=0, max=100, help=confirm_runs_help(
+        "each repro-N.toml"))] = DEFAULT_CONFIRM_RUNS,
     parallel_engines: Annotated[str, typer.Option(help=(
         "Engines started side by side: the suspects' configurations (never across the two "
         "rounds) and the confirmation replays (a number, or auto: as many as fit in the GPU's "

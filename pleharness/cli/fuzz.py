@@ -13,6 +13,7 @@ import typer
 from pydantic import ValidationError
 
 from .. import config
+from ..defaults import DEFAULT_CONFIRM_RUNS, confirm_runs_help
 from ..engine.inflight import Timeouts
 from ..errors import UsageError
 from ..scenarios.fuzz.strategy import FuzzParams
@@ -83,10 +84,9 @@ class FuzzRunOptions:
     """The fuzz options that are not FuzzParams fields."""
 
     confirm_runs: Annotated[int, typer.Option(min=0, max=100, rich_help_panel=P_FUZZ,
-        help="Replay repro.toml this many times, each on a freshly started engine of the same "
-             "configuration, and report the reproduction rate ('reproduced 3/3'; 0/N also "
-             "replays the first, larger failing schedule, repro-larger.toml). Attached (--url): "
-             "on the same engine, marked as such. 0: skip.")] = 3
+        help=confirm_runs_help("repro.toml", " 0/N also replays the first, larger failing "
+                               "schedule, repro-larger.toml. Attached (--url): on the same "
+                               "engine, marked as such."))] = DEFAULT_CONFIRM_RUNS
     parallel_engines: Annotated[str, typer.Option(rich_help_panel=P_FUZZ,
         help=PARALLEL_ENGINES_HELP)] = "1"
     max_tokens_old: Annotated[Optional[int], typer.Option("--max-tokens", hidden=True,

@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from .. import config
+from ..defaults import DEFAULT_CONFIRM_RUNS, confirm_runs_help
 from . import Command, app, console, err_console, warn
 from .options import (API_HELP, P_CTRL, P_REF, P_SCEN, PARALLEL_ENGINES_HELP, Api,
                       AttachOptions, CacheState,
@@ -65,9 +66,8 @@ class ReferenceOptions:
     """Where references come from and how they are taken (besides --reference)."""
 
     confirm_runs: Annotated[int, typer.Option(min=0, max=100, rich_help_panel=P_REF,
-        help="A reproducer a scenario writes (the fuzz kind's repro.toml) is replayed this many "
-             "times, each on a freshly started engine of the same configuration, and its "
-             "reproduction rate reported. 0: skip.")] = 3
+        help=confirm_runs_help("each reproducer a scenario writes (the fuzz kind's "
+                               "repro.toml)"))] = DEFAULT_CONFIRM_RUNS
     parallel_engines: Annotated[str, typer.Option(rich_help_panel=P_REF,
         help=PARALLEL_ENGINES_HELP)] = "1"
     golden_model: Annotated[Optional[str], typer.Option(rich_help_panel=P_REF,

@@ -11,6 +11,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
+from ..defaults import DEFAULT_CONFIRM_RUNS
 from ..engine.session import EngineSession
 from ..engine.side_by_side import SideBySide, model_bytes
 from ..engine.side_by_side import plan as plan_side_by_side
@@ -76,7 +77,7 @@ def explain(run: Path, *, runner: Callable[[Any, Console, Console], int],
             auto_suspects: bool = True, include_warnings: bool = False, tries: int = 3,
             budget_s: float = 3600.0, engine_python: str | None = None,
             start_timeout_s: float = 900.0, console: Console | None = None,
-            confirm_runs: int = 3, parallel_engines: int | None = 1) -> ExplainReport:
+            confirm_runs: int = DEFAULT_CONFIRM_RUNS, parallel_engines: int | None = 1) -> ExplainReport:
     """Explain the failing divergences of the run at ``run`` (folder or manifest); see the
     package's docstring (:mod:`pleharness.explain`). Returns the report (also written to
     ``RUN/explain/explain.json``, with ``explain.md`` and ``junit.xml``).
