@@ -128,3 +128,22 @@ def test_explain_report_json_keeps_its_shape():
     assert "| 1 | C4 | 4 | 7 | r2-0 | alone | persists | `explain/repro-1.toml` |" in md
     assert "- case 1: `explain/repro-1.toml` reproduced 2/2" in md
     assert 'message="persists in every control"' in to_junit(rep)
+
+
+def test_stopping_an_engine_closes_its_client(tmp_path):
+    """explain stops each suspect's engine as soon as its replays end; its client (connection
+    pool, event loop) is closed with it, not left for the garbage collector (which had aiohttp
+    print "Unclosed client session" in explain's console). An attached engine is left alone."""
+    from types import SimpleNamespace
+
+    from pleharness.engine.client import EngineClient
+    from pleharness.engine.session import Engine
+    with EngineSession(quiet(), tmp_path, signals=False) as session:
+        srv = listed_group(session, tmp_path)
+        client = EngineClient("http://127.0.0.1:9", "m")
+        _ = client.loop  # starts its event-loop thread
+        assert client._lt is not None
+        session.stop(Engine(client, srv, None, {}, None))
+        assert client._lt is None and not group_alive(srv.proc.pid)
+        attached = SimpleNamespace(close=lambda: pytest.fail("an attached client was closed"))
+        session.stop(Engine(attached, None, None, {}, None))

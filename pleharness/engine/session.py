@@ -425,9 +425,14 @@ class EngineSession:
 
     def stop(self, eng: Engine) -> None:
         """Stop ``eng``'s server now (a no-op when attached or stopped already): one engine at a
-        time on one GPU."""
+        time on one GPU. A stopped server's client is closed with it (its connection pool and
+        event loop: left to the garbage collector, aiohttp printed "Unclosed client session" in
+        the middle of explain's console)."""
         if eng.server is not None and eng.server in self.servers:
-            self._stop(eng.server)
+            try:
+                self._stop(eng.server)
+            finally:
+                eng.client.close()
 
 
 __all__ = ["EMBEDDED_ENGINE_ARGS", "EMBEDDED_ENV", "Engine", "EngineSession", "Interrupted",
