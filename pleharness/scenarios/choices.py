@@ -56,7 +56,7 @@ from ..request import RequestSpec
 from .base import Params, Scenario, ScenarioError, TableRow, register
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..run.context import ScenarioContext
+    from ..run.scenario_context import ScenarioContext
 
 DERIVED_SEEDS_FROM = (0, 8)  # vLLM's V1 engine (default from 0.8) derives seed + index
 SAMPLED_CHECKS = ("vocab_range", "usage", "logprob_sanity", "choices")

@@ -45,7 +45,7 @@ from ..request import RequestSpec
 from .base import Params, Scenario, register
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..run.context import ScenarioContext
+    from ..run.scenario_context import ScenarioContext
 
 
 def pressure_plan(facts: dict, prompt_len: int = 32, max_tokens: int | None = None,

@@ -48,7 +48,7 @@ from .base import Params, Scenario, ScenarioError, TableRow, register
 from .stop_strings import phase_of
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..run.context import ScenarioContext
+    from ..run.scenario_context import ScenarioContext
 
 
 class Variant(Params):

@@ -44,7 +44,7 @@ from .base import Params, Scenario, ScenarioError, TableRow, register
 from .shared.chat import builder
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..run.context import ScenarioContext
+    from ..run.scenario_context import ScenarioContext
 
 
 class StopStringsParams(Params):

@@ -55,7 +55,7 @@ from ..request import RequestSpec
 from .base import Params, Scenario, ScenarioError, register
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..run.context import ScenarioContext
+    from ..run.scenario_context import ScenarioContext
 
 
 MAX_CONCURRENCY = 1024  # requests in flight at once: beyond this a phase is a denial of service

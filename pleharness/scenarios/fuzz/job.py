@@ -22,7 +22,7 @@ from .repro import failing_rows, write_repro
 from .strategy import FuzzParams, FuzzPhase, Schedule, Space, build_space, relabel, schedules
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ...run.context import ScenarioContext
+    from ...run.scenario_context import ScenarioContext
 
 
 class _PropertyFailed(AssertionError):

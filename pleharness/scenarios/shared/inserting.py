@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # pragma: no cover
     from ...engine.completion import Completion
     from ...request import RequestSpec
-    from ...run.context import ScenarioContext
+    from ...run.scenario_context import ScenarioContext
 
 
 @dataclass
