@@ -20,6 +20,7 @@ from types import MappingProxyType
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import Progress
 
 from ..divergence import DEFAULT_NEAR_TIE_NATS
@@ -181,7 +182,6 @@ class RunContext:
 
     def _warn(self, text: str) -> None:
         if self.console is not None:
-            from rich.markup import escape
             self.console.print(f"[yellow]warning:[/yellow] {escape(text)}")
 
     # -- for scenarios ----------------------------------------------------------------------------

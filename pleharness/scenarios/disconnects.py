@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING
 from pydantic import Field, model_validator
 
 from ..engine import metrics
+from ..evidence import mark_vacuous
 from ..manifest import CheckResult, Manifest
 from ..prompts import Prompt
 from ..request import Outcome, RequestSpec
@@ -316,7 +317,6 @@ def _reuse_check(ctx: "ScenarioContext", ph2) -> CheckResult:
     hit = CheckResult(name="prefix_cache_reuse", status="warn",
                       detail="0 prefix-cache hit tokens in the follow-ups: the reuse of "
                              "the abandoned runs' blocks was not tested")
-    from ..evidence import mark_vacuous
     mark_vacuous(ctx, ph2, "after-disconnect: 0 prefix-cache hit tokens")
     return hit
 
