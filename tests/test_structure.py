@@ -86,7 +86,7 @@ FLOORS: dict[str, int] = {
     # 8 the jobs
     "stress": 8, "explain": 8, "selftest": 8, "factsjob": 8,
     # 9 the command line
-    "cli": 9, "__main__": 9,
+    "cli": 9, "__main__": 9, "probe.__main__": 9,  # python -m pleharness.probe: an entry point
 }
 JOB_FLOOR = 8
 
@@ -147,7 +147,7 @@ def test_docs_extending_draws_the_same_floors():
         if m:
             rooms = re.sub(r"\(.*?\)", "", m.group(2))  # a room's parts, in brackets, are no rooms
             for name in re.findall(r"`([\w/]+)`", rooms):
-                table[name.rstrip("/")] = int(m.group(1))
+                table[name.rstrip("/").replace("/", ".")] = int(m.group(1))
     assert table == FLOORS
 
 
