@@ -41,7 +41,7 @@ def _methods() -> list[str]:
 def test_the_public_members_are_the_documented_contract():
     assert set(_public()) == _documented()
     assert set(_public()) == set(_properties()) | set(_methods())
-    assert len(_public()) == 29
+    assert len(_public()) == 30
 
 
 def test_every_member_is_typed_and_points_to_the_run_context():
@@ -135,3 +135,14 @@ def test_a_contract_property_whose_run_context_lacks_it_raises_the_run_contexts_
         pass
     with pytest.raises(AttributeError, match="'Bare' object has no attribute 'facts'"):
         ScenarioContext(Bare()).facts
+
+
+def test_the_control_runs_files_never_replace_the_runs(tmp_path):
+    """Session 14: the control run shares the run folder, and a fuzz scenario in it wrote
+    ``repro.toml`` over the reproducer the run under test confirms after the control run."""
+    facts, con = EngineFacts({"vocab_size": 100}, {}), Console(file=io.StringIO())
+    main = RunContext(None, Manifest(run_id="t"), tmp_path / "manifest.json", facts, con)
+    ctl = RunContext(None, Manifest(run_id="t-control"), tmp_path / "control-manifest.json",
+                     facts, con)
+    assert main.scenario_view.file_path("repro.toml") == tmp_path / "repro.toml"
+    assert ctl.scenario_view.file_path("repro.toml") == tmp_path / "control-repro.toml"

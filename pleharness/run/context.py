@@ -163,6 +163,16 @@ class RunContext:
     run_id = property(lambda self: self.manifest.run_id)
     run_dir = property(lambda self: Path(self.manifest_path).parent)
 
+    def file_path(self, name: str) -> Path:
+        """Where a scenario's own file ``name`` (a reproducer, a plot) goes in the run folder:
+        ``run_dir/name`` for the run under test; a run whose manifest has a prefix (the control
+        run's ``control-manifest.json`` shares the folder) gets ``run_dir/control-name``, so its
+        files never replace the run's (a control fuzz run wrote ``repro.toml`` over the one the
+        run under test was about to confirm)."""
+        mname = Path(self.manifest_path).name
+        prefix = mname[:-len("manifest.json")] if mname.endswith("manifest.json") else ""
+        return self.run_dir / (prefix + name)
+
     @property
     def phase_role(self) -> str:
         """Role of the phase whose requests are being recorded (load | reference | warmup): the

@@ -112,6 +112,10 @@ class ScenarioContext:
         """The run's directory (:attr:`RunContext.run_dir`)."""
         return self._run.run_dir
 
+    def file_path(self, name: str) -> Path:
+        """Where this run writes a scenario's file ``name`` (:meth:`RunContext.file_path`)."""
+        return self._run.file_path(name)
+
     @property
     def run_id(self) -> str:
         """The run's id (:attr:`RunContext.run_id`)."""

@@ -92,7 +92,7 @@ class Fuzz(FuzzExamples, Scenario):
                 ctx.console.print("fuzz: the smallest failing schedule did not fail on every recheck; the "
                                   f"reproducer is the smallest one that did: {minimal.summary()}")
         if minimal is not None:
-            repro = self._write_reproducers(ctx, minimal, state, examples, summary, run_dir)
+            repro = self._write_reproducers(ctx, minimal, state, examples, summary)
             ctx.console.print(f"fuzz: minimal failing schedule {minimal.summary()} "
                               f"(after {len(steps)} failing example(s)); reproducer: {repro}")
         else:
@@ -326,11 +326,12 @@ class Fuzz(FuzzExamples, Scenario):
                      and r["status"] == "fail"), {})
 
     def _write_reproducers(self, ctx: "ScenarioContext", minimal: Schedule, state: dict,
-                           examples: list, summary: dict, run_dir: Path) -> Path:
+                           examples: list, summary: dict) -> Path:
         """``repro.toml`` of ``minimal`` (and ``repro-larger.toml`` of the first failing
-        schedule when it differs) in ``run_dir``; the ``reproducers`` and ``fuzz_failing``
-        tables added and ``summary`` updated. Returns the reproducer's path."""
-        repro = run_dir / "repro.toml"
+        schedule when it differs) at ``ctx.file_path`` (a ``control-`` prefix in the control
+        run); the ``reproducers`` and ``fuzz_failing`` tables added and ``summary`` updated.
+        Returns the reproducer's path."""
+        repro = ctx.file_path("repro.toml")
         last = self._last_failing(examples, minimal)
         mml = ctx.facts.max_model_len
         write_repro(self.specs(ctx, minimal), minimal, repro, ctx.run_id,
@@ -341,7 +342,7 @@ class Fuzz(FuzzExamples, Scenario):
                  "summary_table": "fuzz_summary"}
         larger = state["failing"][0] if state["failing"] else None
         if larger is not None and larger.key() != minimal.key():
-            fb = run_dir / "repro-larger.toml"
+            fb = ctx.file_path("repro-larger.toml")
             lrow = self._last_failing(examples, larger)
             write_repro(self.specs(ctx, larger), larger, fb, ctx.run_id,
                         sent=lrow.get("insert_sent"), failed=lrow.get("failed"),
