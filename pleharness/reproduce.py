@@ -81,11 +81,11 @@ def judging_options(run_options) -> dict[str, Any]:
     dtype's default). ``near_tie_nats``: the threshold the run used (derived from the serving
     dtype or given), None for a run that recorded none."""
     o = run_options
-    nats = o.get("near_tie_nats")
-    return {"golden": o.get("golden", True) is not False,
+    nats = o.near_tie_nats
+    return {"golden": o.golden is not False,
             "near_tie_nats": float(nats) if nats is not None else None,
-            "strict": bool(o.get("strict")),
-            "reference_cache_state": o.get("reference_cache_state") or "warm"}
+            "strict": bool(o.strict),
+            "reference_cache_state": o.reference_cache_state or "warm"}
 
 
 def rate_verdict(reproduced: int, runs: int, errors: int = 0, fresh: bool = True,

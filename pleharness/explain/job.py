@@ -213,10 +213,10 @@ def _load_run(run: Path) -> tuple[Manifest, Path]:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     run_dir = Path(run) if Path(run).is_dir() else Path(run).parent
-    if m.engine.get("mode") is None:
+    if m.engine.mode is None:
         raise UsageError(f"{run}: the run recorded no engine (status {m.status}: it ended "
                          "before its engine was up, or was killed then): nothing to explain")
-    if m.engine.get("mode") != "launched" or not m.engine.get("launch"):
+    if m.engine.mode != "launched" or not m.engine.launch:
         raise UsageError(f"{run}: explain relaunches the engine, so the run must have been "
                          "launched by the harness (not attached with --url)")
     return m, run_dir
