@@ -427,8 +427,7 @@ def _confirm_reproducers(run: _Run, eng: Engine, target: Target, beside: int = 0
         run.console.print(esc(f"confirmations: {run.side.why}"), highlight=False)
     rows = confirm_run_reproducers(run.manifest, run.run_dir, rt, cfg.confirm_runs,
                                    log=lambda x: run.console.print(esc(x), highlight=False))
-    run.manifest.summary.reproducers = [{"path": r["path"], "verdict": r.get("verdict")}
-                                           for r in rows]
+    run.manifest.summary.reproducers = [{"path": r.path, "verdict": r.verdict} for r in rows]
     run.save()
 
 

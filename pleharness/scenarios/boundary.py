@@ -32,6 +32,7 @@ from pydantic import Field
 
 from ..engine import metrics
 from ..manifest import CheckResult, Manifest
+from ..manifest.tables import NoteRow
 from ..request import Outcome, RequestSpec
 from .base import TableRow, register
 from .shared.chat import ChatParams, ChatScenario, boundary_spec, max_prompt_len
@@ -115,12 +116,12 @@ class Boundary(ChatScenario):
         split = [r for r in rows if r.length is not None and not r.control and _differs(r)
                  and all(not _differs(by_len[x]) for x in (r.length - 1, r.length + 1)
                          if x in by_len)]
-        notes = [n for n in m.tables.get("boundary_notes") or []
-                 if "solo runs disagree" not in str(n)]
-        notes += [{"note": f"solo runs disagree at length {r.length} ({r.formula}) while its "
-                           f"-1 / +1 controls agree: warm {r.warm}; repeat {r.repeat}"}
+        notes = [n for n in NoteRow.rows(m, "boundary_notes")
+                 if "solo runs disagree" not in n.note]
+        notes += [NoteRow(note=f"solo runs disagree at length {r.length} ({r.formula}) while "
+                               f"its -1 / +1 controls agree: warm {r.warm}; repeat {r.repeat}")
                   for r in split]
-        m.tables["boundary_notes"] = notes
+        m.tables["boundary_notes"] = [n.model_dump() for n in notes]
 
     def run(self, ctx: "ScenarioContext") -> None:
         p = self.params

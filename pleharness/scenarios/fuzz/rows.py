@@ -1,0 +1,51 @@
+"""The ``fuzz`` kind's manifest tables as row models: ``fuzz_summary`` (:class:`FuzzSummaryRow`,
+one row, its reproduction columns filled by :mod:`pleharness.reproduce` when the reproducer is
+confirmed) and ``fuzz_shrink_steps`` (:class:`ShrinkStepRow`). Rows only: the job
+(:mod:`.job`) writes them."""
+from __future__ import annotations
+
+from typing import Any
+
+from ...manifest.tables import SparseRow, TableRow
+
+
+class ShrinkStepRow(TableRow):
+    """One failing example in the order seen (``fuzz_shrink_steps``): the first found, then
+    every smaller one."""
+
+    step: int
+    example: str
+    phases: int
+    requests: int
+    schedule: str
+
+
+class FuzzSummaryRow(SparseRow):
+    """The fuzz run in one row (``fuzz_summary``): counts, seed and budgets, the hypothesis
+    database, seconds, the reproducer and its minimal schedule, the search space; ``None``
+    until known. ``smallest_unconfirmed`` / ``repro_larger``: set when the smallest failing
+    schedule did not fail on every recheck / a larger fallback reproducer was written; the
+    ``reproduction*`` and ``confirmed*`` columns: set by the confirmation on fresh engines
+    (:func:`pleharness.reproduce.confirm_run_reproducers`)."""
+
+    examples_run: int
+    failing_examples: int
+    examples_to_failure: int | None = None
+    skipped_out_of_time: int
+    seed: int | None = None
+    max_examples: int
+    time_budget_s: float | int | None = None
+    database: str
+    elapsed_s: float | int
+    s_per_example: float | int | None = None
+    repro: str | None = None
+    minimal_schedule: str | None = None
+    rechecked_in_process: bool | None = None
+    confirmed: bool | None = None
+    reproduction: str | None = None
+    space: dict[str, Any]
+    smallest_unconfirmed: str | None = None
+    repro_larger: str | None = None
+    reproduction_rate: str | None = None
+    larger_reproduction_rate: str | None = None
+    confirmed_on_fresh_engine: bool | None = None
