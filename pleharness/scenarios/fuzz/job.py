@@ -20,7 +20,7 @@ from ...manifest.tables import ReproducerRow
 from ..base import Scenario, register
 from .example import Abort, FuzzExamples
 from .repro import failing_rows, write_repro
-from .rows import FuzzSummaryRow, ShrinkStepRow
+from .rows import ExampleRow, FuzzSummaryRow, ShrinkStepRow
 from .strategy import FuzzParams, FuzzPhase, Schedule, Space, build_space, relabel, schedules
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -50,11 +50,11 @@ class Fuzz(FuzzExamples, Scenario):
         run_dir = Path(ctx.run_dir)
         space = self._prepare(ctx)
         db_path = Path(p.db) if p.db else run_dir / "hypothesis-db"
-        examples: list[dict] = []  # also the manifest's tables of these names (_keep)
+        examples: list[ExampleRow] = []  # also the manifest's tables of these names (_keep)
         steps: list[ShrinkStepRow] = []
         ctx.add_table("fuzz_examples", [])
         ctx.add_table("fuzz_shrink_steps", [])
-        memo: dict[str, dict] = {}
+        memo: dict[str, ExampleRow] = {}
         state = {"n": 0, "failures": 0, "skipped": 0, "first_fail_t": None, "minimal": None,
                  "failing": []}
         t_start = time.monotonic()
@@ -144,24 +144,24 @@ class Fuzz(FuzzExamples, Scenario):
                     return  # not run: out of time (counted, never a pass in the tables)
                 state["n"] += 1
                 row = self.run_example(ctx, sched, f"ex{state['n']}")
-                row["stage"] = "shrink" if shrinking else "search"
-                row["elapsed_s"] = round(time.monotonic() - t_start, 3)
+                row.stage = "shrink" if shrinking else "search"
+                row.elapsed_s = round(time.monotonic() - t_start, 3)
                 memo[k] = row
                 _keep(ctx, examples, "fuzz_examples", row)
-                if row["status"] == "fail":
+                if row.status == "fail":
                     state["failures"] += 1
                     if state["first_fail_t"] is None:
                         state["first_fail_t"] = time.monotonic()
                         state["examples_to_failure"] = state["n"]
                     _keep(ctx, steps, "fuzz_shrink_steps", ShrinkStepRow(
-                        step=len(steps), example=row["example"], phases=row["phases"],
-                        requests=row["requests"], schedule=row["schedule"]))
+                        step=len(steps), example=row.example, phases=row.phases,
+                        requests=row.requests, schedule=row.schedule))
                     state["minimal"] = sched  # hypothesis only tries smaller ones from here
                     state["failing"].append(sched)
                 live()
-            if row["status"] == "fail":
+            if row.status == "fail":
                 state["last_fail"] = sched
-                raise _PropertyFailed(f"{row['example']}: {row['schedule']}")
+                raise _PropertyFailed(f"{row.example}: {row.schedule}")
 
         return prop
 
@@ -193,26 +193,26 @@ class Fuzz(FuzzExamples, Scenario):
             tries = 0
             # a candidate that passes is run once more: a timing-dependent fault (e.g. "while
             # >= 3 in flight") can miss one run of a schedule that does trigger it
-            while tries < 2 and (k not in memo or (memo[k]["status"] == "pass" and tries)):
+            while tries < 2 and (k not in memo or (memo[k].status == "pass" and tries)):
                 if time.monotonic() - state["first_fail_t"] > self.params.shrink_budget_s:
                     return False
                 tries += 1
                 state["n"] += 1
                 row = self.run_example(ctx, cand, f"ex{state['n']}")
-                row.update(stage="delete" if tries == 1 else "delete-retry",
-                           elapsed_s=round(time.monotonic() - t_start, 3))
+                row.stage = "delete" if tries == 1 else "delete-retry"
+                row.elapsed_s = round(time.monotonic() - t_start, 3)
                 memo[k] = row
                 _keep(ctx, examples, "fuzz_examples", row)
-                if row["status"] == "fail":
+                if row.status == "fail":
                     state["failures"] += 1
                     state["failing"].append(cand)
                     _keep(ctx, steps, "fuzz_shrink_steps", ShrinkStepRow(
-                        step=len(steps), example=row["example"], phases=row["phases"],
-                        requests=row["requests"], schedule=row["schedule"]))
+                        step=len(steps), example=row.example, phases=row.phases,
+                        requests=row.requests, schedule=row.schedule))
                 live()
-                if row["status"] == "fail":
+                if row.status == "fail":
                     break
-            return memo[k]["status"] == "fail"
+            return memo[k].status == "fail"
 
         i = 0
         while i < len(sched.phases) and len(sched.phases) > 1:
@@ -284,9 +284,9 @@ class Fuzz(FuzzExamples, Scenario):
             for t in range(self.CONFIRM_TRIES):
                 runs += 1
                 row = self.run_example(ctx, cand, "recheck" + (f"-{runs}" if runs > 1 else ""))
-                row["stage"] = "recheck"
+                row.stage = "recheck"
                 _keep(ctx, examples, "fuzz_examples", row)
-                fails += row["status"] == "fail"
+                fails += row.status == "fail"
                 if fails <= t:  # a run passed: not every run fails
                     break
             if fails == self.CONFIRM_TRIES:
@@ -300,7 +300,7 @@ class Fuzz(FuzzExamples, Scenario):
                  elapsed: float) -> FuzzSummaryRow:
         """The ``fuzz_summary`` row before confirmation and reproducers (their keys None)."""
         p = self.params
-        run_walls = [r["wall_s"] for r in examples]
+        run_walls = [r.wall_s for r in examples]
         return FuzzSummaryRow(
             examples_run=state["n"], failing_examples=state["failures"],
             examples_to_failure=state.get("examples_to_failure"),
@@ -321,11 +321,10 @@ class Fuzz(FuzzExamples, Scenario):
                    "notes": space.notes})
 
     @staticmethod
-    def _last_failing(examples: list[dict], sched: Schedule) -> dict:
-        """The last failing example row of ``sched`` ({} when none)."""
+    def _last_failing(examples: list[ExampleRow], sched: Schedule) -> ExampleRow | None:
+        """The last failing example row of ``sched`` (None when none)."""
         k = sched.key()
-        return next((r for r in reversed(examples) if r.get("key") == k
-                     and r["status"] == "fail"), {})
+        return next((r for r in reversed(examples) if r.key == k and r.status == "fail"), None)
 
     def _write_reproducers(self, ctx: "ScenarioContext", minimal: Schedule, state: dict,
                            examples: list, summary: FuzzSummaryRow, run_dir: Path) -> Path:
@@ -336,7 +335,8 @@ class Fuzz(FuzzExamples, Scenario):
         last = self._last_failing(examples, minimal)
         mml = ctx.facts.max_model_len
         write_repro(self.specs(ctx, minimal), minimal, repro, ctx.run_id,
-                    sent=last.get("insert_sent"), failed=last.get("failed"),
+                    sent=last.insert_sent if last else None,
+                    failed=last.failed if last else None,
                     max_model_len=mml)
         summary.repro, summary.minimal_schedule = str(repro), minimal.summary()
         entry = ReproducerRow(source="fuzz", path=repro.name, schedule=minimal.summary(),
@@ -346,7 +346,8 @@ class Fuzz(FuzzExamples, Scenario):
             fb = run_dir / "repro-larger.toml"
             lrow = self._last_failing(examples, larger)
             write_repro(self.specs(ctx, larger), larger, fb, ctx.run_id,
-                        sent=lrow.get("insert_sent"), failed=lrow.get("failed"),
+                        sent=lrow.insert_sent if lrow else None,
+                        failed=lrow.failed if lrow else None,
                         what="first failing schedule (before shrinking)",
                         max_model_len=mml)
             entry.fallback, entry.fallback_schedule = fb.name, larger.summary()

@@ -1,6 +1,8 @@
 """The ``fuzz`` kind's manifest tables as row models: ``fuzz_summary`` (:class:`FuzzSummaryRow`,
 one row, its reproduction columns filled by :mod:`pleharness.reproduce` when the reproducer is
-confirmed) and ``fuzz_shrink_steps`` (:class:`ShrinkStepRow`). Rows only: the job
+confirmed), ``fuzz_shrink_steps`` (:class:`ShrinkStepRow`) and ``fuzz_examples``
+(:class:`ExampleRow`; ``fuzz_failing``'s rows stay dicts: their columns are the drawn
+features'). Rows only: the job
 (:mod:`.job`) writes them."""
 from __future__ import annotations
 
@@ -49,3 +51,26 @@ class FuzzSummaryRow(SparseRow):
     reproduction_rate: str | None = None
     larger_reproduction_rate: str | None = None
     confirmed_on_fresh_engine: bool | None = None
+
+
+class ExampleRow(SparseRow):
+    """One example run (``fuzz_examples``): its label, schedule key, phases and requests, the
+    schedule's summary, ``status`` (pass / fail), inserts sent and sent late, the failing
+    requests, each insert as sent (``[phase, insert, position, running]``), the failed
+    comparisons for the reproducer (replay's ``failed``), seconds; ``stage`` (search, shrink,
+    delete, delete-retry, recheck) and ``elapsed_s`` (since the search started) set by the job."""
+
+    example: str
+    key: str
+    phases: int
+    requests: int
+    schedule: str
+    status: str
+    inserts: int
+    inserts_late: int
+    failing_requests: list[str]
+    insert_sent: list[list[Any]]
+    failed: list[dict[str, Any]]
+    wall_s: float | int
+    stage: str | None = None
+    elapsed_s: float | int | None = None
