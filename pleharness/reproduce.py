@@ -248,6 +248,26 @@ def _not_exercised(run_dir: Path) -> str | None:
     return None
 
 
+def still_failing(manifest, row: ReproducerRow) -> bool:
+    """Whether the failure a reproducer row stands for still fails the run after the final
+    judgement (control run, sides): a load phase of a scenario of the row's ``source`` kind
+    (``manifest.scenarios[*].kind``; the whole run when no scenario is of that kind) that
+    failed, or a request of it that is still a problem (:attr:`RequestRecord.is_problem`).
+    A failure the control run reproduces (``also_in_control``) no longer fails, so its
+    reproducer is not worth fresh engines (issue 34: confirmation comes after attribution)."""
+    names = {s.get("name") for s in manifest.scenarios if s.get("kind") == row.source}
+
+    def mine(scenario: str) -> bool:
+        return not names or scenario in names
+    return (any(p.status == "fail" for p in manifest.phases
+                if p.role == "load" and mine(p.scenario))
+            or any(r.is_problem for r in manifest.requests if mine(r.scenario)))
+
+
+NOT_STILL_FAILING = ("not confirmed: the final judgement (control run, sides) no longer fails "
+                     "what it reproduces")
+
+
 def confirm_run_reproducers(manifest, run_dir: Path, target: ReplayTarget, runs: int,
                             log: Callable[[str], Any] = print) -> list[ReproducerRow]:
     """Confirm every reproducer a run wrote (``manifest.tables["reproducers"]``:
@@ -255,10 +275,16 @@ def confirm_run_reproducers(manifest, run_dir: Path, target: ReplayTarget, runs:
     ``source``, and optionally ``fallback``: a larger failing schedule to try when the
     reproducer reproduces 0 times). Each row gets ``confirmation`` (the result of
     :func:`replay_reproducer`), and ``fallback_confirmation`` when the fallback was tried; the
-    row's ``verdict`` is the line the reports show. Returns the rows."""
+    row's ``verdict`` is the line the reports show. A row whose failure no longer fails the run
+    (:func:`still_failing`) is not replayed: its verdict says so. Returns the rows."""
     rows = ReproducerRow.rows(manifest, "reproducers")
     for i, row in enumerate(rows):
         if row.confirmation is not None:
+            continue
+        if not still_failing(manifest, row):
+            row.verdict = NOT_STILL_FAILING
+            manifest.tables["reproducers"][i] = row.model_dump()
+            log(f"{row.path}: {row.verdict}")
             continue
         path = run_dir / row.path
         log(f"confirming {row.path}: {runs} replay(s) "
