@@ -14,7 +14,8 @@ from pleharness.manifest.tables import (Confirmation, FactConflictRow, NoteRow, 
 from pleharness.scenarios.boundary import EdgeRow
 from pleharness.scenarios.capture_edges import CaptureEdgeRow
 from pleharness.scenarios.determinism import DeterminismRow
-from pleharness.scenarios.fuzz.rows import ExampleRow, FuzzSummaryRow, ShrinkStepRow
+from pleharness.scenarios.fuzz.rows import (ExampleRow, FailingRow, FuzzSummaryRow,
+                                            ShrinkStepRow)
 from pleharness.scenarios.insert import InsertRow
 from pleharness.scenarios.kv_pressure import KvPressureRow, KvPressureSkipRow
 from pleharness.scenarios.replay import FailedComparisonRow
@@ -22,8 +23,9 @@ from pleharness.scenarios.replay import FailedComparisonRow
 BEFORE = ROOT / "tests" / "data" / "manifest-before-issue34.json"  # a fuzz run (FakeEngine)
 ROWS = {"fact_conflicts": FactConflictRow, "fact_sources": NoteRow,
         "reproducers": ReproducerRow, "fuzz_summary": FuzzSummaryRow,
-        "fuzz_shrink_steps": ShrinkStepRow, "fuzz_examples": ExampleRow, "insert": InsertRow,
-        "capture_edges": CaptureEdgeRow, "determinism": DeterminismRow, "max_model_len_edges": EdgeRow,
+        "fuzz_shrink_steps": ShrinkStepRow, "fuzz_examples": ExampleRow,
+        "fuzz_failing": FailingRow, "insert": InsertRow, "capture_edges": CaptureEdgeRow,
+        "determinism": DeterminismRow, "max_model_len_edges": EdgeRow,
         "replay_failed_comparisons": FailedComparisonRow}
 
 

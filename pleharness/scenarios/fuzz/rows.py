@@ -1,8 +1,7 @@
 """The ``fuzz`` kind's manifest tables as row models: ``fuzz_summary`` (:class:`FuzzSummaryRow`,
 one row, its reproduction columns filled by :mod:`pleharness.reproduce` when the reproducer is
-confirmed), ``fuzz_shrink_steps`` (:class:`ShrinkStepRow`) and ``fuzz_examples``
-(:class:`ExampleRow`; ``fuzz_failing``'s rows stay dicts: their columns are the drawn
-features'). Rows only: the job
+confirmed), ``fuzz_shrink_steps`` (:class:`ShrinkStepRow`), ``fuzz_examples``
+(:class:`ExampleRow`) and ``fuzz_failing`` (:class:`FailingRow`). Rows only: the job
 (:mod:`.job`) writes them."""
 from __future__ import annotations
 
@@ -74,3 +73,28 @@ class ExampleRow(SparseRow):
     wall_s: float | int
     stage: str | None = None
     elapsed_s: float | int | None = None
+
+
+class FailingRow(TableRow):
+    """One request of the minimal failing schedule (``fuzz_failing``): its phase (1-based) and
+    concurrency, ``role`` (request, carrier or insert), how it was drawn (source, length in
+    tokens, why, shape, prompt seed, max_tokens, stream, sample seed), the carrier token it is
+    inserted after, and the drawn ``features`` tag, ``logprobs``, ``params`` as sent and ``api``
+    (:func:`~pleharness.scenarios.fuzz_features.failing_fields`)."""
+
+    phase: int
+    concurrency: int
+    role: str
+    source: str
+    prompt_len: int
+    why: str
+    shape: str
+    seed: int
+    max_tokens: int
+    stream: bool
+    sample_seed: int | None
+    insert_after_tokens: int | None
+    features: str | None
+    logprobs: int | None
+    params: dict[str, Any] | None
+    api: str | None
