@@ -22,11 +22,14 @@ from urllib.parse import urlsplit
 from rich.console import Console
 
 from .defaults import DEFAULT_CONFIRM_RUNS
+from .divergence import normalize_dtype
 from .engine.inflight import Timeouts
 from .engine.session import Target, resolve_target
 from .engine.side_by_side import parse_parallel
 from .errors import UsageError
+from .profile import EngineProfile, load_profile
 from .redact import redact_argv, redact_url
+from .tomlfile import find_named
 
 DEFAULT_SCENARIOS = ["transitions", "boundary", "pairs", "insert", "sampled", "stop_strings",
                      "mixed_params", "disconnects", "prefix_isolation", "chat_api",
@@ -138,7 +141,6 @@ def check_url(url: str) -> str | None:
 def find_profile(name_or_path: Path | str) -> Path:
     """A profile path, or a shipped profile's name (``cpu-ngram`` -> profiles/cpu-ngram.toml), as
     --suite finds suites by name. Raises UsageError when neither exists."""
-    from .tomlfile import find_named
     here = Path(__file__).resolve().parent
     dirs = [d for d in (here / "profiles_data", here.parent / "profiles") if d.is_dir()]
     return find_named(str(name_or_path), dirs, "engine profile")
@@ -207,12 +209,10 @@ def engine_fields(o: Mapping[str, Any], given: Iterable[str]) -> dict[str, Any]:
     profile (a path or a shipped name) applied under the flags. Raises UsageError naming the
     option (all conflicting options at once, then a bad profile, --dtype or --api-key-env)."""
     raise_all(option_problems(o, given))
-    from .profile import EngineProfile, load_profile
     profile_path = find_profile(o["engine_profile"]) if o.get("engine_profile") else None
     prof = load_profile(profile_path) if profile_path else EngineProfile()
     raise_all(engine_arg_problems(prof.engine_args, f"{profile_path}: engine_args item"))
     if o.get("dtype") is not None:
-        from .divergence import normalize_dtype
         if normalize_dtype(o["dtype"]) is None:
             raise UsageError(f"--dtype {o['dtype']!r}: expected bfloat16, float16 or float32")
     api_key = None
@@ -242,7 +242,6 @@ def check_control_profile(name_or_path: Path | str, warn: Callable[[str], None])
     """Find and validate a --control-profile before anything starts (the control engine is
     launched only after the whole run under test); ``warn`` about the keys a control run
     ignores. Returns its path; raises UsageError naming the file and key."""
-    from .profile import load_profile
     path = find_profile(name_or_path)
     prof = load_profile(path)
     raise_all(engine_arg_problems(prof.engine_args, f"{path}: engine_args item"))
@@ -306,7 +305,7 @@ def stress_config(o: Mapping[str, Any], given: Iterable[str],
     UsageError naming the option."""
     given = frozenset(given)
     fields = engine_fields(o, given)
-    from .suites import load_suite
+    from .suites import load_suite  # lazy: start-up (suites pulls compare into ple-harness --help)
     suite = load_suite(o["suite"]) if o.get("suite") is not None else None
     overrides = {k: v for k, v in (("ladder", None if o["ladder"] is None
                                     else parse_ladder(o["ladder"])),

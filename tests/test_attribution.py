@@ -664,6 +664,7 @@ def test_explain_and_stress_replay_at_the_runs_threshold(monkeypatch):
     reproduce.judging_options); explain used to replay at the dtype's default."""
     from pleharness import reproduce
     from pleharness.explain import ExplainReport, confirm_repros
+    from pleharness.explain import job as explain_job
     from pleharness.stress import run_stress
     built = []
 
@@ -671,7 +672,7 @@ def test_explain_and_stress_replay_at_the_runs_threshold(monkeypatch):
         def __init__(self, **kw):
             super().__init__(**kw)
             built.append(self)
-    monkeypatch.setattr(reproduce, "ReplayTarget", Capture)
+    monkeypatch.setattr(explain_job, "ReplayTarget", Capture)  # where confirm_repros finds it
     m = Manifest(run_id="t", status="complete", verdict="fail",
                  engine={"mode": "launched", "launch": {"model": "m", "python": "p"}},
                  run_options={"near_tie_nats": 0.37, "strict": True, "golden": False,

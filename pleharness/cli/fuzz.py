@@ -13,6 +13,7 @@ import typer
 from pydantic import ValidationError
 
 from .. import config
+from ..config import StressConfig
 from ..defaults import DEFAULT_CONFIRM_RUNS, confirm_runs_help
 from ..engine.inflight import Timeouts
 from ..errors import UsageError
@@ -139,7 +140,7 @@ def fuzz(ctx: typer.Context, search: FuzzSearchOptions, run: FuzzRunOptions,
     groups = (engine, attach, verdict, golden, output)
     fields = config.engine_fields(values(*groups), given(*groups))
     params = fuzz_params(search, run.max_tokens_old, search.given)
-    from ..config import StressConfig
+    # lazy: start-up: a command imports its work when it runs (ple-harness --help)
     from ..stress import run_stress
     cfg = StressConfig(**fields, scenarios=[("fuzz", params)],
                        timeouts=Timeouts(total_s=timeouts.request_timeout),

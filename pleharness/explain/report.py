@@ -12,6 +12,7 @@ from typing import Any
 
 from ..manifest import write_atomic
 from ..manifest.explain import CaseReport, ExplainResult, SuspectRecord
+from ..render.explain import to_markdown
 from .suspects import Case, Suspect, _label, narrow_down
 
 
@@ -135,7 +136,6 @@ class _Progress:
 
     def save(self, status: str) -> None:
         """Rewrite explain.json and explain.md now, with ``status``."""
-        from ..render.explain import to_markdown
         rep = self.report
         rep.status = status
         shown = rep

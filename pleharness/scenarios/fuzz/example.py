@@ -19,7 +19,7 @@ from .rows import ExampleRow
 from .strategy import FuzzParams, FuzzRequest, PhaseSpecs, Schedule, Space, build_space
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ...run.context import ScenarioContext
+    from ...run.scenario_context import ScenarioContext
 
 INSTRUCTION = "Reply with OK."
 

@@ -24,7 +24,7 @@ from .rows import ExampleRow, FuzzSummaryRow, ShrinkStepRow
 from .strategy import FuzzParams, FuzzPhase, Schedule, Space, build_space, relabel, schedules
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ...run.context import ScenarioContext
+    from ...run.scenario_context import ScenarioContext
 
 
 class _PropertyFailed(AssertionError):
@@ -109,7 +109,7 @@ class Fuzz(FuzzExamples, Scenario):
         reuse, generate and, with ``shrink``, its own shrinker). Returns the smallest failing
         schedule seen, or None when none failed; an engine error or interrupt comes out as
         :class:`~.example.Abort`."""
-        # hypothesis is imported when a fuzz run starts, not at module import (start-up cost)
+        # lazy: hypothesis is imported when a fuzz run starts, not at module import (start-up)
         from hypothesis.errors import HypothesisException
         try:
             test()
@@ -168,6 +168,7 @@ class Fuzz(FuzzExamples, Scenario):
     def _hypothesis_test(self, prop, space: Space, db_path: Path):
         """``prop`` as a hypothesis test over :func:`schedules` (seed, max_examples, the example
         database at ``db_path``, no deadline, shrinking only with ``shrink``)."""
+        # lazy: hypothesis, only when a fuzz run starts
         from hypothesis import HealthCheck, Phase, given, seed, settings
         from hypothesis.database import DirectoryBasedExampleDatabase
         p = self.params
