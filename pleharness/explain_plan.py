@@ -42,7 +42,7 @@ def control_suspect(m: "Manifest", suspects: Sequence[Suspect]) -> Suspect | Non
     """The first-round suspect that changes (at least) the flags of the run's control engine, when
     every failing divergence of the run was ``only_under_test`` (the control removed them all);
     else None."""
-    ctl = m.engine.get("control_engine") or {}
+    ctl = m.engine.control_engine or {}
     changed = _flags([*(ctl.get("dropped") or []), *(ctl.get("added") or [])])
     if not changed:
         return None
@@ -97,7 +97,7 @@ def estimate(m: "Manifest", launches: int, parallel: int, budget_s: float) -> di
     ``{"launches", "parallel", "start_s", "waves", "about_s", "fits_budget", "text"}``;
     ``about_s`` = waves x start_s x 1.25 (the replays and stops: measured 10-25 % of a start on
     the H200 and the CPU), None without a start time."""
-    start = m.engine.get("ready_s")
+    start = m.engine.ready_s
     waves = math.ceil(launches / max(1, parallel))
     about = round(waves * float(start) * 1.25) if start else None
     side = f", {parallel} side by side" if parallel > 1 else ""

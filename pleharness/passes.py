@@ -18,7 +18,7 @@ from .divergence import near_tie_threshold, normalize_dtype
 from .engine.facts import as_facts
 from .engine.session import Engine, EngineSession, Target, launch_record
 from .errors import EngineError
-from .manifest import Manifest, now_iso, write_manifest
+from .manifest import EngineRecord, Manifest, now_iso, write_manifest
 from .redact import redact_argv
 from .run.context import RunContext, RunOptions
 from .scenarios import Scenario
@@ -131,7 +131,7 @@ def control_pass(run: StressRun, scenarios: list[Scenario], facts, target: Targe
         "added": list(cfg.control_engine_args), "profile": cfg.control_profile}
     cm = Manifest(run_id=manifest.run_id + "-control", harness=manifest.harness,
                   invocation=manifest.invocation, scenarios=manifest.scenarios,
-                  run_options={**manifest.run_options, "role": "control run"},
+                  run_options=manifest.run_options.model_copy(update={"role": "control run"}),
                   # the engine under test's probe: the control replays the identical schedule
                   engine_probe={**manifest.engine_probe, "measured_on": "the engine under test"}
                   if manifest.engine_probe else {})
@@ -149,8 +149,8 @@ def control_pass(run: StressRun, scenarios: list[Scenario], facts, target: Targe
         return None
     try:
         rec.update(eng.record())
-        cm.engine = {"mode": "launched", "command": redact_argv(eng.server.command),
-                     "url": eng.server.url}
+        cm.engine = EngineRecord(mode="launched", command=redact_argv(eng.server.command),
+                                 url=eng.server.url)
         with progress_bar(run.console) as progress:
             ctx = engine_context(cfg, eng, cm, cpath, facts, progress)
             run_suite(ctx, scenarios, cfg.repeat)
@@ -165,7 +165,7 @@ def control_pass(run: StressRun, scenarios: list[Scenario], facts, target: Targe
         write_manifest(cpath, cm)
         run.session.stop(eng)
     counts = attribute(manifest, cm)
-    manifest.summary.update(counts)
+    manifest.summary.assign(**counts)
     rec["attribution"] = counts
     run.save()
     return cm

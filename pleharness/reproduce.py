@@ -22,7 +22,9 @@ group on every exit path); a replay interrupted by SIGINT / SIGTERM ends the con
 Attached engines (``--url``): no fresh engine can be started, so the replays run on the same
 engine, and the result says so (``fresh_engine: false``).
 
-Result (a dict, stored in the manifest's ``reproducers`` table and shown in the reports)::
+Result (a :class:`~pleharness.manifest.tables.Confirmation`, stored in the manifest's
+``reproducers`` table (:class:`~pleharness.manifest.tables.ReproducerRow`) and shown in the
+reports; its JSON)::
 
     {"runs": 3, "reproduced": 3, "errors": 0, "inconclusive": 0, "fresh_engine": true,
      "rate": "3/3", "verdict": "reproduced 3/3 on fresh engines",
@@ -46,6 +48,8 @@ from .engine.side_by_side import run_side_by_side
 from .errors import HarnessError
 from .files import private_dir
 from .manifest import load_manifest
+from .manifest.tables import Confirmation, ReplayRow, ReproducerRow
+from .scenarios.fuzz.rows import FuzzSummaryRow
 
 DEFAULT_CONFIRM_RUNS = 3
 
@@ -89,11 +93,11 @@ def judging_options(run_options) -> dict[str, Any]:
     dtype's default). ``near_tie_nats``: the threshold the run used (derived from the serving
     dtype or given), None for a run that recorded none."""
     o = run_options
-    nats = o.get("near_tie_nats")
-    return {"golden": o.get("golden", True) is not False,
+    nats = o.near_tie_nats
+    return {"golden": o.golden is not False,
             "near_tie_nats": float(nats) if nats is not None else None,
-            "strict": bool(o.get("strict")),
-            "reference_cache_state": o.get("reference_cache_state") or "warm"}
+            "strict": bool(o.strict),
+            "reference_cache_state": o.reference_cache_state or "warm"}
 
 
 def rate_verdict(reproduced: int, runs: int, errors: int = 0, fresh: bool = True,
@@ -127,9 +131,10 @@ def _failing_lines(run_dir: Path) -> list[str]:
 
 
 def replay_reproducer(path: Path, target: ReplayTarget, runs: int, out_dir: Path,
-                      log: Callable[[str], Any] = print, label: str | None = None) -> dict:
+                      log: Callable[[str], Any] = print,
+                      label: str | None = None) -> Confirmation:
     """Replay the scenario file ``path`` ``runs`` times (each a ``stress`` run under
-    ``out_dir/<label>-<i>/``, on a fresh engine unless attached); returns the result dict of the
+    ``out_dir/<label>-<i>/``, on a fresh engine unless attached); returns the result of the
     module docstring. ``log`` gets one line per replay. Up to ``target.parallel`` replays run
     side by side, each on its own engine (:mod:`pleharness.engine.side_by_side`; one at a time
     when attached or on a fixed ``--port``). Never raises for a replay that fails or errs (that
@@ -142,12 +147,12 @@ def replay_reproducer(path: Path, target: ReplayTarget, runs: int, out_dir: Path
     private_dir(out_dir)
     par = 1 if (not target.fresh or (target.launch is not None and target.launch.port)) \
         else max(1, target.parallel)
-    replays: list[dict] = []
+    replays: list[ReplayRow] = []
     i = 0
     # an inconclusive replay (it passed without exercising its inserts) is replaced by another,
     # up to ``runs`` extra replays in all
     while True:
-        want = runs - sum(1 for r in replays if not r.get("inconclusive"))
+        want = runs - sum(1 for r in replays if not r.inconclusive)
         if want <= 0 or i >= 2 * runs:
             break
         wave = list(range(i + 1, i + 1 + min(want, par, 2 * runs - i)))
@@ -158,25 +163,26 @@ def replay_reproducer(path: Path, target: ReplayTarget, runs: int, out_dir: Path
             if isinstance(row, BaseException):
                 raise row
             replays.append(row)
-            code = row["exit_code"]
+            code = row.exit_code
             what = "reproduced" if code == 1 else \
-                f"inconclusive ({row['inconclusive']}): another replay" \
-                if row.get("inconclusive") else "passed (not reproduced)" if code == 0 else \
-                f"error (exit {code}): {row.get('error')}"
+                f"inconclusive ({row.inconclusive}): another replay" \
+                if row.inconclusive else "passed (not reproduced)" if code == 0 else \
+                f"error (exit {code}): {row.error}"
             log(f"  replay {k} ({runs} wanted) of {Path(path).name} "
                 f"{'on a fresh engine' if target.fresh else 'on the same engine'}"
                 + (f", {len(wave)} side by side" if len(wave) > 1 else "") + f": {what}")
-    counted = [r for r in replays if not r.get("inconclusive")]
-    n = sum(r["reproduced"] for r in counted)
-    errors = sum(1 for r in counted if r["exit_code"] not in (0, 1))
+    counted = [r for r in replays if not r.inconclusive]
+    n = sum(r.reproduced for r in counted)
+    errors = sum(1 for r in counted if r.exit_code not in (0, 1))
     left_out = len(replays) - len(counted)
-    return {"runs": len(counted), "reproduced": n, "errors": errors, "inconclusive": left_out,
-            "fresh_engine": target.fresh, "rate": f"{n}/{len(counted)}",
-            "verdict": rate_verdict(n, len(counted), errors, target.fresh, left_out),
-            "side_by_side": par, "replays": replays}
+    return Confirmation(runs=len(counted), reproduced=n, errors=errors, inconclusive=left_out,
+                        fresh_engine=target.fresh, rate=f"{n}/{len(counted)}",
+                        verdict=rate_verdict(n, len(counted), errors, target.fresh, left_out),
+                        side_by_side=par, replays=replays)
 
 
-def _replay_once(path: Path, target: ReplayTarget, out_dir: Path, label: str, i: int) -> dict:
+def _replay_once(path: Path, target: ReplayTarget, out_dir: Path, label: str,
+                 i: int) -> ReplayRow:
     """Replay ``path`` once as the ``stress`` run ``<label>-<i>`` under ``out_dir``: its row of
     the result's ``replays``. Raises Interrupted when the run was interrupted (exit 130 / 143)."""
     run_id = f"{label}-{i}"
@@ -205,22 +211,22 @@ def _replay_once(path: Path, target: ReplayTarget, out_dir: Path, label: str, i:
     if code in (130, 143):
         raise Interrupted(code - 128)
     rdir = out_dir / run_id
-    row: dict[str, Any] = {"run": i, "exit_code": code, "reproduced": code == 1,
-                           "manifest": str(rdir / "manifest.json")}
+    row = ReplayRow(run=i, exit_code=code, reproduced=code == 1,
+                    manifest=str(rdir / "manifest.json"))
     if code == 1:
-        row["failing"] = _failing_lines(rdir)
+        row.failing = _failing_lines(rdir)
     elif code == 0:
         why = _not_exercised(rdir)
         if why:
-            row["inconclusive"] = why
+            row.inconclusive = why
     else:
         try:
-            row["error"] = load_manifest(rdir, with_requests=False).reason
+            row.error = load_manifest(rdir, with_requests=False).reason
         except (ValueError, OSError):
-            row["error"] = quiet.file.getvalue()[-500:]
+            row.error = quiet.file.getvalue()[-500:]
     if (rdir / "manifest.json").exists():
         try:
-            row["engine_ready_s"] = load_manifest(rdir, with_requests=False).engine.ready_s
+            row.engine_ready_s = load_manifest(rdir, with_requests=False).engine.ready_s
         except (ValueError, OSError):
             pass
     return row
@@ -240,14 +246,14 @@ def _not_exercised(run_dir: Path) -> str | None:
     return None
 
 
-def still_failing(manifest, row: dict) -> bool:
+def still_failing(manifest, row: ReproducerRow) -> bool:
     """Whether the failure a reproducer row stands for still fails the run after the final
     judgement (control run, sides): a load phase of a scenario of the row's ``source`` kind
     (``manifest.scenarios[*].kind``; the whole run when no scenario is of that kind) that
     failed, or a request of it that is still a problem (:attr:`RequestRecord.is_problem`).
     A failure the control run reproduces (``also_in_control``) no longer fails, so its
     reproducer is not worth fresh engines (issue 34: confirmation comes after attribution)."""
-    names = {s.get("name") for s in manifest.scenarios if s.get("kind") == row.get("source")}
+    names = {s.get("name") for s in manifest.scenarios if s.get("kind") == row.source}
 
     def mine(scenario: str) -> bool:
         return not names or scenario in names
@@ -261,44 +267,59 @@ NOT_STILL_FAILING = ("not confirmed: the final judgement (control run, sides) no
 
 
 def confirm_run_reproducers(manifest, run_dir: Path, target: ReplayTarget, runs: int,
-                            log: Callable[[str], Any] = print) -> list[dict]:
-    """Confirm every reproducer a run wrote (``manifest.tables["reproducers"]``: rows with
-    ``path`` relative to ``run_dir``, ``source``, and optionally ``fallback``: a larger failing
-    schedule to try when the reproducer reproduces 0 times). Each row gets ``confirmation`` (the
-    result of :func:`replay_reproducer`), and ``fallback_confirmation`` when the fallback was
-    tried; the row's ``verdict`` is the line the reports show. A row whose failure no longer
-    fails the run (:func:`still_failing`) is not replayed: its verdict says so. Returns the
-    rows."""
-    rows = manifest.tables.get("reproducers") or []
-    for row in rows:
-        if row.get("confirmation") is not None:
+                            log: Callable[[str], Any] = print) -> list[ReproducerRow]:
+    """Confirm every reproducer a run wrote (``manifest.tables["reproducers"]``:
+    :class:`~pleharness.manifest.tables.ReproducerRow`, ``path`` relative to ``run_dir``,
+    ``source``, and optionally ``fallback``: a larger failing schedule to try when the
+    reproducer reproduces 0 times). Each row gets ``confirmation`` (the result of
+    :func:`replay_reproducer`), and ``fallback_confirmation`` when the fallback was tried; the
+    row's ``verdict`` is the line the reports show. A row whose failure no longer fails the run
+    (:func:`still_failing`) is not replayed: its verdict says so. Returns the rows."""
+    rows = ReproducerRow.rows(manifest, "reproducers")
+    for i, row in enumerate(rows):
+        if row.confirmation is not None:
             continue
         if not still_failing(manifest, row):
-            row["verdict"] = NOT_STILL_FAILING
-            log(f"{row['path']}: {row['verdict']}")
+            row.verdict = NOT_STILL_FAILING
+            manifest.tables["reproducers"][i] = row.model_dump()
+            log(f"{row.path}: {row.verdict}")
             continue
-        path = run_dir / row["path"]
-        log(f"confirming {row['path']}: {runs} replay(s) "
+        path = run_dir / row.path
+        log(f"confirming {row.path}: {runs} replay(s) "
             f"{'each on a freshly started engine' if target.fresh else 'on the attached engine'}")
         res = replay_reproducer(path, target, runs, run_dir / "confirm", log)
-        row["confirmation"] = res
-        row["verdict"] = res["verdict"]
-        if res["reproduced"] == 0 and row.get("fallback"):
-            fb = run_dir / row["fallback"]
-            log(f"  {row['path']} did not reproduce: trying the larger failing schedule "
-                f"{row['fallback']}")
+        row.confirmation = res
+        row.verdict = res.verdict
+        if res.reproduced == 0 and row.fallback:
+            fb = run_dir / row.fallback
+            log(f"  {row.path} did not reproduce: trying the larger failing schedule "
+                f"{row.fallback}")
             fres = replay_reproducer(fb, target, runs, run_dir / "confirm", log)
-            row["fallback_confirmation"] = fres
-            row["verdict"] = (f"{res['verdict']}: here is the larger failing schedule "
-                              f"{row['fallback']}"
-                              + (f" ({row['fallback_schedule']})" if row.get("fallback_schedule")
-                                 else "") + f", {fres['verdict']}")
-        log(f"{row['path']}: {row['verdict']}")
-        summary = (manifest.tables.get(row.get("summary_table") or "") or [None])[0]
-        if summary is not None:  # e.g. fuzz_summary: confirmed = failed on a fresh engine
-            fb = row.get("fallback_confirmation") or {}
-            summary.update(confirmed=res["reproduced"] > 0, reproduction=row["verdict"],
-                           reproduction_rate=res["rate"],
-                           larger_reproduction_rate=fb.get("rate"),
-                           confirmed_on_fresh_engine=target.fresh)
+            row.fallback_confirmation = fres
+            row.verdict = (f"{res.verdict}: here is the larger failing schedule {row.fallback}"
+                           + (f" ({row.fallback_schedule})" if row.fallback_schedule else "")
+                           + f", {fres.verdict}")
+        manifest.tables["reproducers"][i] = row.model_dump()
+        log(f"{row.path}: {row.verdict}")
+        _summary_reproduction(manifest, row, res, target.fresh)
     return rows
+
+
+# the summary tables a reproducer row may name (``ReproducerRow.summary_table``): their row model
+_SUMMARY_ROWS = {"fuzz_summary": FuzzSummaryRow}
+
+
+def _summary_reproduction(manifest, row: ReproducerRow, res: Confirmation, fresh: bool) -> None:
+    """The reproduction columns of the first row of ``row``'s summary table (e.g. fuzz_summary:
+    confirmed = failed on a fresh engine); nothing when it names none or the table is empty."""
+    table = manifest.tables.get(row.summary_table or "") or []
+    if not table:
+        return
+    s = _SUMMARY_ROWS[row.summary_table].model_validate(table[0])
+    fb = row.fallback_confirmation
+    s.confirmed = res.reproduced > 0
+    s.reproduction = row.verdict
+    s.reproduction_rate = res.rate
+    s.larger_reproduction_rate = fb.rate if fb is not None else None
+    s.confirmed_on_fresh_engine = fresh
+    table[0] = s.model_dump()

@@ -30,7 +30,8 @@ from .environment import environment_info, harness_info
 from .errors import (EngineError, ExitCode, HarnessError, RequestTimeoutAbort, UsageError,
                      write_crash_log)
 from .golden import GoldenModel, golden_problem
-from .manifest import Manifest, load_manifest, now_iso, write_manifest
+from .manifest import (Manifest, RunOptionsRecord, Summary, load_manifest, now_iso,
+                       write_manifest)
 from .model import model_digest
 from .passes import control_pass, engine_context, progress_bar, reference_pass, run_suite
 from .probe import capability_summary
@@ -161,7 +162,7 @@ def _suite(run: _Run, stack: contextlib.ExitStack, scenarios: list[Scenario], ta
     """Step 3 on the engine under test: the golden model (closed with ``stack``), the engine
     probe, the suite ``--repeat`` times, then the judgement that needs the whole suite."""
     cfg = run.cfg
-    run.manifest.run_options.update({"api": cfg.api, "api_used": cfg.api})
+    run.manifest.run_options.assign(api=cfg.api, api_used=cfg.api)
     golden = _golden_model(cfg, golden_dir or _local_model(cfg, target, eng),
                            cfg.reference_mode, run.manifest, run.run_dir)
     if golden is not None:
@@ -206,14 +207,15 @@ class _Run:
             manifest.engine.model_digest = model_digest(target.model_path)
         if manifest.environment.get("gpus"):
             manifest.environment["ple_probe"] = capability_summary()
-        manifest.summary = {"phases_planned": cfg.repeat * sum(s.planned_phases()
-                                                               for s in scenarios),
-                            "phases_completed": 0, "hashes_compared": 0, "hashes_matched": 0}
-        manifest.run_options = {"reference": cfg.reference, "repeat": cfg.repeat,
-                                "logprobs": cfg.logprobs, "near_tie_nats": cfg.near_tie_nats,
-                                "golden": cfg.golden,
-                                "strict": cfg.strict, "on_timeout": cfg.on_timeout,
-                                "reference_cache_state": cfg.reference_cache_state}
+        manifest.summary = Summary(phases_planned=cfg.repeat * sum(s.planned_phases()
+                                                                   for s in scenarios),
+                                   phases_completed=0, hashes_compared=0, hashes_matched=0)
+        manifest.run_options = RunOptionsRecord(
+            reference=cfg.reference, repeat=cfg.repeat,
+            logprobs=cfg.logprobs, near_tie_nats=cfg.near_tie_nats,
+            golden=cfg.golden,
+            strict=cfg.strict, on_timeout=cfg.on_timeout,
+            reference_cache_state=cfg.reference_cache_state)
         run = cls(cfg, console, err, run_dir, manifest)
         run.save()
         console.print(f"run {run_id}: results in {esc(run_dir)}")
@@ -296,24 +298,24 @@ def _engine_under_test(run: _Run, scenarios: list[Scenario], target: Target) -> 
     the scenarios against the facts (ScenarioError)."""
     cfg, m = run.cfg, run.manifest
     if cfg.url is None:
-        m.engine.update({"mode": "launched", "launch": launch_record(target.launch_spec(),
-                                                                     cfg.profile),
-                         "engine_log": "engine.log", "launcher_log": "launcher.log"})
+        m.engine.assign(mode="launched", launch=launch_record(target.launch_spec(),
+                                                              cfg.profile),
+                        engine_log="engine.log", launcher_log="launcher.log")
     else:
-        m.engine.update({"mode": "attached", "url": redact_url(cfg.url)})
+        m.engine.assign(mode="attached", url=redact_url(cfg.url))
     eng = run.engine(target)
     run.ready = True
     if eng.server is not None:
         m.engine.command = eng.server.command
         m.engine.ready_s = round(eng.server.ready_s or 0, 3)
-    m.engine.update({"url": eng.server.url if eng.server else redact_url(cfg.url), "model": eng.client.model,
-                     "version": eng.version, "max_model_len": eng.card.get("max_model_len"),
-                     "model_root": eng.card.get("root")})
+    m.engine.assign(url=eng.server.url if eng.server else redact_url(cfg.url), model=eng.client.model,
+                    version=eng.version, max_model_len=eng.card.get("max_model_len"),
+                    model_root=eng.card.get("root"))
     eng.facts.record(m, run.console)
     for sc in scenarios:
         sc.validate_against(eng.facts)
     local_model = _local_model(cfg, target, eng)
-    if "model_digest" not in m.engine and local_model:
+    if "model_digest" not in m.engine.model_fields_set and local_model:
         m.engine.model_digest = model_digest(local_model)
     return eng
 
@@ -423,8 +425,7 @@ def _confirm_reproducers(run: _Run, eng: Engine, target: Target) -> None:
         run.console.print(esc(f"confirmations: {run.side.why}"), highlight=False)
     rows = confirm_run_reproducers(run.manifest, run.run_dir, rt, cfg.confirm_runs,
                                    log=lambda x: run.console.print(esc(x), highlight=False))
-    run.manifest.summary.reproducers = [{"path": r["path"], "verdict": r.get("verdict")}
-                                           for r in rows]
+    run.manifest.summary.reproducers = [{"path": r.path, "verdict": r.verdict} for r in rows]
     run.save()
 
 

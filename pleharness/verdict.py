@@ -18,24 +18,23 @@ def summarize(m: Manifest) -> None:
     errors, failed checks, notes), its throughput by concurrency, its evidence and headline."""
     load = [p for p in m.phases if p.role == "load"]
     compared = [r for r in m.requests if r.match is not None]
-    m.summary.update({
-        "phases_completed": sum(1 for p in load if p.status in ("pass", "fail")),
-        "phases_failed": sum(1 for p in load if p.status == "fail"),
-        "hashes_compared": len(compared),
-        "hashes_matched": sum(1 for r in compared if r.match),
-        "near_ties": sum(1 for r in m.requests if r.tolerated
-                         and r.divergence.attribution != "also_in_control"),
-        "also_in_control": sum(1 for r in m.requests if r.divergence
-                               and r.divergence.attribution == "also_in_control"),
-        "only_under_test": sum(1 for r in m.requests if r.divergence
-                               and r.divergence.attribution == "only_under_test"),
-        "hard_divergences": sum(1 for r in m.requests if r.divergence and r.divergence.fails),
-        "request_errors": sum(1 for r in m.requests if r.request_error),
-        "checks_failed": sum(1 for r in m.requests for c in r.failed_checks
-                             if c.name != "parity"),
-        "model_behaviour_notes": sum(1 for r in m.requests for c in r.checks
-                                     if c.status == "note"),
-    })
+    m.summary.assign(
+        phases_completed=sum(1 for p in load if p.status in ("pass", "fail")),
+        phases_failed=sum(1 for p in load if p.status == "fail"),
+        hashes_compared=len(compared),
+        hashes_matched=sum(1 for r in compared if r.match),
+        near_ties=sum(1 for r in m.requests if r.tolerated
+                      and r.divergence.attribution != "also_in_control"),
+        also_in_control=sum(1 for r in m.requests if r.divergence
+                            and r.divergence.attribution == "also_in_control"),
+        only_under_test=sum(1 for r in m.requests if r.divergence
+                            and r.divergence.attribution == "only_under_test"),
+        hard_divergences=sum(1 for r in m.requests if r.divergence and r.divergence.fails),
+        request_errors=sum(1 for r in m.requests if r.request_error),
+        checks_failed=sum(1 for r in m.requests for c in r.failed_checks
+                          if c.name != "parity"),
+        model_behaviour_notes=sum(1 for r in m.requests for c in r.checks
+                                  if c.status == "note"))
     m.summary.throughput_by_concurrency = throughput_by_concurrency(m)
     engaged, vacuous = run_evidence(m)
     m.summary.engaged = engaged

@@ -104,7 +104,7 @@ def test_summary_line_says_the_api_mode():
     from pleharness.causes import headline
     m = Manifest(run_id="x")
     assert "api" not in headline(m)
-    m.run_options.update({"api": "both", "api_used": "both", "chat_template": True})
+    m.run_options.assign(api="both", api_used="both", chat_template=True)
     m.summary.api_paths = {"stop_strings": {"chat": 3, "chat_twins": 3, "no_chat_form": 0},
                            "transitions": {"chat": 0, "chat_twins": 0, "no_chat_form": 80}}
     assert "; api both: 3 chat request(s) (3 twins), 80 token-ID prompt(s) completions only" \
@@ -112,9 +112,9 @@ def test_summary_line_says_the_api_mode():
     # a run with no message-form prompt says nothing of the api on its line (the manifest does)
     m.summary.api_paths = {"transitions": {"chat": 0, "chat_twins": 0, "no_chat_form": 80}}
     assert "api" not in headline(m)
-    m.run_options.update({"api": "chat", "api_used": "chat"})
+    m.run_options.assign(api="chat", api_used="chat")
     assert "; api chat: 0 chat request(s), 80 token-ID prompt(s) completions only" in headline(m)
-    m.run_options.update({"api": "both", "api_used": "completions", "chat_template": False})
+    m.run_options.assign(api="both", api_used="completions", chat_template=False)
     assert "; api both -> completions (no chat template)" in headline(m)
 
 

@@ -15,7 +15,8 @@ from conftest import ROOT, load_json, run_cli
 from pleharness.attribution import attribute
 from pleharness.engine.session import control_args
 from pleharness.explain import Case, failing_cases, suspects_for, write_repro
-from pleharness.manifest import CheckResult, Divergence, Manifest, PhaseRecord, RequestRecord
+from pleharness.manifest import (CheckResult, Divergence, EngineRecord, Manifest, PhaseRecord,
+                                 RequestRecord, RunOptionsRecord)
 from pleharness.scenarios import load_scenario_file
 
 FAKE_PY = str(ROOT / "tests" / "fakepy" / "python")
@@ -73,7 +74,8 @@ def test_failing_cases_suspects_and_repro(tmp_path):
                                        "prefix_caching": {"value": True},
                                        "max_num_batched_tokens": {"value": 256},
                                        "max_model_len": {"value": 1024}})
-    m.engine = {"mode": "launched", "launch": {"engine_args": ["--speculative-config", "{}"]}}
+    m.engine = EngineRecord(mode="launched",
+                            launch={"engine_args": ["--speculative-config", "{}"]})
     m.requests = [rec(1, "C4", 4, "pA", "x", False, 5), rec(2, "C4", 4, "pB", "y", True),
                   rec(3, "C4", 4, "pA", "z", False, 5, fails=False)]
     m.prompts = {"pA": [20, 21, 22], "pB": [30, 31, 32]}
@@ -132,8 +134,8 @@ def gpu_manifest(k=3):
                                     "max_num_batched_tokens": {"value": 256},
                                     "max_model_len": {"value": 1024},
                                     "block_size": {"value": 32}})
-    m.engine = {"mode": "launched", "launch": {"engine_args": [
-        "--speculative-config", '{"method": "ngram", "num_speculative_tokens": %d}' % k]}}
+    m.engine = EngineRecord(mode="launched", launch={"engine_args": [
+        "--speculative-config", '{"method": "ngram", "num_speculative_tokens": %d}' % k]})
     m.environment = {"gpus": [{"name": "H200"}]}
     return m
 
@@ -194,7 +196,7 @@ def test_follow_ups_two_by_two_and_numeric_variants():
                                       "num_speculative_tokens=2", "num_speculative_tokens=4"]
     cell, k2, k4 = more
     assert cell.combines == ["speculative decoding", "FULL CUDA graphs"]
-    assert control_args(m.engine["launch"]["engine_args"], cell.drop, cell.add) == [
+    assert control_args(m.engine.launch["engine_args"], cell.drop, cell.add) == [
         '--compilation-config={"cudagraph_mode": "PIECEWISE"}']
     assert k2.within == "speculative decoding" and k2.setting["to"] == 2
     assert json.loads(k2.add[0].split("=", 1)[1]) == {"method": "ngram",
@@ -683,4 +685,4 @@ def test_explain_and_stress_replay_at_the_runs_threshold(monkeypatch):
         (0.37, True, False, "cold")
     assert reproduce.judging_options(m.run_options) == {
         "golden": False, "near_tie_nats": 0.37, "strict": True, "reference_cache_state": "cold"}
-    assert reproduce.judging_options({})["near_tie_nats"] is None  # a run that recorded none
+    assert reproduce.judging_options(RunOptionsRecord())["near_tie_nats"] is None  # a run that recorded none

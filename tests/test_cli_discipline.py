@@ -21,7 +21,8 @@ import pytest
 
 from conftest import ROOT, load_json, run_cli
 from doubles import FakeEngine
-from pleharness.manifest import CheckResult, Divergence, Manifest, load_manifest, write_manifest
+from pleharness.manifest import (CheckResult, Divergence, EngineRecord, Manifest, load_manifest,
+                                 write_manifest)
 from pleharness.verdict import summarize
 
 SMALL = ["--scenario", "transitions", "--ladder", "2,1", "--repeats", "1", "--max-tokens", "8",
@@ -313,7 +314,8 @@ def test_engine_death_report_prints_the_reason(runs):
         "run_id": "died", "status": "engine_died", "verdict": "error", "exit_code": 3,
         "reason": "engine /health no longer answers 200",
         "root_cause": "RuntimeError: Unsupported CPU attention configuration: head_dim=16",
-        "engine": {"mode": "launched", "engine_log": "engine.log", "launcher_log": "launcher.log"}})
+        "engine": EngineRecord(mode="launched", engine_log="engine.log",
+                               launcher_log="launcher.log")})
     run_dir = write(runs / "died", m)
     r = run_cli("report", str(run_dir))
     assert r.returncode == 3
@@ -329,8 +331,8 @@ def test_engine_death_report_prints_the_reason(runs):
 def test_headline_counts_check_failures(runs):
     m = load_manifest(runs / "head")
     s = m.summary
-    assert s["hashes_matched"] == s["hashes_compared"], "all token hashes matched"
-    assert m.summary["headline"].endswith(f"{s['hashes_compared']}/{s['hashes_compared']} token "
+    assert s.hashes_matched == s.hashes_compared, "all token hashes matched"
+    assert m.summary.headline.endswith(f"{s.hashes_compared}/{s.hashes_compared} token "
                                           "hashes matched their single-request references; 30 "
                                           "check failure(s) (usage)")
 

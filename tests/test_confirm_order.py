@@ -8,6 +8,7 @@ from pathlib import Path
 
 from pleharness import reproduce, stress
 from pleharness.manifest import Manifest, PhaseRecord, RequestRecord
+from pleharness.manifest.tables import ReproducerRow
 
 
 def _manifest(phase_status: str, problem: bool) -> Manifest:
@@ -24,13 +25,14 @@ def _manifest(phase_status: str, problem: bool) -> Manifest:
 
 
 def test_still_failing_looks_at_the_rows_own_scenarios():
-    row = {"source": "fuzz", "path": "repro.toml"}
+    row = ReproducerRow(source="fuzz", path="repro.toml")
     # another scenario's failure (tr) does not keep a fuzz reproducer alive
     assert not reproduce.still_failing(_manifest("pass", False), row)
     assert reproduce.still_failing(_manifest("fail", False), row)
     assert reproduce.still_failing(_manifest("pass", True), row)
     # a source no scenario of the run is of: the whole run decides
-    assert reproduce.still_failing(_manifest("pass", False), {"source": "other"})
+    assert reproduce.still_failing(_manifest("pass", False),
+                                   ReproducerRow(source="other", path="x.toml"))
 
 
 def test_an_excused_failure_is_not_replayed(tmp_path: Path):
@@ -45,8 +47,10 @@ def test_an_excused_failure_is_not_replayed(tmp_path: Path):
     rows = reproduce.confirm_run_reproducers(
         m, tmp_path, reproduce.ReplayTarget(runner=runner, url="http://x"), 3, log=lines.append)
     assert replays == []
-    assert rows[0]["verdict"] == reproduce.NOT_STILL_FAILING
-    assert rows[0].get("confirmation") is None
+    assert rows[0].verdict == reproduce.NOT_STILL_FAILING
+    assert rows[0].confirmation is None
+    assert m.tables["reproducers"] == [{"source": "fuzz", "path": "repro.toml", "schedule": "s",
+                                        "verdict": reproduce.NOT_STILL_FAILING}]
     assert lines == [f"repro.toml: {reproduce.NOT_STILL_FAILING}"]
 
 

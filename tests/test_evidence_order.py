@@ -102,7 +102,7 @@ def test_a_weak_golden_model_decides_nothing_and_the_headline_says_so(tmp_path):
     assert d.golden_informative is False and d.cls == "near_tie" and not d.fails
     assert d.decided_by == "engine margin" and d.corrupt_side is None
     assert m.phases[0].status == "pass"
-    m.summary.update({"phases_completed": 1, "phases_planned": 1})
+    m.summary.assign(phases_completed=1, phases_planned=1)
     assert "golden model uninformative on this engine" in headline(m)
     assert "below 9 nats (bound 2)" in headline(m)
 

@@ -97,7 +97,7 @@ def test_the_documented_scenario_runs_in_a_stress_run(documented, tmp_path):
     assert code == 0, out.getvalue()
     m = load_manifest(tmp_path / "flat")
     assert m.scenarios[0]["kind"] == "flat" and m.scenarios[0]["params"]["concurrency"] == 4
-    assert m.summary["phases_planned"] == 1
+    assert m.summary.phases_planned == 1
     load = [p for p in m.phases if p.role == "load"]
     assert [(p.name, p.concurrency, p.requests, p.status) for p in load] == \
         [("flat-c4", 4, 8, "pass")]

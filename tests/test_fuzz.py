@@ -693,6 +693,8 @@ def test_recheck_keeps_the_smallest_schedule_that_fails_every_time(outcomes, pic
     failed 0/3 on fresh engines. The recheck now wants every run to fail before it keeps a
     schedule, walking back to larger failing ones first (each run costs seconds; a wasted
     confirmation wave, an engine start)."""
+    from types import SimpleNamespace as NS
+
     from pleharness.scenarios.fuzz.job import Fuzz
 
     def sched(n):
@@ -711,7 +713,7 @@ def test_recheck_keeps_the_smallest_schedule_that_fails_every_time(outcomes, pic
     def run_example(ctx, cand, label):
         k = name[cand.key()]
         ran.append(k)
-        return {"status": "fail" if left[k].pop(0) == "F" else "pass"}
+        return NS(status="fail" if left[k].pop(0) == "F" else "pass")
     fz.run_example = run_example
     got, ok = fz._confirm(Ctx(), by["min"], [by["big"], by["mid"]], [])
     assert (name[got.key()], ok) == (picked, confirmed)

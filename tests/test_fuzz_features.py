@@ -161,9 +161,9 @@ def test_every_field_round_trips_through_repro_toml(tmp_path):
     assert sched.summary() == "C2[3n+6<lp4,plp3>,3a+6<stop@1,eos>]"
     # fuzz_failing: the drawn features and the parameters as sent, request by request
     rows = failing_rows(sched, specs)
-    assert [r["features"] for r in rows] == ["<lp4,plp3>", "<stop@1,eos>"]
-    assert rows[0]["params"]["prompt_logprobs"] == 3 and rows[0]["logprobs"] == 4
-    assert rows[1]["api"] == "chat" and rows[1]["params"]["stop_token_ids"] == [9, 11]
+    assert [r.features for r in rows] == ["<lp4,plp3>", "<stop@1,eos>"]
+    assert rows[0].params["prompt_logprobs"] == 3 and rows[0].logprobs == 4
+    assert rows[1].api == "chat" and rows[1].params["stop_token_ids"] == [9, 11]
 
 
 REQ = """kind = "replay"

@@ -85,7 +85,7 @@ def _flip(m, ref, pos: int, new_tok: int):
 
 
 def _margin_position(m, below: bool):
-    thr = m.run_options["near_tie_nats"]
+    thr = m.run_options.near_tie_nats
     for ref in m.references:
         for i, x in enumerate(ref.margins or []):
             if x is not None and ((x < thr) if below else (x >= 1.0)):

@@ -110,7 +110,7 @@ def test_the_golden_model_blames_a_corrupt_reference_which_is_replaced():
     new = refs[(PROMPT.hash, 4)]
     assert new.source == "golden" and new.output_ids == obs and new.replaces.startswith("r00001")
     assert m.references == [new]
-    (entry,) = m.summary["corrupt_references"]
+    (entry,) = m.summary.corrupt_references
     assert entry["reference_run"] == "r00001" and entry["method"] == "golden"
     assert m.phases[1].status == "pass"
 

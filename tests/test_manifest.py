@@ -223,8 +223,8 @@ def test_stored_schema_1_run_loads_with_its_records():
     m = load_manifest(ROOT / "docs/gpu-runs/2026-11-30-g-random-ngram-control")
     assert m.schema_version == 1 and m.requests_file is None
     compared = [r for r in m.requests if r.match is not None]
-    assert len(compared) == m.summary["hashes_compared"] > 0
-    assert sum(1 for r in compared if r.match) == m.summary["hashes_matched"]
+    assert len(compared) == m.summary.hashes_compared > 0
+    assert sum(1 for r in compared if r.match) == m.summary.hashes_matched
 
 
 def test_manifest_json_reuses_old_phases_but_sees_changes(tmp_path):
@@ -259,33 +259,64 @@ def test_manifest_json_reuses_old_phases_but_sees_changes(tmp_path):
 
 
 def test_engine_run_options_summary_are_typed_and_keep_every_key(tmp_path):
-    """The three sections are models: declared keys read as attributes (None when absent), a key
-    no model declares is kept, an unset key is not written, and a whole section assigned as a
-    dict becomes the model; the JSON reads as the dict it was."""
+    """The three sections are models: keys read and written as attributes (None when absent),
+    an unset key is not written, a whole section is assigned as its model (a dict is refused);
+    the JSON reads as the dict it was, in field order."""
     from pleharness.manifest import EngineRecord, RunOptionsRecord, Summary
     m = Manifest(run_id="r")
-    m.engine.update({"mode": "attached", "url": "http://x", "new_key": {"a": 1}})
-    m.summary = {"phases_planned": 3, "something_else": [1]}
-    m.summary["near_ties"] = 0
-    m.summary.setdefault("corrupt_references", []).append({"method": "golden"})
-    m.run_options = {"strict": True, "near_tie_nats": 2}
-    assert isinstance(m.engine, EngineRecord) and isinstance(m.summary, Summary)
-    assert isinstance(m.run_options, RunOptionsRecord)
-    assert m.engine.mode == "attached" and m.engine.version is None and "version" not in m.engine
+    m.engine.assign(url="http://x", mode="attached")
+    m.summary = Summary(phases_planned=3)
+    m.summary.near_ties = 0
+    m.summary.add_corrupt_reference({"method": "golden"})
+    m.run_options = RunOptionsRecord(strict=True, near_tie_nats=2)
+    with pytest.raises(TypeError, match="manifest.summary must be a Summary"):
+        m.summary = {"phases_planned": 3}
+    assert m.engine.mode == "attached" and m.engine.version is None
+    assert "version" not in m.engine.model_fields_set
     assert m.summary.phases_planned == 3 and m.summary.corrupt_references == [{"method": "golden"}]
     path = tmp_path / "manifest.json"
     write_manifest(path, m)
     data = json.loads(path.read_text())
-    assert data["engine"] == {"mode": "attached", "url": "http://x", "new_key": {"a": 1}}
-    assert data["summary"] == {"phases_planned": 3, "something_else": [1], "near_ties": 0,
+    assert list(data["engine"].items()) == [("mode", "attached"), ("url", "http://x")]
+    assert data["summary"] == {"phases_planned": 3, "near_ties": 0,
                                "corrupt_references": [{"method": "golden"}]}
     assert data["run_options"] == {"strict": True, "near_tie_nats": 2}  # 2 stays an int
     back = load_manifest(path)
-    assert back.engine.new_key == {"a": 1} and back.run_options.near_tie_nats == 2
-    copy = back.model_copy(update={"engine": {"mode": "launched"}})
-    assert isinstance(copy.engine, EngineRecord) and copy.engine.mode == "launched"
+    assert back.engine == m.engine and back.run_options.near_tie_nats == 2
+    copy = back.model_copy(update={"engine": EngineRecord(mode="launched")})
     assert json.loads(copy.model_dump_json())["engine"] == {"mode": "launched"}
+    ctl = back.run_options.model_copy(update={"role": "control run"})  # pleharness.passes
+    assert ctl.model_dump() == {"strict": True, "near_tie_nats": 2, "role": "control run"}
     data["engine"]["max_model_len"] = "4096"  # another JSON type: refused, never coerced
     path.write_text(json.dumps(data))
     with pytest.raises(ValueError, match="manifest.json"):
+        load_manifest(path)
+
+
+def test_a_section_has_no_mapping_api_and_refuses_unknown_keys(tmp_path):
+    """Issue 34: no dict layer over the sections. Indexing, ``get``, ``update`` and ``in`` are
+    gone; an unknown key is refused from a writer, and in a file with a clear error naming the
+    file, the section and the key."""
+    m = Manifest(run_id="r")
+    m.summary.near_ties = 1
+    with pytest.raises(TypeError):
+        m.summary["near_ties"]
+    with pytest.raises(TypeError):
+        m.engine["mode"] = "attached"
+    for name in ("get", "update", "setdefault", "pop", "keys", "items", "values"):
+        assert not hasattr(m.summary, name), name
+    with pytest.raises(TypeError):
+        "near_ties" in m.summary  # noqa: B015
+    assert m.summary != {"near_ties": 1}
+    with pytest.raises(ValueError, match="no field"):
+        m.run_options.new_key = 1
+    with pytest.raises(ValueError, match="no field"):
+        m.engine.assign(new_key=1)
+    path = tmp_path / "manifest.json"
+    write_manifest(path, m)
+    data = json.loads(path.read_text())
+    data["summary"]["retired_count"] = 3  # a key this version does not know
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=r"manifest.json: not a valid ple-harness manifest: "
+                                         r"summary.retired_count +Extra inputs are not permitted"):
         load_manifest(path)

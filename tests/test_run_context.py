@@ -144,7 +144,7 @@ def test_tables_and_notes_are_written_and_phase_counts_added(tmp_path):
     m = load_manifest(tmp_path / "manifest.json")  # each call wrote the manifest
     assert m.tables == {"kind_notes": [{"note": "a"}, {"note": "b"}],
                         "rows": [{"x": 1}, {"x": 2}], "one": [{"y": 2}]}
-    assert m.summary["phases_planned"] == 3
+    assert m.summary.phases_planned == 3
 
 
 def test_the_collect_only_pass_runs_references_only_and_writes_no_tables(tmp_path):
@@ -158,7 +158,7 @@ def test_the_collect_only_pass_runs_references_only_and_writes_no_tables(tmp_pat
     ctx.note("kind_notes", "x")
     ctx.add_table("rows", [{"x": 1}])
     ctx.add_planned_phases(2)
-    assert ctx.manifest.tables == {} and "phases_planned" not in ctx.manifest.summary
+    assert ctx.manifest.tables == {} and "phases_planned" not in ctx.manifest.summary.model_fields_set
     ran = []
     ctx.refs.run_phase = lambda name, c, specs, role: ran.append((name, role)) or []
     assert ctx.take_references([spec], cache_state="cold") is None

@@ -94,18 +94,18 @@ def run_manifest(phases, k=3, strict=False):
 def test_spec_health_per_concurrency_sums_the_load_phases_only():
     m = run_manifest([_phase(0, 1, 10, 30, 15), _phase(1, 4, 20, 60, 30), _phase(2, 1, 10, 30, 3),
                       _phase(3, 1, 100, 300, 0, role="reference")])
-    sd = m.summary["engaged"]["spec_decode"]
+    sd = m.summary.engaged["spec_decode"]
     assert sd["overall"]["accepted_tokens"] == 48 and sd["overall"]["draft_tokens"] == 120
     assert sd["by_concurrency"]["C1"]["acceptance_rate"] == 18 / 60
     assert sd["by_concurrency"]["C4"]["mean_accepted_length"] == 1 + 30 / 20
-    assert m.summary["vacuous"] == [] and m.verdict == "pass"
+    assert m.summary.vacuous == [] and m.verdict == "pass"
 
 
 def test_speculative_decoding_that_never_drafted_is_vacuous_and_fails_with_strict():
     phases = [_phase(0, 1, 0, 0, 0), _phase(1, 2, 0, 0, 0)]
     m = run_manifest(phases)
     assert m.verdict == "pass"
-    assert m.summary["vacuous"] == ["speculative decoding: 0 drafts in 2 load phase(s) although "
+    assert m.summary.vacuous == ["speculative decoding: 0 drafts in 2 load phase(s) although "
                                     "k = 3: the proposer never proposed, so no verify step was "
                                     "tested"]
     assert "VACUOUS (warnings): speculative decoding: 0 drafts" in headline(m)
@@ -113,7 +113,7 @@ def test_speculative_decoding_that_never_drafted_is_vacuous_and_fails_with_stric
     assert strict.verdict == "fail"
     from pleharness.causes import causes
     assert any(c.startswith("vacuous (--strict): speculative decoding") for c in causes(strict))
-    assert run_manifest([_phase(0, 1, 0, 0, 0)], k=0).summary["vacuous"] == []  # k = 0: off
+    assert run_manifest([_phase(0, 1, 0, 0, 0)], k=0).summary.vacuous == []  # k = 0: off
 
 
 def test_mark_vacuous_warns_and_fails_the_phase_with_strict():

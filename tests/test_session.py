@@ -103,31 +103,38 @@ def test_the_session_stops_its_engines_on_every_exit_path(tmp_path):
 
 
 def test_explain_report_json_keeps_its_shape():
-    from pleharness.explain import CaseReport, ExplainReport, Suspect
+    from pleharness.explain import ExplainReport, Suspect
+    from pleharness.manifest.explain import CaseReport
+    from pleharness.manifest.tables import Confirmation
     from pleharness.render.explain import to_junit, to_markdown
     empty = ExplainReport("r1", 3, 60.0)
     assert list(json.loads(empty.to_json())) == ["run_id", "status", "tries", "budget_s",
                                                  "estimate", "side_by_side", "golden", "cases",
                                                  "suspects", "launches"]
-    case = CaseReport(1, "abc", 4, "C4", ["r2-0"], 5, 7, "alone",
-                      {"alone": {"fails": True, "tries": 1, "divergent": [
+    case = CaseReport(case=1, prompt_hash="abc", concurrency=4, phase="C4", requests=["r2-0"],
+                      first_divergence=5, prompt_len=7, minimal_case="alone",
+                      baseline={"alone": {"fails": True, "tries": 1, "divergent": [
                           {"first_divergence": 5}]}},
-                      {"prefix caching": {"fails": True, "vanishes": False, "divergent": []}},
-                      {"interaction": None, "numeric": []}, "persists in every control",
-                      "explain/repro-1.toml")
+                      controls={"prefix caching": {"fails": True, "vanishes": False,
+                                                   "divergent": []}},
+                      narrowing={"interaction": None, "numeric": []},
+                      attribution="persists in every control", repro="explain/repro-1.toml")
     rep = ExplainReport("r1", 3, 60.0, [case], [Suspect("prefix caching", "on")],
                         [{"config": "under test", "command": ["py"], "ready_s": 1.0}], 2.5)
     d = rep.to_dict()
     assert list(d) == ["run_id", "status", "tries", "budget_s", "estimate", "side_by_side",
                        "golden", "cases", "suspects", "launches", "elapsed_s"]
     assert "reproduction" not in d["cases"][0] and d["suspects"][0]["name"] == "prefix caching"
-    case.reproduction, case.reproduction_verdict = {"rate": "2/2"}, "reproduced 2/2"
+    case.reproduction = Confirmation(runs=2, reproduced=2, errors=0, inconclusive=0,
+                                     fresh_engine=True, rate="2/2", verdict="reproduced 2/2",
+                                     side_by_side=1, replays=[])
+    case.reproduction_verdict = "reproduced 2/2"
     assert list(rep.to_dict()["cases"][0])[-3:] == ["repro", "reproduction",
                                                     "reproduction_verdict"]
-    md = to_markdown(rep)
+    md = to_markdown(rep.result())
     assert "| 1 | C4 | 4 | 7 | r2-0 | alone | persists | `explain/repro-1.toml` |" in md
     assert "- case 1: `explain/repro-1.toml` reproduced 2/2" in md
-    assert 'message="persists in every control"' in to_junit(rep)
+    assert 'message="persists in every control"' in to_junit(rep.result())
 
 
 def test_stopping_an_engine_closes_its_client(tmp_path):

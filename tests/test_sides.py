@@ -95,7 +95,7 @@ def test_majority_names_the_corrupt_reference_and_rejudges_later_runs():
     (new,) = m.references
     assert new.source == "majority" and new.output_ids == GOOD and new.replaces.startswith("r00001")
     assert m.phases[0].status == "fail" and m.phases[1].status == "fail"
-    (cr,) = m.summary["corrupt_references"]
+    (cr,) = m.summary.corrupt_references
     assert cr["reference_run"] == "r00001" and cr["method"] == "majority"
     # every report names the corrupt request first
     assert causes(m)[0].startswith("corrupt reference: the reference run r00001 of prompt p0")
@@ -194,7 +194,7 @@ def bf16_context(tmp_path, dtype, gaps, div_gap):
 def test_measured_tolerance_judges_golden_divergences_on_bf16(tmp_path, div_gap, cls):
     ctx, r = bf16_context(tmp_path, "bfloat16", [1.0, 1.2, 1.4, 1.6, 2.0], div_gap)
     ctx.finish_judgement()
-    tol = ctx.manifest.run_options["golden_tolerance"]
+    tol = ctx.manifest.run_options.golden_tolerance
     assert tol["tolerance_nats"] == pytest.approx(2.0) and tol["samples"] == 5
     assert tol["solo_runs_scored"] == 5 and "quantile" in tol["source"]
     assert r.divergence.cls == cls and r.divergence.fails == (cls == "hard")
@@ -204,7 +204,7 @@ def test_measured_tolerance_judges_golden_divergences_on_bf16(tmp_path, div_gap,
 def test_float32_golden_divergence_is_not_rejudged(tmp_path):
     ctx, r = bf16_context(tmp_path, "float32", [1.0] * 5, 1.5)
     ctx.finish_judgement()
-    assert "golden_tolerance" not in ctx.manifest.run_options
+    assert "golden_tolerance" not in ctx.manifest.run_options.model_fields_set
     assert r.divergence.cls == "hard" and r.divergence.fails
 
 
@@ -212,7 +212,7 @@ def test_float32_golden_divergence_is_not_rejudged(tmp_path):
                                        ("float32", "hard")])
 def test_also_in_control_is_never_hard_on_half_precision(tmp_path, dtype, cls):
     ctx, r = bf16_context(tmp_path, dtype, [], 9.0)
-    ctx.manifest.run_options["serving_dtype"] = dtype
+    ctx.manifest.run_options.serving_dtype = dtype
     twin = RequestRecord(id="c1", scenario="s", phase="load", concurrency=2, prompt_key="p",
                          prompt_len=2, prompt_hash="ph", max_tokens=4, output_hash="x",
                          match=False, first_divergence=2)
@@ -327,7 +327,7 @@ def test_failed_solo_runs_are_left_out_of_the_noise_floor(tmp_path):
     ctx.judge._solo_runs.append((bad, [1, 2], [5, 6, 7]))
     ctx.golden.gaps.append(9.0)  # would be the 0.95 quantile if it were counted
     ctx.finish_judgement()
-    tol = ctx.manifest.run_options["golden_tolerance"]
+    tol = ctx.manifest.run_options.golden_tolerance
     assert tol["solo_runs_scored"] == 5 and tol["solo_runs_left_out"] == 1
     assert tol["tolerance_nats"] == pytest.approx(2.0) and r.divergence.cls == "hard"
 
@@ -387,5 +387,5 @@ def test_a_corrupt_seeded_reference_is_judged_apart_from_an_equal_greedy_one():
     assert greedy_ref in m.references and seeded_ref not in m.references
     (new,) = [x for x in m.references if x.source == "majority"]
     assert (new.output_ids, new.temperature, new.seed) == (B, 1.0, 3)
-    (cr,) = m.summary["corrupt_references"]
+    (cr,) = m.summary.corrupt_references
     assert cr["reference_run"] == "r00002"

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..manifest.tables import FactConflictRow, NoteRow
 from .fact_sources import (fetch_server_info, log_observations, metrics_observations,
                            model_config_observations, parse_engine_args,
                            server_info_observations)
@@ -302,8 +303,9 @@ class EngineFacts:
         ``fact_conflicts`` (one row per disagreement) and ``fact_sources`` (notes on what was
         read, e.g. /server_info not served); print each conflict as a warning."""
         manifest.facts = self.to_dict()
-        manifest.tables["fact_conflicts"] = list(self.conflicts)
-        manifest.tables["fact_sources"] = [{"note": n} for n in self.notes]
+        manifest.tables["fact_conflicts"] = [FactConflictRow(**c).model_dump()
+                                             for c in self.conflicts]
+        manifest.tables["fact_sources"] = [NoteRow(note=n).model_dump() for n in self.notes]
         if console is not None:
             for w in self.warnings:
                 console.print(f"[yellow]warning:[/yellow] {w}")

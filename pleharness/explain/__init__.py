@@ -37,8 +37,10 @@ are reported as skipped.
 Outputs in ``RUN/explain/``: ``explain.json``, ``explain.md``, ``junit.xml`` (a test case per
 divergence; the failure message names the suspect) and ``repro-N.toml`` for each case: a
 ``replay`` scenario file that ``ple-harness stress --scenario FILE`` replays. The report is an
-:class:`ExplainReport` (``explain.json`` is its :meth:`ExplainReport.to_dict`); its console,
-Markdown and JUnit renderings are in :mod:`pleharness.render.explain`.
+:class:`ExplainReport` (``explain.json`` is its :meth:`ExplainReport.result`, a
+:class:`~pleharness.manifest.explain.ExplainResult` with its cases'
+:class:`~pleharness.manifest.explain.CaseReport`); its console, Markdown and JUnit renderings
+(of that result) are in :mod:`pleharness.render.explain`.
 
 Every engine (the configuration under test, each suspect, the reproducers' fresh engines) runs in
 one :class:`~pleharness.engine.session.EngineSession`: a suspect is a
@@ -52,10 +54,10 @@ the reproducers, explain.json as it goes) and :mod:`.job` (:func:`explain` and
 :func:`confirm_repros`). This package's names are the job's API, gathered from those rooms.
 """
 from .job import confirm_repros, explain
-from .report import CaseReport, ExplainReport, write_repro
+from .report import ExplainReport, write_repro
 from .suspects import (Case, Suspect, failing_cases, follow_ups, narrow_down, numeric_variants,
                        rederive_length, resize_prompt, suspects_for, two_by_two)
 
-__all__ = ["Case", "CaseReport", "ExplainReport", "Suspect", "confirm_repros", "explain",
+__all__ = ["Case", "ExplainReport", "Suspect", "confirm_repros", "explain",
            "failing_cases", "follow_ups", "narrow_down", "numeric_variants", "rederive_length",
            "resize_prompt", "suspects_for", "two_by_two", "write_repro"]

@@ -21,11 +21,12 @@ from ..errors import UsageError
 from ..explain_plan import estimate, order_first_round
 from ..files import private_dir
 from ..manifest import Manifest, load_manifest, write_atomic
+from ..manifest.tables import Confirmation
 from ..render.explain import render, to_junit
 from ..reproduce import ReplayTarget, judging_options, replay_reproducer
 from ..scenarios import load_scenario_file
 from .replay import _replay_all, _RunGolden, run_target
-from .report import CaseReport, ExplainReport, _Progress, write_repro
+from .report import ExplainReport, _Progress, case_report, write_repro
 from .suspects import failing_cases, suspects_for
 
 
@@ -49,7 +50,7 @@ def confirm_repros(report: ExplainReport, m: Manifest, run_dir: Path, runs: int,
                       **judging_options(m.run_options),
                       start_timeout_s=start_timeout_s, parallel=side.n if side else 1,
                       engine_args_add=list(side.add) if side else [])
-    done: dict[str, tuple[str, dict]] = {}  # schedule key -> (repro, result)
+    done: dict[str, tuple[str, Confirmation]] = {}  # schedule key -> (repro, result)
     for c in report.cases:
         path = run_dir / c.repro
         # cases of one phase share its schedule ("with its phase companions"): replayed once
@@ -58,8 +59,8 @@ def confirm_repros(report: ExplainReport, m: Manifest, run_dir: Path, runs: int,
                          sort_keys=True)  # phase names carry the case number: not compared
         if key in done:
             first, res = done[key]
-            c.reproduction = {**res, "same_schedule_as": first}
-            c.reproduction_verdict = f"{res['verdict']} (the schedule of {first})"
+            c.reproduction = res.model_copy(update={"same_schedule_as": first})
+            c.reproduction_verdict = f"{res.verdict} (the schedule of {first})"
             if on_each:
                 on_each()
             continue
@@ -69,8 +70,8 @@ def confirm_repros(report: ExplainReport, m: Manifest, run_dir: Path, runs: int,
                                 log=lambda x: console.print(escape(x), highlight=False))
         done[key] = (c.repro, res)
         c.reproduction = res
-        c.reproduction_verdict = res["verdict"]
-        console.print(f"{escape(c.repro)}: {escape(res['verdict'])}", highlight=False)
+        c.reproduction_verdict = res.verdict
+        console.print(f"{escape(c.repro)}: {escape(res.verdict)}", highlight=False)
         if on_each:
             on_each()
 
@@ -156,8 +157,8 @@ def explain(run: Path, *, runner: Callable[[Any, Console, Console], int],
             for c in cases:
                 path = out_dir / f"repro-{c.index}.toml"
                 write_repro(c, path, m.run_id)
-                report.cases.append(CaseReport.of(c, configs[1:],
-                                                  str(path.relative_to(run_dir))))
+                report.cases.append(case_report(c, configs[1:],
+                                                str(path.relative_to(run_dir))))
             if confirm_runs:
                 progress.save("confirming the reproducers")
                 confirm_repros(report, m, run_dir, confirm_runs, runner=runner,
@@ -175,8 +176,9 @@ def explain(run: Path, *, runner: Callable[[Any, Console, Console], int],
                 report.golden += f"; stopped: {golden.error}"
     report.elapsed_s = round(time.monotonic() - t0, 1)
     progress.save("complete")
-    write_atomic(out_dir / "junit.xml", to_junit(report))
-    render(report, console)
+    result = report.result()
+    write_atomic(out_dir / "junit.xml", to_junit(result))
+    render(result, console)
     return report
 
 
@@ -212,10 +214,10 @@ def _load_run(run: Path) -> tuple[Manifest, Path]:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     run_dir = Path(run) if Path(run).is_dir() else Path(run).parent
-    if m.engine.get("mode") is None:
+    if m.engine.mode is None:
         raise UsageError(f"{run}: the run recorded no engine (status {m.status}: it ended "
                          "before its engine was up, or was killed then): nothing to explain")
-    if m.engine.get("mode") != "launched" or not m.engine.get("launch"):
+    if m.engine.mode != "launched" or not m.engine.launch:
         raise UsageError(f"{run}: explain relaunches the engine, so the run must have been "
                          "launched by the harness (not attached with --url)")
     return m, run_dir

@@ -34,10 +34,10 @@ def run_target(m: Manifest, python: str | None = None,
     """The explained run's engine as a launch target, from its manifest's launch record (model,
     python (``python`` overrides it), tp, engine_args, env, host; the served name): a value
     recorded as ``<redacted>`` is taken from this process's environment."""
-    la = m.engine.get("launch") or {}
+    la = m.engine.launch or {}
     env = {k: (os.environ.get(k, "") if v == "<redacted>" else v)
            for k, v in (la.get("env") or {}).items()}
-    return Target(url=None, model_path=la["model"], served_name=m.engine.get("model"),
+    return Target(url=None, model_path=la["model"], served_name=m.engine.model,
                   python=python or la["python"], tp=la.get("tp", 1),
                   engine_args=list(la.get("engine_args") or []), engine_env=env,
                   host=la.get("host", "127.0.0.1"), start_timeout_s=start_timeout_s)
@@ -65,15 +65,15 @@ class _RunGolden:
         launched model; the engine's Python), or None where the run had none; and what
         explain.json says about it."""
         ro = m.run_options
-        used = str(ro.get("golden_classifier") or "")
-        if ro.get("golden") is False or not used.startswith("transformers"):
+        used = str(ro.golden_classifier or "")
+        if ro.golden is False or not used.startswith("transformers"):
             return None, f"none (the run's golden classifier: {used or 'not recorded'})"
-        model_dir = ro.get("golden_model") or target.model_path
+        model_dir = ro.golden_model or target.model_path
         problem = golden_problem(model_dir)
         if problem:
             return None, f"unavailable: {problem}"
         return (cls(GoldenModel(model_dir, target.python, log_path=out_dir / "golden.log"),
-                    ro.get("golden_tolerance")),
+                    ro.golden_tolerance),
                 f"the run's: transformers float32 on {model_dir}")
 
     def evidence(self, prompt: Sequence[int], reference: Sequence[int],
@@ -121,9 +121,10 @@ class _Replayer:
         """The replayer of run ``m``: its near-tie threshold, strictness, logprobs, serving
         dtype, and (``golden``) its golden model and measured golden floor."""
         ro = m.run_options
-        rule = Rule(near_tie_nats=float(ro.get("near_tie_nats") or DEFAULT_NEAR_TIE_NATS),
-                    strict=bool(ro.get("strict")), serving_dtype=ro.get("serving_dtype"))
-        return cls(client, rule, ro.get("logprobs", 2) or None, count_warnings, golden)
+        rule = Rule(near_tie_nats=float(ro.near_tie_nats or DEFAULT_NEAR_TIE_NATS),
+                    strict=bool(ro.strict), serving_dtype=ro.serving_dtype)
+        logprobs = ro.logprobs if "logprobs" in ro.model_fields_set else 2
+        return cls(client, rule, logprobs or None, count_warnings, golden)
 
     def _solo(self, ids: list[int], mt: int) -> tuple[list[int], list | None]:
         key = (token_hash(ids), mt)

@@ -1,15 +1,17 @@
-"""explain's reporting room: the report (:class:`ExplainReport`, ``explain.json``), its cases,
+"""explain's reporting room: the report (:class:`ExplainReport`, written as ``explain.json``
+through :class:`~pleharness.manifest.explain.ExplainResult`), its cases,
 the reproducers (``repro-N.toml``) and the rewriting of explain.json / explain.md as explain
 goes (:class:`_Progress`). The renderings themselves are in :mod:`pleharness.render.explain`."""
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from ..manifest import write_atomic
+from ..manifest.explain import CaseReport, ExplainResult, SuspectRecord
 from ..render.explain import to_markdown
 from .suspects import Case, Suspect, _label, narrow_down
 
@@ -64,43 +66,13 @@ def _failed_lines(case: Case, level: str, phase: str, reqs: list) -> list[str]:
     return out
 
 
-@dataclass
-class CaseReport:
-    """One case in the report (``explain.json``'s ``cases[]``; :class:`Case` is its working
-    state). ``baseline``: level name -> replay result on the configuration under test;
-    ``controls``: suspect name -> replay result on its engine; ``narrowing``:
-    :func:`narrow_down`'s dict; ``attribution``: the one-line diagnosis; ``repro``: the
-    reproducer's path relative to the run folder; ``reproduction`` / ``reproduction_verdict``:
-    set by :func:`~pleharness.explain.job.confirm_repros` (absent from the JSON until then)."""
-
-    case: int
-    prompt_hash: str
-    concurrency: int
-    phase: str
-    requests: list[str]
-    first_divergence: int | None
-    prompt_len: int | None
-    minimal_case: str | None
-    baseline: dict[str, Any]
-    controls: dict[str, dict[str, Any]]
-    narrowing: dict[str, Any]
-    attribution: str
-    repro: str
-    reproduction: dict[str, Any] | None = None
-    reproduction_verdict: str | None = None
-
-    @classmethod
-    def of(cls, c: Case, suspects: Sequence[Suspect], repro: str) -> "CaseReport":
-        """The report of a finished :class:`Case`, diagnosed against ``suspects``."""
-        return cls(c.index, c.prompt_hash, c.concurrency, c.phase, c.requests,
-                   c.first_divergence, c.prompt_len, c.minimal, c.baseline, c.results,
-                   narrow_down(c, suspects), c.attribution(suspects), repro)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON object (field order; the reproduction fields only once set)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)
-                if getattr(self, f.name) is not None
-                or f.name not in ("reproduction", "reproduction_verdict")}
+def case_report(c: Case, suspects: Sequence[Suspect], repro: str) -> CaseReport:
+    """The report of a finished :class:`Case`, diagnosed against ``suspects``."""
+    return CaseReport(case=c.index, prompt_hash=c.prompt_hash, concurrency=c.concurrency,
+                      phase=c.phase, requests=c.requests, first_divergence=c.first_divergence,
+                      prompt_len=c.prompt_len, minimal_case=c.minimal, baseline=c.baseline,
+                      controls=c.results, narrowing=narrow_down(c, suspects),
+                      attribution=c.attribution(suspects), repro=repro)
 
 
 @dataclass
@@ -133,18 +105,19 @@ class ExplainReport:
     estimate: dict[str, Any] = field(default_factory=dict)
     golden: str = ""  # the golden model the replays are judged with (the run's), or why none
 
+    def result(self) -> ExplainResult:
+        """The report as written (:class:`~pleharness.manifest.explain.ExplainResult`), what
+        the renderings read."""
+        return ExplainResult(run_id=self.run_id, status=self.status, tries=self.tries,
+                             budget_s=self.budget_s, estimate=self.estimate,
+                             side_by_side=self.side_by_side, golden=self.golden,
+                             cases=self.cases,
+                             suspects=[SuspectRecord(**asdict(x)) for x in self.suspects],
+                             launches=self.launches, elapsed_s=self.elapsed_s)
+
     def to_dict(self) -> dict[str, Any]:
         """The JSON object of ``explain.json``."""
-        out: dict[str, Any] = {"run_id": self.run_id, "status": self.status,
-                               "tries": self.tries, "budget_s": self.budget_s,
-                               "estimate": self.estimate, "side_by_side": self.side_by_side,
-                               "golden": self.golden,
-                               "cases": [c.to_dict() for c in self.cases],
-                               "suspects": [asdict(x) for x in self.suspects],
-                               "launches": self.launches}
-        if self.elapsed_s is not None:
-            out["elapsed_s"] = self.elapsed_s
-        return out
+        return self.result().model_dump()
 
     def to_json(self) -> str:
         """``explain.json``'s text."""
@@ -172,8 +145,8 @@ class _Progress:
             cases = []
             for c in self.cases:
                 path = self.out_dir / f"repro-{c.index}.toml"
-                cr = CaseReport.of(c, rep.suspects, str(path.relative_to(self.run_dir))
-                                   if path.exists() else "")
+                cr = case_report(c, rep.suspects, str(path.relative_to(self.run_dir))
+                                 if path.exists() else "")
                 cr.controls = {**c.results, **{s.name: dict(not_yet) for s in todo
                                                if s.name not in c.results}}
                 cases.append(cr)
@@ -182,4 +155,4 @@ class _Progress:
                                          for s in self.pending if _label(s) not in seen)]
             shown = replace(rep, cases=cases, launches=launches)
         write_atomic(self.out_dir / "explain.json", shown.to_json())
-        write_atomic(self.out_dir / "explain.md", to_markdown(shown))
+        write_atomic(self.out_dir / "explain.md", to_markdown(shown.result()))

@@ -110,7 +110,7 @@ def suspects_for(m: Manifest, extra: Sequence[str] = (), drops: Sequence[str] = 
     (removed with its value). Related suspects say so: FULL CUDA graphs (PIECEWISE) is
     ``within`` CUDA graphs (``--enforce-eager``)."""
     f = _facts(m)
-    args = list(m.engine.get("launch", {}).get("engine_args") or [])
+    args = list((m.engine.launch or {}).get("engine_args") or [])
     out = []
     if not auto:
         f, args, m = {"prefix_caching": False}, [], Manifest(run_id=m.run_id)
@@ -151,7 +151,7 @@ def numeric_variants(m: Manifest, feature: str) -> list[Suspect]:
     (when >= 16) and 2 C; prefix caching: block size B / 2 (when >= 16, else 2 B). Values come
     from the run's facts; a setting that cannot be read gives no variants."""
     f = _facts(m)
-    args = list(m.engine.get("launch", {}).get("engine_args") or [])
+    args = list((m.engine.launch or {}).get("engine_args") or [])
     out = []
 
     def variant(fact: str, sym: str, old: int, new: int, add: list[str], drop: str) -> Suspect:

@@ -51,82 +51,32 @@ def now_iso() -> str:
 
 
 class _Section(BaseModel):
-    """A manifest section with its known keys as typed fields and any other key a writer adds
-    kept as it is (``extra="allow"``); its JSON holds only the keys that were set (loaded, built
-    or assigned), so a section reads the same as when it was a plain dict. Strict types: a value
-    of another JSON type is refused at load time, never coerced (the file is not rewritten).
+    """A manifest section with its keys as typed fields, read and written as attributes (None
+    where the key is absent); its JSON holds only the keys that were set (loaded, built or
+    assigned), in field order, so a section reads the same as when it was a plain dict
+    (``model_fields_set`` says which keys are present). Strict types: a value of another JSON
+    type is refused at load time, never coerced (the file is not rewritten). Unknown keys are
+    refused, from a writer (``AttributeError``-like ValueError) and in a file
+    (:func:`load_manifest`'s ValueError names the file, the section and the key)."""
 
-    Readers use the attributes (None where the key is absent). Writers may still use the mapping
-    methods (``s["k"] = v``, ``update``, ``setdefault``, ``get``, ``in``, ``items``) while they
-    are moved to attributes; a key that is not set reads as absent there (KeyError / default)."""
-
-    model_config = ConfigDict(extra="allow", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     @model_serializer(mode="wrap")
     def _only_set(self, handler):
         data = handler(self)
         return {k: v for k, v in data.items() if k in self.model_fields_set}
 
-    def keys(self):
-        return [k for k in (*type(self).model_fields, *(self.__pydantic_extra__ or {}))
-                if k in self.model_fields_set]
-
-    def items(self):
-        return [(k, getattr(self, k)) for k in self.keys()]
-
-    def values(self):
-        return [v for _, v in self.items()]
-
-    def __iter__(self):
-        return iter(self.keys())
-
-    def __len__(self) -> int:
-        return len(self.model_fields_set)
-
-    def __bool__(self) -> bool:
-        return bool(self.model_fields_set)
-
-    def __contains__(self, key) -> bool:
-        return key in self.model_fields_set
-
-    def __getitem__(self, key):
-        if key not in self.model_fields_set:
-            raise KeyError(key)
-        return getattr(self, key)
-
-    def __setitem__(self, key, value) -> None:
-        setattr(self, key, value)
-
-    def get(self, key, default=None):
-        return getattr(self, key) if key in self.model_fields_set else default
-
-    def setdefault(self, key, default=None):
-        if key not in self.model_fields_set:
-            setattr(self, key, default)
-        return getattr(self, key)
-
-    def update(self, other=(), **kw) -> None:
-        for k, v in (dict(other) | kw).items():
+    def assign(self, **values: Any) -> None:
+        """Set several fields at once (``s.assign(api="chat", api_used="chat")``); a name that
+        is not a field raises ValueError."""
+        for k, v in values.items():
             setattr(self, k, v)
 
-    def pop(self, key, *default):
-        if key not in self.model_fields_set:
-            if default:
-                return default[0]
-            raise KeyError(key)
-        value = getattr(self, key)
-        if key in type(self).model_fields:
-            setattr(self, key, type(self).model_fields[key].default)
-            self.model_fields_set.discard(key)
-        else:
-            del self.__pydantic_extra__[key]
-            self.model_fields_set.discard(key)
-        return value
-
-    def __eq__(self, other) -> bool:
-        if isinstance(other, dict):
-            return dict(self.items()) == other
-        return super().__eq__(other)
+    def __iter__(self):
+        # no mapping layer (issue 34): ``for k in section`` / ``k in section`` would iterate
+        # pydantic's (name, value) pairs and quietly answer False; read the attributes instead
+        raise TypeError(f"{type(self).__name__} is not iterable: read its attributes "
+                        "(model_fields_set names the keys present)")
 
 
 class EngineRecord(_Section):
@@ -171,6 +121,7 @@ class RunOptionsRecord(_Section):
     api_used: str | None = None  # completions when the model has no chat template
     chat_template: bool | None = None  # /tokenize with messages answered (None: not asked)
     api_note: str | None = None  # why --api fell back to completions
+    role: str | None = None  # "control run" in a control run's manifest (pleharness.passes)
 
 
 class Summary(_Section):
@@ -201,6 +152,13 @@ class Summary(_Section):
     vacuous_run_level: list[Any] | None = None
     reproducers: list[dict[str, Any]] | None = None  # path and verdict of each replayed repro
     report_error: str | None = None  # why summary.md / junit.xml could not be written
+
+    def add_corrupt_reference(self, entry: dict[str, Any]) -> None:
+        """Append ``entry`` (method, evidence, ...) to ``corrupt_references`` (created when
+        absent)."""
+        if self.corrupt_references is None:
+            self.corrupt_references = []
+        self.corrupt_references.append(entry)
 
 
 _SECTIONS = {"engine": EngineRecord, "run_options": RunOptionsRecord, "summary": Summary}
@@ -252,17 +210,10 @@ class Manifest(BaseModel):
     _phase_json: list[tuple[PhaseRecord, str]] = PrivateAttr(default_factory=list)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name in _SECTIONS and isinstance(value, dict):  # a writer assigns a whole section
-            value = _SECTIONS[name].model_validate(value)
+        if name in _SECTIONS and not isinstance(value, _SECTIONS[name]):  # e.g. a plain dict
+            raise TypeError(f"manifest.{name} must be a {_SECTIONS[name].__name__}, got "
+                            f"{type(value).__name__}")
         super().__setattr__(name, value)
-
-    def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False):
-        """As :meth:`pydantic.BaseModel.model_copy`; a section given in ``update`` as a dict
-        becomes its model (``model_copy`` does not validate)."""
-        if update:
-            update = {k: _SECTIONS[k].model_validate(v) if k in _SECTIONS and isinstance(v, dict)
-                      else v for k, v in update.items()}
-        return super().model_copy(update=update, deep=deep)
 
     def fact_values(self) -> dict[str, Any]:
         """{fact: value} of the recorded facts (``facts`` holds {fact: {"value", "source", ...}}),

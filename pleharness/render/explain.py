@@ -1,4 +1,5 @@
-"""Renderings of ``ple-harness explain``'s report (:class:`pleharness.explain.ExplainReport`):
+"""Renderings of ``ple-harness explain``'s report (its result as written,
+:class:`pleharness.manifest.explain.ExplainResult`):
 the console table and diagnoses (:func:`render`), ``explain.md`` (:func:`to_markdown`, pasteable
 into a PR) and ``junit.xml`` (:func:`to_junit`, one failing test case per explained divergence).
 """
@@ -12,10 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-# explain's ExplainReport and CaseReport (pleharness.explain) are read through their fields only:
-# a renderer sits below the job it renders and does not import it
-ExplainReport = Any
-CaseReport = Any
+from ..manifest.explain import CaseReport, ExplainResult
 
 
 def _cell(r: dict[str, Any]) -> str:
@@ -35,7 +33,7 @@ def _cell(r: dict[str, Any]) -> str:
     return "vanishes" if r.get("vanishes") else "persists"
 
 
-def render(report: ExplainReport, console: Console) -> None:
+def render(report: ExplainResult, console: Console) -> None:
     """The attribution table on the console, then each case's diagnosis."""
     t = Table(title=escape(f"explain {report.run_id}"))
     for col in ("case", "phase", "C", "L", "requests", "minimal case",
@@ -52,7 +50,7 @@ def render(report: ExplainReport, console: Console) -> None:
                       f"{', '.join(str(c.case) for c in cs)}: {escape(text)}", highlight=False)
 
 
-def _by_diagnosis(report: ExplainReport) -> list[tuple[str, list[CaseReport]]]:
+def _by_diagnosis(report: ExplainResult) -> list[tuple[str, list[CaseReport]]]:
     """The cases grouped by their (identical) diagnosis, in case order."""
     groups: dict[str, list[CaseReport]] = {}
     for c in report.cases:
@@ -87,7 +85,7 @@ def _numeric_md(c: CaseReport) -> list[str]:
     return out
 
 
-def to_markdown(report: ExplainReport) -> str:
+def to_markdown(report: ExplainResult) -> str:
     """The attribution table, each case's diagnosis (2x2 tables, trigger lengths) and the
     evidence as Markdown (pasteable into a PR)."""
     sus = [s.name for s in report.suspects]
@@ -100,7 +98,7 @@ def to_markdown(report: ExplainReport) -> str:
     lines += [f"Engine launches: {done}; tries per replay: {report.tries}; {elapsed} s."
               + (f" Estimate: {report.estimate['text']}." if report.estimate else "")
               + (f" Replays judged by the run's rule; golden model: {report.golden}."
-                 if getattr(report, "golden", "") else ""), ""]
+                 if report.golden else ""), ""]
     for text, cs in _by_diagnosis(report):
         lines.append(f"- **case{'s' if len(cs) > 1 else ''} "
                      f"{', '.join(str(c.case) for c in cs)}** (L="
@@ -133,7 +131,7 @@ def to_markdown(report: ExplainReport) -> str:
     return "\n".join(lines) + "\n"
 
 
-def to_junit(report: ExplainReport) -> str:
+def to_junit(report: ExplainResult) -> str:
     """JUnit XML: one test case per failing divergence; the failure message names the suspect."""
     root = ET.Element("testsuites", name=f"ple-harness explain {report.run_id}")
     suite = ET.SubElement(root, "testsuite", name="explain", tests=str(len(report.cases)),

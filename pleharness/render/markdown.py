@@ -4,6 +4,7 @@ own tables, divergences, notes, failed requests)."""
 from __future__ import annotations
 
 import shlex
+from typing import Any
 
 from ..manifest import Manifest
 from ..summary import throughput_by_concurrency
@@ -51,6 +52,11 @@ def to_markdown(m: Manifest) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _or_unset(section, name: str, default: str) -> Any:
+    """``section``'s field ``name`` when the run recorded it (even as None), else ``default``."""
+    return getattr(section, name) if name in section.model_fields_set else default
+
+
 def _engine_md(m: Manifest) -> list[str]:
     """The "Engine" section: version, model, commands, thresholds, facts, GPUs."""
     e = m.engine
@@ -73,8 +79,9 @@ def _engine_md(m: Manifest) -> list[str]:
     o = m.run_options
     if o.near_tie_nats is not None:
         lines.append(f"- near-tie threshold: {o.near_tie_nats:g} nats "
-                     f"({o.get('near_tie_source', 'given')}); reference: {o.reference}; "
-                     f"golden classifier: {o.get('golden_classifier', 'n/a')}")
+                     f"({_or_unset(o, 'near_tie_source', 'given')}); reference: "
+                     f"{o.reference}; golden classifier: "
+                     f"{_or_unset(o, 'golden_classifier', 'n/a')}")
     gt = o.golden_tolerance
     if gt:
         lines.append(f"- golden tolerance (half precision): {gt.get('tolerance_nats')} nats "

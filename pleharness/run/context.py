@@ -31,6 +31,7 @@ from ..engine.launch import EngineServer
 from ..errors import EngineError, UsageError
 from ..manifest import (CheckResult, Manifest, PhaseRecord, ReferenceRecord, RequestRecord,
                         write_manifest)
+from ..manifest.tables import NoteRow
 from ..prompts import ChatPromptBuilder
 from ..request import Outcome, RequestSpec
 from . import phases
@@ -249,10 +250,11 @@ class RunContext:
         self.save()
 
     def note(self, table: str, texts: str | Iterable[str], echo: bool = False) -> None:
-        """Add note row(s) ``{"note": text}`` to table ``table`` (e.g. ``boundary_notes``);
-        ``echo``: print each on the console too. Nothing on the collect-only pass."""
+        """Add note row(s) (:class:`~pleharness.manifest.tables.NoteRow`) to table ``table``
+        (e.g. ``boundary_notes``); ``echo``: print each on the console too. Nothing on the
+        collect-only pass."""
         texts = [texts] if isinstance(texts, str) else list(texts)
-        self.add_table(table, [{"note": t} for t in texts])
+        self.add_table(table, [NoteRow(note=t) for t in texts])
         if echo and not self.options.collect_only and self.console is not None:
             for t in texts:
                 self.console.print(f"[yellow]note[/yellow] {self.scenario_name}: {t}",

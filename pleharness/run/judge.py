@@ -208,7 +208,7 @@ class Judge:
         ``replaces``), and ``rec`` is judged again against it."""
         text = side_sentence(d, rec.prompt_key)
         mark_corrupt_reference(self.manifest, ref, rec, text)
-        self.manifest.summary.setdefault("corrupt_references", []).append(
+        self.manifest.summary.add_corrupt_reference(
             {"reference_run": ref.request_id, "reference_source": ref.source,
              "prompt_key": ref.prompt_key, "prompt_hash": ref.prompt_hash,
              "max_tokens": ref.max_tokens, "method": "golden", "evidence": text,

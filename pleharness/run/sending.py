@@ -58,7 +58,7 @@ class Sender:
             return mode
         if self.api_used is None:
             got = api.resolve(mode, self.client)
-            self.manifest.run_options.update(got)
+            self.manifest.run_options.assign(**got)
             self.api_used = got["api_used"]
             if got.get("api_note"):
                 self.warn(got["api_note"])

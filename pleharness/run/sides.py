@@ -132,7 +132,7 @@ def _replace_corrupt(main: Manifest, corrupt: dict[tuple, tuple[str, list[Reques
             replaces=f"{ref.request_id or ref.source}: {text}")
         if ref in main.references:
             main.references = [x for x in main.references if x is not ref] + [new]
-        main.summary.setdefault("corrupt_references", []).append(
+        main.summary.add_corrupt_reference(
             {"reference_run": ref.request_id, "reference_source": ref.source,
              "prompt_key": first.prompt_key, "prompt_hash": ph_, "max_tokens": mt,
              "method": (d.side_evidence.method if d.side_evidence else None) or "majority",

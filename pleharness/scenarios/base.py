@@ -8,6 +8,10 @@ A scenario file (``scenarios/NAME.toml``) names a registered kind and its parame
     ladder = [4, 3, 2, 1]
 
 Errors name the file and, for parameters, the dotted key and what was expected.
+
+This module is the scenario kinds' API: besides :class:`Scenario` and :class:`Params` it
+exposes :class:`~pleharness.manifest.tables.TableRow` (the base of a kind's table rows, defined
+with the manifest's other tables).
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from pydantic import BaseModel, ConfigDict
 
 from ..errors import UsageError
+from ..manifest.tables import TableRow  # the scenario API's row base (kinds import it here)
 from ..tomlfile import find_named, read_toml, validate
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -37,13 +42,6 @@ class Params(BaseModel):
     ("Input should be a finite number", not an out-of-range message)."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-
-
-class TableRow(BaseModel):
-    """Base for one row of a scenario's table in the manifest (``tables[KEY]``): the columns are
-    the row model's fields, stored as a JSON object per row. Unknown keys are errors."""
-
-    model_config = ConfigDict(extra="forbid")
 
 
 class Scenario(ABC):

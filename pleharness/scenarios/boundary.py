@@ -33,6 +33,7 @@ from pydantic import Field
 from ..engine import metrics
 from ..evidence import mark_vacuous
 from ..manifest import CheckResult, Manifest
+from ..manifest.tables import NoteRow
 from ..request import Outcome, RequestSpec
 from .base import TableRow, register
 from .shared.chat import ChatParams, ChatScenario, boundary_spec, max_prompt_len
@@ -74,6 +75,21 @@ class BoundaryRow(TableRow):
     repeat_run: str | None = None
 
 
+class EdgeRow(TableRow):
+    """One max_model_len edge case (``tables.max_model_len_edges``): its prompt and max_tokens
+    (tokens), the HTTP status, finish reason and output length the engine answered, the start
+    of its error answer, the check's status."""
+
+    case: str | None
+    prompt_len: int
+    max_tokens: int
+    http_status: int | None
+    finish_reason: str | None
+    output_len: int
+    answer: str
+    check: str | None
+
+
 @register
 class Boundary(ChatScenario):
     """Kind ``boundary``: see the module docstring (phases: cold, warm, edges)."""
@@ -81,7 +97,7 @@ class Boundary(ChatScenario):
     kind = "boundary"
     summary = "prompts at q, n*B+q, n*C+q (+-1), cold then warm (prefix cache), and max_model_len edges"
     Params = BoundaryParams
-    tables = {"boundary": BoundaryRow}
+    tables = {"boundary": BoundaryRow, "max_model_len_edges": EdgeRow}
 
     @classmethod
     def markdown(cls, m: Manifest) -> list[str]:
@@ -116,12 +132,12 @@ class Boundary(ChatScenario):
         split = [r for r in rows if r.length is not None and not r.control and _differs(r)
                  and all(not _differs(by_len[x]) for x in (r.length - 1, r.length + 1)
                          if x in by_len)]
-        notes = [n for n in m.tables.get("boundary_notes") or []
-                 if "solo runs disagree" not in str(n)]
-        notes += [{"note": f"solo runs disagree at length {r.length} ({r.formula}) while its "
-                           f"-1 / +1 controls agree: warm {r.warm}; repeat {r.repeat}"}
+        notes = [n for n in NoteRow.rows(m, "boundary_notes")
+                 if "solo runs disagree" not in n.note]
+        notes += [NoteRow(note=f"solo runs disagree at length {r.length} ({r.formula}) while "
+                               f"its -1 / +1 controls agree: warm {r.warm}; repeat {r.repeat}")
                   for r in split]
-        m.tables["boundary_notes"] = notes
+        m.tables["boundary_notes"] = [n.model_dump() for n in notes]
 
     def run(self, ctx: "ScenarioContext") -> None:
         p = self.params
@@ -263,11 +279,11 @@ class Boundary(ChatScenario):
         outs = ctx.run_phase("max-model-len-edges", 1, specs, counts_for_throughput=False)
         if not outs:
             return
-        ctx.set_table("max_model_len_edges", [
-            {"case": s.note, "prompt_len": len(s.prompt), "max_tokens": s.max_tokens,
-             "http_status": o.record.http_status, "finish_reason": o.record.finish_reason,
-             "output_len": o.record.output_len, "answer": (o.record.error_detail or "")[:160],
-             "check": o.record.checks[0].status if o.record.checks else None}
+        self.put_table(ctx, "max_model_len_edges", [
+            EdgeRow(case=s.note, prompt_len=len(s.prompt), max_tokens=s.max_tokens,
+                    http_status=o.record.http_status, finish_reason=o.record.finish_reason,
+                    output_len=o.record.output_len, answer=(o.record.error_detail or "")[:160],
+                    check=o.record.checks[0].status if o.record.checks else None)
             for s, o in zip(specs, outs)])
 
 

@@ -24,14 +24,14 @@ their sources, decode tokens per step (c * q), phase result.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
 from ..engine.facts import as_facts, query_len
 from ..prompts import seeded_prompts
 from ..request import RequestSpec
-from .base import Params, Scenario, ScenarioError, register
+from .base import Params, Scenario, ScenarioError, TableRow, register
 from .transitions import MAX_CONCURRENCY, PromptSet
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -155,6 +155,19 @@ class CaptureEdgesParams(Params):
                                                                  seed=20261130))
 
 
+class CaptureEdgeRow(TableRow):
+    """One concurrency level (``tables.capture_edges``), or a level skipped (``concurrency``
+    None, ``requests`` 0): why it was chosen, the facts it used (value and source), the decode
+    tokens per engine step, the phase's result."""
+
+    concurrency: int | None
+    why: Any
+    facts: dict[str, str]
+    decode_tokens_per_step: int | None
+    requests: int
+    result: str | None
+
+
 @register
 class CaptureEdges(Scenario):
     """Kind ``capture_edges``: see the module docstring (one phase per derived level)."""
@@ -163,6 +176,7 @@ class CaptureEdges(Scenario):
     summary = ("concurrency at CUDA-graph capture-size edges (s, s+1, S_max+1; c*q crossing s "
                "with speculative decoding) and max_num_seqs, +1; every output vs its solo reference")
     Params = CaptureEdgesParams
+    tables = {"capture_edges": CaptureEdgeRow}
 
     def validate_against(self, facts) -> None:
         """Raises ScenarioError when the longest prompt + max_tokens exceeds max_model_len."""
@@ -196,16 +210,17 @@ class CaptureEdges(Scenario):
                                          note=lv.why))
                 nxt += 1
             ph = ctx.run_phase(f"capture-C{c}", c, specs, counts_for_throughput=False).phase
-            rows.append({"concurrency": c, "why": lv.why, "facts": _sources(ctx, lv.facts),
-                         "decode_tokens_per_step": c * q, "requests": len(specs),
-                         "result": None if ph is None else
-                         f"{ph.status}: {ph.matched}/{ph.requests} matched"
-                         + (f" ({ph.reason})" if ph.reason else "")})
+            rows.append(CaptureEdgeRow(
+                concurrency=c, why=lv.why, facts=_sources(ctx, lv.facts),
+                decode_tokens_per_step=c * q, requests=len(specs),
+                result=None if ph is None else f"{ph.status}: {ph.matched}/{ph.requests} matched"
+                + (f" ({ph.reason})" if ph.reason else "")))
         for s in skipped:
-            rows.append({"concurrency": None, "why": s["formula"],
-                         "facts": _sources(ctx, s["needs"]), "decode_tokens_per_step": None,
-                         "requests": 0, "result": f"skipped: {s['reason']}"})
-        ctx.set_table("capture_edges", rows)
+            rows.append(CaptureEdgeRow(concurrency=None, why=s["formula"],
+                                       facts=_sources(ctx, s["needs"]),
+                                       decode_tokens_per_step=None, requests=0,
+                                       result=f"skipped: {s['reason']}"))
+        self.put_table(ctx, "capture_edges", rows)
         ctx.note("capture_edges_notes", notes)
 
 

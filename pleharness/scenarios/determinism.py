@@ -10,14 +10,14 @@ from __future__ import annotations
 from ..engine.facts import as_facts
 
 from collections import Counter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
 from ..manifest import CheckResult
 from ..prompts import seeded_prompts
 from ..request import RequestSpec
-from .base import Params, Scenario, ScenarioError, register
+from .base import Params, Scenario, ScenarioError, TableRow, register
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..run.scenario_context import ScenarioContext
@@ -33,6 +33,16 @@ class DeterminismParams(Params):
     seed: int = 7
 
 
+class DeterminismRow(TableRow):
+    """One phase of identical requests (``tables.determinism``): how many, how many distinct
+    outputs, and the requests per output hash (most common first)."""
+
+    phase: str
+    requests: int
+    distinct_outputs: int
+    distribution: list[dict[str, Any]]
+
+
 @register
 class Determinism(Scenario):
     """Kind ``determinism``: see the module docstring (one phase, check ``determinism``)."""
@@ -40,6 +50,7 @@ class Determinism(Scenario):
     kind = "determinism"
     summary = "N identical greedy requests in flight together: count distinct outputs (1 expected)"
     Params = DeterminismParams
+    tables = {"determinism": DeterminismRow}
 
     phases = 1
 
@@ -70,5 +81,5 @@ class Determinism(Scenario):
                    f"requests: {', '.join(str(d['requests']) for d in dist)}"),
             reason=f"{len(counts)} distinct outputs from identical requests")
         ctx.add_table("determinism", [
-            {"phase": ph.name, "requests": p.n, "distinct_outputs": len(counts),
-             "distribution": dist}])
+            DeterminismRow(phase=ph.name, requests=p.n, distinct_outputs=len(counts),
+                           distribution=dist)])

@@ -22,7 +22,7 @@ from pydantic import Field
 
 from ..manifest import CheckResult
 from ..request import RequestSpec
-from .base import register
+from .base import TableRow, register
 from .shared.inserting import InsertTrigger
 from .shared.chat import ChatParams, ChatScenario, boundary_spec, builder, max_prompt_len
 from .shared.lengths import boundary_lengths
@@ -48,6 +48,20 @@ class InsertParams(ChatParams):
     max_inserts: int = Field(8, ge=1, le=256)
 
 
+class InsertRow(TableRow):
+    """One request of the insert phase (``tables.insert``): its record id, prompt key and
+    length (tokens), why that length, its note, whether it matched its reference, the checks
+    it failed."""
+
+    request: str
+    prompt: str
+    prompt_len: int
+    why: str | None
+    note: str | None
+    match: bool | None
+    checks_failed: list[str]
+
+
 @register
 class Insert(ChatScenario):
     """Kind ``insert``: see the module docstring (one phase at concurrency 2)."""
@@ -55,6 +69,7 @@ class Insert(ChatScenario):
     kind = "insert"
     summary = "long streaming decode (count 1..N) with boundary-length prefills inserted mid-decode"
     Params = InsertParams
+    tables = {"insert": InsertRow}
 
     phases = 1
 
@@ -90,8 +105,8 @@ class Insert(ChatScenario):
             name="inserts_during_decode", status="warn" if late else "pass",
             detail=(f"{len(late)} insert(s) sent after the decode ended: {', '.join(late)}"
                     if late else f"{len(outs) - 1} inserts sent while the decode ran")))
-        ctx.set_table("insert", [
-            {"request": o.record.id, "prompt": o.spec.prompt.key, "prompt_len": len(o.spec.prompt),
-             "why": o.spec.prompt.why, "note": o.spec.note, "match": o.record.match,
-             "checks_failed": [c.name for c in o.record.checks if c.status == "fail"]}
+        self.put_table(ctx, "insert", [
+            InsertRow(request=o.record.id, prompt=o.spec.prompt.key, prompt_len=len(o.spec.prompt),
+                      why=o.spec.prompt.why, note=o.spec.note, match=o.record.match,
+                      checks_failed=[c.name for c in o.record.checks if c.status == "fail"])
             for o in outs])

@@ -34,7 +34,7 @@ from __future__ import annotations
 from ..engine.facts import as_facts
 
 import math
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
@@ -43,7 +43,7 @@ from ..evidence import mark_vacuous
 from ..manifest import CheckResult
 from ..prompts import seeded_prompts
 from ..request import RequestSpec
-from .base import Params, Scenario, register
+from .base import Params, Scenario, TableRow, register
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..run.scenario_context import ScenarioContext
@@ -99,6 +99,33 @@ class KvPressureParams(Params):
     seed: int = 20261130
 
 
+class KvPressureRow(TableRow):
+    """The phase (``tables.kv_pressure``): why these sizes, the facts used (value and source),
+    the KV capacity, prompt and max_tokens, requests and tokens in flight (tokens), the
+    preemptions counted (None: no counter), whether every request streamed together, how many
+    outputs matched their references, the result."""
+
+    why: Any
+    facts: dict[str, str]
+    capacity_tokens: Any
+    prompt_len: Any
+    max_tokens: Any
+    requests: Any
+    in_flight_tokens: Any
+    preemptions: float | int | None
+    all_streamed_together: bool | None
+    matched: int
+    compared: int
+    result: str
+
+
+class KvPressureSkipRow(TableRow):
+    """``tables.kv_pressure`` when the phase was skipped: why, and the facts used."""
+
+    result: str
+    facts: dict[str, str]
+
+
 @register
 class KvPressure(Scenario):
     """Kind ``kv_pressure``: see the module docstring (one phase, check ``preemptions``)."""
@@ -117,8 +144,8 @@ class KvPressure(Scenario):
         facts = {n: f"{ctx.facts.get(n)} ({ctx.facts.sources.get(n, 'unknown')})"
                  for n in plan["facts"]}
         if not plan["ok"]:
-            ctx.set_table("kv_pressure", [{"result": f"skipped: {plan['reason']}",
-                                           "facts": facts}])
+            ctx.set_table("kv_pressure", [KvPressureSkipRow(result=f"skipped: {plan['reason']}",
+                                                            facts=facts)])
             return
         hi = ctx.facts.vocab_or()
         prompts = seeded_prompts(p.seed, plan["n"], plan["prompt_len"], plan["prompt_len"], 16,
@@ -152,14 +179,14 @@ class KvPressure(Scenario):
             mark_vacuous(ctx, ph, "0 preemptions: the KV cache never overflowed, so "
                          "recomputation after preemption was not tested")
         compared = [o.record for o in outs if o.record.match is not None]
-        ctx.set_table("kv_pressure", [{
-            "why": plan["why"], "facts": facts, "capacity_tokens": plan["capacity_tokens"],
-            "prompt_len": plan["prompt_len"], "max_tokens": plan["max_tokens"],
-            "requests": plan["n"],
-            "in_flight_tokens": plan["in_flight_tokens"], "preemptions": pre,
-            "all_streamed_together": together,
-            "matched": sum(1 for r in compared if r.match), "compared": len(compared),
-            "result": f"{ph.status}; preemptions: {chk.status} ({chk.detail})"}])
+        ctx.set_table("kv_pressure", [KvPressureRow(
+            why=plan["why"], facts=facts, capacity_tokens=plan["capacity_tokens"],
+            prompt_len=plan["prompt_len"], max_tokens=plan["max_tokens"],
+            requests=plan["n"],
+            in_flight_tokens=plan["in_flight_tokens"], preemptions=pre,
+            all_streamed_together=together,
+            matched=sum(1 for r in compared if r.match), compared=len(compared),
+            result=f"{ph.status}; preemptions: {chk.status} ({chk.detail})")])
 
 
 def _overlapped(completions) -> bool | None:

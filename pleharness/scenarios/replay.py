@@ -67,7 +67,7 @@ from ..checks.constrained import KINDS, NAME as CON, constraint_problem
 from ..checks.prompt_logprobs import NAME
 from ..prompts import Prompt
 from ..request import RequestSpec
-from .base import Params, Scenario, ScenarioError, register
+from .base import Params, Scenario, ScenarioError, TableRow, register
 from .shared.inserting import landing_check, run_phase_with_inserts
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -213,6 +213,25 @@ class FailedComparison(Params):
     detail: str = ""
 
 
+class FailedComparisonRow(TableRow):
+    """One row of ``replay_failed_comparisons``: a failed comparison of the file (the fields of
+    :class:`FailedComparison`), ``reproduced`` (True / False / None when the request is not in
+    this replay) and ``here`` (what this replay saw)."""
+
+    phase: str
+    request: int | None
+    run: str
+    compared_with: str
+    prompt_len: int | None
+    max_tokens: int | None
+    first_divergence: int | None
+    expected_token: int | None
+    observed_token: int | None
+    detail: str
+    reproduced: bool | None
+    here: str
+
+
 class ReplayParams(Params):
     """Parameters of ``replay``: the phases to replay (names unique) and, optionally, the
     comparisons that failed where the file came from (``failed``)."""
@@ -263,6 +282,7 @@ class Replay(Scenario):
     kind = "replay"
     summary = "an explicit schedule of phases and token-ID prompts (explain's reproducers)"
     Params = ReplayParams
+    tables = {"replay_failed_comparisons": FailedComparisonRow}
 
     def planned_phases(self) -> int:
         return len(self.params.phases)
@@ -335,35 +355,35 @@ class Replay(Scenario):
             by_spec = {id(o.spec): o.record for o in outs or []}
             records[ph.name] = [by_spec.get(id(s)) for s in specs]
         if self.params.failed:
-            ctx.set_table("replay_failed_comparisons",
-                          [judge_failed(f, records) for f in self.params.failed])
+            self.put_table(ctx, "replay_failed_comparisons",
+                           [judge_failed(f, records) for f in self.params.failed])
 
     @classmethod
     def markdown(cls, m) -> list[str]:
-        rows = m.tables.get("replay_failed_comparisons") or []
+        rows = cls.table(m, "replay_failed_comparisons")
         if not rows:
             return []
         out = ["", "### The comparisons that failed where this reproducer came from", "",
                "| phase | request | run | compared with | there: first divergence | "
                "here |", "|---|---:|---|---|---:|---|"]
         for r in rows:
-            out.append(f"| {r['phase']} | {r['request'] if r['request'] is not None else '-'} "
-                       f"| {r['run']} | {r['compared_with']} | "
-                       f"{r['first_divergence'] if r['first_divergence'] is not None else '-'} "
-                       f"| {r['here']} |")
+            out.append(f"| {r.phase} | {r.request if r.request is not None else '-'} "
+                       f"| {r.run} | {r.compared_with} | "
+                       f"{r.first_divergence if r.first_divergence is not None else '-'} "
+                       f"| {r.here} |")
         return out
 
 
-def judge_failed(f: FailedComparison, records: dict[str, list]) -> dict:
+def judge_failed(f: FailedComparison, records: dict[str, list]) -> FailedComparisonRow:
     """Whether the failed comparison ``f`` failed again in this replay: ``records`` maps a
     phase name (and ``references``: the reference phases' records, in order) to its records, a
-    phase's in file order. Returns ``f`` as a dict with ``reproduced`` (True / False / None when
+    phase's in file order. Returns ``f``'s row with ``reproduced`` (True / False / None when
     the request is not in this replay) and ``here`` (what this replay saw)."""
-    row = f.model_dump()
+    def row(reproduced: bool | None, here: str) -> FailedComparisonRow:
+        return FailedComparisonRow(**f.model_dump(), reproduced=reproduced, here=here)
     recs = records.get(f.phase)
     if recs is None:
-        row.update(reproduced=None, here="phase not in this replay")
-        return row
+        return row(None, "phase not in this replay")
     if f.phase == "references" or f.request is None:
         cands = [r for r in recs if r is not None and (f.prompt_len is None or
                                                       r.prompt_len == f.prompt_len)
@@ -371,14 +391,11 @@ def judge_failed(f: FailedComparison, records: dict[str, list]) -> dict:
     else:
         cands = [recs[f.request]] if f.request < len(recs) and recs[f.request] else []
     if not cands:
-        row.update(reproduced=None, here="request not in this replay")
-        return row
+        return row(None, "request not in this replay")
     bad = [r for r in cands if r.is_problem]
     if bad:
         r = bad[0]
         pos = r.first_divergence
-        row.update(reproduced=True, here=f"failed again ({r.id}"
+        return row(True, f"failed again ({r.id}"
                    + (f", first divergence {pos}" if pos is not None else "") + ")")
-    else:
-        row.update(reproduced=False, here=f"passed ({', '.join(r.id for r in cands[:3])})")
-    return row
+    return row(False, f"passed ({', '.join(r.id for r in cands[:3])})")

@@ -15,6 +15,7 @@ from ...request import RequestSpec
 from ..fuzz_features import NONE, apply, base_spec, gate, messages_prompt
 from ..shared.chat import ChatParams, builder
 from ..shared.inserting import run_phase_with_inserts
+from .rows import ExampleRow
 from .strategy import FuzzParams, FuzzRequest, PhaseSpecs, Schedule, Space, build_space
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -154,15 +155,16 @@ class FuzzExamples:
         new_phases, reqs = ctx.since(start)
         bad = [r for r in reqs if r.is_problem]
         failed = any(p.status == "fail" for p in new_phases)
-        return {"example": label, "key": sched.key(), "phases": len(sched.phases),
-                "requests": sum(len(p.members()) for p in sched.phases),
-                "schedule": sched.summary(), "status": "fail" if failed else "pass",
-                "inserts": sum(len(p.inserts) for p in sched.phases), "inserts_late": late,
-                "failing_requests": [f"{r.id} ({r.phase}, C{r.concurrency}, len "
-                                     f"{r.prompt_len}, max_tokens {r.max_tokens})" for r in bad],
-                "insert_sent": sent,
-                "failed": self._failed(ctx, bad, label, phases, reqs),
-                "wall_s": round(time.monotonic() - t0, 3)}
+        return ExampleRow(
+            example=label, key=sched.key(), phases=len(sched.phases),
+            requests=sum(len(p.members()) for p in sched.phases),
+            schedule=sched.summary(), status="fail" if failed else "pass",
+            inserts=sum(len(p.inserts) for p in sched.phases), inserts_late=late,
+            failing_requests=[f"{r.id} ({r.phase}, C{r.concurrency}, len "
+                              f"{r.prompt_len}, max_tokens {r.max_tokens})" for r in bad],
+            insert_sent=sent,
+            failed=self._failed(ctx, bad, label, phases, reqs),
+            wall_s=round(time.monotonic() - t0, 3))
 
     @staticmethod
     def _failed(ctx: "ScenarioContext", bad: list, label: str, phases: list["PhaseSpecs"],

@@ -16,9 +16,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ...manifest.tables import ReproducerRow
 from ..base import Scenario, register
 from .example import Abort, FuzzExamples
 from .repro import failing_rows, write_repro
+from .rows import ExampleRow, FuzzSummaryRow, ShrinkStepRow
 from .strategy import FuzzParams, FuzzPhase, Schedule, Space, build_space, relabel, schedules
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -48,11 +50,11 @@ class Fuzz(FuzzExamples, Scenario):
         run_dir = Path(ctx.run_dir)
         space = self._prepare(ctx)
         db_path = Path(p.db) if p.db else run_dir / "hypothesis-db"
-        examples: list[dict] = []  # also the manifest's tables of these names (_keep)
-        steps: list[dict] = []
+        examples: list[ExampleRow] = []  # also the manifest's tables of these names (_keep)
+        steps: list[ShrinkStepRow] = []
         ctx.add_table("fuzz_examples", [])
         ctx.add_table("fuzz_shrink_steps", [])
-        memo: dict[str, dict] = {}
+        memo: dict[str, ExampleRow] = {}
         state = {"n": 0, "failures": 0, "skipped": 0, "first_fail_t": None, "minimal": None,
                  "failing": []}
         t_start = time.monotonic()
@@ -85,10 +87,10 @@ class Fuzz(FuzzExamples, Scenario):
         summary = self._summary(state, space, examples, db_path, elapsed)
         if minimal is not None and p.confirm:
             smallest = minimal
-            minimal, summary["rechecked_in_process"] = self._confirm(
+            minimal, summary.rechecked_in_process = self._confirm(
                 ctx, minimal, state["failing"], examples)
-            if summary["rechecked_in_process"] and minimal.key() != smallest.key():
-                summary["smallest_unconfirmed"] = smallest.summary()
+            if summary.rechecked_in_process and minimal.key() != smallest.key():
+                summary.smallest_unconfirmed = smallest.summary()
                 ctx.console.print("fuzz: the smallest failing schedule did not fail on every recheck; the "
                                   f"reproducer is the smallest one that did: {minimal.summary()}")
         if minimal is not None:
@@ -142,24 +144,24 @@ class Fuzz(FuzzExamples, Scenario):
                     return  # not run: out of time (counted, never a pass in the tables)
                 state["n"] += 1
                 row = self.run_example(ctx, sched, f"ex{state['n']}")
-                row["stage"] = "shrink" if shrinking else "search"
-                row["elapsed_s"] = round(time.monotonic() - t_start, 3)
+                row.stage = "shrink" if shrinking else "search"
+                row.elapsed_s = round(time.monotonic() - t_start, 3)
                 memo[k] = row
                 _keep(ctx, examples, "fuzz_examples", row)
-                if row["status"] == "fail":
+                if row.status == "fail":
                     state["failures"] += 1
                     if state["first_fail_t"] is None:
                         state["first_fail_t"] = time.monotonic()
                         state["examples_to_failure"] = state["n"]
-                    _keep(ctx, steps, "fuzz_shrink_steps", {
-                        "step": len(steps), "example": row["example"], "phases": row["phases"],
-                        "requests": row["requests"], "schedule": row["schedule"]})
+                    _keep(ctx, steps, "fuzz_shrink_steps", ShrinkStepRow(
+                        step=len(steps), example=row.example, phases=row.phases,
+                        requests=row.requests, schedule=row.schedule))
                     state["minimal"] = sched  # hypothesis only tries smaller ones from here
                     state["failing"].append(sched)
                 live()
-            if row["status"] == "fail":
+            if row.status == "fail":
                 state["last_fail"] = sched
-                raise _PropertyFailed(f"{row['example']}: {row['schedule']}")
+                raise _PropertyFailed(f"{row.example}: {row.schedule}")
 
         return prop
 
@@ -192,26 +194,26 @@ class Fuzz(FuzzExamples, Scenario):
             tries = 0
             # a candidate that passes is run once more: a timing-dependent fault (e.g. "while
             # >= 3 in flight") can miss one run of a schedule that does trigger it
-            while tries < 2 and (k not in memo or (memo[k]["status"] == "pass" and tries)):
+            while tries < 2 and (k not in memo or (memo[k].status == "pass" and tries)):
                 if time.monotonic() - state["first_fail_t"] > self.params.shrink_budget_s:
                     return False
                 tries += 1
                 state["n"] += 1
                 row = self.run_example(ctx, cand, f"ex{state['n']}")
-                row.update(stage="delete" if tries == 1 else "delete-retry",
-                           elapsed_s=round(time.monotonic() - t_start, 3))
+                row.stage = "delete" if tries == 1 else "delete-retry"
+                row.elapsed_s = round(time.monotonic() - t_start, 3)
                 memo[k] = row
                 _keep(ctx, examples, "fuzz_examples", row)
-                if row["status"] == "fail":
+                if row.status == "fail":
                     state["failures"] += 1
                     state["failing"].append(cand)
-                    _keep(ctx, steps, "fuzz_shrink_steps", {
-                        "step": len(steps), "example": row["example"], "phases": row["phases"],
-                        "requests": row["requests"], "schedule": row["schedule"]})
+                    _keep(ctx, steps, "fuzz_shrink_steps", ShrinkStepRow(
+                        step=len(steps), example=row.example, phases=row.phases,
+                        requests=row.requests, schedule=row.schedule))
                 live()
-                if row["status"] == "fail":
+                if row.status == "fail":
                     break
-            return memo[k]["status"] == "fail"
+            return memo[k].status == "fail"
 
         i = 0
         while i < len(sched.phases) and len(sched.phases) > 1:
@@ -283,9 +285,9 @@ class Fuzz(FuzzExamples, Scenario):
             for t in range(self.CONFIRM_TRIES):
                 runs += 1
                 row = self.run_example(ctx, cand, "recheck" + (f"-{runs}" if runs > 1 else ""))
-                row["stage"] = "recheck"
+                row.stage = "recheck"
                 _keep(ctx, examples, "fuzz_examples", row)
-                fails += row["status"] == "fail"
+                fails += row.status == "fail"
                 if fails <= t:  # a run passed: not every run fails
                     break
             if fails == self.CONFIRM_TRIES:
@@ -296,37 +298,37 @@ class Fuzz(FuzzExamples, Scenario):
 
     # -- the reproducers and the summary -----------------------------------------------------------
     def _summary(self, state: dict, space: Space, examples: list, db_path: Path,
-                 elapsed: float) -> dict[str, Any]:
+                 elapsed: float) -> FuzzSummaryRow:
         """The ``fuzz_summary`` row before confirmation and reproducers (their keys None)."""
         p = self.params
-        run_walls = [r["wall_s"] for r in examples]
-        return {"examples_run": state["n"], "failing_examples": state["failures"],
-                "examples_to_failure": state.get("examples_to_failure"),
-                "skipped_out_of_time": state["skipped"], "seed": p.seed,
-                "max_examples": p.max_examples, "time_budget_s": p.time_budget_s,
-                "database": str(db_path), "elapsed_s": round(elapsed, 3),
-                "s_per_example": round(sum(run_walls) / len(run_walls), 3) if run_walls
-                else None, "repro": None, "minimal_schedule": None,
-                "rechecked_in_process": None, "confirmed": None, "reproduction": None,
-                "space": {"q": space.q, "lengths": [x for x, _ in space.lengths],
-                          "uniform_max_len": space.max_len,
-                          "concurrency_edges": space.concurrency_edges,
-                          "max_concurrency": space.max_concurrency,
-                          "chat_min_len": space.chat_min, "max_inserts": space.max_inserts,
-                          "carrier_tokens": space.carrier_tokens,
-                          "carrier_max_len": space.carrier_max_len,
-                          "sampled": space.sampled, "features": sorted(space.features),
-                          "notes": space.notes}}
+        run_walls = [r.wall_s for r in examples]
+        return FuzzSummaryRow(
+            examples_run=state["n"], failing_examples=state["failures"],
+            examples_to_failure=state.get("examples_to_failure"),
+            skipped_out_of_time=state["skipped"], seed=p.seed,
+            max_examples=p.max_examples, time_budget_s=p.time_budget_s,
+            database=str(db_path), elapsed_s=round(elapsed, 3),
+            s_per_example=round(sum(run_walls) / len(run_walls), 3) if run_walls else None,
+            repro=None, minimal_schedule=None,
+            rechecked_in_process=None, confirmed=None, reproduction=None,
+            space={"q": space.q, "lengths": [x for x, _ in space.lengths],
+                   "uniform_max_len": space.max_len,
+                   "concurrency_edges": space.concurrency_edges,
+                   "max_concurrency": space.max_concurrency,
+                   "chat_min_len": space.chat_min, "max_inserts": space.max_inserts,
+                   "carrier_tokens": space.carrier_tokens,
+                   "carrier_max_len": space.carrier_max_len,
+                   "sampled": space.sampled, "features": sorted(space.features),
+                   "notes": space.notes})
 
     @staticmethod
-    def _last_failing(examples: list[dict], sched: Schedule) -> dict:
-        """The last failing example row of ``sched`` ({} when none)."""
+    def _last_failing(examples: list[ExampleRow], sched: Schedule) -> ExampleRow | None:
+        """The last failing example row of ``sched`` (None when none)."""
         k = sched.key()
-        return next((r for r in reversed(examples) if r.get("key") == k
-                     and r["status"] == "fail"), {})
+        return next((r for r in reversed(examples) if r.key == k and r.status == "fail"), None)
 
     def _write_reproducers(self, ctx: "ScenarioContext", minimal: Schedule, state: dict,
-                           examples: list, summary: dict) -> Path:
+                           examples: list, summary: FuzzSummaryRow) -> Path:
         """``repro.toml`` of ``minimal`` (and ``repro-larger.toml`` of the first failing
         schedule when it differs) at ``ctx.file_path`` (a ``control-`` prefix in the control
         run); the ``reproducers`` and ``fuzz_failing`` tables added and ``summary`` updated.
@@ -335,21 +337,23 @@ class Fuzz(FuzzExamples, Scenario):
         last = self._last_failing(examples, minimal)
         mml = ctx.facts.max_model_len
         write_repro(self.specs(ctx, minimal), minimal, repro, ctx.run_id,
-                    sent=last.get("insert_sent"), failed=last.get("failed"),
+                    sent=last.insert_sent if last else None,
+                    failed=last.failed if last else None,
                     max_model_len=mml)
-        summary.update(repro=str(repro), minimal_schedule=minimal.summary())
-        entry = {"source": "fuzz", "path": repro.name, "schedule": minimal.summary(),
-                 "summary_table": "fuzz_summary"}
+        summary.repro, summary.minimal_schedule = str(repro), minimal.summary()
+        entry = ReproducerRow(source="fuzz", path=repro.name, schedule=minimal.summary(),
+                              summary_table="fuzz_summary")
         larger = state["failing"][0] if state["failing"] else None
         if larger is not None and larger.key() != minimal.key():
             fb = ctx.file_path("repro-larger.toml")
             lrow = self._last_failing(examples, larger)
             write_repro(self.specs(ctx, larger), larger, fb, ctx.run_id,
-                        sent=lrow.get("insert_sent"), failed=lrow.get("failed"),
+                        sent=lrow.insert_sent if lrow else None,
+                        failed=lrow.failed if lrow else None,
                         what="first failing schedule (before shrinking)",
                         max_model_len=mml)
-            entry.update(fallback=fb.name, fallback_schedule=larger.summary())
-            summary["repro_larger"] = str(fb)
+            entry.fallback, entry.fallback_schedule = fb.name, larger.summary()
+            summary.repro_larger = str(fb)
         ctx.add_table("reproducers", [entry])
         ctx.set_table("fuzz_failing", failing_rows(minimal, self.specs(ctx, minimal)))
         return repro
@@ -358,19 +362,19 @@ class Fuzz(FuzzExamples, Scenario):
     def markdown(cls, m) -> list[str]:
         """summary.md lines for the run's reproducers and their confirmation (table
         ``reproducers``, confirmed by :mod:`pleharness.reproduce`; [] when none)."""
-        rows = m.tables.get("reproducers") or []
+        rows = ReproducerRow.rows(m, "reproducers")
         if not rows:
             return []
         out = ["", "### Reproducers", "", "| reproducer | from | schedule | confirmation |",
                "|---|---|---|---|"]
         for r in rows:
-            v = r.get("verdict") or "not confirmed (--confirm-runs 0)"
-            out.append(f"| `{r['path']}` | {r.get('source', '')} | {r.get('schedule', '')} "
-                       f"| {v} |")
+            v = r.verdict or "not confirmed (--confirm-runs 0)"
+            out.append(f"| `{r.path}` | {r.source} | "
+                       f"{r.schedule if 'schedule' in r.model_fields_set else ''} | {v} |")
         return out
 
 
-def _keep(ctx: "ScenarioContext", rows: list[dict], table: str, row: dict) -> None:
+def _keep(ctx: "ScenarioContext", rows: list, table: str, row: Any) -> None:
     """Append ``row`` to ``rows`` (the fuzz run's own list) and to the manifest table ``table``
     (written at once: a long fuzz run's examples are on disk as they come)."""
     rows.append(row)

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 from ...manifest import write_atomic
 from ..fuzz_features import failing_fields, toml_lines
+from .rows import FailingRow
 from .strategy import FuzzPhase, PhaseSpecs, Schedule
 
 # a reproducer's carrier decodes at least this many tokens past its last insert's position, so
@@ -22,15 +22,15 @@ from .strategy import FuzzPhase, PhaseSpecs, Schedule
 REPRO_RUNWAY_TOKENS = 256
 
 
-def failing_rows(sched: Schedule, specs: list[PhaseSpecs]) -> list[dict[str, Any]]:
+def failing_rows(sched: Schedule, specs: list[PhaseSpecs]) -> list[FailingRow]:
     """The ``fuzz_failing`` table of ``sched`` (its requests ``specs``, phase by phase): one
     row per request, carrier and insert, with its drawn features and the parameters sent
     (:func:`~pleharness.scenarios.fuzz_features.failing_fields`)."""
     return [
-        {"phase": i, "concurrency": ph.concurrency, "role": role, "source": r.source,
-         "prompt_len": r.length, "why": r.why, "shape": r.shape, "seed": r.seed,
-         "max_tokens": r.max_tokens, "stream": r.stream, "sample_seed": r.sample_seed,
-         "insert_after_tokens": at, **failing_fields(s, r.features)}
+        FailingRow(phase=i, concurrency=ph.concurrency, role=role, source=r.source,
+                   prompt_len=r.length, why=r.why, shape=r.shape, seed=r.seed,
+                   max_tokens=r.max_tokens, stream=r.stream, sample_seed=r.sample_seed,
+                   insert_after_tokens=at, **failing_fields(s, r.features))
         for i, (ph, ps) in enumerate(zip(sched.phases, specs), 1)
         for role, r, at, s in [("request", r, None, s) for r, s in zip(ph.requests, ps.requests)]
         + ([("carrier", ph.carrier, None, ps.carrier)] if ph.carrier else [])
