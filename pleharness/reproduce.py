@@ -243,16 +243,42 @@ def _not_exercised(run_dir: Path) -> str | None:
     return None
 
 
+def still_failing(manifest, row: dict) -> bool:
+    """Whether the failure a reproducer row stands for still fails the run after the final
+    judgement (control run, sides): a load phase of a scenario of the row's ``source`` kind
+    (``manifest.scenarios[*].kind``; the whole run when no scenario is of that kind) that
+    failed, or a request of it that is still a problem (:attr:`RequestRecord.is_problem`).
+    A failure the control run reproduces (``also_in_control``) no longer fails, so its
+    reproducer is not worth fresh engines (issue 34: confirmation comes after attribution)."""
+    names = {s.get("name") for s in manifest.scenarios if s.get("kind") == row.get("source")}
+
+    def mine(scenario: str) -> bool:
+        return not names or scenario in names
+    return (any(p.status == "fail" for p in manifest.phases
+                if p.role == "load" and mine(p.scenario))
+            or any(r.is_problem for r in manifest.requests if mine(r.scenario)))
+
+
+NOT_STILL_FAILING = ("not confirmed: the final judgement (control run, sides) no longer fails "
+                     "what it reproduces")
+
+
 def confirm_run_reproducers(manifest, run_dir: Path, target: ReplayTarget, runs: int,
                             log: Callable[[str], Any] = print) -> list[dict]:
     """Confirm every reproducer a run wrote (``manifest.tables["reproducers"]``: rows with
     ``path`` relative to ``run_dir``, ``source``, and optionally ``fallback``: a larger failing
     schedule to try when the reproducer reproduces 0 times). Each row gets ``confirmation`` (the
     result of :func:`replay_reproducer`), and ``fallback_confirmation`` when the fallback was
-    tried; the row's ``verdict`` is the line the reports show. Returns the rows."""
+    tried; the row's ``verdict`` is the line the reports show. A row whose failure no longer
+    fails the run (:func:`still_failing`) is not replayed: its verdict says so. Returns the
+    rows."""
     rows = manifest.tables.get("reproducers") or []
     for row in rows:
         if row.get("confirmation") is not None:
+            continue
+        if not still_failing(manifest, row):
+            row["verdict"] = NOT_STILL_FAILING
+            log(f"{row['path']}: {row['verdict']}")
             continue
         path = run_dir / row["path"]
         log(f"confirming {row['path']}: {runs} replay(s) "

@@ -123,9 +123,11 @@ def _steps(run: _Run, stack: contextlib.ExitStack, scenarios: list[Scenario], ta
     2. engines: start or attach the engine under test (and the control engine beside it, when
        the side-by-side plan lets it)
     3. suite: the engine probe, the suite, and the judgement that needs all of it
-    4. confirmation: the reproducers the suite wrote, replayed (``--confirm-runs``)
-    5. control: the suite again on the control engine, the divergences attributed
-    6. sides: which side of each divergence is wrong; the tables from the final verdicts
+    4. control: the suite again on the control engine, the divergences attributed
+    5. sides: which side of each divergence is wrong; the tables from the final verdicts
+    6. confirmation: the reproducers the suite wrote whose failure still fails after 4 and 5,
+       replayed on fresh engines (``--confirm-runs``; issue 34: fresh engines are not spent on
+       a failure the control run explains)
     7. verdict: the verdict and the exit code (a control engine that failed: exit 3)
     """
     cfg = run.cfg
@@ -138,18 +140,16 @@ def _steps(run: _Run, stack: contextlib.ExitStack, scenarios: list[Scenario], ta
         references = reference_pass(run, scenarios, target)
     eng, control_eng = _start_engines(run, scenarios, target)  # 2 engines
     _suite(run, stack, scenarios, target, eng, references, golden_dir)  # 3 suite
-    if cfg.confirmation.runs and run.manifest.tables.get("reproducers"):  # 4 confirmation
-        _confirm_reproducers(run, eng, target,
-                             beside=0 if control_eng is None or isinstance(
-                                 control_eng, BaseException) else 1)
     control = None
-    if cfg.control:  # 5 control
+    if cfg.control:  # 4 control
         run.session.stop(eng)  # the control suite runs alone, as the suite did
         control = control_pass(run, scenarios, eng.facts, target, started=control_eng)
-    judge_sides(run.manifest, control)  # 6 sides: which side of each divergence is wrong
+    judge_sides(run.manifest, control)  # 5 sides: which side of each divergence is wrong
     for sc in scenarios:  # one class everywhere: tables from the final verdicts
         type(sc).refresh_tables(run.manifest)
     run.save()
+    if cfg.confirmation.runs and run.manifest.tables.get("reproducers"):  # 6 confirmation
+        _confirm_reproducers(run, eng, target)
     run.manifest.status = "complete"  # 7 verdict
     code = verdict(run.manifest)
     return control_outcome(run.manifest, code)
@@ -410,20 +410,20 @@ def _start_engines(run: _Run, scenarios: list[Scenario], target: Target
     return eng, ctl
 
 
-def _confirm_reproducers(run: _Run, eng: Engine, target: Target, beside: int = 0) -> None:
+def _confirm_reproducers(run: _Run, eng: Engine, target: Target) -> None:
     """Replay every reproducer the suite wrote (``tables["reproducers"]``) ``--confirm-runs``
     times, each on a freshly started engine of the run's configuration (the engine under test is
     stopped first: one engine at a time), or on the attached engine when there is no launch
     (:mod:`pleharness.reproduce`). The rates land in the table's rows and in
-    ``summary.reproducers``. ``beside``: engines already up beside them (a control engine
-    started with the engine under test): fewer confirmations side by side."""
+    ``summary.reproducers``. It runs after the control run, whose engine is stopped by then:
+    every engine of the side-by-side plan is free for the confirmations."""
     from .reproduce import ReplayTarget, confirm_run_reproducers, replay_base
     cfg = run.cfg
     assert run.session is not None
     run.session.stop(eng)
     # the run's own config, judged as the run recorded it; each replay swaps in its reproducer
     rt = ReplayTarget(runner=run_stress, config=replay_base(cfg, run.manifest.run_options),
-                      parallel=max(1, run.side.n - beside), engine_args_add=list(run.side.add))
+                      parallel=max(1, run.side.n), engine_args_add=list(run.side.add))
     if run.side.n > 1 and cfg.attach.url is None:
         run.console.print(esc(f"confirmations: {run.side.why}"), highlight=False)
     rows = confirm_run_reproducers(run.manifest, run.run_dir, rt, cfg.confirmation.runs,
