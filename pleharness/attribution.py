@@ -31,8 +31,10 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from .divergence import is_half_precision, settle
+from .engine.fact_sources import parse_engine_args
 from .engine.session import flag_name
 from .manifest import ControlEvidence, Manifest, RequestRecord
+from .run.judge import refinish
 
 
 def twin_key(r: RequestRecord) -> tuple[str, int, int]:
@@ -50,7 +52,6 @@ def effective_config(args: Sequence[str], env: dict[str, str]) -> tuple[dict, di
     """What an engine launch amounts to: {flag: value} as vLLM's parser ends up with it (later
     occurrences win, ``_`` = ``-`` in names, bare flags True) and the environment. Two launches
     with equal results serve the same configuration."""
-    from .engine.fact_sources import parse_engine_args
     parsed = parse_engine_args(list(args))
     return {flag_name(k): v for k, v in parsed.items()}, dict(env)
 
@@ -75,7 +76,6 @@ def attribute(main: Manifest, control: Manifest) -> dict[str, int]:
 
     Returns counts: {"also_in_control", "only_under_test", "no_twin"}.
     """
-    from .run.judge import refinish
 
     twins: dict[tuple, list[RequestRecord]] = defaultdict(list)
     for t in control.requests:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from .manifest import Manifest, RequestRecord
+from .run.judge import side_sentence
 
 
 def headline(m: Manifest) -> str:
@@ -104,7 +105,6 @@ def _failing_divergence(r: RequestRecord) -> str | None:
             margin = f"golden model: {g}; {margin}"
         side = ""
         if d.corrupt_side == "load":
-            from .run.judge import side_sentence
             side = side_sentence(d, r.prompt_key) + "; "
         elif d.corrupt_side == "undecided" and d.side_evidence is not None:
             side = f"undecided which side is wrong ({d.side_evidence.detail}); "

@@ -30,8 +30,12 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import compare_spec
+from .causes import causes
+from .divergence import DEFAULT_NEAR_TIE_NATS, analyse, first_divergence
 from .errors import UsageError
 from .manifest import Manifest, load_manifest
+from .request import params_key
 from .summary import throughput_by_concurrency
 
 OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}
@@ -110,7 +114,6 @@ def _key(r) -> tuple:
     """(prompt hash, max_tokens), plus the canonical JSON of the request's parameters beyond the
     defaults when it had any (a stop string or a penalty gives another output of the same
     prompt: :attr:`pleharness.request.RequestSpec.params`)."""
-    from .request import params_key
     p = params_key(getattr(r, "params", None))
     return (r.prompt_hash, r.max_tokens) if p is None else (r.prompt_hash, r.max_tokens, p)
 
@@ -158,7 +161,6 @@ def _cross_run(ref_side: dict, other: dict, other_hash: str, threshold: float, s
     """Classify one output hash of one run against the other run's reference as the run would
     (:func:`pleharness.divergence.analyse`, engine margin of that reference at the first
     divergent position). Returns (Divergence or None when token IDs are missing, tolerated)."""
-    from .divergence import analyse, first_divergence
     ids = other["ids"].get(other_hash)
     refs = [r for r in ref_side["refs"] if r.output_ids] or []
     if ids is None or not refs:
@@ -207,7 +209,6 @@ def compare(base: Manifest, head: Manifest, min_throughput_ratio: float | None =
     serve different models fail the parity gate (nothing to compare). ``same_run``: BASE and
     HEAD are the same folder (a warning; it passes when HEAD passed).
     """
-    from .divergence import DEFAULT_NEAR_TIE_NATS
     res = Comparison()
     _own_verdicts(res, base, head, same_run)
     bm, hm = _model_id(base), _model_id(head)
@@ -229,7 +230,6 @@ def compare(base: Manifest, head: Manifest, min_throughput_ratio: float | None =
 
 def _own_verdicts(res: Comparison, base: Manifest, head: Manifest, same_run: bool) -> None:
     """Gates on each run's status and HEAD's own verdict; both runs' causes."""
-    from .causes import causes
     if same_run:
         res.warnings.append("BASE and HEAD are the same run: the comparison only re-checks HEAD's "
                             "own verdict and completeness")
@@ -333,7 +333,6 @@ def _throughput_gates(res: Comparison, base: Manifest, head: Manifest,
 def _threshold_gates(res: Comparison, base: Manifest, head: Manifest,
                      thresholds: list[str]) -> None:
     """Each ``--threshold``: a compare spec, or an absolute HEAD median tok/s at a level."""
-    from . import compare_spec
     for t in thresholds:
         if compare_spec.looks_like_spec(t):
             compare_spec.gate(res, base, head, t)
@@ -368,7 +367,6 @@ def _ratio_gate(res: Comparison, flag: str, floor: float | None, ratios: dict[st
 def check_thresholds_against(base: Manifest, head: Manifest, thresholds: list[str] | None) -> None:
     """Raise UsageError for a ``--threshold`` that names a concurrency neither run has (checked
     once both runs are loaded, before anything is judged)."""
-    from . import compare_spec
     for t in thresholds or []:
         if compare_spec.looks_like_spec(t):
             compare_spec.check_places(base, head, t)
@@ -382,7 +380,6 @@ def check_thresholds_against(base: Manifest, head: Manifest, thresholds: list[st
 
 def check_thresholds(thresholds: list[str] | None) -> None:
     """Parse every ``--threshold`` now (usage error, exit 2) so nothing is loaded with a bad one."""
-    from . import compare_spec
     for t in thresholds or []:
         if compare_spec.looks_like_spec(t):
             compare_spec.check(t)

@@ -22,6 +22,7 @@ import re
 from typing import Any
 
 from .errors import UsageError
+from .evidence import spec_by_concurrency
 
 OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}
 SPEC_THRESHOLD = re.compile(r"^\s*(acceptance|accepted_length)(?:@C(\d+))?\s*(>=|<=|>|<)\s*"
@@ -90,7 +91,6 @@ def check_places(base, head, text: str) -> None:
 
 
 def _health(m) -> dict[str, Any]:
-    from .evidence import spec_by_concurrency
     e = (m.summary.engaged or {}).get("spec_decode")
     return e or spec_by_concurrency(m)
 

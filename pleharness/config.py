@@ -33,7 +33,9 @@ from .defaults import (DEFAULT_CONFIRM_RUNS, DEFAULT_ENGINE_PROBE, DEFAULT_GOLDE
 from .engine.inflight import Timeouts
 from .engine.session import Target, resolve_target
 from .errors import UsageError
+from .profile import load_profile
 from .redact import redact_url
+from .tomlfile import find_named
 
 DEFAULT_SCENARIOS = ["transitions", "boundary", "pairs", "insert", "sampled", "stop_strings",
                      "mixed_params", "disconnects", "prefix_isolation", "chat_api",
@@ -145,7 +147,6 @@ def check_url(url: str) -> str | None:
 def find_profile(name_or_path: Path | str) -> Path:
     """A profile path, or a shipped profile's name (``cpu-ngram`` -> profiles/cpu-ngram.toml), as
     --suite finds suites by name. Raises UsageError when neither exists."""
-    from .tomlfile import find_named
     here = Path(__file__).resolve().parent
     dirs = [d for d in (here / "profiles_data", here.parent / "profiles") if d.is_dir()]
     return find_named(str(name_or_path), dirs, "engine profile")
@@ -212,7 +213,6 @@ def check_control_profile(name_or_path: Path | str, warn: Callable[[str], None])
     """Find and validate a --control-profile before anything starts (the control engine is
     launched only after the whole run under test); ``warn`` about the keys a control run
     ignores. Returns its path; raises UsageError naming the file and key."""
-    from .profile import load_profile
     path = find_profile(name_or_path)
     prof = load_profile(path)
     raise_all(engine_arg_problems(prof.engine_args, f"{path}: engine_args item"))

@@ -40,6 +40,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .checks.logprob_sanity import ranked
 from .manifest import Divergence
 
 WINDOW = 4  # tokens shown on each side of the divergence
@@ -80,7 +81,6 @@ def margins(top_logprobs: Sequence[dict] | None) -> list[float | None] | None:
     sentinels, 0 and call it a near tie). Candidates are ranked by value, never by their key
     order in the response (:func:`pleharness.checks.logprob_sanity.ranked`: JSON objects are
     unordered)."""
-    from .checks.logprob_sanity import ranked
 
     if top_logprobs is None:
         return None

@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import random
 import secrets
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 import time
 from typing import Any
@@ -221,7 +222,6 @@ def _seeded_batch(ctx, seeded_ev: list[dict], solo: list[tuple[RequestSpec, list
     ``seeded_ev``, its solo spec and outputs). Records ``batched_hash`` and
     ``batched_first_divergence`` in each prompt's evidence. Returns (all equal, the ``batch``
     evidence, requests sent); a failed request sets ``error`` in the evidence."""
-    from concurrent.futures import ThreadPoolExecutor
     mns = ctx.facts.max_num_seqs
     width = max(1, min(len(seeded_ev), int(mns) if mns else len(seeded_ev)))
     mt = MAX_TOKENS - 1

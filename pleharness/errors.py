@@ -8,7 +8,10 @@ engine failed to start or died; 4 an internal harness error (a bug, traceback in
 """
 from __future__ import annotations
 
+import os
+import tempfile
 from enum import IntEnum
+from pathlib import Path
 
 
 class ExitCode(IntEnum):
@@ -26,9 +29,6 @@ class ExitCode(IntEnum):
 def write_crash_log(text: str, directory=None) -> str:
     """Write a traceback to ``<directory>/harness-error.log`` (a run folder) or, without one, to a
     new ``ple-harness-error-*.log`` in the temporary directory; returns the path. Never raises."""
-    import os
-    import tempfile
-    from pathlib import Path
     try:
         if directory is not None:
             path = Path(directory) / "harness-error.log"

@@ -30,6 +30,7 @@ from collections import defaultdict
 from typing import Any
 
 from .engine import metrics
+from .engine.facts import as_facts
 from .manifest import CheckResult, Manifest, PhaseRecord
 
 COUNTERS = (metrics.PREFIX_QUERIES, metrics.PREFIX_HITS, metrics.PREEMPTIONS,
@@ -160,7 +161,6 @@ def run_evidence(m: Manifest) -> tuple[dict[str, Any], list[str]]:
     tot["in_flight_peak"] = max(peaks) if peaks else None
     tot["spec_decode"] = spec_by_concurrency(m) or None
     reasons = [f"phase {p.name}: {p.vacuous}" for p in m.phases if p.vacuous]
-    from .engine.facts import as_facts
     k = as_facts(m.fact_values()).num_speculative_tokens
     sd = tot["spec_decode"]
     if k and tot["phases_with_counters"] and sd is not None and not sd["overall"]["drafts"]:

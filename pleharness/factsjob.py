@@ -19,6 +19,7 @@ from rich.markup import escape
 from .engine.launch import redact_env
 from .files import private_dir, write_private
 from .engine.session import EngineSession, resolve_target
+from .environment import gpu_inventory
 from .redact import redact_argv
 from .render.facts import render_facts
 
@@ -52,7 +53,6 @@ def run_facts(cfg: FactsConfig, console: Console) -> int:
                             engine_args=cfg.engine_args, engine_env=cfg.engine_env,
                             served_name=cfg.served_model_name, host=cfg.host, api_key=cfg.api_key,
                             start_timeout_s=cfg.start_timeout_s, log=console.print)
-    from .environment import gpu_inventory
     with EngineSession(console, cfg.log_dir, explicit_facts=cfg.explicit,
                        gpus_before=gpu_inventory() if cfg.url is None else None) as session:
         eng = session.start(target)

@@ -12,7 +12,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from .attribution import attribute
 from .config import StressConfig
+from .divergence import near_tie_threshold, normalize_dtype
 from .engine.facts import as_facts
 from .engine.session import Engine, EngineSession, Target, launch_record
 from .errors import EngineError
@@ -55,7 +57,6 @@ def engine_context(cfg: StressConfig, eng: Engine, manifest: Manifest, mpath: Pa
     from ``cfg`` (``options`` overrides, e.g. collect_only), the near-tie threshold from the
     serving dtype (recorded in ``run_options``), every registered check."""
     facts = as_facts(facts)
-    from .divergence import near_tie_threshold, normalize_dtype
     nats, why = near_tie_threshold(facts.dtype, cfg.verdict.near_tie_nats)
     manifest.run_options.near_tie_nats = nats
     manifest.run_options.near_tie_source = why
@@ -122,7 +123,6 @@ def control_pass(run: StressRun, scenarios: list[Scenario], facts, target: Targe
     control engine already started beside the engine under test
     (:func:`pleharness.stress._start_engines`), or the exception its start raised; None: launch
     it now."""
-    from .attribution import attribute
     cfg, manifest = run.cfg, run.manifest
     spec = control_variant(cfg).spec(target)
     rec = manifest.engine.control_engine = {

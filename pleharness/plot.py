@@ -12,9 +12,9 @@ from .manifest import Manifest
 def plot_run(m: Manifest, out: Path) -> Path:
     """Write a PNG of the run's load phases to ``out``. Raises UsageError without matplotlib."""
     try:
-        import matplotlib
+        import matplotlib  # lazy: optional matplotlib, only for --plot
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # lazy: optional matplotlib, only for --plot
     except ImportError:
         raise UsageError("plotting needs matplotlib: pip install 'ple-harness[plot]'") from None
     phases = [p for p in m.phases if p.role == "load" and p.decode_tok_per_s is not None]

@@ -39,8 +39,14 @@ from typing import Any
 
 from rich.console import Console
 
+from .causes import causes
 from .config import (ConfirmationConfig, ControlConfig, OutputConfig, ReferenceConfig,
                      StressConfig, SuiteConfig, VerdictConfig)
+from .engine.session import Interrupted
+from .engine.side_by_side import run_side_by_side
+from .errors import HarnessError
+from .files import private_dir
+from .manifest import load_manifest
 
 
 @dataclass
@@ -133,8 +139,6 @@ def rate_verdict(reproduced: int, runs: int, errors: int = 0, fresh: bool = True
 
 def _failing_lines(run_dir: Path) -> list[str]:
     """The causes of a replay run's failure (its report's 'Why' lines), at most 4."""
-    from .manifest import load_manifest
-    from .causes import causes
     try:
         return causes(load_manifest(run_dir))[:4]
     except (ValueError, OSError) as exc:
@@ -151,11 +155,9 @@ def replay_reproducer(path: Path, target: ReplayTarget, runs: int, out_dir: Path
     is the result); raises ValueError for ``runs`` < 1 and
     :class:`~pleharness.engine.session.Interrupted` when a replay was interrupted (exit 130 /
     143, or a signal while side-by-side replays ran: their engines are killed first)."""
-    from .engine.side_by_side import run_side_by_side
     if runs < 1:
         raise ValueError("runs must be >= 1")
     label = label or Path(path).stem
-    from .files import private_dir
     private_dir(out_dir)
     par = 1 if (not target.fresh or target.config.engine.port) else max(1, target.parallel)
     replays: list[dict] = []
@@ -195,9 +197,6 @@ def replay_reproducer(path: Path, target: ReplayTarget, runs: int, out_dir: Path
 def _replay_once(path: Path, target: ReplayTarget, out_dir: Path, label: str, i: int) -> dict:
     """Replay ``path`` once as the ``stress`` run ``<label>-<i>`` under ``out_dir``: its row of
     the result's ``replays``. Raises Interrupted when the run was interrupted (exit 130 / 143)."""
-    from .engine.session import Interrupted
-    from .errors import HarnessError
-    from .manifest import load_manifest
     run_id = f"{label}-{i}"
     quiet = Console(file=io.StringIO(), width=200)
     try:
@@ -231,7 +230,6 @@ def _replay_once(path: Path, target: ReplayTarget, out_dir: Path, label: str, i:
 def _not_exercised(run_dir: Path) -> str | None:
     """Why a passing replay did not exercise its schedule (a phase check ``inserts_landed``
     that warned: :func:`pleharness.scenarios.shared.inserting.landing_check`), else None."""
-    from .manifest import load_manifest
     try:
         m = load_manifest(run_dir, with_requests=False)
     except (ValueError, OSError):

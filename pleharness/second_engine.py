@@ -8,11 +8,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .attribution import same_config_problem, unused_drops
 from .config import StressConfig
 from .engine.session import Target, Variant
 from .engine.side_by_side import SideBySide, model_bytes
 from .engine.side_by_side import plan as plan_side_by_side
+from .environment import gpu_inventory
 from .errors import UsageError
+from .profile import load_profile
 
 
 REFERENCE_INHERITS = ("the engine under test's model, python, tp, host, environment and "
@@ -30,7 +33,6 @@ def control_variant(cfg: StressConfig) -> Variant:
     """The control engine's launch: the engine under test's arguments less --control-drop-arg
     flags plus --control-engine-arg values, or --control-profile's engine_args (plus
     --control-engine-arg) with its [env] over the engine's environment."""
-    from .profile import load_profile
     if cfg.control.profile:
         prof = load_profile(Path(cfg.control.profile))
         return Variant.of(add=cfg.control.engine_args, env=prof.env, base=prof.engine_args)
@@ -52,7 +54,6 @@ def second_engine_problems(cfg: StressConfig, target: Target) -> list[str]:
     flag that is not among the engine's arguments, or a configuration identical to the engine
     under test's after the profile, --engine-arg and the drops are applied (issue 25: an
     identical control turns every deterministic corruption into ``also_in_control``)."""
-    from .attribution import same_config_problem, unused_drops
     out: list[str] = []
     if target.url is not None:
         return out
@@ -107,7 +108,6 @@ def side_by_side_plan(cfg: StressConfig, target: Target) -> SideBySide:
     if cfg.attach.url is not None or not (cfg.confirmation.runs or cfg.control) or \
             cfg.confirmation.parallel_engines == 1:
         return SideBySide()
-    from .environment import gpu_inventory
     return plan_side_by_side(cfg.confirmation.parallel_engines, gpus=gpu_inventory(),
                              model=model_bytes(target.model_path),
                              engine_args=target.engine_args, engine_env=target.engine_env)

@@ -44,10 +44,20 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from .engine.inflight import _LoopThread
+from .engine.session import EngineSession, Interrupted
+from .environment import gpu_inventory
 
-from .errors import ExitCode, UsageError
+from .errors import EngineError, ExitCode, UsageError
+from .causes import causes
 from .files import write_private
 from .faults import BUILTIN, FamilyFault, SelftestFault
+from .faults.proxy import FaultProxy
+from .faults.rules import Fault
+from .manifest import load_manifest
+from .run.rundir import new_run_dir
+from .scenarios import load_scenario_file, load_scenarios
+from .suites import load_suite
 
 DEFAULT_SUITE = "selftest"
 FAMILY_SUITE = "selftest-families"  # the family classes' scenarios when the suite lacks them
@@ -92,7 +102,6 @@ def caught_by(m) -> list[str]:
 
 def judge(name: str, fault: SelftestFault | None, code: int, m) -> PassResult:
     """The outcome of one pass (see the module docstring)."""
-    from .causes import causes
     res = PassResult(name=name, run_dir="", exit_code=code, verdict=m.verdict if m else None,
                      fired=len(set(fault.hits)) if fault is not None else 0,
                      caught_by=caught_by(m) if m else [], causes=causes(m)[:5] if m else [],
@@ -142,7 +151,6 @@ def plan_passes(cfg, faults: list[str], kinds: list[str]) -> list[tuple[str, Any
     the suite's entry of that kind, else the entry of :data:`FAMILY_SUITE`; the clean pass runs
     the suite and every family scenario the suite lacks (so its false alarms cover all of them).
     Raises UsageError when the family suite lacks a family's scenario."""
-    from .suites import load_suite
     base = list(cfg.suite.scenarios)
     own = {k: ref for k, ref in zip(kinds, base)}
     fams = [BUILTIN[f]() for f in faults]
@@ -168,7 +176,6 @@ def plan_passes(cfg, faults: list[str], kinds: list[str]) -> list[tuple[str, Any
 def _overrides_for(refs: list, overrides: dict[str, Any]) -> dict[str, Any]:
     """The command-line overrides that apply to one of ``refs`` (a family pass runs a subset of
     the suite: an override of the suite's other scenarios is no error there)."""
-    from .scenarios import load_scenario_file
     if not overrides:
         return {}
     keys = {k for r in refs for k in type(load_scenario_file(_name(r)).params).model_fields}
@@ -187,11 +194,6 @@ def run_selftest(cfg, faults: list[str], console: Console, err: Console,
     (``status``: running | complete | engine_failed, with ``error`` and ``root_cause`` |
     interrupted | failed), and prints a table. Returns the exit code (module docstring).
     Raises UsageError for an unknown fault class or bad options, before anything starts."""
-    from .engine.session import EngineSession, Interrupted
-    from .environment import gpu_inventory
-    from .errors import EngineError
-    from .run.rundir import new_run_dir
-    from .scenarios import load_scenarios
     unknown = [f for f in faults if f not in BUILTIN]
     if unknown:
         raise UsageError(f"--fault {unknown[0]!r}: not a built-in fault class (known: "
@@ -282,9 +284,6 @@ def _run_pass(pcfg, name: str, fault: SelftestFault | None, client,
     proxy in front of ``client``'s engine planting ``fault`` (None: the clean pass). Returns
     (its :class:`PassResult`, its exit code, its manifest or None). Raises UsageError naming the
     pass."""
-    from .faults.proxy import FaultProxy
-    from .faults.rules import Fault
-    from .manifest import load_manifest
     t0 = time.monotonic()
     with FaultProxy(client.base_url, fault or Fault()) as proxy:
         pcfg = replace(pcfg, attach=replace(pcfg.attach, url=proxy.url))
@@ -306,7 +305,6 @@ def _close_pass_clients(keep) -> None:
     """Close the HTTP clients a finished pass left open (its run's engine client), so that ten
     passes in one process leave no unclosed aiohttp session behind; ``keep``: the selftest's own
     client of the engine."""
-    from .engine.inflight import _LoopThread
     own = getattr(keep, "_lt", None)
     for lt in list(_LoopThread.live):
         if lt is not own:

@@ -25,13 +25,19 @@ from rich.markup import escape
 from .config import StressConfig
 from .engine.session import Engine, EngineSession, Interrupted, Target, launch_record
 from .engine.side_by_side import SideBySide, run_side_by_side
+from .engine_probe import run_probe
 from .environment import environment_info, harness_info
 from .errors import (EngineError, ExitCode, HarnessError, RequestTimeoutAbort, UsageError,
                      write_crash_log)
-from .manifest import Manifest, now_iso, write_manifest
+from .golden import GoldenModel, golden_problem
+from .manifest import Manifest, load_manifest, now_iso, write_manifest
+from .model import model_digest
 from .passes import control_pass, engine_context, progress_bar, reference_pass, run_suite
+from .probe import capability_summary
 from .redact import redact_url
 from .render import render
+from .reproduce import ReplayTarget, confirm_run_reproducers, replay_base
+from .request import params_key
 from .run.context import RunContext
 from .run.rundir import new_run_dir
 from .run.sides import judge_sides
@@ -46,7 +52,6 @@ def esc(x) -> str:
 
 
 def _load_reference_manifest(spec: str) -> dict:
-    from .manifest import load_manifest
     path = spec.split(":", 1)[1]
     try:
         ref = load_manifest(Path(path), with_requests=False)  # only its references
@@ -54,7 +59,6 @@ def _load_reference_manifest(spec: str) -> dict:
         raise UsageError(f"--reference {spec}: {exc}") from None
     if not ref.references:
         raise UsageError(f"--reference {spec}: that manifest holds no references")
-    from .request import params_key
     return {(r.prompt_hash, r.max_tokens) if not r.params
             else (r.prompt_hash, r.max_tokens, params_key(r.params)): r for r in ref.references}
 
@@ -106,7 +110,6 @@ def _check_input(cfg: StressConfig, console: Console) -> tuple:
     golden_dir = cfg.reference.golden_model or (target.model_path if cfg.attach.url is None
                                                 else None)
     if cfg.reference_mode == "golden" and golden_dir is not None:
-        from .golden import golden_problem
         problem = golden_problem(golden_dir)
         if problem:
             raise UsageError(f"--reference golden: {problem}")
@@ -203,10 +206,8 @@ class _Run:
         manifest.environment = environment_info(cfg.engine.python if cfg.attach.url is None
                                                 else None)
         if target.model_path is not None:
-            from .model import model_digest
             manifest.engine.model_digest = model_digest(target.model_path)
         if manifest.environment.get("gpus"):
-            from .probe import capability_summary  # cheap: capability only, never raises
             manifest.environment["ple_probe"] = capability_summary()
         manifest.summary = {"phases_planned": cfg.suite.repeat * sum(s.planned_phases()
                                                                for s in scenarios),
@@ -318,7 +319,6 @@ def _engine_under_test(run: _Run, scenarios: list[Scenario], target: Target) -> 
         sc.validate_against(eng.facts)
     local_model = _local_model(cfg, target, eng)
     if "model_digest" not in m.engine and local_model:
-        from .model import model_digest
         m.engine.model_digest = model_digest(local_model)
     return eng
 
@@ -329,7 +329,6 @@ def _golden_model(cfg: StressConfig, model_dir: str | None, mode: str, manifest:
     for classifying divergences, or None (``--no-golden``, or no local model that fits: the
     reason is recorded in ``run_options.golden_classifier``). Raises UsageError when
     ``--reference golden`` cannot have one."""
-    from .golden import GoldenModel, golden_problem
     if not cfg.verdict.golden:
         manifest.run_options.golden_classifier = "off (--no-golden)"
         return None
@@ -353,7 +352,6 @@ def _probe_engine(run: "_Run", ctx: RunContext) -> None:
     manifest's ``engine_probe`` section, which the scenarios read to choose their requests;
     ``--no-engine-probe``, or references taken on another engine (``--reference engine``,
     whose requests were chosen before this engine was up), leave it unmeasured."""
-    from .engine_probe import run_probe
     m = run.manifest
     if not run.cfg.engine.probe:
         m.engine_probe = {"status": "off (--no-engine-probe)"}
@@ -417,7 +415,6 @@ def _confirm_reproducers(run: _Run, eng: Engine, target: Target) -> None:
     (:mod:`pleharness.reproduce`). The rates land in the table's rows and in
     ``summary.reproducers``. It runs after the control run, whose engine is stopped by then:
     every engine of the side-by-side plan is free for the confirmations."""
-    from .reproduce import ReplayTarget, confirm_run_reproducers, replay_base
     cfg = run.cfg
     assert run.session is not None
     run.session.stop(eng)

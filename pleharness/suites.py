@@ -21,8 +21,11 @@ from __future__ import annotations
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from .compare_spec import SPEC_THRESHOLD
 
+from .compare import THRESHOLD
 from .errors import UsageError
+from .scenarios import load_scenario_file
 from .scenarios.base import scenario_dirs
 from .tomlfile import find_named, read_toml, validate
 
@@ -47,8 +50,6 @@ class Gates(BaseModel):
     @field_validator("thresholds")
     @classmethod
     def _thresholds(cls, v: list[str]) -> list[str]:
-        from .compare import THRESHOLD
-        from .compare_spec import SPEC_THRESHOLD
         for t in v:
             if not THRESHOLD.match(t) and not SPEC_THRESHOLD.match(t):
                 raise ValueError(f"{t!r} is not like 'C4>=62.985' or 'acceptance>=0.95*base'")
@@ -76,7 +77,6 @@ def load_suite(name_or_path: str) -> Suite:
     Raises UsageError naming the file and the key; for a scenario entry, the suite file, the entry
     (``scenario[i]``, 0-based) and the scenario; for a scenario named twice, both entries.
     """
-    from .scenarios import load_scenario_file
     path = find_named(name_or_path, [d / "suites" for d in scenario_dirs()], "suite")
     suite = validate(Suite, read_toml(path, "suite"), str(path))
     seen: dict[str, int] = {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import tomllib
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, get_args
 
 from pydantic import BaseModel, ValidationError
 
@@ -32,7 +32,6 @@ def read_toml(path: Path, what: str, error: type[Exception] = UsageError) -> dic
 
 def _model_at(model: type[BaseModel], loc: tuple) -> type[BaseModel]:
     """The (nested) model that holds the key at ``loc``, for the 'allowed keys' hint."""
-    from typing import get_args
     for part in loc[:-1]:
         if isinstance(part, int):  # an index into a list of models
             continue

@@ -7,7 +7,10 @@ from pathlib import Path
 
 from .causes import headline
 from .errors import ExitCode
-from .manifest import Manifest
+from .evidence import run_evidence
+from .manifest import Manifest, write_atomic
+from .render import to_junit, to_markdown
+from .summary import throughput_by_concurrency
 
 
 def summarize(m: Manifest) -> None:
@@ -33,9 +36,7 @@ def summarize(m: Manifest) -> None:
         "model_behaviour_notes": sum(1 for r in m.requests for c in r.checks
                                      if c.status == "note"),
     })
-    from .summary import throughput_by_concurrency
     m.summary.throughput_by_concurrency = throughput_by_concurrency(m)
-    from .evidence import run_evidence
     engaged, vacuous = run_evidence(m)
     m.summary.engaged = engaged
     m.summary.vacuous = vacuous
@@ -70,8 +71,6 @@ def control_outcome(m: Manifest, code: int) -> int:
 def write_reports(m: Manifest, run_dir: Path) -> None:
     """``summary.md`` and ``junit.xml`` in ``run_dir`` from ``m``; a failure to write them is
     recorded in ``summary.report_error``, never raised (the manifest stands on its own)."""
-    from .manifest import write_atomic
-    from .render import to_junit, to_markdown
     try:
         write_atomic(run_dir / "summary.md", to_markdown(m))
         write_atomic(run_dir / "junit.xml", to_junit(m))

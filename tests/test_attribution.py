@@ -662,6 +662,7 @@ def test_explain_and_stress_replay_at_the_runs_threshold(monkeypatch):
     reproduce.judging_options); explain used to replay at the dtype's default."""
     from pleharness import reproduce
     from pleharness.explain import ExplainReport, confirm_repros
+    from pleharness.explain import job as explain_job
     from pleharness.stress import run_stress
     built = []
 
@@ -669,7 +670,7 @@ def test_explain_and_stress_replay_at_the_runs_threshold(monkeypatch):
         def __init__(self, **kw):
             super().__init__(**kw)
             built.append(self)
-    monkeypatch.setattr(reproduce, "ReplayTarget", Capture)
+    monkeypatch.setattr(explain_job, "ReplayTarget", Capture)  # where confirm_repros finds it
     m = Manifest(run_id="t", status="complete", verdict="fail",
                  engine={"mode": "launched", "launch": {"model": "m", "python": "p"}},
                  run_options={"near_tie_nats": 0.37, "strict": True, "golden": False,
@@ -701,6 +702,7 @@ def test_stress_and_explain_replay_a_reproducer_with_the_same_config(monkeypatch
     from pleharness.cli import app
     from pleharness.engine.side_by_side import SideBySide
     from pleharness.explain import ExplainReport, confirm_repros
+    from pleharness.explain import job as explain_job
     runs = []
     monkeypatch.setattr("pleharness.stress.run_stress",
                         lambda cfg, console=None, err_console=None: runs.append(cfg) or 0)
@@ -715,7 +717,7 @@ def test_stress_and_explain_replay_a_reproducer_with_the_same_config(monkeypatch
                               "near_tie_nats": 0.3, "golden": False, "strict": True,
                               "on_timeout": "continue", "reference_cache_state": "cold"})
     targets = []
-    monkeypatch.setattr(reproduce, "confirm_run_reproducers",
+    monkeypatch.setattr(stress, "confirm_run_reproducers",  # where _confirm_reproducers finds it
                         lambda manifest, run_dir, rt, n, log: targets.append(rt) or [])
     run = SimpleNamespace(cfg=cfg, manifest=m, session=SimpleNamespace(stop=lambda eng: None),
                           side=SideBySide(), run_dir=tmp_path, save=lambda: None,
@@ -726,7 +728,7 @@ def test_stress_and_explain_replay_a_reproducer_with_the_same_config(monkeypatch
         def __init__(self, **kw):
             super().__init__(**kw)
             targets.append(self)
-    monkeypatch.setattr(reproduce, "ReplayTarget", Capture)
+    monkeypatch.setattr(explain_job, "ReplayTarget", Capture)  # where confirm_repros finds it
     confirm_repros(ExplainReport(run_id="t", tries=1, budget_s=1.0), m, tmp_path, 3,
                    runner=stress.run_stress)
     by_stress, by_explain = (reproduce.replay_config(rt, tmp_path / "repro.toml", tmp_path, "r-1")

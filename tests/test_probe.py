@@ -398,3 +398,17 @@ def test_stranding_guard_notices_non_blocking_wait_fake_driver(fake_driver):
     out = run_fake(fake_driver, "direct:no_wait", "no_wait")
     st = out["stranding"]
     assert st["status"] == "failed" and st["fired"] is False and "did not block" in st["reason"]
+
+
+def test_module_entry_point_runs(tmp_path):
+    """``python -m pleharness.probe`` (README's GPU section) starts: its __main__ imported a
+    ``render`` the package no longer had after the renderers moved to render/ (found in session
+    14). --json to a folder is a usage error before the probe runs."""
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "pleharness.probe", "--help"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "--replays" in r.stdout, r.stderr[-2000:]
+    r = subprocess.run([sys.executable, "-m", "pleharness.probe", "--json", str(tmp_path)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "is a folder" in r.stderr, r.stderr[-2000:]

@@ -86,7 +86,7 @@ FLOORS: dict[str, int] = {
     # 8 the jobs
     "stress": 8, "explain": 8, "selftest": 8, "factsjob": 8,
     # 9 the command line
-    "cli": 9, "__main__": 9,
+    "cli": 9, "__main__": 9, "probe.__main__": 9,  # python -m pleharness.probe: an entry point
 }
 JOB_FLOOR = 8
 
@@ -147,5 +147,64 @@ def test_docs_extending_draws_the_same_floors():
         if m:
             rooms = re.sub(r"\(.*?\)", "", m.group(2))  # a room's parts, in brackets, are no rooms
             for name in re.findall(r"`([\w/]+)`", rooms):
-                table[name.rstrip("/")] = int(m.group(1))
+                table[name.rstrip("/").replace("/", ".")] = int(m.group(1))
     assert table == FLOORS
+
+
+# -- lazy imports (issue 34): an import inside a function (or any indented block) is there only for
+# an optional or heavy dependency (torch, transformers, hypothesis, jsonschema ...) or to keep
+# `ple-harness --help` fast, and says so: `# lazy: <why>` on its line, or on the comment line right
+# above a run of such imports. `if TYPE_CHECKING:` imports are not run and need no reason.
+def unexplained_lazy_imports(src: str, name: str) -> list[str]:
+    """'name:line: the import' for each indented import of ``src`` without a ``# lazy:`` reason."""
+    lines = src.splitlines()
+    out = []
+
+    def visit(body: list[ast.stmt], top: bool) -> None:
+        run: list[ast.stmt] = []
+        for stmt in body + [None]:
+            if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+                run.append(stmt)
+                continue
+            if run and not top:
+                above = lines[run[0].lineno - 2].strip() if run[0].lineno > 1 else ""
+                shared = above.startswith("#") and "# lazy:" in above
+                for imp in run:
+                    own = "\n".join(lines[imp.lineno - 1:imp.end_lineno])
+                    if not shared and "# lazy:" not in own:
+                        out.append(f"{name}:{imp.lineno}: {lines[imp.lineno - 1].strip()}")
+            run = []
+            if stmt is None:
+                break
+            if isinstance(stmt, ast.If) and "TYPE_CHECKING" in ast.unparse(stmt.test):
+                visit(stmt.orelse, False)
+                continue
+            for field in ("body", "orelse", "finalbody"):
+                visit(getattr(stmt, field, None) or [], False)
+            for handler in getattr(stmt, "handlers", None) or []:
+                visit(handler.body, False)
+            for case in getattr(stmt, "cases", None) or []:
+                visit(case.body, False)
+
+    visit(ast.parse(src, name).body, True)
+    return out
+
+
+def test_every_lazy_import_says_why():
+    problems = []
+    for path in sorted(PKG.rglob("*.py")):
+        problems += unexplained_lazy_imports(path.read_text(),
+                                             str(path.relative_to(PKG.parent)))
+    assert not problems, "indented imports without a '# lazy: <why>' comment:\n" + \
+        "\n".join(problems)
+
+
+def test_the_lazy_import_rule_names_the_file_and_line():
+    src = ("from typing import TYPE_CHECKING\n"
+           "if TYPE_CHECKING:\n    from .a import A\n"
+           "def f():\n    from .b import B\n    import torch  # lazy: heavy\n"
+           "def g():\n    # lazy: heavy, both\n    import torch\n    import transformers\n"
+           "    x = 1\n    from .c import C\n"
+           "try:\n    import orjson\nexcept ImportError:\n    orjson = None\n")
+    assert unexplained_lazy_imports(src, "m.py") == [
+        "m.py:5: from .b import B", "m.py:12: from .c import C", "m.py:14: import orjson"]

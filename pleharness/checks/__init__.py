@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from .relative import KINDS, RELATIVE, relative
+
 REGISTRY: dict[str, Callable] = {}
 # Phase checks: ``check(ctx, phase_record) -> CheckResult`` (``ctx``: the CheckContext), run
 # after every phase.
@@ -34,7 +36,6 @@ def _registrar(registry: dict[str, Callable]):
         against the reference itself, as ``degeneration`` does). Raises ValueError for another
         kind, and for a ``name`` registered already (two checks of one name would silently
         replace one another)."""
-        from .relative import KINDS, RELATIVE, relative
         if kind not in KINDS:
             raise ValueError(f"check {name}: kind must be one of {KINDS}, not {kind!r}")
 
@@ -56,11 +57,8 @@ register = _registrar(REGISTRY)  # request checks
 register_phase = _registrar(PHASE_REGISTRY)  # phase checks
 
 
-def _load() -> None:
-    from . import (choices, constrained, counting, degeneration,  # noqa: F401
-                   expected_text, health_after_phase, logprob_sanity, max_model_len_edge,
-                   prompt_logprobs, sampled_degeneration, stop_string, stop_token, usage,
-                   vocab_range)
-
-
-_load()
+# the checks register themselves on import, once register and register_phase exist
+from . import (choices, constrained, counting, degeneration,  # noqa: E402,F401
+               expected_text, health_after_phase, logprob_sanity, max_model_len_edge,
+               prompt_logprobs, sampled_degeneration, stop_string, stop_token, usage,
+               vocab_range)

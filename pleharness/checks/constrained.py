@@ -44,6 +44,7 @@ def constraint_problem(kind: str, spec: Any) -> str | None:
     if kind == "json":
         if not isinstance(spec, dict):
             return f"a json constraint is a JSON Schema object, not {type(spec).__name__}"
+        # lazy: jsonschema, only for json-constrained requests
         from jsonschema import exceptions, validators
         try:
             validators.validator_for(spec).check_schema(spec)
@@ -86,7 +87,7 @@ def conformance(kind: str, spec: Any, text: str) -> str | None:
         value = json.loads(text)
     except ValueError as exc:
         return f"{text[:80]!r} does not parse as JSON ({exc})"
-    from jsonschema import validators
+    from jsonschema import validators  # lazy: jsonschema, only for json-constrained requests
     errors = sorted(validators.validator_for(spec)(spec).iter_errors(value),
                     key=lambda e: list(e.absolute_path))
     if errors:

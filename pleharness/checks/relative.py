@@ -34,6 +34,8 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
+from ..engine.completion import Completion
+from ..golden import GoldenError
 from ..manifest import CheckResult
 
 ABSOLUTE = "absolute"
@@ -73,7 +75,6 @@ def _judge_output(ctx, spec) -> tuple[list[int] | None, str, str | None]:
         return None, "golden model", "no golden reference to judge it"
     if float(getattr(spec, "temperature", 0.0) or 0.0) > 0:
         return None, "golden model", "a seeded sample: the greedy golden model has no judge for it"
-    from ..golden import GoldenError
     try:
         g = golden.generate(list(spec.prompt.ids), spec.max_tokens)
     except GoldenError as exc:  # recorded once, as the runner does: not asked again
@@ -90,7 +91,6 @@ def judge(ctx, fn: Callable, spec, c, params, result: CheckResult) -> CheckResul
     ``fail`` (the judge passes it: the engine is wrong), ``note`` (the judge fails it too, or a
     reference/warm-up run has no golden judge: model behaviour) or ``fail`` with the reason the
     judge could not be evaluated (module docstring). Never raises."""
-    from ..engine.completion import Completion
     role = getattr(ctx, "phase_role", "load")
     ids, who, none_why = _judge_output(ctx, spec)
     if ids is None:

@@ -14,10 +14,14 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
+import traceback
+import typing
 from typing import Annotated
 
 import typer
 import typer.core
+import typer.rich_utils as rich_utils
 from rich.console import Console
 from rich.markup import escape
 
@@ -31,7 +35,6 @@ EMPTY_CHECKED_ELSEWHERE = {"--url", "--results-dir", "--run-id", "--ladder", "--
 
 def _takes_float(prm) -> bool:
     """Whether an option's value is a float (typer's type descriptor, or click's type name)."""
-    import typing
     ann = getattr(getattr(prm, "type_descriptor", None), "annotation", None)
     if ann is not None:
         return ann is float or float in typing.get_args(ann)
@@ -125,7 +128,6 @@ def _exit_now_if_requests_hang(code: int) -> None:
     """After an interrupted run, request threads may still wait for an engine that never answers
     (a request cut off before its response headers cannot be woken). Everything is recorded and
     the engine is stopped by then, so exit without joining them (the interpreter would)."""
-    import threading
     if any(t.name.startswith("ple-req") and t.is_alive() for t in threading.enumerate()):
         sys.stdout.flush()
         sys.stderr.flush()
@@ -152,7 +154,6 @@ def _wide_help_when_piped() -> None:
     ``--reference-engi…`` (typer's ``rich_utils.MAX_WIDTH`` is its own TERMINAL_WIDTH knob)."""
     if sys.stdout.isatty() or os.environ.get("COLUMNS") or os.environ.get("TERMINAL_WIDTH"):
         return
-    import typer.rich_utils as rich_utils
     rich_utils.MAX_WIDTH = rich_utils.MAX_WIDTH or 120
 
 
@@ -187,7 +188,6 @@ def run() -> None:
             sys.exit(ExitCode.USAGE if exc.exit_code in (1, 2) else exc.exit_code)
         if type(exc).__name__ == "Abort":
             sys.exit(ExitCode.SIGINT)
-        import traceback
         path = write_crash_log(traceback.format_exc())
         err_console.print(f"[red]internal error:[/red] {escape(type(exc).__name__)}: "
                           f"{escape(str(exc))[:300]} (a ple-harness bug; traceback in "

@@ -21,9 +21,11 @@ from ..config import (ATTACH_FACTS, DEFAULT_SCENARIOS, AttachConfig, Confirmatio
 from ..defaults import (DEFAULT_API, DEFAULT_ENGINE_PROBE, DEFAULT_GOLDEN, DEFAULT_HOST,
                         DEFAULT_ON_TIMEOUT, DEFAULT_PARALLEL_ENGINES, DEFAULT_RESULTS_DIR,
                         DEFAULT_START_TIMEOUT_S, DEFAULT_STRICT)
+from ..divergence import normalize_dtype
 from ..engine.inflight import Timeouts
 from ..engine.side_by_side import parse_parallel
 from ..errors import UsageError
+from ..profile import EngineProfile, load_profile
 from ..redact import redact_argv
 
 
@@ -34,12 +36,10 @@ def engine_groups(o: Mapping[str, Any], given: Iterable[str]
     shipped name) applied under the flags. Raises UsageError naming the option (all conflicting
     options of ``o`` at once, then a bad profile, --dtype or --api-key-env)."""
     raise_all(option_problems(o, given))
-    from ..profile import EngineProfile, load_profile  # start-up cost: read only when building
     profile_path = find_profile(o["engine_profile"]) if o.get("engine_profile") else None
     prof = load_profile(profile_path) if profile_path else EngineProfile()
     raise_all(engine_arg_problems(prof.engine_args, f"{profile_path}: engine_args item"))
     if o.get("dtype") is not None:
-        from ..divergence import normalize_dtype  # start-up cost: only with --dtype
         if normalize_dtype(o["dtype"]) is None:
             raise UsageError(f"--dtype {o['dtype']!r}: expected bfloat16, float16 or float32")
     api_key = None
@@ -85,7 +85,7 @@ def suite_group(o: Mapping[str, Any], given: Iterable[str]) -> SuiteConfig:
     """``stress``'s suite group: the suite file's scenarios and repeat (unless --scenario /
     --suite-repeats), the scenario overrides (--ladder, --repeats, --max-tokens), --api and
     --logprobs. Raises UsageError for a bad suite or ladder."""
-    from ..suites import load_suite  # start-up cost: the scenario kinds load with a suite
+    from ..suites import load_suite  # lazy: start-up (suites pulls compare into ple-harness --help)
     suite = load_suite(o["suite"]) if o.get("suite") is not None else None
     overrides = {k: v for k, v in (("ladder", None if o["ladder"] is None
                                     else parse_ladder(o["ladder"])),

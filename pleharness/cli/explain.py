@@ -53,6 +53,7 @@ def explain(
     every condition it needs, the narrowest single change and what is not involved; writes
     RUN/explain/ (table, diagnosis, JUnit, reproducers). Exit 0 when done (the table is the result), 2 usage error, 3 engine
     failure."""
+    # lazy: start-up: a command imports its work when it runs (ple-harness --help)
     from ..explain import explain as run_explain
     from ..stress import run_stress  # handed to explain: a job imports no other job
     config.raise_all(config.engine_arg_problems(list(suspect or []), "--suspect"))

@@ -30,6 +30,7 @@ def facts(ctx: typer.Context,
                                                             "as JSON to this path.")] = None):
     """Print the engine facts (block size, chunk budget, speculative tokens, capture sizes, KV
     capacity, dtype, ...) with their sources; launches and stops the engine unless --url."""
+    # lazy: start-up: a command imports its work when it runs (ple-harness --help)
     from ..factsjob import FactsConfig, run_facts
     if json_path is not None:
         config.check_json_path(json_path)

@@ -142,6 +142,7 @@ def fuzz(ctx: typer.Context, search: FuzzSearchOptions, run: FuzzRunOptions,
     o = values(*groups)
     eng, att = engine_groups(o, given(*groups))
     params = fuzz_params(search, run.max_tokens_old, search.given)
+    # lazy: start-up: a command imports its work when it runs (ple-harness --help)
     from ..stress import run_stress
     cfg = StressConfig(engine=eng, attach=att, suite=SuiteConfig(scenarios=[("fuzz", params)]),
                        verdict=verdict_group(o),

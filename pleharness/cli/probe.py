@@ -1,6 +1,7 @@
 """``ple-harness probe``: the GPU pre-flight probe (:mod:`pleharness.probe`)."""
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -16,7 +17,6 @@ from . import Command, app, console, err_console
 
 def write_json_result(path: Path, result: dict, flag: str = "--json") -> None:
     """Write the probe result; an OS error is a usage error naming the flag (exit 2)."""
-    import json
     try:
         private_dir(path.parent)
         write_private(path, json.dumps(result, indent=2) + "\n")
@@ -37,6 +37,7 @@ def probe(
     Exit 0 when the probe answered (ok, fallback: synchronous, or unavailable: no GPU / no CUDA),
     1 when the self-test failed, 2 for a --json path that cannot be written.
     """
+    # lazy: start-up: a command imports its work when it runs (ple-harness --help)
     from ..probe import run_probe
     from ..render.probe import render
     if json_path is not None:

@@ -8,6 +8,9 @@ import typer
 from rich.markup import escape
 
 from ..errors import ExitCode, UsageError
+from ..scenarios import REGISTRY, scenario_dirs
+from ..scenarios.base import load_scenario_file
+from ..tomlfile import read_toml
 from . import Command, app, console, err_console
 
 
@@ -17,8 +20,6 @@ def scenarios(check: Annotated[Optional[list[Path]], typer.Option(
              "same validation stress runs before any engine starts: every problem listed, "
              "exit 2 when there is one.")] = None):
     """List the shipped scenarios with a one-line description each (or check files: --check)."""
-    from ..scenarios import REGISTRY, scenario_dirs
-    from ..scenarios.base import load_scenario_file
 
     if check:
         raise typer.Exit(_check(check))
@@ -39,9 +40,8 @@ def scenarios(check: Annotated[Optional[list[Path]], typer.Option(
 def _check(files: list[Path]) -> int:
     """Each file as stress would load it before an engine starts (a suite: every entry with its
     params); one line per file; 0 when all are valid, else 2."""
-    from ..scenarios.base import load_scenario_file
+    # lazy: start-up: a command imports its work when it runs (ple-harness --help)
     from ..suites import load_suite
-    from ..tomlfile import read_toml
     bad = 0
     for f in files:
         try:
@@ -60,6 +60,5 @@ def _check(files: list[Path]) -> int:
 
 
 def _is_suite_name(name: str) -> bool:
-    from ..scenarios import scenario_dirs
     return any((d / "suites" / f"{name}.toml").is_file() for d in scenario_dirs()) and not any(
         (d / f"{name}.toml").is_file() for d in scenario_dirs())

@@ -57,6 +57,7 @@ def selftest(
     if twice:
         raise UsageError(f"--fault {', '.join(twice)}: given more than once")
     eng, att = engine_groups(o, given(*groups))
+    # lazy: start-up: a command imports its work when it runs (ple-harness --help)
     from ..selftest import DEFAULT_SUITE, run_selftest
     from ..stress import run_stress  # each pass is a stress run: the job is handed it here
     if scenario:
@@ -64,6 +65,7 @@ def selftest(
     elif suite == "default":
         scenarios = list(config.DEFAULT_SCENARIOS)
     else:
+        # lazy: start-up: a command imports its work when it runs (ple-harness --help)
         from ..suites import load_suite
         scenarios = load_suite(suite or DEFAULT_SUITE).scenario_refs()
     # --run-id names the selftest folder (selftest_id); each pass names its own run

@@ -119,5 +119,6 @@ def stress(ctx: typer.Context, engine: EngineOptions, attach: AttachOptions,
     if scen.repeat_old is not None:
         warn("--repeat is deprecated: use --suite-repeats (--repeats is the transitions "
              "ladder's repeats)")
+    # lazy: start-up: a command imports its work when it runs (ple-harness --help)
     from ..stress import run_stress
     raise typer.Exit(run_stress(cfg, console, err_console))

@@ -26,7 +26,8 @@ from typing import Any
 
 import requests
 
-from ..errors import EngineError
+from ..errors import EngineError, UsageError
+from ..redact import redact_url
 from . import prompt_logprobs as prompt_scores
 from .completion import CHAT_PATH, Completion, _Active, _fail
 from .inflight import Timeouts, _InFlight, _LoopThread
@@ -102,29 +103,22 @@ class EngineClient(_InFlight, _Transport):
         except requests.HTTPError as exc:
             code = exc.response.status_code if exc.response is not None else None
             if code in (401, 403):
-                from ..errors import UsageError
-                from ..redact import redact_url
                 raise UsageError(
                     f"{redact_url(self.base_url)}/v1/models answered {code}: "
                     + ("the API key was refused: check the variable --api-key-env names"
                        if self.api_key else "the server needs an API key: pass --api-key-env "
                        "NAME, NAME an environment variable that holds it (never the key "
                        "itself on the command line)")) from None
-            from ..redact import redact_url
             raise EngineError(redact_url(f"cannot list models at {self.base_url}/v1/models: "
                                          f"{exc}")) from None
         except (requests.RequestException, ValueError, KeyError) as exc:
-            from ..redact import redact_url
             raise EngineError(redact_url(f"cannot list models at {self.base_url}/v1/models: "
                                          f"{exc}")) from None
         if not names:
-            from ..redact import redact_url
             raise EngineError(redact_url(f"{self.base_url}/v1/models lists no model"))
         if self.model is None:
             self.model = names[0]
         elif self.model not in names:
-            from ..errors import UsageError
-            from ..redact import redact_url
             raise UsageError(f"--served-model-name {self.model!r}: not served at "
                              f"{redact_url(self.base_url)} (served: {', '.join(names)})")
         return self.model

@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 try:  # orjson: JSON decoding of the SSE events went from 25 % to 7.5 % of the client's profile
-    from orjson import dumps as _orjson_dumps, loads as _loads
+    from orjson import dumps as _orjson_dumps, loads as _loads  # lazy: optional orjson
 
     def _dumps(obj: Any) -> str:
         return _orjson_dumps(obj).decode()
 except ImportError:  # pragma: no cover - orjson is a dependency; the standard library works too
-    from json import loads as _loads
+    from json import loads as _loads  # lazy: optional orjson
 
     _dumps = json.dumps
 

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .metrics import info_labels
+
 
 def parse_engine_args(args: Sequence[str]) -> dict[str, str | bool]:
     """Map ``--flag value`` / ``--flag=value`` / bare ``--flag`` to {flag: value or True}.
@@ -45,7 +47,6 @@ def metrics_observations(text: str | None) -> dict[str, Any]:
     cache_hit_alignment_tokens, enable_prefix_caching -> prefix_caching, sliding_window,
     kv_cache_size_tokens, num_gpu_blocks, cache_dtype -> kv_cache_dtype.
     """
-    from .metrics import info_labels
     labels = info_labels(text or "", "vllm:cache_config_info")
     if not labels:
         return {}

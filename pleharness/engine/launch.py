@@ -16,15 +16,17 @@ import shlex
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from shutil import which
 
 import requests
 
-from ..errors import EngineError
+from ..errors import EngineError, UsageError
 from ..files import private_dir
 from ..files import private_file  # noqa: F401 - private_file kept importable here
 
@@ -192,7 +194,6 @@ class EngineServer:
         private_dir(self.log_dir)
         if self.spec.port is not None:
             if port_in_use(self.spec.host, self.spec.port):
-                from ..errors import UsageError
                 raise UsageError(f"--port {self.spec.port}: port {self.spec.port} on "
                                  f"{self.spec.host} is already in use (leave --port out to get a "
                                  "free one)")
@@ -373,7 +374,6 @@ while alive():
 def start_watchdog(pgid: int) -> subprocess.Popen | None:
     """Start the watchdog of the engine process group ``pgid`` (see :data:`WATCHDOG_GRACE_S`);
     None where it cannot be started (then only the harness's own stops apply)."""
-    import sys
     try:
         return subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(os.getpid()), str(pgid),
                                  str(WATCHDOG_GRACE_S)], stdin=subprocess.DEVNULL,
@@ -427,7 +427,6 @@ def _signal_group(pgid: int, sig: int) -> None:
 def engine_python_check(python: str) -> str | None:
     """None when ``python`` exists and can import vllm, else a one-line reason."""
     if not (os.path.isfile(python) and os.access(python, os.X_OK)):
-        from shutil import which
         if which(python) is None:
             return f"engine Python {python!r} does not exist"
     r = subprocess.run([python, "-c", "import importlib.util as u, sys; "

@@ -33,7 +33,9 @@ from typing import Any, NamedTuple
 from rich.console import Console
 from rich.markup import escape
 
+from ..environment import gpu_inventory
 from ..errors import EngineError, HarnessError, UsageError
+from ..model import SERVED_NAME, ensure_embedded_model
 from ..redact import redact_argv, redact_url
 from .client import EngineClient
 from .inflight import Timeouts
@@ -121,7 +123,6 @@ def resolve_target(*, url: str | None, model: str | None, python: str, tp: int =
         if problem:
             raise UsageError(problem)
         if model is None:
-            from ..model import SERVED_NAME, ensure_embedded_model
             model = str(ensure_embedded_model(python, log=log))
             served_name = served_name or SERVED_NAME
             args = defaults_not_overridden(EMBEDDED_ENGINE_ARGS, args) + args
@@ -251,7 +252,6 @@ def gpu_memory_after(before: list[dict], tolerance_mib: float, console: Console,
     back within ``tolerance_mib`` MiB or ``wait_s`` seconds passed. Returns the manifest's
     ``environment`` fields ``gpus_after_shutdown``, ``gpu_memory_released`` and, when not
     released, ``gpu_memory_warning`` (also printed)."""
-    from ..environment import gpu_inventory
     deadline = time.monotonic() + wait_s
     while True:
         after = gpu_inventory() or []

@@ -12,13 +12,18 @@ from rich.console import Console
 from rich.markup import escape
 
 from ..defaults import DEFAULT_CONFIRM_RUNS, DEFAULT_PARALLEL_ENGINES, DEFAULT_START_TIMEOUT_S
-from ..engine.session import EngineSession
+from ..engine.launch import engine_python_check
+from ..engine.session import EngineSession, Interrupted
 from ..engine.side_by_side import SideBySide, model_bytes
 from ..engine.side_by_side import plan as plan_side_by_side
+from ..environment import gpu_inventory
 from ..errors import UsageError
 from ..explain_plan import estimate, order_first_round
 from ..files import private_dir
 from ..manifest import Manifest, load_manifest, write_atomic
+from ..render.explain import render, to_junit
+from ..reproduce import ReplayTarget, replay_reproducer
+from ..scenarios import load_scenario_file
 from .replay import _replay_all, _RunGolden, run_config, run_target
 from .report import CaseReport, ExplainReport, _Progress, write_repro
 from .suspects import failing_cases, suspects_for
@@ -40,12 +45,10 @@ def confirm_repros(report: ExplainReport, m: Manifest, run_dir: Path, runs: int,
     replay is (:attr:`pleharness.reproduce.ReplayTarget.runner`: the stress job's
     :func:`pleharness.stress.run_stress`, handed in by the command line, since a job imports no
     other job). Raises Interrupted when a replay was interrupted (SIGINT / SIGTERM)."""
-    from ..reproduce import ReplayTarget, replay_reproducer
     console = console or Console(stderr=True)
     rt = ReplayTarget(runner=runner, config=run_config(m, engine_python, start_timeout_s),
                       parallel=side.n if side else 1,
                       engine_args_add=list(side.add) if side else [])
-    from ..scenarios import load_scenario_file
     done: dict[str, tuple[str, dict]] = {}  # schedule key -> (repro, result)
     for c in report.cases:
         path = run_dir / c.repro
@@ -98,12 +101,10 @@ def explain(run: Path, *, runner: Callable[[Any, Console, Console], int],
     under test cannot be started; Interrupted on SIGINT / SIGTERM (the engines running then
     are stopped first).
     """
-    from ..render.explain import render, to_junit
     console = console or Console(stderr=True)
     m, run_dir = _load_run(run)
     cases = failing_cases(m, include_warnings)
     if engine_python is not None:  # a typo must not wait for the first launch
-        from ..engine.launch import engine_python_check
         problem = engine_python_check(engine_python)
         if problem:
             raise UsageError(f"--engine-python: {problem}")
@@ -130,7 +131,6 @@ def explain(run: Path, *, runner: Callable[[Any, Console, Console], int],
         write_atomic(out_dir / "explain.json", report.to_json())
         return report
     target = run_target(m, engine_python, start_timeout_s)
-    from ..environment import gpu_inventory
     gpus = gpu_inventory()
     side = plan_side_by_side(parallel_engines, gpus=gpus, model=model_bytes(target.model_path),
                              engine_args=target.engine_args, engine_env=target.engine_env)
@@ -199,7 +199,6 @@ def _keep_previous(out_dir: Path) -> Path | None:
 
 def _stopped(exc: BaseException, report: "ExplainReport") -> str:
     """explain.json's ``status`` when explain ends early with ``exc``."""
-    from ..engine.session import Interrupted
     done = sum(1 for la in report.launches if la.get("command"))
     if isinstance(exc, Interrupted):
         return f"interrupted ({exc}) after {done} launch(es)"

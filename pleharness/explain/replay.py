@@ -21,6 +21,7 @@ from ..engine.session import EngineSession, Target
 from ..engine.side_by_side import SideBySide, run_side_by_side
 from ..errors import EngineError
 from ..explain_plan import implied_by
+from ..golden import GoldenError, GoldenModel, golden_problem
 from ..manifest import Manifest
 from ..parity import token_hash
 from ..redact import redact_argv
@@ -79,7 +80,6 @@ class _RunGolden:
         """The run's golden model (its folder from ``run_options.golden_model``, else the
         launched model; the engine's Python), or None where the run had none; and what
         explain.json says about it."""
-        from ..golden import GoldenModel, golden_problem
         ro = m.run_options
         used = str(ro.get("golden_classifier") or "")
         if ro.get("golden") is False or not used.startswith("transformers"):
@@ -96,7 +96,6 @@ class _RunGolden:
                  observed: Sequence[int]) -> Any:
         """``golden_at`` for :func:`pleharness.divergence.compare_outputs`: the teacher-forced
         golden logprobs of both tokens at a divergent position, or None."""
-        from ..golden import GoldenError
 
         def at(pos: int) -> dict[str, Any] | None:
             if self.error is not None or pos >= min(len(reference), len(observed)):

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..manifest import write_atomic
+from ..render.explain import to_markdown
 from .suspects import Case, Suspect, _label, narrow_down
 
 
@@ -162,7 +163,6 @@ class _Progress:
 
     def save(self, status: str) -> None:
         """Rewrite explain.json and explain.md now, with ``status``."""
-        from ..render.explain import to_markdown
         rep = self.report
         rep.status = status
         shown = rep

@@ -12,6 +12,7 @@ from typing import Any
 from ..engine.session import Variant
 from ..errors import UsageError
 from ..manifest import Manifest
+from ..scenarios.shared.lengths import boundary_lengths
 
 
 PIECEWISE = '{"cudagraph_mode": "PIECEWISE"}'
@@ -218,7 +219,6 @@ def rederive_length(facts: dict[str, Any], length: int, fact: str,
     E.g. L = 4 = q at k = 3 is L = 3 at k = 2. Returns (new length, the formula as the original
     facts spell it), or None when no boundary formula gives ``length`` (a length not derived
     from the facts: the case is then replayed as it is)."""
-    from ..scenarios.shared.lengths import boundary_lengths
     depth = 8
     found = {b.length: b for b in boundary_lengths(facts, depth)[0]}
     if length not in found:

@@ -26,6 +26,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..engine.launch import private_file
 from ..engine.side_by_side import mem_available_bytes as available_memory_bytes
 from ..engine.side_by_side import model_bytes
 from ..errors import HarnessError
@@ -111,7 +112,6 @@ class GoldenModel:
         if problem:
             raise GoldenError(f"golden reference unavailable: {problem}")
         if self.log_path:
-            from ..engine.launch import private_file
             err = private_file(self.log_path, "ab")  # 0600, like every run output
         else:
             err = subprocess.DEVNULL

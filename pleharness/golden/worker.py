@@ -32,6 +32,7 @@ def main(argv: list[str]) -> int:
     if len(argv) != 2:
         print("usage: python worker.py MODEL_DIR", file=sys.stderr)
         return 2
+    # lazy: torch, transformers: only the golden model's worker process loads them
     import torch
     from transformers import AutoModelForCausalLM
 

@@ -65,6 +65,7 @@ def corpus(rng: random.Random) -> list[str]:
 
 
 def build_tokenizer(out: str, rng: random.Random):
+    # lazy: tokenizers, transformers: only a rebuild of the model needs them
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -116,6 +117,7 @@ def example(tok, rng: random.Random, filler: int, tail: int = 4):
 
 
 def train(out: str, tok, rng: random.Random) -> dict:
+    # lazy: torch, transformers: only a rebuild of the model needs them
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -159,7 +161,7 @@ def train(out: str, tok, rng: random.Random) -> dict:
 
 def selfcheck(model, tok, filler: int) -> dict:
     """Greedy answers of the trained model on the two tasks, with and without filler padding."""
-    import torch
+    import torch  # lazy: torch: only a rebuild of the model needs it
 
     results = {}
     cases = [("ok", "Reply with OK.", 0), ("ok_padded", "Reply with OK.", 600),
@@ -189,7 +191,7 @@ def main(argv: list[str]) -> int:
     out = argv[1]
     os.makedirs(out, exist_ok=True)
     rng = random.Random(SEED)
-    import torch
+    import torch  # lazy: torch: only a rebuild of the model needs it
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     tok = build_tokenizer(out, rng)
     checks = train(out, tok, rng)

@@ -64,7 +64,7 @@ def _skeleton(params: dict | None) -> dict:
     torch_cuda = None
     torch_version = None
     try:
-        import torch
+        import torch  # lazy: torch (optional): only the GPU probe needs it
 
         torch_cuda = getattr(torch.version, "cuda", None)
         torch_version = torch.__version__

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from . import render, run_probe
+from ..render.probe import render
+from . import run_probe
 
 
 def main(argv: list[str] | None = None) -> int:

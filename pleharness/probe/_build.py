@@ -14,11 +14,13 @@ when called. Every failure to build or load raises :class:`ProbeUnavailable` wit
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
 import sys
 import threading
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -66,6 +68,7 @@ def find_cuda_include() -> Path | None:
     """Directory holding the CUDA toolkit's ``cuda.h``, or None."""
     homes: list[str | None] = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")]
     try:
+        # lazy: torch (optional): only the GPU probe needs it
         from torch.utils.cpp_extension import CUDA_HOME as torch_cuda_home  # None on CPU-only torch
 
         homes.append(torch_cuda_home)
@@ -96,7 +99,6 @@ def toolkit_version(include: Path | None) -> str | None:
         return None
     for vj in (include.parent / "version.json", include.parent.parent.parent / "version.json"):
         try:
-            import json
 
             return json.loads(vj.read_text())["cuda"]["version"]
         except Exception:
@@ -130,6 +132,7 @@ def load_extension(verbose: bool = False) -> ModuleType:
             return _module
         src = find_source()
         try:
+            # lazy: torch (optional): only the GPU probe needs it
             import torch
             import torch.utils.cpp_extension as ce
         except Exception as exc:
@@ -147,7 +150,6 @@ def load_extension(verbose: bool = False) -> ModuleType:
         name = f"ple_probe_{digest.hexdigest()[:12]}"
         build_dir = build_root() / name
         build_dir.mkdir(parents=True, exist_ok=True)
-        import time
 
         t0 = time.monotonic()
         try:

@@ -430,7 +430,7 @@ def classify(memops: dict | None, graph: dict | None, selftest: dict | None,
 def require_cuda_torch():
     """Import torch and check it is a CUDA build that sees a GPU; else :class:`ProbeUnavailable`."""
     try:
-        import torch
+        import torch  # lazy: torch (optional): only the GPU probe needs it
     except Exception as exc:
         raise ProbeUnavailable(f"PyTorch not importable: {one_line(exc)}") from exc
     if getattr(torch.version, "cuda", None) is None:

@@ -8,6 +8,7 @@ import re
 import shutil
 import socket
 import subprocess
+import sys
 from datetime import datetime, timezone
 
 
@@ -23,7 +24,6 @@ def host_name() -> str:
 
 
 def host_detail() -> dict:
-    import sys
 
     return {"name": host_name(), "platform": platform.platform(), "machine": platform.machine(),
             "python": platform.python_version(), "executable": sys.executable,
@@ -34,7 +34,7 @@ def nvidia_driver_version() -> str | None:
     """The kernel driver's version string (e.g. ``580.159.04``): NVML, then
     ``/proc/driver/nvidia/version``, then ``nvidia-smi``; None if none answers."""
     try:
-        import pynvml  # nvidia-ml-py
+        import pynvml  # lazy: optional pynvml (nvidia-ml-py)
 
         pynvml.nvmlInit()
         try:

@@ -8,7 +8,7 @@ from rich.table import Table
 
 from ..manifest import Manifest
 from ..causes import causes, headline
-from .text import next_steps, verdict_line
+from .text import engaged_lines, next_steps, verdict_line
 
 
 def render(m: Manifest, console: Console, max_failures: int = 20,
@@ -69,7 +69,6 @@ def render(m: Manifest, console: Console, max_failures: int = 20,
         console.print(ft)
         if len(bad) > max_failures:
             console.print(f"... and {len(bad) - max_failures} more (see the manifest)")
-    from .text import engaged_lines
     eng = engaged_lines(m)
     if eng:
         console.print("[bold]exercised:[/bold]")

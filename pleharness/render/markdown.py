@@ -8,7 +8,8 @@ import shlex
 from ..manifest import Manifest
 from ..summary import throughput_by_concurrency
 from ..causes import causes, headline
-from .text import next_steps
+from ..scenarios import REGISTRY
+from .text import engaged_lines, next_steps
 
 
 def _side(d) -> str:
@@ -42,7 +43,6 @@ def to_markdown(m: Manifest) -> str:
             lines += ["", "  ```bash", f"  {cmd}", "  ```"]
     lines.append("")
     lines += _engine_md(m) + _phases_md(m)
-    from .text import engaged_lines
     eng = engaged_lines(m)
     if eng:
         lines += ["", "### What the run exercised (engine counters)", ""] + \
@@ -110,7 +110,6 @@ def _phases_md(m: Manifest) -> list[str]:
 
 def _kinds_md(m: Manifest) -> list[str]:
     """Each scenario kind's own Markdown section (a table of another schema: one line why not)."""
-    from ..scenarios import REGISTRY
     lines: list[str] = []
     for kind in dict.fromkeys(sc.get("kind") for sc in m.scenarios):  # each kind renders its own
         if kind in REGISTRY:

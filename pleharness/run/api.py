@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..errors import EngineError
 from ..request import RequestSpec
 
 MODES = ("completions", "chat", "both")
@@ -139,7 +140,6 @@ def begin_phase(summary, scenario: str, specs: Sequence[RequestSpec], mode: str,
 def probe_chat_template(client) -> tuple[bool, str | None]:
     """Whether the served model has a chat template: ``/tokenize`` with a one-message
     conversation answers. Returns (True, None) or (False, why); never raises."""
-    from ..errors import EngineError
     try:
         client.tokenize(messages=CHAT_PROBE, add_generation_prompt=True)
     except (EngineError, ValueError, TypeError, KeyError) as exc:

@@ -1,14 +1,14 @@
 """The run context: the one face scenarios (and checks) see of a run.
 
-:class:`ScenarioContext` is the contract a scenario kind codes against (docs/extending.md);
-:class:`RunContext` implements it: it issues phases (:meth:`RunContext.run_phase`, which records,
-judges and persists each phase and returns its :class:`~pleharness.run.phases.PhaseResult`;
-the phase's work is in :mod:`pleharness.run.phases`, the request path in
-:mod:`pleharness.run.sending`), takes references (:mod:`pleharness.run.references`),
-judges requests (:mod:`pleharness.run.judge`) and keeps the scenario's tables and notes. A
-scenario never touches the manifest or saves it; on the reference engine's collect-only pass
-(``--reference engine``) load phases, tables and notes are no-ops, so a scenario never branches
-on the reference mode either. Checks see a :class:`CheckContext`.
+:class:`~pleharness.run.scenario_context.ScenarioContext` is the contract a scenario kind codes
+against (docs/extending.md); :class:`RunContext` implements it: it issues phases
+(:meth:`RunContext.run_phase`, which records, judges and persists each phase and returns its
+:class:`~pleharness.run.phases.PhaseResult`; the phase's work is in :mod:`pleharness.run.phases`,
+the request path in :mod:`pleharness.run.sending`), takes references
+(:mod:`pleharness.run.references`), judges requests (:mod:`pleharness.run.judge`) and keeps the
+scenario's tables and notes. A scenario never touches the manifest or saves it; on the reference
+engine's collect-only pass (``--reference engine``) load phases, tables and notes are no-ops, so
+a scenario never branches on the reference mode either. Checks see a :class:`CheckContext`.
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from types import MappingProxyType
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import Progress
 
 from ..divergence import DEFAULT_NEAR_TIE_NATS
@@ -30,56 +31,14 @@ from ..engine.launch import EngineServer
 from ..errors import EngineError, UsageError
 from ..manifest import (CheckResult, Manifest, PhaseRecord, ReferenceRecord, RequestRecord,
                         write_manifest)
+from ..prompts import ChatPromptBuilder
 from ..request import Outcome, RequestSpec
 from . import phases
 from .judge import Judge, Rule
 from .phases import PhaseResult
 from .references import References
+from .scenario_context import Mark, ScenarioContext
 from .sending import Sender
-
-
-@dataclass(frozen=True)
-class Mark:
-    """A point in the run (:meth:`RunContext.mark`): how many phases and records existed."""
-
-    phases: int
-    requests: int
-
-
-class ScenarioContext:
-    """What a scenario kind's ``run(ctx)`` gets: the whole contract (docs/extending.md), a
-    facade over the :class:`RunContext` that has no way to the manifest or to saving it.
-
-    Read-only: ``facts`` (:class:`pleharness.engine.facts.EngineFacts`), ``client`` (the engine
-    client, for /metrics around a request), ``console`` / ``progress`` (output), ``references``
-    (by request key), ``strict``, ``near_tie_nats``, ``reference_mode``,
-    ``reference_cache_state``,
-    ``engine_probe``, ``run_dir``, ``run_id``, ``scenario_name``, ``phase_prefix``.
-    Methods: :meth:`RunContext.run_phase`, :meth:`RunContext.take_references`,
-    :meth:`RunContext.keep_warm_references`, :meth:`RunContext.add_phase_check`,
-    :meth:`RunContext.issue`, :meth:`RunContext.prompt_builder`, :meth:`RunContext.note`,
-    :meth:`RunContext.add_table`, :meth:`RunContext.set_table`,
-    :meth:`RunContext.add_planned_phases`, :meth:`RunContext.mark`, :meth:`RunContext.since`,
-    :meth:`RunContext.detokenize`, :meth:`RunContext.reference`,
-    :meth:`RunContext.reset_prefix_cache`.
-    """
-
-    __slots__ = ("_run",)
-    FACE = ("facts", "client", "console", "progress", "references", "strict", "reference_mode",
-            "reference_cache_state", "engine_probe", "run_dir", "run_id", "scenario_name",
-            "phase_prefix", "run_phase", "take_references", "keep_warm_references",
-            "add_phase_check", "issue", "prompt_builder", "note", "add_table", "set_table",
-            "add_planned_phases", "mark", "since", "detokenize", "reference",
-            "reset_prefix_cache", "near_tie_nats")
-
-    def __init__(self, run: "RunContext"):
-        self._run = run
-
-    def __getattr__(self, name: str) -> Any:
-        if name in ScenarioContext.FACE:
-            return getattr(self._run, name)
-        raise AttributeError(f"a scenario's context has no {name!r} (the contract: "
-                             "pleharness.run.context.ScenarioContext, docs/extending.md)")
 
 
 class CheckContext:
@@ -223,7 +182,6 @@ class RunContext:
 
     def _warn(self, text: str) -> None:
         if self.console is not None:
-            from rich.markup import escape
             self.console.print(f"[yellow]warning:[/yellow] {escape(text)}")
 
     # -- for scenarios ----------------------------------------------------------------------------
@@ -237,11 +195,10 @@ class RunContext:
         in it, never raised)."""
         return self.client._run(self.sender.aissue(spec, on_token))
 
-    def prompt_builder(self, filler: str, tail: int):
+    def prompt_builder(self, filler: str, tail: int) -> ChatPromptBuilder:
         """The engine's :class:`pleharness.prompts.ChatPromptBuilder` for ``filler`` (one token)
         and ``tail`` (generation-prompt tail tokens), built once per context (it asks the
         engine's tokenizer). Raises ValueError when ``filler`` is not exactly one token."""
-        from ..prompts import ChatPromptBuilder
         key = (filler, tail)
         if key not in self._prompt_builders:
             self._prompt_builders[key] = ChatPromptBuilder(self.client, filler, tail)

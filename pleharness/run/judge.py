@@ -19,10 +19,13 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from ..checks import REGISTRY
 from ..divergence import (Rule, analyse, compare_outputs, first_divergence,  # noqa: F401
                           golden_side, is_half_precision, noise_floor, settle, solo_gaps)
 from ..checks.logprob_parity import logprob_parity
+from ..checks.logprob_sanity import shapes_logits
 from ..engine.completion import Completion
+from ..golden import GoldenError
 from ..manifest import (CheckResult, Divergence, Manifest, PhaseRecord, ReferenceRecord,
                         RequestRecord, SideEvidence)
 from ..parity import token_hash
@@ -43,7 +46,6 @@ class Judge:
                  rule: Rule, golden=None, check_registry: Mapping | None = None,
                  save: Callable[[], None] = lambda: None,
                  warn: Callable[[str], None] = lambda _text: None):
-        from ..checks import REGISTRY
         self.manifest = manifest
         self.references = references
         self.rule = rule
@@ -204,7 +206,6 @@ class Judge:
         came from fails (check ``corrupt_reference``; on ``rec`` itself when that run is not in
         this manifest), the kept reference is replaced by the golden continuation (recorded with
         ``replaces``), and ``rec`` is judged again against it."""
-        from ..golden import GoldenError
         text = side_sentence(d, rec.prompt_key)
         mark_corrupt_reference(self.manifest, ref, rec, text)
         self.manifest.summary.setdefault("corrupt_references", []).append(
@@ -254,7 +255,6 @@ class Judge:
         to the majority. Float32 engines: nothing changes."""
         if self.golden is None or not self._half:
             return
-        from ..golden import GoldenError
         gaps: list[float] = []
         runs, left_out = self._floor_runs()
         try:
@@ -345,14 +345,12 @@ class Judge:
         reference, issue 35 item 2)."""
         if self.golden is None or self.golden_error is not None or spec.temperature > 0:
             return None
-        from ..checks.logprob_sanity import shapes_logits
         if shapes_logits(spec):  # the golden model knows no penalties or logit bias
             return None
         toks = [t for t in (reference[pos] if pos < len(reference) else None,
                             observed[pos] if pos < len(observed) else None) if t is not None]
         if len(toks) < 2:
             return None
-        from ..golden import GoldenError
         try:
             lps, top = self.golden.score(list(spec.prompt.ids), list(observed[:pos]), toks)
         except GoldenError as exc:

@@ -9,7 +9,9 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from .. import evidence
 from ..checks import DEFAULT_PHASE_CHECKS, PHASE_REGISTRY
+from ..engine import metrics
 from ..engine.client import Completion
 from ..errors import EngineError, RequestTimeoutAbort
 from ..manifest import PhaseRecord, RequestRecord, now_iso
@@ -104,7 +106,6 @@ def run(ctx, name: str, concurrency: int, specs: Sequence[RequestSpec], *,
             ctx.progress.advance(task, len(specs) if together
                                  else len(groups[_i]) if groups else 1)
 
-    from ..engine import metrics
     before = metrics.snapshot(ctx.client)
     t0 = time.monotonic()
     batch = ctx.client.run_batch(items, 1 if together else concurrency, job, on_done=done)
@@ -161,8 +162,6 @@ def close_phase(ctx, ph: PhaseRecord, outcomes: PhaseResult, before,
                 on_outcome: Callable[[Outcome], None] | None) -> None:
     """Evidence, the scenario's per-request hook, phase checks, the phase's verdict; the
     manifest is written."""
-    from .. import evidence
-    from ..engine import metrics
     ph.engaged = evidence.phase_evidence(before, metrics.snapshot(ctx.client),
                                          [o.completion for o in outcomes],
                                          [len(o.spec.prompt) for o in outcomes],

@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from ..divergence import margins
+from ..golden import GoldenError
 from ..manifest import Manifest, ReferenceRecord
 from ..parity import token_hash
 from ..request import Outcome, RequestSpec
@@ -133,7 +134,6 @@ class References:
         """``--reference golden``: each prompt's reference is the golden model's greedy
         continuation (:mod:`pleharness.golden`); the engine's own single-request runs (cold, then
         warm when ``state`` is warm) are then compared with it like any other request."""
-        from ..golden import GoldenError
         if self.golden is None:
             raise GoldenError("--reference golden: no golden model")
         for s in todo:

@@ -23,7 +23,7 @@ from ..tomlfile import find_named, read_toml, validate
 if TYPE_CHECKING:  # pragma: no cover
     from ..engine.facts import EngineFacts
     from ..manifest import Manifest
-    from ..run.context import ScenarioContext
+    from ..run.scenario_context import ScenarioContext
 
 REGISTRY: dict[str, type["Scenario"]] = {}
 

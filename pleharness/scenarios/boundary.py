@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 from pydantic import Field
 
 from ..engine import metrics
+from ..evidence import mark_vacuous
 from ..manifest import CheckResult, Manifest
 from ..request import Outcome, RequestSpec
 from .base import TableRow, register
@@ -38,7 +39,7 @@ from .shared.chat import ChatParams, ChatScenario, boundary_spec, max_prompt_len
 from .shared.lengths import boundary_lengths, skipped_families
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..run.context import ScenarioContext
+    from ..run.scenario_context import ScenarioContext
 
 
 class BoundaryParams(ChatParams):
@@ -175,7 +176,6 @@ class Boundary(ChatScenario):
         """Record how many warm runs hit the prefix cache (``engaged.warm_runs_hit``); when none
         did although the counters were read, the warm half tested nothing: vacuous (with the
         engine's own prefix_caching fact as the reason when it says the cache is off)."""
-        from ..evidence import mark_vacuous
         known = [hits.get(o.spec.prompt.key) for o in warm if o.completion.error is None]
         known = [h for h in known if h is not None]
         hit = sum(1 for h in known if h > 0)

@@ -35,7 +35,7 @@ from .base import Params, Scenario, ScenarioError, register
 from .transitions import MAX_CONCURRENCY, PromptSet
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..run.context import ScenarioContext
+    from ..run.scenario_context import ScenarioContext
 
 
 @dataclass

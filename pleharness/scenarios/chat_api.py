@@ -40,7 +40,7 @@ from ..request import RequestSpec
 from .base import Params, Scenario, ScenarioError, TableRow, register
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..run.context import ScenarioContext
+    from ..run.scenario_context import ScenarioContext
 
 WORDS = ("the engine cache block prefill decode token batch request stream step model server "
          "graph kernel memory queue slot answer question prompt length chunk draft verify "

@@ -49,14 +49,17 @@ from typing import TYPE_CHECKING
 from pydantic import Field, field_validator, model_validator
 
 from ..checks import DEFAULT_CHECKS
-from ..engine.facts import as_facts
+from ..divergence import first_divergence
+from ..engine.choices import acomplete_choices
+from ..engine.facts import as_facts, query_len
+from ..engine_probe import seeded_samples_decision
 from ..manifest import CheckResult
 from ..prompts import Prompt, seeded_prompts
 from ..request import RequestSpec
 from .base import Params, Scenario, ScenarioError, TableRow, register
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..run.context import ScenarioContext
+    from ..run.scenario_context import ScenarioContext
 
 DERIVED_SEEDS_FROM = (0, 8)  # vLLM's V1 engine (default from 0.8) derives seed + index
 SAMPLED_CHECKS = ("vocab_range", "usage", "logprob_sanity", "choices")
@@ -160,9 +163,6 @@ class Choices(Scenario):
         None when they are: the version documents the derivation, the engine probe allows
         seeded samples, and phase ``choices-seed-probe`` found every derived seed's single
         request equal in two solo runs."""
-        from ..divergence import first_divergence
-        from ..engine.facts import query_len
-        from ..engine_probe import seeded_samples_decision
         if getattr(ctx, "reference_mode", "solo") != "solo":
             return (f"references come from elsewhere (--reference {ctx.reference_mode}), "
                     "which has no seeded samples")
@@ -275,7 +275,6 @@ class Choices(Scenario):
         """Phase check ``greedy_n`` on ``ph``: one request for 2 choices at temperature 0 (sent
         as asked) is refused with a clean 4xx (vLLM: "n must be 1 when using greedy sampling"),
         or answered with 2 choices that both equal the greedy reference of its prompt."""
-        from ..engine.choices import acomplete_choices
         if ref_spec is None:
             return
         outs = ctx.client._run(acomplete_choices(

@@ -47,7 +47,7 @@ from ..request import RequestSpec
 from .base import Params, Scenario, TableRow, register
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..run.context import ScenarioContext
+    from ..run.scenario_context import ScenarioContext
 
 PROBE = "ple harness probe"  # the one choice of the probe request
 WORDS = ("the a of box red cat item answer colour number say pick one two three is was with "

@@ -42,13 +42,14 @@ from typing import TYPE_CHECKING
 from pydantic import Field, model_validator
 
 from ..engine import metrics
+from ..evidence import mark_vacuous
 from ..manifest import CheckResult, Manifest
 from ..prompts import Prompt
 from ..request import Outcome, RequestSpec
 from .base import Params, Scenario, ScenarioError, TableRow, register
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..run.context import ScenarioContext
+    from ..run.scenario_context import ScenarioContext
 
 KV_USAGE = "vllm:kv_cache_usage_perc"  # gauge: fraction of KV blocks in use (0..1)
 
@@ -316,7 +317,6 @@ def _reuse_check(ctx: "ScenarioContext", ph2) -> CheckResult:
     hit = CheckResult(name="prefix_cache_reuse", status="warn",
                       detail="0 prefix-cache hit tokens in the follow-ups: the reuse of "
                              "the abandoned runs' blocks was not tested")
-    from ..evidence import mark_vacuous
     mark_vacuous(ctx, ph2, "after-disconnect: 0 prefix-cache hit tokens")
     return hit
 

@@ -6,7 +6,7 @@ A drawn :class:`Features` is abstract where a concrete value would need the engi
 stop ID (``stop_at``) or a biased token (``bias_at``) is named by an output position, and
 resolved when the example runs to the ID that *the same prompt's request without per-request
 parameters* (same max_tokens and sampling; its solo reference, taken first) emits there
-(:func:`resolve`; the stop ID is :func:`pleharness.scenarios.mixed_params._stop_id`'s, so it
+(:func:`resolve`; the stop ID is :func:`pleharness.scenarios.shared.stops.stop_id`'s, so it
 fires there unless a penalty or bias changed the output first). The reproducer carries the
 concrete IDs (:func:`toml_lines`), which the ``replay`` kind reads and sends.
 
@@ -42,11 +42,16 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, fields, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:  # pragma: no cover
-    from ..prompts import Prompt
-    from ..request import RequestSpec
+from ..checks.constrained import NAME as CON
+from ..checks.prompt_logprobs import NAME as PLP
+from ..checks.stop_string import eos_ids
+from ..errors import EngineError
+from ..prompts import Prompt
+from ..request import RequestSpec
+from .constrained import probe
+from .shared.stops import stop_for, stop_id
 
 ODDS = 8  # each feature is drawn with probability 1 / ODDS (0, the shrink target: absent)
 MAX_LOGPROBS = 5  # top-k of a drawn logprobs / prompt_logprobs: 1..5 (vLLM's default cap is 20)
@@ -168,7 +173,6 @@ def gate(ctx, names: frozenset[str]) -> tuple[frozenset[str], list[str]]:
     ``structured`` is asked; never raises for an engine's refusal."""
     if "structured" not in names:
         return names, []
-    from .constrained import probe
     why = probe(ctx)
     if why is None:
         return names, []
@@ -181,7 +185,7 @@ def draw_features(draw, names: frozenset[str], max_tokens: int, stream: bool,
     of ``max_tokens`` (>= 1), streamed or not, of prompt ``shape`` (random | chat | messages).
     Each feature is present with probability 1 / ODDS; every value shrinks towards absent
     (then towards its smallest value). Conflicts are resolved later by :func:`fit`."""
-    from hypothesis import strategies as st
+    from hypothesis import strategies as st  # lazy: hypothesis, only when a fuzz run draws
 
     def on(name: str) -> bool:
         return name in names and draw(st.integers(0, ODDS - 1)) == ODDS - 1
@@ -242,7 +246,6 @@ def base_spec(spec: "RequestSpec") -> "RequestSpec":
     """The request whose output names ``stop_at`` / ``bias_at`` IDs: ``spec``'s prompt,
     max_tokens and sampling, streamed, no per-request parameters (its reference key is the
     plain one)."""
-    from ..request import RequestSpec
     return RequestSpec(spec.prompt, spec.max_tokens, temperature=spec.temperature,
                        seed=spec.seed, note="fuzz: output that names stop / bias IDs")
 
@@ -251,17 +254,16 @@ def resolve(f: Features, base_ids: list[int] | None, prompt_ids: tuple[int, ...]
         -> tuple[tuple[int, ...] | None, tuple[tuple[int, float], ...] | None]:
     """(stop_token_ids, logit_bias) of ``f`` from ``base_ids`` (the output of
     :func:`base_spec`'s request, None when it has none): the stop ID at ``stop_at``
-    (``mixed_params._stop_id``: the first ID at or after it not emitted before, so it stops
+    (:func:`pleharness.scenarios.shared.stops.stop_id`: the first ID at or after it not emitted before, so it stops
     there), the biased ID at ``bias_at``. A position past the output takes the prompt's ID at
     that position modulo its length (a valid ID that may not fire)."""
-    from .mixed_params import _stop_id
 
     def at(j: int) -> int:
         return int(base_ids[j]) if base_ids and j < len(base_ids) else \
             int(prompt_ids[j % len(prompt_ids)])
     stop = None
     if f.stop_at is not None:
-        stop = (_stop_id(base_ids, f.stop_at) if base_ids and f.stop_at < len(base_ids)
+        stop = (stop_id(base_ids, f.stop_at) if base_ids and f.stop_at < len(base_ids)
                 else at(f.stop_at),)
     bias = ((at(f.bias_at), float(f.bias)),) if f.bias_at is not None else None
     return stop, bias
@@ -269,7 +271,7 @@ def resolve(f: Features, base_ids: list[int] | None, prompt_ids: tuple[int, ...]
 
 def stop_string(ctx, f: Features, base_ids: list[int] | None) -> tuple[str | None, str]:
     """(stop string, why) of ``f.stop_str_at`` = j: the ``stop_strings`` kind's pick
-    (:func:`pleharness.scenarios.stop_strings.stop_for`: the text of token j, then of j-1..j,
+    (:func:`pleharness.scenarios.shared.stops.stop_for`: the text of token j, then of j-1..j,
     ... whose first occurrence in the output's text ends at token j) in ``base_ids`` (the
     output of :func:`base_spec`'s request), kept only when it also holds for the text the
     engine searches (EOS IDs left out). (None, why) when there is none: no output there, no
@@ -280,9 +282,6 @@ def stop_string(ctx, f: Features, base_ids: list[int] | None) -> tuple[str | Non
     if not base_ids or j >= len(base_ids):
         return None, (f"stop string dropped: the request without parameters emitted "
                       f"{len(base_ids or ())} token(s), none at position {j}")
-    from ..checks.stop_string import eos_ids
-    from ..errors import EngineError
-    from .stop_strings import stop_for
     try:
         ids = [int(t) for t in base_ids]
         s = stop_for(ctx, ids, j)
@@ -308,8 +307,6 @@ def apply(spec: "RequestSpec", f: Features, base_ids: list[int] | None,
     constraint's end). A dropped stop string is said in the note. Returns a new spec."""
     if not f:
         return spec
-    from ..checks.constrained import NAME as CON
-    from ..checks.prompt_logprobs import NAME as PLP
     stop, bias = resolve(f, base_ids, spec.prompt.ids)
     text, why = stop_string(ctx, f, base_ids) if ctx is not None else \
         (None, "stop string dropped: no engine to take it from" if f.stop_str_at is not None
@@ -342,7 +339,6 @@ def messages_prompt(client, length: int, seed: int, key: str, why: str) \
     generation prompt) is at most ``length`` tokens, as close as 4 tries get: ``Reply with
     OK.`` and words of :data:`CHAT_WORDS` (from ``seed``), and the Prompt of its template's IDs.
     Raises EngineError from /tokenize (no chat template)."""
-    from ..prompts import Prompt
 
     def ids_of(n: int) -> tuple[list[int], tuple[tuple[str, str], ...]]:
         words = "".join(" " + CHAT_WORDS[(seed + i) % len(CHAT_WORDS)] for i in range(n))

@@ -28,7 +28,7 @@ from .shared.chat import ChatParams, ChatScenario, boundary_spec, builder, max_p
 from .shared.lengths import boundary_lengths
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..run.context import ScenarioContext
+    from ..run.scenario_context import ScenarioContext
 
 
 class InsertParams(ChatParams):

@@ -39,13 +39,14 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import Field
 
 from ..engine import metrics
+from ..evidence import mark_vacuous
 from ..manifest import CheckResult
 from ..prompts import seeded_prompts
 from ..request import RequestSpec
 from .base import Params, Scenario, register
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..run.context import ScenarioContext
+    from ..run.scenario_context import ScenarioContext
 
 
 def pressure_plan(facts: dict, prompt_len: int = 32, max_tokens: int | None = None,
@@ -148,7 +149,6 @@ class KvPressure(Scenario):
                                  "host can serialize them)"))
         ctx.add_phase_check(ph, chk)
         if pre is not None and pre <= 0:
-            from ..evidence import mark_vacuous
             mark_vacuous(ctx, ph, "0 preemptions: the KV cache never overflowed, so "
                          "recomputation after preemption was not tested")
         compared = [o.record for o in outs if o.record.match is not None]

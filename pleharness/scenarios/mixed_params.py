@@ -45,10 +45,11 @@ from ..manifest import CheckResult
 from ..prompts import seeded_prompts
 from ..request import RequestSpec
 from .base import Params, Scenario, ScenarioError, TableRow, register
+from .shared.stops import stop_id
 from .stop_strings import phase_of
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..run.context import ScenarioContext
+    from ..run.scenario_context import ScenarioContext
 
 
 class Variant(Params):
@@ -58,7 +59,7 @@ class Variant(Params):
     prompt's default output), ``ignore_eos``, ``temperature`` (> 0: an unseeded sampled
     neighbour, not compared), ``stop_token_at`` (``stop_token_ids`` = the ID the prompt's default
     output emits first at this position or the first later one it emits first there,
-    :func:`_stop_id`: the variant must stop there, issue 35 item 5), ``min_tokens`` (vLLM: no stop ID or EOS before this many tokens; with ``stop_token_at``
+    :func:`pleharness.scenarios.shared.stops.stop_id`: the variant must stop there, issue 35 item 5), ``min_tokens`` (vLLM: no stop ID or EOS before this many tokens; with ``stop_token_at``
     below it, the stop ID must be held back until then)."""
 
     name: str = Field(min_length=1)
@@ -80,16 +81,6 @@ class Variant(Params):
                              + (" (min_tokens needs a stop ID to hold back: stop_token_at, or "
                                 "ignore_eos = false)" if self.min_tokens else ""))
         return self
-
-
-def _stop_id(ids, at: int) -> int:
-    """The stop ID for ``stop_token_at`` = ``at`` in the default output ``ids``: the first ID at
-    position ``at`` or later that the output does not emit before (the variant then stops
-    exactly there, not on an earlier occurrence); ``ids[at]`` when there is none."""
-    for j in range(at, len(ids)):
-        if ids[j] not in ids[:j]:
-            return int(ids[j])
-    return int(ids[at])
 
 
 def _default_variants() -> list[Variant]:
@@ -203,7 +194,7 @@ class MixedParams(Scenario):
                 if o.completion.error is not None or len(ids) <= v.stop_token_at:
                     raise ScenarioError(f"{self.source}: variant {v.name!r}: its prompt's default "
                                         f"request gave no token at position {v.stop_token_at}")
-                stop_ids = (_stop_id(ids, v.stop_token_at),)
+                stop_ids = (stop_id(ids, v.stop_token_at),)
             sampled = v.temperature > 0
             checks = ({"vocab_range": {}, "usage": {}} if sampled
                       else {name: {} for name in DEFAULT_CHECKS})

@@ -23,7 +23,7 @@ from .base import register
 from .shared.chat import ChatParams, ChatScenario, boundary_spec, max_prompt_len
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..run.context import ScenarioContext
+    from ..run.scenario_context import ScenarioContext
 
 
 class PairsParams(ChatParams):

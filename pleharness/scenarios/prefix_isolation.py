@@ -42,13 +42,14 @@ from typing import TYPE_CHECKING
 from pydantic import Field
 
 from ..divergence import margins
+from ..evidence import mark_vacuous
 from ..manifest import CheckResult, Manifest
 from ..prompts import Prompt
 from ..request import Outcome, RequestSpec
 from .base import Params, Scenario, ScenarioError, TableRow, register
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..run.context import ScenarioContext
+    from ..run.scenario_context import ScenarioContext
 
 
 class PrefixIsolationParams(Params):
@@ -250,7 +251,6 @@ def _tested_check(ctx: "ScenarioContext", ph, dups: list[tuple[Prompt, int]], b:
     n_tell = sum(1 for v in telling.values() if v)
     what = (f"{n_tell} of {n_outs} near duplicates have a reference that differs from the "
             "original's output (IDs or logprob margins)")
-    from ..evidence import mark_vacuous
     if hits is None:
         return CheckResult(name="prefix_isolation_tested", status="skip",
                            detail="no prefix-cache counters at /metrics; " + what)

@@ -44,7 +44,7 @@ from ..request import Outcome, RequestSpec
 from .base import Params, Scenario, ScenarioError, TableRow, register
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..run.context import ScenarioContext
+    from ..run.scenario_context import ScenarioContext
 
 MAX_K = 20  # vLLM's default --max-logprobs: a larger k is a 400
 

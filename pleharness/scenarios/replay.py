@@ -57,16 +57,21 @@ from __future__ import annotations
 
 from ..engine.facts import as_facts
 
+import re
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, model_validator
 
+from ..checks import REGISTRY
+from ..checks.constrained import KINDS, NAME as CON, constraint_problem
+from ..checks.prompt_logprobs import NAME
 from ..prompts import Prompt
 from ..request import RequestSpec
 from .base import Params, Scenario, ScenarioError, register
+from .shared.inserting import landing_check, run_phase_with_inserts
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..run.context import ScenarioContext
+    from ..run.scenario_context import ScenarioContext
 
 
 class ChatMessage(Params):
@@ -124,7 +129,6 @@ class ReplayRequest(Params):
         if self.echo and self.logprobs is None:
             raise ValueError("echo needs logprobs (the prompt's scores come with them)")
         if self.structured_outputs is not None:
-            from ..checks.constrained import KINDS, constraint_problem
             if len(self.structured_outputs) != 1:
                 raise ValueError(f"structured_outputs: one key of {', '.join(KINDS)}, not "
                                  f"{sorted(self.structured_outputs) or 'none'}")
@@ -146,7 +150,6 @@ class ReplayRequest(Params):
 
     @model_validator(mode="after")
     def _pairs(self):
-        from ..checks import REGISTRY
         unknown = sorted(set(self.checks) - set(REGISTRY))
         if unknown:
             raise ValueError(f"checks: unknown check {unknown[0]!r} (known: "
@@ -226,7 +229,6 @@ class ReplayParams(Params):
         if bad:
             raise ValueError(f"failed: phase {', '.join(bad)} is not one of the phases "
                              f"({', '.join(names)})")
-        import re
         for ph in self.phases:
             for i, r in enumerate(ph.requests):
                 rx = (r.checks.get("expected_text") or {}).get("regex")
@@ -305,16 +307,13 @@ class Replay(Scenario):
         if spec.stop:
             spec.checks["stop_string"] = {}
         if spec.prompt_logprobs is not None or spec.echo:
-            from ..checks.prompt_logprobs import NAME
             spec.checks[NAME] = {}
         if spec.structured is not None:
-            from ..checks.constrained import NAME as CON
             spec.checks[CON] = {}
         spec.checks.update({name: dict(params) for name, params in r.checks.items()})
         return spec
 
     def run(self, ctx: "ScenarioContext") -> None:
-        from .shared.inserting import landing_check, run_phase_with_inserts
 
         phases = [[self._spec(r) for r in ph.requests] for ph in self.params.phases]
         start = ctx.mark()

@@ -69,8 +69,9 @@ The samples kept per side and the tests on them (b): :mod:`.sampled_stats`.
 """
 from __future__ import annotations
 
-from ..engine.facts import as_facts
+from ..engine.facts import as_facts, query_len
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -78,6 +79,8 @@ from pydantic import Field, field_validator, model_validator
 from ..checks import DEFAULT_CHECKS
 from ..checks.sampled_degeneration import NAME as SAMPLED_DEGENERATION
 from ..checks.sampled_degeneration import eos_ids
+from ..divergence import first_divergence
+from ..engine_probe import seeded_samples_decision
 from ..manifest import CheckResult, Manifest
 from ..prompts import Prompt, seeded_prompts
 from ..request import RequestSpec
@@ -87,7 +90,7 @@ from .shared.chat import ChatParams, ChatScenario, boundary_spec, max_prompt_len
 from .shared.lengths import boundary_lengths
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..run.context import ScenarioContext
+    from ..run.scenario_context import ScenarioContext
 
 PATTERN = 8  # tokens in the repeated pattern of the ngram distribution prompt
 
@@ -242,7 +245,6 @@ class Sampled(ChatScenario):
     def _probe_seeds(self, ctx) -> tuple[bool | None, int, int, list[int]]:
         """(reproduce, pairs sent, pairs equal, first divergent positions): one-token prompts,
         each twice alone with its seed; 4 pairs, then the rest unless one differed."""
-        from ..divergence import first_divergence
         p = self.params
         if not p.seed_probe_pairs:
             return None, 0, 0, []
@@ -327,8 +329,6 @@ class Sampled(ChatScenario):
         reproduce alone and in a batch, or, unmeasured, speculative decoding known off) and
         :meth:`_probe_seeds` measured that this run's seeds reproduce alone; else none. The ``sampled_seeds`` table
         says which and why."""
-        from ..engine.facts import query_len
-        from ..engine_probe import seeded_samples_decision
         p = self.params
         solo_refs = getattr(ctx, "reference_mode", "solo") == "solo"
         # the run's engine probe decides first, as for transitions and fuzz: seeded samples that
@@ -374,7 +374,6 @@ class Sampled(ChatScenario):
         return {"max_run": p.max_run, "max_punct_run": p.max_punct_run, **longest}
 
     def _load_spec(self, s: RequestSpec, solo_longest: dict) -> RequestSpec:
-        from dataclasses import replace
         new = replace(s, checks={k: dict(v) for k, v in s.checks.items()})
         lr = solo_longest.get(s.prompt.key)
         new.checks[SAMPLED_DEGENERATION] = self._degen_params(

@@ -37,14 +37,15 @@ from typing import TYPE_CHECKING
 from pydantic import Field, model_validator
 
 from ..checks import DEFAULT_CHECKS
-from ..checks.stop_string import eos_ids
+from ..evidence import mark_vacuous
 from ..manifest import CheckResult
 from ..request import RequestSpec
 from .base import Params, Scenario, ScenarioError, TableRow, register
 from .shared.chat import builder
+from .shared.stops import stop_for
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..run.context import ScenarioContext
+    from ..run.scenario_context import ScenarioContext
 
 
 class StopStringsParams(Params):
@@ -128,20 +129,6 @@ def pick_positions(steps: list[tuple[int, int]], lo: int, hi: int, q: int) -> li
     return sorted({a, b})
 
 
-def stop_for(ctx: "ScenarioContext", ids: list[int], j: int) -> str | None:
-    """A stop string whose first occurrence in the text of ``ids`` ends exactly at token j: the
-    text of tokens j, then j-1..j, ... (up to 4 tokens back), the first that qualifies; None when
-    none does (e.g. token j's text is empty)."""
-    if ids[j] in eos_ids(ctx):  # EOS: no text in a completion (skip_special_tokens)
-        return None
-    upto = ctx.detokenize(ids[:j + 1])
-    for back in range(1, min(4, j + 1) + 1):
-        s = upto[len(ctx.detokenize(ids[:j + 1 - back])):]
-        if s.strip() and upto.find(s) == len(upto) - len(s):
-            return s
-    return None
-
-
 @register
 class StopStrings(Scenario):
     """Kind ``stop_strings``: see the module docstring (phases ``stop-plain-solo`` and
@@ -208,7 +195,6 @@ class StopStrings(Scenario):
             # a model that does not count (random weights) gives no token text that completes
             # only at its own position: the kind tested nothing, and says so (not a usage error:
             # the rest of the suite still runs and is judged; found on the H200, issue 32)
-            from ..evidence import mark_vacuous
             mark_vacuous(ctx, solo.phase, "stop strings: none could be taken from the engine's "
                          "solo outputs (no output token's text completes only at its position: "
                          "a model that does not count?): nothing was stopped")

@@ -50,12 +50,13 @@ from typing import TYPE_CHECKING
 from pydantic import Field, field_validator, model_validator
 
 from ..engine.facts import as_facts, query_len
+from ..engine_probe import seeded_samples_decision
 from ..prompts import Prompt, seeded_prompts
 from ..request import RequestSpec
 from .base import Params, Scenario, ScenarioError, register
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..run.context import ScenarioContext
+    from ..run.scenario_context import ScenarioContext
 
 
 MAX_CONCURRENCY = 1024  # requests in flight at once: beyond this a phase is a denial of service
@@ -176,7 +177,6 @@ class Transitions(Scenario):
     def sampled_decision(self, q: int | None, probe: dict | None = None) -> tuple[bool, str]:
         """(:meth:`sampled`, why): :func:`pleharness.engine_probe.seeded_samples_decision`;
         (False, "") when ``sampled_every`` is 0."""
-        from ..engine_probe import seeded_samples_decision
         p = self.params
         if not p.sampled_every:
             return False, ""

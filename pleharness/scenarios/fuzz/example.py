@@ -18,7 +18,7 @@ from ..shared.inserting import run_phase_with_inserts
 from .strategy import FuzzParams, FuzzRequest, PhaseSpecs, Schedule, Space, build_space
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ...run.context import ScenarioContext
+    from ...run.scenario_context import ScenarioContext
 
 INSTRUCTION = "Reply with OK."
 

@@ -22,7 +22,7 @@ from .repro import failing_rows, write_repro
 from .strategy import FuzzParams, FuzzPhase, Schedule, Space, build_space, relabel, schedules
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ...run.context import ScenarioContext
+    from ...run.scenario_context import ScenarioContext
 
 
 class _PropertyFailed(AssertionError):
@@ -107,7 +107,7 @@ class Fuzz(FuzzExamples, Scenario):
         reuse, generate and, with ``shrink``, its own shrinker). Returns the smallest failing
         schedule seen, or None when none failed; an engine error or interrupt comes out as
         :class:`~.example.Abort`."""
-        # hypothesis is imported when a fuzz run starts, not at module import (start-up cost)
+        # lazy: hypothesis is imported when a fuzz run starts, not at module import (start-up)
         from hypothesis.errors import HypothesisException
         try:
             test()
@@ -166,6 +166,7 @@ class Fuzz(FuzzExamples, Scenario):
     def _hypothesis_test(self, prop, space: Space, db_path: Path):
         """``prop`` as a hypothesis test over :func:`schedules` (seed, max_examples, the example
         database at ``db_path``, no deadline, shrinking only with ``shrink``)."""
+        # lazy: hypothesis, only when a fuzz run starts
         from hypothesis import HealthCheck, Phase, given, seed, settings
         from hypothesis.database import DirectoryBasedExampleDatabase
         p = self.params

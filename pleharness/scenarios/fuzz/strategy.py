@@ -229,7 +229,7 @@ def schedules(space: Space):
     phases, lower concurrency, the shortest boundary length, new (not warm / copy) random prompts,
     seed 0, max_tokens 1, streamed greedy requests, no carrier, fewer inserts, earlier insert
     positions and the longest carrier decode."""
-    from hypothesis import strategies as st
+    from hypothesis import strategies as st  # lazy: hypothesis, only when a fuzz run draws
 
     phase = _phase_strategy(space, _request_strategy(space))
 
@@ -250,7 +250,7 @@ def schedules(space: Space):
 def _request_strategy(space: Space):
     """The composite strategy ``request(carrier=False)`` of :func:`schedules`: draws (kind,
     index, new :class:`FuzzRequest`). Hypothesis is imported here, not at module import."""
-    from hypothesis import strategies as st
+    from hypothesis import strategies as st  # lazy: hypothesis, only when a fuzz run draws
 
     carrier_lengths = [x for x in space.lengths if x[0] <= space.carrier_max_len]
 
@@ -295,7 +295,7 @@ def _request_strategy(space: Space):
 def _phase_strategy(space: Space, request):
     """The composite strategy ``phase()`` of :func:`schedules`: draws (concurrency, requests,
     carrier or None, inserts) with ``request`` (:func:`_request_strategy`), unresolved."""
-    from hypothesis import strategies as st
+    from hypothesis import strategies as st  # lazy: hypothesis, only when a fuzz run draws
 
     @st.composite
     def phase(draw):

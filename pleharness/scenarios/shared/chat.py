@@ -14,7 +14,7 @@ from ...request import RequestSpec
 from ..base import Params, Scenario, ScenarioError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ...run.context import ScenarioContext
+    from ...run.scenario_context import ScenarioContext
 
 
 class ChatParams(Params):

@@ -22,10 +22,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ...evidence import mark_vacuous
+from ...manifest import CheckResult
+
 if TYPE_CHECKING:  # pragma: no cover
     from ...engine.completion import Completion
     from ...request import RequestSpec
-    from ...run.context import ScenarioContext
+    from ...run.scenario_context import ScenarioContext
 
 
 @dataclass
@@ -141,8 +144,6 @@ def landing_check(ctx: "ScenarioContext", trig: "InsertTrigger | None", outcomes
     exercise a prefill inserted into a running decode; a replay that passes so is inconclusive,
     not a failure to reproduce: :mod:`pleharness.reproduce`). Nothing without inserts or a
     phase record."""
-    from ...evidence import mark_vacuous
-    from ...manifest import CheckResult
     if trig is None or not outcomes or outcomes.phase is None:
         return
     bad = trig.not_landed(outcomes)

@@ -1,0 +1,37 @@
+"""Stops taken from an engine's own output, shared by the ``mixed_params`` and ``stop_strings``
+kinds and by the ``fuzz`` kind's drawn features (:mod:`pleharness.scenarios.fuzz_features`):
+:func:`stop_id`, the stop token ID for an output position, and :func:`stop_for`, the stop string
+that completes exactly at one.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ...checks.stop_string import eos_ids
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ...run.scenario_context import ScenarioContext
+
+
+def stop_id(ids, at: int) -> int:
+    """The stop ID for ``stop_token_at`` = ``at`` in the default output ``ids``: the first ID at
+    position ``at`` or later that the output does not emit before (the variant then stops
+    exactly there, not on an earlier occurrence); ``ids[at]`` when there is none."""
+    for j in range(at, len(ids)):
+        if ids[j] not in ids[:j]:
+            return int(ids[j])
+    return int(ids[at])
+
+
+def stop_for(ctx: "ScenarioContext", ids: list[int], j: int) -> str | None:
+    """A stop string whose first occurrence in the text of ``ids`` ends exactly at token j: the
+    text of tokens j, then j-1..j, ... (up to 4 tokens back), the first that qualifies; None when
+    none does (e.g. token j's text is empty)."""
+    if ids[j] in eos_ids(ctx):  # EOS: no text in a completion (skip_special_tokens)
+        return None
+    upto = ctx.detokenize(ids[:j + 1])
+    for back in range(1, min(4, j + 1) + 1):
+        s = upto[len(ctx.detokenize(ids[:j + 1 - back])):]
+        if s.strip() and upto.find(s) == len(upto) - len(s):
+            return s
+    return None
