@@ -1,13 +1,18 @@
-"""One configuration layer: every option of the run commands is checked and resolved here.
+"""One configuration layer: the config groups of the run commands and the rules their options
+are checked by.
 
-The command line (:mod:`pleharness.cli`) only parses: it hands the raw option values of its
-option groups (a dict by Python name, plus the names given on the command line) to this module.
-Here the cross-option rules are checked once for every command (a launch option with ``--url``,
-an attach-only fact without it, an engine argument holding a space, an empty ``--results-dir``,
-...), the engine profile is found (a path or a shipped name) and applied under the flags, and the
-result is a :class:`StressConfig` whose :meth:`StressConfig.validate` checks what depends on
-the resolved values. Every problem is a :class:`~pleharness.errors.UsageError` naming the
-option (or the file and key); nothing has been read or started when one is raised.
+The command line (:mod:`pleharness.cli`) parses, then builds each config group once from the
+raw option values of its option groups (a dict by Python name, plus the names given on the
+command line; :mod:`pleharness.cli.assemble`, one builder per group). The rules it applies live
+here: the cross-option rules checked once for every command (:func:`option_problems`: a launch
+option with ``--url``, an attach-only fact without it, an engine argument holding a space, an
+empty ``--results-dir``, ...), finding an engine profile (a path or a shipped name), the value
+parsers. The result is a :class:`StressConfig`, the composition of the groups
+(:class:`EngineConfig`, :class:`AttachConfig`, :class:`SuiteConfig`, :class:`ReferenceConfig`,
+:class:`ControlConfig`, :class:`VerdictConfig`, the :class:`~pleharness.engine.inflight.Timeouts`,
+:class:`OutputConfig`, :class:`ConfirmationConfig`), whose :meth:`StressConfig.validate` checks
+what depends on the resolved values. Every problem is a :class:`~pleharness.errors.UsageError`
+naming the option (or the file and key); nothing has been read or started when one is raised.
 """
 from __future__ import annotations
 
@@ -21,14 +26,15 @@ from urllib.parse import urlsplit
 
 from rich.console import Console
 
-from .defaults import DEFAULT_CONFIRM_RUNS
-from .divergence import normalize_dtype
+from .defaults import (DEFAULT_CONFIRM_RUNS, DEFAULT_ENGINE_PROBE, DEFAULT_GOLDEN, DEFAULT_HOST,
+                       DEFAULT_LOGPROBS, DEFAULT_ON_TIMEOUT, DEFAULT_PARALLEL_ENGINES,
+                       DEFAULT_REFERENCE, DEFAULT_REFERENCE_CACHE_STATE, DEFAULT_RESULTS_DIR,
+                       DEFAULT_START_TIMEOUT_S, DEFAULT_STRICT, DEFAULT_SUITE_REPEATS)
 from .engine.inflight import Timeouts
 from .engine.session import Target, resolve_target
-from .engine.side_by_side import parse_parallel
 from .errors import UsageError
-from .profile import EngineProfile, load_profile
-from .redact import redact_argv, redact_url
+from .profile import load_profile
+from .redact import redact_url
 from .tomlfile import find_named
 
 DEFAULT_SCENARIOS = ["transitions", "boundary", "pairs", "insert", "sampled", "stop_strings",
@@ -46,7 +52,7 @@ LAUNCH_ONLY = [("model", "--model"), ("engine_profile", "--engine-profile"), ("t
                ("control_engine_arg", "--control-engine-arg"),
                ("control_drop_arg", "--control-drop-arg"), ("control_profile", "--control-profile")]
 # attach-only fact options: (python name, flag, how a launched engine gets that value,
-# the StressConfig.explicit_facts key)
+# the AttachConfig.explicit_facts key)
 ATTACH_FACTS = [
     ("block_size", "--block-size", "--engine-arg --block-size=N", "block_size"),
     ("chunk_size", "--chunk-size", "--engine-arg --max-num-batched-tokens=N",
@@ -203,41 +209,6 @@ def option_problems(o: Mapping[str, Any], given: Iterable[str]) -> list[str]:
     return out
 
 
-def engine_fields(o: Mapping[str, Any], given: Iterable[str]) -> dict[str, Any]:
-    """The :class:`StressConfig` fields of the engine, attach, verdict and output options
-    (``o``: option values by Python name, as :func:`option_problems` takes them), the engine
-    profile (a path or a shipped name) applied under the flags. Raises UsageError naming the
-    option (all conflicting options at once, then a bad profile, --dtype or --api-key-env)."""
-    raise_all(option_problems(o, given))
-    profile_path = find_profile(o["engine_profile"]) if o.get("engine_profile") else None
-    prof = load_profile(profile_path) if profile_path else EngineProfile()
-    raise_all(engine_arg_problems(prof.engine_args, f"{profile_path}: engine_args item"))
-    if o.get("dtype") is not None:
-        if normalize_dtype(o["dtype"]) is None:
-            raise UsageError(f"--dtype {o['dtype']!r}: expected bfloat16, float16 or float32")
-    api_key = None
-    if o.get("api_key_env"):
-        api_key = os.environ.get(o["api_key_env"])
-        if not api_key:
-            raise UsageError(f"--api-key-env {o['api_key_env']}: that environment variable is "
-                             + ("empty" if o["api_key_env"] in os.environ else "not set"))
-    return dict(
-        model=o.get("model") or prof.model, url=o.get("url"), tp=o.get("tp") or prof.tp or 1,
-        engine_python=o.get("engine_python") or prof.python or sys.executable,
-        engine_args=prof.engine_args + list(o.get("engine_arg") or []),
-        engine_env={**prof.env, **parse_env(o.get("engine_env") or [])},
-        host=o.get("host") or prof.host or "127.0.0.1", port=o.get("port"),
-        start_timeout_s=o.get("start_timeout", 900.0),
-        served_model_name=o.get("served_model_name") or prof.served_model_name,
-        explicit_facts={fact: o[name] for name, _, _, fact in ATTACH_FACTS
-                        if o.get(name) is not None},
-        profile=str(profile_path) if profile_path else None, api_key=api_key,
-        near_tie_nats=o.get("near_tie_nats"), strict=o.get("strict", False),
-        golden=o.get("golden", True), engine_probe=o.get("engine_probe", True),
-        results_dir=Path(o.get("results_dir", "results")), run_id=o.get("run_id"),
-        invocation=redact_argv(program() + sys.argv[1:]))
-
-
 def check_control_profile(name_or_path: Path | str, warn: Callable[[str], None]) -> Path:
     """Find and validate a --control-profile before anything starts (the control engine is
     launched only after the whole run under test); ``warn`` about the keys a control run
@@ -295,134 +266,197 @@ def check_db_folder(db: str | None) -> None:
                          "cannot be created there")
 
 
+# -- the config groups: one per option group, built once by the command line -------------------
+@dataclass(frozen=True)
+class EngineConfig:
+    """The engine under test's launch (options ``--model``, ``--engine-profile``, ``--tp``,
+    ``--engine-python``, ``--engine-arg``, ``--engine-env``, ``--host``, ``--port``,
+    ``--start-timeout``; ``--served-model-name`` and ``--engine-probe`` too), the engine profile
+    applied under the flags.
 
-def stress_config(o: Mapping[str, Any], given: Iterable[str],
-                  warn: Callable[[str], None]) -> "StressConfig":
-    """The :class:`StressConfig` of ``ple-harness stress`` from its option values by Python name
-    (``o``) and the names given on the command line: :func:`engine_fields`, then the suite (its
-    scenarios and repeat, unless --scenario / --suite-repeats), the scenario overrides, the
-    control profile (found and checked now), the reference and the timeouts. Raises
-    UsageError naming the option."""
-    given = frozenset(given)
-    fields = engine_fields(o, given)
-    from .suites import load_suite  # lazy: start-up (suites pulls compare into ple-harness --help)
-    suite = load_suite(o["suite"]) if o.get("suite") is not None else None
-    overrides = {k: v for k, v in (("ladder", None if o["ladder"] is None
-                                    else parse_ladder(o["ladder"])),
-                                   ("repeats", o["repeats"]), ("max_tokens", o["max_tokens"]))
-                 if v is not None}
-    control_profile = (check_control_profile(o["control_profile"], warn)
-                       if o.get("control_profile") else None)
-    explicit_repeats = "suite_repeats" in given or o["repeat_old"] is not None
-    return StressConfig(
-        **fields, overrides=overrides,
-        scenarios=suite.scenario_refs() if suite else list(o["scenario"] or DEFAULT_SCENARIOS),
-        repeat=(o["repeat_old"] or o["suite_repeats"]) if explicit_repeats or not suite
-        else suite.repeat,
-        on_timeout=_value(o["on_timeout"]), reference=o["reference"],
-        reference_engine_args=list(o["reference_engine_arg"] or []),
-        reference_drop_args=list(o["reference_drop_arg"] or []), logprobs=o["logprobs"],
-        golden_model=o["golden_model"], control_engine_args=list(o["control_engine_arg"] or []),
-        control_drop_args=list(o["control_drop_arg"] or []),
-        control_profile=str(control_profile) if control_profile else None,
-        reference_cache_state=_value(o["reference_cache_state"]),
-        confirm_runs=o["confirm_runs"], confirm_runs_given="confirm_runs" in given,
-        api=_value(o.get("api", "both")),
-        parallel_engines=parse_parallel(o.get("parallel_engines", 1)),
-        timeouts=Timeouts(o["connect_timeout"], o["first_token_timeout"],
-                          o["between_tokens_timeout"], o["request_timeout"]))
+    ``model``: a local model folder (None: the embedded tiny model); ``tp``: tensor-parallel
+    size; ``python``: the Python that has vLLM; ``args``: the engine's arguments (the profile's
+    engine_args, then ``--engine-arg``); ``env``: NAME -> VALUE (the profile's [env], then
+    ``--engine-env``); ``served_model_name``: the model name to request (None: as the server
+    lists it; attached engines too); ``host`` / ``port``: the listen address (port None: a free
+    one); ``start_timeout_s``: seconds to wait for readiness; ``profile``: the profile's path,
+    recorded with each launch; ``gpu_memory_tolerance_mib``: MiB of GPU memory the engines may
+    leave held after they stopped (no option); ``probe``: measure the engine first
+    (:mod:`pleharness.engine_probe`)."""
+
+    model: str | None = None
+    tp: int = 1
+    python: str = field(default_factory=lambda: sys.executable)
+    args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    served_model_name: str | None = None
+    host: str = DEFAULT_HOST
+    port: int | None = None
+    start_timeout_s: float = DEFAULT_START_TIMEOUT_S
+    profile: str | None = None
+    gpu_memory_tolerance_mib: float = 1024.0
+    probe: bool = DEFAULT_ENGINE_PROBE
 
 
-def _value(choice: Any) -> Any:
-    """An Enum choice's value (the CLI's choices are str Enums), else the value itself."""
-    return getattr(choice, "value", choice)
+@dataclass(frozen=True)
+class AttachConfig:
+    """Attaching to a running engine (options ``--url``, ``--api-key-env`` and the attach-only
+    facts ``--block-size`` ... ``--dtype``).
+
+    ``url``: the server's base URL (None: the harness launches the engine); ``api_key``: the
+    key read from ``--api-key-env`` (a Bearer token, and a launched engine's VLLM_API_KEY);
+    ``explicit_facts``: engine fact -> value (:data:`ATTACH_FACTS`' keys)."""
+
+    url: str | None = None
+    api_key: str | None = None
+    explicit_facts: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(frozen=True)
+class SuiteConfig:
+    """What runs on the engine (options ``--scenario`` / ``--suite``, ``--ladder``, ``--repeats``,
+    ``--max-tokens``, ``--suite-repeats``, ``--api``, ``--logprobs``; fuzz: its search options).
+
+    ``scenarios``: scenario refs (a name, a TOML path, or (kind, params)); ``overrides``:
+    parameter overrides by name (ladder, repeats, max_tokens); ``repeat``: suite passes on one
+    engine; ``api``: the endpoint of requests with a message form (completions, chat, both:
+    ``stress --api`` defaults to both, the other commands send completions); ``logprobs``:
+    top-k logprobs per output token (0: off)."""
+
+    scenarios: list = field(default_factory=lambda: list(DEFAULT_SCENARIOS))
+    overrides: dict[str, Any] = field(default_factory=dict)
+    repeat: int = DEFAULT_SUITE_REPEATS
+    api: str = "completions"
+    logprobs: int = DEFAULT_LOGPROBS
+
+
+@dataclass(frozen=True)
+class ReferenceConfig:
+    """Where single-request references come from and how they are taken (options
+    ``--reference``, ``--reference-engine-arg``, ``--reference-drop-arg``,
+    ``--reference-cache-state``, ``--golden-model``).
+
+    ``source``: solo | engine | golden | manifest:PATH; ``engine_args``: appended to the engine's
+    for the reference engine; ``drop_args``: flags removed from them; ``cache_state``: warm or
+    cold (which run of a reference prompt is kept); ``golden_model``: the golden model's folder
+    (None: the served model's)."""
+
+    source: str = DEFAULT_REFERENCE
+    engine_args: list[str] = field(default_factory=list)
+    drop_args: list[str] = field(default_factory=list)
+    cache_state: str = DEFAULT_REFERENCE_CACHE_STATE
+    golden_model: str | None = None
+
+
+@dataclass(frozen=True)
+class ControlConfig:
+    """The control run (options ``--control-engine-arg``, ``--control-drop-arg``,
+    ``--control-profile``; docs/attribution.md). True when one is asked for (any of them given).
+
+    ``engine_args``: appended to the engine's arguments; ``drop_args``: flags removed from them;
+    ``profile``: or the control's own engine profile (its path: engine_args and env)."""
+
+    engine_args: list[str] = field(default_factory=list)
+    drop_args: list[str] = field(default_factory=list)
+    profile: str | None = None
+
+    def __bool__(self) -> bool:
+        """Whether a control run is asked for (any --control-* option)."""
+        return bool(self.engine_args or self.drop_args or self.profile)
+
+
+@dataclass(frozen=True)
+class VerdictConfig:
+    """How a divergence and a timed-out phase are judged (options ``--near-tie-nats``,
+    ``--strict``, ``--golden``, ``--on-timeout``).
+
+    ``near_tie_nats``: the near-tie threshold, nats (None: from the serving dtype,
+    :mod:`pleharness.divergence`); ``strict``: any divergence fails; ``golden``: classify
+    divergences with the golden model when one can be built; ``on_timeout``: continue or abort
+    after a phase with timed-out requests."""
+
+    near_tie_nats: float | None = None
+    strict: bool = DEFAULT_STRICT
+    golden: bool = DEFAULT_GOLDEN
+    on_timeout: str = DEFAULT_ON_TIMEOUT
+
+
+@dataclass(frozen=True)
+class OutputConfig:
+    """Where the run folder goes (options ``--results-dir``, ``--run-id``), and how the run was
+    started (``invocation``: the command line, secrets redacted, recorded in the manifest)."""
+
+    results_dir: Path = Path(DEFAULT_RESULTS_DIR)
+    run_id: str | None = None
+    invocation: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ConfirmationConfig:
+    """Replaying the reproducers a run writes (options ``--confirm-runs``,
+    ``--parallel-engines``; :mod:`pleharness.reproduce`).
+
+    ``runs``: replays of each reproducer, each on a fresh engine (0: skip); ``runs_given``:
+    ``--confirm-runs`` was on the command line; ``parallel_engines``: engines side by side
+    (None: auto), for the replays and the control engine."""
+
+    runs: int = DEFAULT_CONFIRM_RUNS
+    runs_given: bool = False
+    parallel_engines: int | None = DEFAULT_PARALLEL_ENGINES
+
+
+@dataclass(frozen=True)
 class StressConfig:
-    """Resolved options of one ``ple-harness stress`` run (see ``ple-harness stress --help``).
+    """Resolved options of one ``ple-harness stress`` run (see ``ple-harness stress --help``), one
+    config group per option group, built once by the command line
+    (:mod:`pleharness.cli.assemble`) and passed whole; a replay is the same config with another
+    suite (:mod:`pleharness.reproduce`). ``timeouts``: the per-request timeouts, seconds
+    (``--connect-timeout`` ... ``--request-timeout``).
 
     :meth:`validate` checks the options that depend on each other; :func:`run_stress` calls it
     before anything is read or started.
     """
 
-    model: str | None = None
-    url: str | None = None
-    tp: int = 1
-    engine_python: str = field(default_factory=lambda: sys.executable)
-    engine_args: list[str] = field(default_factory=list)
-    engine_env: dict[str, str] = field(default_factory=dict)
-    served_model_name: str | None = None
-    scenarios: list[str] = field(default_factory=lambda: list(DEFAULT_SCENARIOS))
-    overrides: dict[str, Any] = field(default_factory=dict)
-    results_dir: Path = Path("results")
-    run_id: str | None = None
-    host: str = "127.0.0.1"
-    port: int | None = None
-    start_timeout_s: float = 900.0
-    api_key: str | None = None
-    explicit_facts: dict[str, Any] = field(default_factory=dict)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    attach: AttachConfig = field(default_factory=AttachConfig)
+    suite: SuiteConfig = field(default_factory=SuiteConfig)
+    reference: ReferenceConfig = field(default_factory=ReferenceConfig)
+    control: ControlConfig = field(default_factory=ControlConfig)
+    verdict: VerdictConfig = field(default_factory=VerdictConfig)
     timeouts: Timeouts = field(default_factory=Timeouts)
-    invocation: list[str] = field(default_factory=list)
-    profile: str | None = None
-    on_timeout: str = "continue"
-    gpu_memory_tolerance_mib: float = 1024.0
-    reference: str = "solo"
-    reference_engine_args: list[str] = field(default_factory=list)  # appended to the engine's
-    reference_drop_args: list[str] = field(default_factory=list)  # flags removed from them
-    repeat: int = 1
-    logprobs: int = 2
-    near_tie_nats: float | None = None  # None: derived from the serving dtype (divergence.py)
-    golden: bool = True  # classify divergences with the golden model when one can be built
-    golden_model: str | None = None  # model folder for the golden model (default: the served one)
-    control_engine_args: list[str] = field(default_factory=list)  # appended to the engine's args
-    engine_probe: bool = True  # measure the engine first (pleharness.engine_probe)
-    control_drop_args: list[str] = field(default_factory=list)  # flags removed from them
-    control_profile: str | None = None  # or: the control's own engine profile (args and env)
-    strict: bool = False
-    reference_cache_state: str = "warm"
-    confirm_runs: int = DEFAULT_CONFIRM_RUNS  # replays of each reproducer the run writes (pleharness.reproduce)
-    confirm_runs_given: bool = False  # --confirm-runs was on the command line
-    parallel_engines: int | None = 1  # confirmation engines side by side (None: auto)
-    # --api: endpoint of load requests whose prompt has a message form (pleharness.run.api);
-    # `stress` defaults to both, other commands that build a StressConfig keep completions
-    api: str = "completions"
+    output: OutputConfig = field(default_factory=OutputConfig)
+    confirmation: ConfirmationConfig = field(default_factory=ConfirmationConfig)
 
     @property
     def reference_mode(self) -> str:
         """solo | engine | manifest | golden (``--reference manifest:PATH`` gives manifest)."""
-        return self.reference.split(":", 1)[0]
-
-    @property
-    def control(self) -> bool:
-        """Whether a control run is asked for (any --control-* option)."""
-        return bool(self.control_engine_args or self.control_drop_args or self.control_profile)
+        return self.reference.source.split(":", 1)[0]
 
     def validate(self) -> None:
         """Raise UsageError (naming the option) for a malformed value or a combination that
         cannot run; nothing has been read or started yet."""
-        mode = self.reference_mode
+        mode, v, ref = self.reference_mode, self.verdict, self.reference
         for bad, msg in (
-            (self.on_timeout not in ("continue", "abort"),
-             f"--on-timeout {self.on_timeout!r}: expected continue or abort"),
-            (self.repeat < 1, "--suite-repeats must be >= 1"),
-            (self.confirm_runs < 0, f"--confirm-runs {self.confirm_runs}: expected 0 (skip) or "
-                                    "more replays"),
-            (self.api not in ("completions", "chat", "both"),
-             f"--api {self.api!r}: expected completions, chat or both"),
-            (self.reference_cache_state not in ("cold", "warm"),
-             f"--reference-cache-state {self.reference_cache_state!r}: expected cold or warm"),
+            (v.on_timeout not in ("continue", "abort"),
+             f"--on-timeout {v.on_timeout!r}: expected continue or abort"),
+            (self.suite.repeat < 1, "--suite-repeats must be >= 1"),
+            (self.confirmation.runs < 0, f"--confirm-runs {self.confirmation.runs}: expected 0 "
+                                         "(skip) or more replays"),
+            (self.suite.api not in ("completions", "chat", "both"),
+             f"--api {self.suite.api!r}: expected completions, chat or both"),
+            (ref.cache_state not in ("cold", "warm"),
+             f"--reference-cache-state {ref.cache_state!r}: expected cold or warm"),
             (mode not in REFERENCE_MODES,
-             f"--reference {self.reference!r}: expected solo, engine, golden or manifest:PATH"),
-            (mode == "golden" and not self.golden,
+             f"--reference {ref.source!r}: expected solo, engine, golden or manifest:PATH"),
+            (mode == "golden" and not v.golden,
              "--reference golden needs the golden model (drop --no-golden)"),
-            (mode == "engine" and self.url is not None,
+            (mode == "engine" and self.attach.url is not None,
              "--reference engine needs a launched engine (not --url)"),
-            (self.control and self.url is not None,
+            (self.control and self.attach.url is not None,
              "--control-engine-arg / --control-drop-arg / --control-profile need a launched "
              "engine (not --url): the harness launches the control"),
-            (self.golden_model is not None and not Path(self.golden_model).is_dir(),
-             f"--golden-model {self.golden_model}: not a model folder (checked before the "
+            (ref.golden_model is not None and not Path(ref.golden_model).is_dir(),
+             f"--golden-model {ref.golden_model}: not a model folder (checked before the "
              "engine, so that a typo does not cost an engine start)"),
         ):
             if bad:
@@ -431,8 +465,9 @@ class StressConfig:
     def target(self, console: Console) -> Target:
         """Resolve the engine target (:func:`pleharness.engine.session.resolve_target`); raises
         UsageError when the model, the engine's Python or the URL is not usable."""
-        return resolve_target(url=self.url, model=self.model, python=self.engine_python,
-                              tp=self.tp, engine_args=self.engine_args,
-                              engine_env=self.engine_env, served_name=self.served_model_name,
-                              host=self.host, port=self.port, api_key=self.api_key,
-                              start_timeout_s=self.start_timeout_s, log=console.print)
+        e = self.engine
+        return resolve_target(url=self.attach.url, model=e.model, python=e.python, tp=e.tp,
+                              engine_args=e.args, engine_env=e.env,
+                              served_name=e.served_model_name, host=e.host, port=e.port,
+                              api_key=self.attach.api_key, start_timeout_s=e.start_timeout_s,
+                              log=console.print)

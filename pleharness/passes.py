@@ -57,15 +57,15 @@ def engine_context(cfg: StressConfig, eng: Engine, manifest: Manifest, mpath: Pa
     from ``cfg`` (``options`` overrides, e.g. collect_only), the near-tie threshold from the
     serving dtype (recorded in ``run_options``), every registered check."""
     facts = as_facts(facts)
-    nats, why = near_tie_threshold(facts.dtype, cfg.near_tie_nats)
+    nats, why = near_tie_threshold(facts.dtype, cfg.verdict.near_tie_nats)
     manifest.run_options.near_tie_nats = nats
     manifest.run_options.near_tie_source = why
     manifest.run_options.serving_dtype = normalize_dtype(facts.dtype)
-    opts = RunOptions(on_timeout=cfg.on_timeout, logprobs=cfg.logprobs or None,
-                      near_tie_nats=nats, strict=cfg.strict,
+    opts = RunOptions(on_timeout=cfg.verdict.on_timeout, logprobs=cfg.suite.logprobs or None,
+                      near_tie_nats=nats, strict=cfg.verdict.strict,
                       serving_dtype=normalize_dtype(facts.dtype),
-                      reference_cache_state=cfg.reference_cache_state,
-                      api=cfg.api, **options)
+                      reference_cache_state=cfg.reference.cache_state,
+                      api=cfg.suite.api, **options)
     return RunContext(eng.client, manifest, mpath, facts, progress.console,
                       eng.server, progress, options=opts, golden=golden,
                       references=references if opts.reference_mode != "solo" else None)
@@ -87,11 +87,11 @@ def reference_pass(run: StressRun, scenarios: list[Scenario], target: Target) ->
     Returns the references by request key. Raises EngineError when the reference engine fails."""
     cfg, m = run.cfg, run.manifest
     spec = reference_variant(cfg).spec(target)
-    m.engine.reference_engine = {"launch": launch_record(spec, cfg.profile),
+    m.engine.reference_engine = {"launch": launch_record(spec, cfg.engine.profile),
                                     "engine_log": "reference-engine.log",
                                     "inherits": REFERENCE_INHERITS,
-                                    "dropped": list(cfg.reference_drop_args),
-                                    "added": list(cfg.reference_engine_args)}
+                                    "dropped": list(cfg.reference.drop_args),
+                                    "added": list(cfg.reference.engine_args)}
     # the engine under test's launch arguments first (its lengths need references); the
     # reference engine's own resolved values fill what they leave open
     eng = run.engine(target, spec=spec, log_name="reference-engine", what="reference engine",
@@ -126,9 +126,9 @@ def control_pass(run: StressRun, scenarios: list[Scenario], facts, target: Targe
     cfg, manifest = run.cfg, run.manifest
     spec = control_variant(cfg).spec(target)
     rec = manifest.engine.control_engine = {
-        "launch": launch_record(spec, cfg.profile), "engine_log": "control-engine.log",
-        "manifest": "control-manifest.json", "dropped": list(cfg.control_drop_args),
-        "added": list(cfg.control_engine_args), "profile": cfg.control_profile}
+        "launch": launch_record(spec, cfg.engine.profile), "engine_log": "control-engine.log",
+        "manifest": "control-manifest.json", "dropped": list(cfg.control.drop_args),
+        "added": list(cfg.control.engine_args), "profile": cfg.control.profile}
     cm = Manifest(run_id=manifest.run_id + "-control", harness=manifest.harness,
                   invocation=manifest.invocation, scenarios=manifest.scenarios,
                   run_options=manifest.run_options.model_copy(update={"role": "control run"}),
@@ -153,7 +153,7 @@ def control_pass(run: StressRun, scenarios: list[Scenario], facts, target: Targe
                                  url=eng.server.url)
         with progress_bar(run.console) as progress:
             ctx = engine_context(cfg, eng, cm, cpath, facts, progress)
-            run_suite(ctx, scenarios, cfg.repeat)
+            run_suite(ctx, scenarios, cfg.suite.repeat)
         cm.status = "complete"
     except EngineError as exc:
         cm.status = "engine_died"

@@ -35,14 +35,15 @@ from __future__ import annotations
 
 import io
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
 from .causes import causes
-from .config import StressConfig
+from .config import (ConfirmationConfig, ControlConfig, OutputConfig, ReferenceConfig,
+                     StressConfig, SuiteConfig, VerdictConfig)
 from .engine.session import Interrupted
 from .engine.side_by_side import run_side_by_side
 from .errors import HarnessError
@@ -51,38 +52,29 @@ from .manifest import load_manifest
 from .manifest.tables import Confirmation, ReplayRow, ReproducerRow
 from .scenarios.fuzz.rows import FuzzSummaryRow
 
-DEFAULT_CONFIRM_RUNS = 3
-
 
 @dataclass
 class ReplayTarget:
-    """Where a reproducer is replayed: ``launch`` (a :class:`~pleharness.engine.launch.LaunchSpec`
-    started fresh for every replay) or ``url`` (an attached engine, the same one every time).
+    """How a reproducer is replayed: ``config``, the base configuration of every replay (the
+    run's own, judged as the run recorded it: :func:`replay_base`), each replay being that
+    config with the reproducer as its suite (:func:`replay_config`): a fresh launch of its
+    engine group every time, or its attached engine (``attach.url``), the same one every time.
 
-    The other fields carry the judging options of the run the reproducer came from, so the
-    replay judges like it did (golden classifier on or off, near-tie threshold, strict, the
-    reference cache state, attach-only facts). ``runner``: the run a replay is,
-    ``runner(cfg, console, err_console) -> exit code`` (:func:`pleharness.stress.run_stress`,
-    handed in by the job that confirms: this module stays below the jobs and imports none)."""
+    ``runner``: the run a replay is, ``runner(cfg, console, err_console) -> exit code``
+    (:func:`pleharness.stress.run_stress`, handed in by the job that confirms: this module
+    stays below the jobs and imports none). ``parallel``: replays side by side
+    (:mod:`pleharness.engine.side_by_side`); ``engine_args_add``: arguments added to each
+    replay's launch (e.g. a fixed KV cache size)."""
 
     runner: Callable[[Any, Console, Console], int]
-    launch: Any = None
-    url: str | None = None
-    api_key: str | None = None
-    explicit_facts: dict[str, Any] = field(default_factory=dict)
-    golden: bool = True
-    near_tie_nats: float | None = None
-    strict: bool = False
-    reference_cache_state: str = "warm"
-    start_timeout_s: float = 900.0
-    timeouts: Any = None
-    parallel: int = 1  # replays side by side (pleharness.engine.side_by_side)
-    engine_args_add: list[str] = field(default_factory=list)  # e.g. a fixed KV cache size
+    config: StressConfig
+    parallel: int = 1
+    engine_args_add: list[str] = field(default_factory=list)
 
     @property
     def fresh(self) -> bool:
         """Whether each replay gets a freshly started engine (False when attached)."""
-        return self.url is None
+        return self.config.attach.url is None
 
 
 def judging_options(run_options) -> dict[str, Any]:
@@ -98,6 +90,33 @@ def judging_options(run_options) -> dict[str, Any]:
             "near_tie_nats": float(nats) if nats is not None else None,
             "strict": bool(o.strict),
             "reference_cache_state": o.reference_cache_state or "warm"}
+
+
+def replay_base(cfg: StressConfig, run_options) -> StressConfig:
+    """The base configuration of a run's replays: ``cfg`` judged with the options the run
+    recorded in ``run_options`` (:func:`judging_options`: the near-tie threshold it used,
+    strict, golden, the reference cache state), its references taken solo and no control run
+    (a replay repeats the run under test, not its second engines). ``stress --confirm-runs``
+    passes the run's own config, explain the one it builds from the run's manifest
+    (:func:`pleharness.explain.replay.run_config`): both judge a reproducer alike."""
+    j = judging_options(run_options)
+    return replace(cfg, verdict=VerdictConfig(near_tie_nats=j["near_tie_nats"],
+                                              strict=j["strict"], golden=j["golden"]),
+                   reference=ReferenceConfig(cache_state=j["reference_cache_state"]),
+                   control=ControlConfig())
+
+
+def replay_config(target: ReplayTarget, path: Path, out_dir: Path, run_id: str) -> StressConfig:
+    """One replay's configuration: the target's base config with the scenario file ``path`` as
+    its whole suite, its run folder ``out_dir/run_id``, no confirmation of its own, and the
+    target's ``engine_args_add`` after its engine's arguments."""
+    base = target.config
+    return replace(
+        base, engine=replace(base.engine, args=[*base.engine.args, *target.engine_args_add]),
+        suite=SuiteConfig(scenarios=[str(path)]),
+        output=OutputConfig(results_dir=out_dir, run_id=run_id,
+                            invocation=["ple-harness", "stress", "--scenario", str(path)]),
+        confirmation=ConfirmationConfig(runs=0))
 
 
 def rate_verdict(reproduced: int, runs: int, errors: int = 0, fresh: bool = True,
@@ -145,8 +164,7 @@ def replay_reproducer(path: Path, target: ReplayTarget, runs: int, out_dir: Path
         raise ValueError("runs must be >= 1")
     label = label or Path(path).stem
     private_dir(out_dir)
-    par = 1 if (not target.fresh or (target.launch is not None and target.launch.port)) \
-        else max(1, target.parallel)
+    par = 1 if (not target.fresh or target.config.engine.port) else max(1, target.parallel)
     replays: list[ReplayRow] = []
     i = 0
     # an inconclusive replay (it passed without exercising its inserts) is replaced by another,
@@ -186,26 +204,9 @@ def _replay_once(path: Path, target: ReplayTarget, out_dir: Path, label: str,
     """Replay ``path`` once as the ``stress`` run ``<label>-<i>`` under ``out_dir``: its row of
     the result's ``replays``. Raises Interrupted when the run was interrupted (exit 130 / 143)."""
     run_id = f"{label}-{i}"
-    kw: dict[str, Any] = dict(
-        scenarios=[str(path)], results_dir=out_dir, run_id=run_id, golden=target.golden,
-        near_tie_nats=target.near_tie_nats, strict=target.strict,
-        reference_cache_state=target.reference_cache_state, confirm_runs=0,
-        start_timeout_s=target.start_timeout_s,
-        invocation=["ple-harness", "stress", "--scenario", str(path)])
-    if target.timeouts is not None:
-        kw["timeouts"] = target.timeouts
-    if target.url is not None:
-        kw.update(url=target.url, api_key=target.api_key,
-                  explicit_facts=dict(target.explicit_facts))
-    else:
-        sp = target.launch
-        kw.update(model=sp.model, engine_python=sp.python, tp=sp.tp,
-                  engine_args=[*sp.engine_args, *target.engine_args_add],
-                  engine_env=dict(sp.env), served_model_name=sp.served_model_name,
-                  host=sp.host, port=sp.port)
     quiet = Console(file=io.StringIO(), width=200)
     try:
-        code = target.runner(StressConfig(**kw), quiet, quiet)
+        code = target.runner(replay_config(target, path, out_dir, run_id), quiet, quiet)
     except HarnessError as exc:  # a usage error before the run folder existed
         code = exc.exit_code
     if code in (130, 143):

@@ -26,17 +26,17 @@ REFERENCE_INHERITS = ("the engine under test's model, python, tp, host, environm
 
 def reference_variant(cfg: StressConfig) -> Variant:
     """The reference engine's launch: see :data:`REFERENCE_INHERITS`."""
-    return Variant.of(drop=cfg.reference_drop_args, add=cfg.reference_engine_args)
+    return Variant.of(drop=cfg.reference.drop_args, add=cfg.reference.engine_args)
 
 
 def control_variant(cfg: StressConfig) -> Variant:
     """The control engine's launch: the engine under test's arguments less --control-drop-arg
     flags plus --control-engine-arg values, or --control-profile's engine_args (plus
     --control-engine-arg) with its [env] over the engine's environment."""
-    if cfg.control_profile:
-        prof = load_profile(Path(cfg.control_profile))
-        return Variant.of(add=cfg.control_engine_args, env=prof.env, base=prof.engine_args)
-    return Variant.of(drop=cfg.control_drop_args, add=cfg.control_engine_args)
+    if cfg.control.profile:
+        prof = load_profile(Path(cfg.control.profile))
+        return Variant.of(add=cfg.control.engine_args, env=prof.env, base=prof.engine_args)
+    return Variant.of(drop=cfg.control.drop_args, add=cfg.control.engine_args)
 
 
 def reference_config(cfg: StressConfig, target: Target) -> tuple[list[str], dict[str, str]]:
@@ -57,8 +57,8 @@ def second_engine_problems(cfg: StressConfig, target: Target) -> list[str]:
     out: list[str] = []
     if target.url is not None:
         return out
-    for flag, drops, active in (("--control-drop-arg", cfg.control_drop_args, cfg.control),
-                                ("--reference-drop-arg", cfg.reference_drop_args,
+    for flag, drops, active in (("--control-drop-arg", cfg.control.drop_args, cfg.control),
+                                ("--reference-drop-arg", cfg.reference.drop_args,
                                  cfg.reference_mode == "engine")):
         if not active:
             continue
@@ -69,19 +69,19 @@ def second_engine_problems(cfg: StressConfig, target: Target) -> list[str]:
     if cfg.control and not out:
         args, env = control_config(cfg, target)
         hint = " and ".join(x for x, v in (
-            (f"--control-profile {cfg.control_profile}", cfg.control_profile),
-            ("--control-drop-arg " + " ".join(cfg.control_drop_args), cfg.control_drop_args),
-            ("--control-engine-arg " + " ".join(cfg.control_engine_args),
-             cfg.control_engine_args)) if v)
+            (f"--control-profile {cfg.control.profile}", cfg.control.profile),
+            ("--control-drop-arg " + " ".join(cfg.control.drop_args), cfg.control.drop_args),
+            ("--control-engine-arg " + " ".join(cfg.control.engine_args),
+             cfg.control.engine_args)) if v)
         p = same_config_problem(hint, "control", args, env, target.engine_args, target.engine_env)
         if p:
             out.append(p)
     if cfg.reference_mode == "engine" and not out:
         args, env = reference_config(cfg, target)
         given = " and ".join(x for x, v in (
-            ("--reference-drop-arg " + " ".join(cfg.reference_drop_args), cfg.reference_drop_args),
-            ("--reference-engine-arg " + " ".join(cfg.reference_engine_args),
-             cfg.reference_engine_args)) if v)
+            ("--reference-drop-arg " + " ".join(cfg.reference.drop_args), cfg.reference.drop_args),
+            ("--reference-engine-arg " + " ".join(cfg.reference.engine_args),
+             cfg.reference.engine_args)) if v)
         p = same_config_problem(given or "--reference engine without --reference-engine-arg or "
                                 "--reference-drop-arg", "reference", args, env,
                                 target.engine_args, target.engine_env)
@@ -105,9 +105,9 @@ def side_by_side_plan(cfg: StressConfig, target: Target) -> SideBySide:
     (``--parallel-engines``; :func:`pleharness.engine.side_by_side.plan`): one at a time when
     attached, or with neither confirmations nor a control. Raises UsageError when the engines
     asked for do not fit."""
-    if cfg.url is not None or not (cfg.confirm_runs or cfg.control) or \
-            cfg.parallel_engines == 1:
+    if cfg.attach.url is not None or not (cfg.confirmation.runs or cfg.control) or \
+            cfg.confirmation.parallel_engines == 1:
         return SideBySide()
-    return plan_side_by_side(cfg.parallel_engines, gpus=gpu_inventory(),
+    return plan_side_by_side(cfg.confirmation.parallel_engines, gpus=gpu_inventory(),
                              model=model_bytes(target.model_path),
                              engine_args=target.engine_args, engine_env=target.engine_env)

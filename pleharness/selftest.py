@@ -146,12 +146,12 @@ def _name(ref) -> str:
 def plan_passes(cfg, faults: list[str], kinds: list[str]) -> list[tuple[str, Any, list]]:
     """(name, fault or None, scenario refs) of every pass: the clean pass first, then one per
     class of ``faults`` (names of :data:`BUILTIN`, instantiated here). ``kinds``: the scenario
-    kind of each of ``cfg.scenarios``. A core class's pass runs the suite; a family class's pass
-    (:class:`~pleharness.faults.families.FamilyFault`) runs only the scenarios of its family: the
-    suite's entry of that kind, else the entry of :data:`FAMILY_SUITE`; the clean pass runs the
-    suite and every family scenario the suite lacks (so its false alarms cover all of them).
+    kind of each of ``cfg.suite.scenarios``. A core class's pass runs the suite; a family class's
+    pass (:class:`~pleharness.faults.families.FamilyFault`) runs only the scenarios of its family:
+    the suite's entry of that kind, else the entry of :data:`FAMILY_SUITE`; the clean pass runs
+    the suite and every family scenario the suite lacks (so its false alarms cover all of them).
     Raises UsageError when the family suite lacks a family's scenario."""
-    base = list(cfg.scenarios)
+    base = list(cfg.suite.scenarios)
     own = {k: ref for k, ref in zip(kinds, base)}
     fams = [BUILTIN[f]() for f in faults]
     wanted = [k for f in fams if isinstance(f, FamilyFault) for k in f.scenarios]
@@ -200,18 +200,18 @@ def run_selftest(cfg, faults: list[str], console: Console, err: Console,
                          f"{', '.join(BUILTIN)})")
     cfg.validate()
     # bad input: before anything starts
-    kinds = [sc.kind for sc in load_scenarios(cfg.scenarios, cfg.overrides)]
+    kinds = [sc.kind for sc in load_scenarios(cfg.suite.scenarios, cfg.suite.overrides)]
     plan = plan_passes(cfg, faults, kinds)
-    for refs in {repr(r): r for _n, _f, r in plan if r != list(cfg.scenarios)}.values():
-        load_scenarios(refs, _overrides_for(refs, cfg.overrides))
+    for refs in {repr(r): r for _n, _f, r in plan if r != list(cfg.suite.scenarios)}.values():
+        load_scenarios(refs, _overrides_for(refs, cfg.suite.overrides))
     target = cfg.target(console)
-    sid, sdir = new_run_dir(Path(cfg.results_dir), selftest_id)
+    sid, sdir = new_run_dir(Path(cfg.output.results_dir), selftest_id)
     console.print(f"selftest {sid}: {len(faults)} fault classes + 1 clean pass; results in "
                   f"{escape(str(sdir))}")
     results: list[PassResult] = []
     alarms = 0
     code = ExitCode.OK
-    scen = [s if isinstance(s, str) else s[0] for s in cfg.scenarios]
+    scen = [s if isinstance(s, str) else s[0] for s in cfg.suite.scenarios]
 
     def save(status: str, **extra: Any) -> None:
         """selftest.json now: written first, after every pass, and at the end (issue 37)."""
@@ -221,9 +221,9 @@ def run_selftest(cfg, faults: list[str], console: Console, err: Console,
     save("running")
     try:
         with EngineSession(console, sdir, timeouts=cfg.timeouts,
-                           explicit_facts=cfg.explicit_facts,
-                           gpus_before=gpu_inventory() if cfg.url is None else None,
-                           gpu_tolerance_mib=cfg.gpu_memory_tolerance_mib) as session:
+                           explicit_facts=cfg.attach.explicit_facts,
+                           gpus_before=gpu_inventory() if cfg.attach.url is None else None,
+                           gpu_tolerance_mib=cfg.engine.gpu_memory_tolerance_mib) as session:
             try:
                 eng = session.start(target, gather=False)
             except EngineError as exc:
@@ -232,13 +232,16 @@ def run_selftest(cfg, faults: list[str], console: Console, err: Console,
                      root_cause=exc.root_cause, engine_log=exc.log_path)
                 console.print(f"selftest.json: {escape(str(sdir / 'selftest.json'))}")
                 return ExitCode.ENGINE
-            facts = dict(cfg.explicit_facts)
+            facts = dict(cfg.attach.explicit_facts)
             for i, (name, fault, refs) in enumerate(plan):
-                pcfg = replace(cfg, url=None, model=None, results_dir=sdir,
-                               run_id=f"{i:02d}-{name}", engine_args=[], engine_env={},
-                               profile=None, explicit_facts=facts, scenarios=list(refs),
-                               overrides=_overrides_for(refs, cfg.overrides),
-                               invocation=cfg.invocation + [f"(selftest pass {name})"])
+                pcfg = replace(
+                    cfg, engine=replace(cfg.engine, model=None, args=[], env={}, profile=None),
+                    attach=replace(cfg.attach, url=None, explicit_facts=facts),
+                    suite=replace(cfg.suite, scenarios=list(refs),
+                                  overrides=_overrides_for(refs, cfg.suite.overrides)),
+                    output=replace(cfg.output, results_dir=sdir, run_id=f"{i:02d}-{name}",
+                                   invocation=cfg.output.invocation
+                                   + [f"(selftest pass {name})"]))
                 res, pcode, m = _run_pass(pcfg, name, fault, eng.client, runner)
                 res.ran, res.family = [_name(r) for r in refs], getattr(fault, "family", "")
                 if fault is None:
@@ -283,17 +286,17 @@ def _run_pass(pcfg, name: str, fault: SelftestFault | None, client,
     pass."""
     t0 = time.monotonic()
     with FaultProxy(client.base_url, fault or Fault()) as proxy:
-        pcfg.url = proxy.url
+        pcfg = replace(pcfg, attach=replace(pcfg.attach, url=proxy.url))
         quiet = Console(file=io.StringIO(), width=200)
         try:
             pcode = runner(pcfg, quiet, quiet)
         except UsageError as exc:
             raise UsageError(f"selftest pass {name}: {exc}") from None
     _close_pass_clients(keep=client)
-    mpath = Path(pcfg.results_dir) / pcfg.run_id / "manifest.json"
+    mpath = Path(pcfg.output.results_dir) / pcfg.output.run_id / "manifest.json"
     m = load_manifest(mpath) if mpath.exists() else None
     res = judge(name, fault, pcode, m)
-    res.run_dir = str(Path(pcfg.results_dir) / pcfg.run_id)
+    res.run_dir = str(Path(pcfg.output.results_dir) / pcfg.output.run_id)
     res.wall_s = round(time.monotonic() - t0, 1)
     return res, pcode, m
 

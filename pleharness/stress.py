@@ -37,7 +37,7 @@ from .passes import control_pass, engine_context, progress_bar, reference_pass, 
 from .probe import capability_summary
 from .redact import redact_url
 from .render import render
-from .reproduce import ReplayTarget, confirm_run_reproducers, judging_options
+from .reproduce import ReplayTarget, confirm_run_reproducers, replay_base
 from .request import params_key
 from .run.context import RunContext
 from .run.rundir import new_run_dir
@@ -96,18 +96,20 @@ def _check_input(cfg: StressConfig, console: Console) -> tuple:
     engine under test, too many engines side by side, ``--reference golden`` without a golden
     model. Returns (scenarios, references, target, side-by-side plan, golden model folder)."""
     cfg.validate()
-    scenarios = load_scenarios(cfg.scenarios, cfg.overrides)  # bad input: before anything starts
-    if cfg.confirm_runs_given and cfg.confirm_runs and not any(
+    # bad input: before anything starts
+    scenarios = load_scenarios(cfg.suite.scenarios, cfg.suite.overrides)
+    if cfg.confirmation.runs_given and cfg.confirmation.runs and not any(
             sc.kind == "fuzz" for sc in scenarios):
-        raise UsageError(f"--confirm-runs {cfg.confirm_runs}: no selected scenario writes a "
+        raise UsageError(f"--confirm-runs {cfg.confirmation.runs}: no selected scenario writes a "
                          "reproducer (only the fuzz kind does: add --scenario fuzz, or leave "
                          "--confirm-runs out)")
-    references = (_load_reference_manifest(cfg.reference) if cfg.reference_mode == "manifest"
+    references = (_load_reference_manifest(cfg.reference.source) if cfg.reference_mode == "manifest"
                   else {})
     target = cfg.target(console)
     raise_if_second_engine_is_the_same(cfg, target)  # before a run folder exists
     side = side_by_side_plan(cfg, target)  # too many engines for this machine: before anything
-    golden_dir = cfg.golden_model or (target.model_path if cfg.url is None else None)
+    golden_dir = cfg.reference.golden_model or (target.model_path if cfg.attach.url is None
+                                                else None)
     if cfg.reference_mode == "golden" and golden_dir is not None:
         problem = golden_problem(golden_dir)
         if problem:
@@ -135,9 +137,9 @@ def _steps(run: _Run, stack: contextlib.ExitStack, scenarios: list[Scenario], ta
     cfg = run.cfg
     run.session = stack.enter_context(EngineSession(
         run.console, run.run_dir, timeouts=cfg.timeouts,
-        explicit_facts=cfg.explicit_facts,
+        explicit_facts=cfg.attach.explicit_facts,
         gpus_before=run.manifest.environment.get("gpus"),
-        gpu_tolerance_mib=cfg.gpu_memory_tolerance_mib))
+        gpu_tolerance_mib=cfg.engine.gpu_memory_tolerance_mib))
     if cfg.reference_mode == "engine":  # 1 references
         references = reference_pass(run, scenarios, target)
     eng, control_eng = _start_engines(run, scenarios, target)  # 2 engines
@@ -150,7 +152,7 @@ def _steps(run: _Run, stack: contextlib.ExitStack, scenarios: list[Scenario], ta
     for sc in scenarios:  # one class everywhere: tables from the final verdicts
         type(sc).refresh_tables(run.manifest)
     run.save()
-    if cfg.confirm_runs and run.manifest.tables.get("reproducers"):  # 6 confirmation
+    if cfg.confirmation.runs and run.manifest.tables.get("reproducers"):  # 6 confirmation
         _confirm_reproducers(run, eng, target)
     run.manifest.status = "complete"  # 7 verdict
     code = verdict(run.manifest)
@@ -162,7 +164,7 @@ def _suite(run: _Run, stack: contextlib.ExitStack, scenarios: list[Scenario], ta
     """Step 3 on the engine under test: the golden model (closed with ``stack``), the engine
     probe, the suite ``--repeat`` times, then the judgement that needs the whole suite."""
     cfg = run.cfg
-    run.manifest.run_options.assign(api=cfg.api, api_used=cfg.api)
+    run.manifest.run_options.assign(api=cfg.suite.api, api_used=cfg.suite.api)
     golden = _golden_model(cfg, golden_dir or _local_model(cfg, target, eng),
                            cfg.reference_mode, run.manifest, run.run_dir)
     if golden is not None:
@@ -173,7 +175,7 @@ def _suite(run: _Run, stack: contextlib.ExitStack, scenarios: list[Scenario], ta
                              golden=golden, reference_mode=cfg.reference_mode,
                              references=references)
         _probe_engine(run, ctx)
-        run_suite(ctx, scenarios, cfg.repeat)
+        run_suite(ctx, scenarios, cfg.suite.repeat)
         ctx.finish_judgement()  # half precision: the measured golden tolerance
 
 
@@ -199,23 +201,24 @@ class _Run:
     def begin(cls, cfg: StressConfig, scenarios: list[Scenario], target: Target,
               console: Console, err: Console) -> "_Run":
         """Create the run folder and write the first manifest (status running)."""
-        run_id, run_dir = new_run_dir(Path(cfg.results_dir), cfg.run_id)
-        manifest = Manifest(run_id=run_id, harness=harness_info(), invocation=cfg.invocation,
+        run_id, run_dir = new_run_dir(Path(cfg.output.results_dir), cfg.output.run_id)
+        manifest = Manifest(run_id=run_id, harness=harness_info(), invocation=cfg.output.invocation,
                             scenarios=[s.definition() for s in scenarios])
-        manifest.environment = environment_info(cfg.engine_python if cfg.url is None else None)
+        manifest.environment = environment_info(cfg.engine.python if cfg.attach.url is None
+                                                else None)
         if target.model_path is not None:
             manifest.engine.model_digest = model_digest(target.model_path)
         if manifest.environment.get("gpus"):
             manifest.environment["ple_probe"] = capability_summary()
-        manifest.summary = Summary(phases_planned=cfg.repeat * sum(s.planned_phases()
-                                                                   for s in scenarios),
+        manifest.summary = Summary(phases_planned=cfg.suite.repeat * sum(s.planned_phases()
+                                                                         for s in scenarios),
                                    phases_completed=0, hashes_compared=0, hashes_matched=0)
         manifest.run_options = RunOptionsRecord(
-            reference=cfg.reference, repeat=cfg.repeat,
-            logprobs=cfg.logprobs, near_tie_nats=cfg.near_tie_nats,
-            golden=cfg.golden,
-            strict=cfg.strict, on_timeout=cfg.on_timeout,
-            reference_cache_state=cfg.reference_cache_state)
+            reference=cfg.reference.source, repeat=cfg.suite.repeat,
+            logprobs=cfg.suite.logprobs, near_tie_nats=cfg.verdict.near_tie_nats,
+            golden=cfg.verdict.golden,
+            strict=cfg.verdict.strict, on_timeout=cfg.verdict.on_timeout,
+            reference_cache_state=cfg.reference.cache_state)
         run = cls(cfg, console, err, run_dir, manifest)
         run.save()
         console.print(f"run {run_id}: results in {esc(run_dir)}")
@@ -290,25 +293,26 @@ class _Run:
 
 def _local_model(cfg: StressConfig, target: Target, eng: Engine) -> str | None:
     """The model folder the engine serves, when it is local (launched, or the card's root)."""
-    return target.model_path if cfg.url is None else (eng.card.get("root") or None)
+    return target.model_path if cfg.attach.url is None else (eng.card.get("root") or None)
 
 
 def _engine_under_test(run: _Run, scenarios: list[Scenario], target: Target) -> Engine:
     """Start or attach the engine under test, record it and its facts in the manifest, check
     the scenarios against the facts (ScenarioError)."""
     cfg, m = run.cfg, run.manifest
-    if cfg.url is None:
+    if cfg.attach.url is None:
         m.engine.assign(mode="launched", launch=launch_record(target.launch_spec(),
-                                                              cfg.profile),
+                                                              cfg.engine.profile),
                         engine_log="engine.log", launcher_log="launcher.log")
     else:
-        m.engine.assign(mode="attached", url=redact_url(cfg.url))
+        m.engine.assign(mode="attached", url=redact_url(cfg.attach.url))
     eng = run.engine(target)
     run.ready = True
     if eng.server is not None:
         m.engine.command = eng.server.command
         m.engine.ready_s = round(eng.server.ready_s or 0, 3)
-    m.engine.assign(url=eng.server.url if eng.server else redact_url(cfg.url), model=eng.client.model,
+    m.engine.assign(url=eng.server.url if eng.server else redact_url(cfg.attach.url),
+                    model=eng.client.model,
                     version=eng.version, max_model_len=eng.card.get("max_model_len"),
                     model_root=eng.card.get("root"))
     eng.facts.record(m, run.console)
@@ -326,7 +330,7 @@ def _golden_model(cfg: StressConfig, model_dir: str | None, mode: str, manifest:
     for classifying divergences, or None (``--no-golden``, or no local model that fits: the
     reason is recorded in ``run_options.golden_classifier``). Raises UsageError when
     ``--reference golden`` cannot have one."""
-    if not cfg.golden:
+    if not cfg.verdict.golden:
         manifest.run_options.golden_classifier = "off (--no-golden)"
         return None
     problem = golden_problem(model_dir)
@@ -336,11 +340,11 @@ def _golden_model(cfg: StressConfig, model_dir: str | None, mode: str, manifest:
         manifest.run_options.golden_classifier = f"unavailable: {problem}"
         return None
     manifest.run_options.golden_classifier = (
-        f"transformers float32 on {model_dir} (python {cfg.engine_python}); started on the first "
+        f"transformers float32 on {model_dir} (python {cfg.engine.python}); started on the first "
         "divergence" + (" and for every reference" if mode == "golden" else ""))
     manifest.run_options.golden_log = "golden.log"
     manifest.run_options.golden_model = str(model_dir)
-    return GoldenModel(model_dir, cfg.engine_python, log_path=run_dir / "golden.log")
+    return GoldenModel(model_dir, cfg.engine.python, log_path=run_dir / "golden.log")
 
 
 
@@ -350,7 +354,7 @@ def _probe_engine(run: "_Run", ctx: RunContext) -> None:
     ``--no-engine-probe``, or references taken on another engine (``--reference engine``,
     whose requests were chosen before this engine was up), leave it unmeasured."""
     m = run.manifest
-    if not run.cfg.engine_probe:
+    if not run.cfg.engine.probe:
         m.engine_probe = {"status": "off (--no-engine-probe)"}
     elif run.cfg.reference_mode == "engine":
         m.engine_probe = {"status": "not run: --reference engine chose the requests on the "
@@ -413,17 +417,14 @@ def _confirm_reproducers(run: _Run, eng: Engine, target: Target) -> None:
     ``summary.reproducers``. It runs after the control run, whose engine is stopped by then:
     every engine of the side-by-side plan is free for the confirmations."""
     cfg = run.cfg
-    spec = eng.server.spec if eng.server is not None else None
     assert run.session is not None
     run.session.stop(eng)
-    rt = ReplayTarget(runner=run_stress, launch=spec, url=None if spec is not None else cfg.url,
-                      api_key=cfg.api_key, explicit_facts=dict(cfg.explicit_facts),
-                      **judging_options(run.manifest.run_options),
-                      start_timeout_s=cfg.start_timeout_s, timeouts=cfg.timeouts,
+    # the run's own config, judged as the run recorded it; each replay swaps in its reproducer
+    rt = ReplayTarget(runner=run_stress, config=replay_base(cfg, run.manifest.run_options),
                       parallel=max(1, run.side.n), engine_args_add=list(run.side.add))
-    if run.side.n > 1 and spec is not None:
+    if run.side.n > 1 and cfg.attach.url is None:
         run.console.print(esc(f"confirmations: {run.side.why}"), highlight=False)
-    rows = confirm_run_reproducers(run.manifest, run.run_dir, rt, cfg.confirm_runs,
+    rows = confirm_run_reproducers(run.manifest, run.run_dir, rt, cfg.confirmation.runs,
                                    log=lambda x: run.console.print(esc(x), highlight=False))
     run.manifest.summary.reproducers = [{"path": r.path, "verdict": r.verdict} for r in rows]
     run.save()

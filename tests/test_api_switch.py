@@ -9,7 +9,9 @@ import pytest
 
 from conftest import load_json, run_cli
 from doubles import FaultProxy
-from pleharness.config import StressConfig, stress_config
+from pleharness.cli import assemble
+from pleharness.cli.assemble import stress_config
+from pleharness.config import AttachConfig, EngineConfig, StressConfig, SuiteConfig
 from pleharness.errors import UsageError
 from pleharness.faults.families import ChatFlipUnderLoad
 from pleharness.manifest import Manifest
@@ -28,7 +30,7 @@ def test_bad_api_value_is_a_usage_error_naming_the_option():
     assert r.returncode == 2
     assert "--api" in r.stderr and "'chatty' is not one of" in r.stderr, r.stderr
     with pytest.raises(UsageError, match="--api 'x': expected completions, chat or both"):
-        StressConfig(api="x").validate()
+        StressConfig(suite=SuiteConfig(api="x")).validate()
 
 
 def test_api_option_is_in_stress_help_and_defaults_to_both():
@@ -44,16 +46,15 @@ def test_api_option_is_in_stress_help_and_defaults_to_both():
          "control_profile": None, "reference_cache_state": "warm", "confirm_runs": 3,
          "connect_timeout": 1.0, "first_token_timeout": 1.0, "between_tokens_timeout": 1.0,
          "request_timeout": 1.0}
-    import pleharness.config as config
-    fields = {"url": "http://127.0.0.1:9"}
-    real = config.engine_fields
-    config.engine_fields = lambda o, given: fields
+    groups = (EngineConfig(), AttachConfig(url="http://127.0.0.1:9"))
+    real = assemble.engine_groups
+    assemble.engine_groups = lambda o, given: groups
     try:
-        assert stress_config(o, (), print).api == "both"
-        assert stress_config({**o, "api": "chat"}, ("api",), print).api == "chat"
+        assert stress_config(o, (), print).suite.api == "both"
+        assert stress_config({**o, "api": "chat"}, ("api",), print).suite.api == "chat"
     finally:
-        config.engine_fields = real
-    assert StressConfig().api == "completions"  # fuzz, selftest, replays: as before
+        assemble.engine_groups = real
+    assert StressConfig().suite.api == "completions"  # fuzz, selftest, replays: as before
 
 
 def test_plan_routes_only_prompts_with_a_message_form():

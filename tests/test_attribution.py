@@ -681,8 +681,66 @@ def test_explain_and_stress_replay_at_the_runs_threshold(monkeypatch):
                    runner=run_stress)
     (rt,) = built
     assert rt.runner is run_stress  # handed in: neither reproduce nor explain imports a job
-    assert (rt.near_tie_nats, rt.strict, rt.golden, rt.reference_cache_state) == \
-        (0.37, True, False, "cold")
+    v, ref = rt.config.verdict, rt.config.reference
+    assert (v.near_tie_nats, v.strict, v.golden, ref.cache_state) == (0.37, True, False, "cold")
+    assert (rt.config.engine.model, rt.config.engine.python) == ("m", "p")  # the run's launch
     assert reproduce.judging_options(m.run_options) == {
         "golden": False, "near_tie_nats": 0.37, "strict": True, "reference_cache_state": "cold"}
     assert reproduce.judging_options(RunOptionsRecord())["near_tie_nats"] is None  # a run that recorded none
+
+
+def test_stress_and_explain_replay_a_reproducer_with_the_same_config(monkeypatch, tmp_path):
+    """Issue 34 item 2: a replay is the run's config with another scenario. For a run made with
+    --near-tie-nats (and --strict, --no-golden, --reference-cache-state cold), the config a
+    replay of its reproducer runs with from `stress --confirm-runs` (the run's own config) and
+    from explain (built from the run's manifest alone) agree on every judging option."""
+    import io
+    from types import SimpleNamespace
+
+    from rich.console import Console
+    from typer.testing import CliRunner
+
+    from pleharness import reproduce, stress
+    from pleharness.cli import app
+    from pleharness.engine.side_by_side import SideBySide
+    from pleharness.explain import ExplainReport, confirm_repros
+    from pleharness.explain import job as explain_job
+    runs = []
+    monkeypatch.setattr("pleharness.stress.run_stress",
+                        lambda cfg, console=None, err_console=None: runs.append(cfg) or 0)
+    r = CliRunner().invoke(app, ["stress", "--near-tie-nats", "0.3", "--strict", "--no-golden",
+                                 "--reference-cache-state", "cold", "--scenario", "fuzz"])
+    assert r.exit_code == 0, r.output + repr(r.exception)
+    (cfg,) = runs
+    # what that run records (stress._Run.begin; passes.engine_context: the threshold it used)
+    m = Manifest(run_id="t", status="complete", verdict="fail",
+                 engine={"mode": "launched", "launch": {"model": "m", "python": "p"}},
+                 run_options={"reference": "solo", "repeat": 1, "logprobs": 2,
+                              "near_tie_nats": 0.3, "golden": False, "strict": True,
+                              "on_timeout": "continue", "reference_cache_state": "cold"})
+    targets = []
+    monkeypatch.setattr(stress, "confirm_run_reproducers",  # where _confirm_reproducers finds it
+                        lambda manifest, run_dir, rt, n, log: targets.append(rt) or [])
+    run = SimpleNamespace(cfg=cfg, manifest=m, session=SimpleNamespace(stop=lambda eng: None),
+                          side=SideBySide(), run_dir=tmp_path, save=lambda: None,
+                          console=Console(file=io.StringIO()))
+    stress._confirm_reproducers(run, None, None)
+
+    class Capture(reproduce.ReplayTarget):
+        def __init__(self, **kw):
+            super().__init__(**kw)
+            targets.append(self)
+    monkeypatch.setattr(explain_job, "ReplayTarget", Capture)  # where confirm_repros finds it
+    confirm_repros(ExplainReport(run_id="t", tries=1, budget_s=1.0), m, tmp_path, 3,
+                   runner=stress.run_stress)
+    by_stress, by_explain = (reproduce.replay_config(rt, tmp_path / "repro.toml", tmp_path, "r-1")
+                             for rt in targets)
+    for c in (by_stress, by_explain):
+        assert (c.verdict.near_tie_nats, c.verdict.strict, c.verdict.golden,
+                c.reference.cache_state) == (0.3, True, False, "cold")
+    assert by_stress.verdict == by_explain.verdict
+    assert by_stress.reference == by_explain.reference
+    assert by_stress.suite == by_explain.suite
+    assert by_stress.suite.scenarios == [str(tmp_path / "repro.toml")]
+    assert by_stress.engine == cfg.engine  # the run's own engine group, passed whole
+    assert not by_stress.control and by_stress.confirmation.runs == 0

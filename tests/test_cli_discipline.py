@@ -165,10 +165,12 @@ def test_internal_error_during_a_run_exits_4_and_leaves_a_manifest(tmp_path, mon
         raise ZeroDivisionError("bug in a scenario")
     monkeypatch.setattr(stress, "run_suite", boom)
     with FakeEngine() as eng:
-        cfg = config.StressConfig(url=eng.url, scenarios=["transitions"],
-                                  overrides={"ladder": [1], "repeats": 1, "max_tokens": 4},
-                                  explicit_facts={"vocab_size": 600}, results_dir=tmp_path,
-                                  run_id="crash", timeouts=Timeouts())
+        cfg = config.StressConfig(
+            attach=config.AttachConfig(url=eng.url, explicit_facts={"vocab_size": 600}),
+            suite=config.SuiteConfig(scenarios=["transitions"],
+                                     overrides={"ladder": [1], "repeats": 1, "max_tokens": 4}),
+            output=config.OutputConfig(results_dir=tmp_path, run_id="crash"),
+            timeouts=Timeouts())
         err = Console(file=open(tmp_path / "err.txt", "w"), width=300)
         code = stress.run_stress(cfg, Console(file=open(tmp_path / "out.txt", "w")), err)
         err.file.close()
@@ -462,5 +464,41 @@ def test_confirm_runs_has_one_default_for_every_command():
         (opt,) = [p for p in cmd.commands[name].params if p.name == "confirm_runs"]
         assert opt.default == DEFAULT_CONFIRM_RUNS, name
         assert f"reproduced {DEFAULT_CONFIRM_RUNS}/{DEFAULT_CONFIRM_RUNS}" in opt.help, name
-    assert StressConfig.__dataclass_fields__["confirm_runs"].default == DEFAULT_CONFIRM_RUNS
+    assert StressConfig().confirmation.runs == DEFAULT_CONFIRM_RUNS
     assert inspect.signature(explain).parameters["confirm_runs"].default == DEFAULT_CONFIRM_RUNS
+
+
+def test_stress_option_defaults_are_the_config_groups_defaults(monkeypatch):
+    """Issue 34 item 2, one default per option: each `stress` option (its default read from
+    click's params) defaults to the config group field it fills (both read
+    pleharness.defaults), and the config the builders make of the defaults alone is the
+    groups' defaults. The one difference by design: --api defaults to both, the commands
+    without --api send completions."""
+    import typer
+
+    from pleharness.cli import app
+    from pleharness.cli.assemble import stress_config
+    from pleharness.config import StressConfig
+    params = {p.name: p.default for p in typer.main.get_command(app).commands["stress"].params}
+    opt = {k: getattr(v, "value", v) for k, v in params.items()}  # enum choices: their value
+    base = StressConfig()
+    e, s, r, v, t, c = (base.engine, base.suite, base.reference, base.verdict, base.timeouts,
+                        base.confirmation)
+    fills = {"start_timeout": e.start_timeout_s, "engine_probe": e.probe, "model": e.model,
+             "port": e.port, "url": base.attach.url, "suite_repeats": s.repeat,
+             "logprobs": s.logprobs, "reference": r.source, "reference_cache_state": r.cache_state,
+             "golden_model": r.golden_model, "near_tie_nats": v.near_tie_nats,
+             "strict": v.strict, "golden": v.golden, "on_timeout": v.on_timeout,
+             "connect_timeout": t.connect_s, "first_token_timeout": t.first_token_s,
+             "between_tokens_timeout": t.between_tokens_s, "request_timeout": t.total_s,
+             "results_dir": str(base.output.results_dir), "run_id": base.output.run_id,
+             "confirm_runs": c.runs, "parallel_engines": str(c.parallel_engines)}
+    assert {k: opt[k] for k in fills} == fills
+    assert (opt["api"], s.api) == ("both", "completions")
+    monkeypatch.setattr("sys.argv", ["ple-harness", "stress"])
+    built = stress_config(params, (), print)
+    assert built.suite == type(s)(api="both")
+    for group in ("engine", "attach", "reference", "control", "verdict", "timeouts",
+                  "confirmation"):
+        assert getattr(built, group) == getattr(base, group), group
+    assert (built.output.results_dir, built.output.run_id) == (base.output.results_dir, None)

@@ -46,7 +46,7 @@ def test_facts_finds_a_shipped_profile_by_name_as_stress_does(facts_cfg, stress_
     assert cfg.engine_env.get("VLLM_CPU_KVCACHE_SPACE") == "1"
     r = invoke("stress", "--engine-profile", "cpu-ngram", "--engine-arg=--enforce-eager")
     assert r.exit_code == 0, r.output + repr(r.exception)
-    assert stress_cfg[0].engine_args == cfg.engine_args  # one resolution for both commands
+    assert stress_cfg[0].engine.args == cfg.engine_args  # one resolution for both commands
 
 
 def test_facts_refuses_what_stress_refuses(facts_cfg):
@@ -64,10 +64,10 @@ def test_facts_refuses_what_stress_refuses(facts_cfg):
 def test_fuzz_max_drawn_tokens_and_its_deprecated_alias(stress_cfg):
     r = invoke("fuzz", "--max-drawn-tokens", "7")
     assert r.exit_code == 0, r.output + repr(r.exception)
-    assert dict(stress_cfg[-1].scenarios[0][1])["max_tokens"] == 7
+    assert dict(stress_cfg[-1].suite.scenarios[0][1])["max_tokens"] == 7
     r = invoke("fuzz", "--max-tokens", "5")  # hidden, deprecated: still works, with a warning
     assert r.exit_code == 0, r.output + repr(r.exception)
-    assert dict(stress_cfg[-1].scenarios[0][1])["max_tokens"] == 5
+    assert dict(stress_cfg[-1].suite.scenarios[0][1])["max_tokens"] == 5
     r = invoke("fuzz", "--max-tokens", "5", "--max-drawn-tokens", "6")
     assert isinstance(r.exception, UsageError) and "--max-drawn-tokens" in str(r.exception)
     import typer.main
@@ -94,7 +94,7 @@ def test_fuzz_options_carry_the_bounds_and_defaults_of_fuzz_params():
 def test_fuzz_gt_bound_is_checked_by_fuzz_params(stress_cfg):
     # --time-budget was min=1.0 on the command line but gt=0 in FuzzParams: now one bound
     assert invoke("fuzz", "--time-budget", "0.5").exit_code == 0
-    assert stress_cfg[-1].scenarios[0][1]["time_budget_s"] == 0.5
+    assert stress_cfg[-1].suite.scenarios[0][1]["time_budget_s"] == 0.5
     r = invoke("fuzz", "--time-budget", "0")
     assert isinstance(r.exception, UsageError) and str(r.exception).startswith("--time-budget 0.0")
 
@@ -102,7 +102,7 @@ def test_fuzz_gt_bound_is_checked_by_fuzz_params(stress_cfg):
 def test_fuzz_takes_the_shared_groups_with_its_own_request_timeout(stress_cfg):
     assert invoke("fuzz").exit_code == 0
     cfg = stress_cfg[-1]
-    assert cfg.timeouts.total_s == 600.0 and cfg.golden and cfg.engine_probe
+    assert cfg.timeouts.total_s == 600.0 and cfg.verdict.golden and cfg.engine.probe
     r = invoke("fuzz", "--block-size", "32")  # an attach-only fact without --url, as in stress
     assert isinstance(r.exception, UsageError) and "--block-size is for attaching" in str(r.exception)
 

@@ -7,6 +7,7 @@ import inspect
 from pathlib import Path
 
 from pleharness import reproduce, stress
+from pleharness.config import AttachConfig, StressConfig
 from pleharness.manifest import Manifest, PhaseRecord, RequestRecord
 from pleharness.manifest.tables import ReproducerRow
 
@@ -45,7 +46,9 @@ def test_an_excused_failure_is_not_replayed(tmp_path: Path):
 
     lines: list[str] = []
     rows = reproduce.confirm_run_reproducers(
-        m, tmp_path, reproduce.ReplayTarget(runner=runner, url="http://x"), 3, log=lines.append)
+        m, tmp_path, reproduce.ReplayTarget(
+            runner=runner, config=StressConfig(attach=AttachConfig(url="http://x"))), 3,
+        log=lines.append)
     assert replays == []
     assert rows[0].verdict == reproduce.NOT_STILL_FAILING
     assert rows[0].confirmation is None

@@ -84,15 +84,16 @@ def test_register_refuses_an_incomplete_kind(documented):
 
 
 def test_the_documented_scenario_runs_in_a_stress_run(documented, tmp_path):
-    from pleharness.config import StressConfig
+    from pleharness.config import AttachConfig, OutputConfig, StressConfig, SuiteConfig
     from pleharness.stress import run_stress
     toml = tmp_path / "flat.toml"
     toml.write_text(FILES["scenarios/flat.toml"])
     out = io.StringIO()
     with FakeEngine() as eng:
-        code = run_stress(StressConfig(url=eng.url, scenarios=[str(toml)],
-                                       results_dir=tmp_path, run_id="flat",
-                                       explicit_facts={"vocab_size": 600}),
+        code = run_stress(StressConfig(attach=AttachConfig(url=eng.url,
+                                                           explicit_facts={"vocab_size": 600}),
+                                       suite=SuiteConfig(scenarios=[str(toml)]),
+                                       output=OutputConfig(results_dir=tmp_path, run_id="flat")),
                           Console(file=out, width=200), Console(file=out, width=200))
     assert code == 0, out.getvalue()
     m = load_manifest(tmp_path / "flat")

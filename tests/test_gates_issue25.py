@@ -291,13 +291,14 @@ def test_underscore_spelling_drops_the_flag_as_vllm_reads_it():
 
 def test_reference_engine_inherits_the_engine_arguments():
     from pleharness.engine.session import Target
-    from pleharness.config import StressConfig
+    from pleharness.config import ReferenceConfig, StressConfig
     from pleharness.second_engine import reference_config, second_engine_problems
     t = Target(url=None, model_path="/m", served_name=None, python="py",
                engine_args=["--max-num-seqs", "8", "--speculative-config", "{}", "--dtype=float32"],
                engine_env={"A": "1"})
-    cfg = StressConfig(reference="engine", reference_drop_args=["--speculative-config"],
-                       reference_engine_args=["--enforce-eager"])
+    cfg = StressConfig(reference=ReferenceConfig(source="engine",
+                                                 drop_args=["--speculative-config"],
+                                                 engine_args=["--enforce-eager"]))
     args, env = reference_config(cfg, t)
     assert args == ["--max-num-seqs", "8", "--dtype=float32", "--enforce-eager"] and env == {"A": "1"}
     assert second_engine_problems(cfg, t) == []

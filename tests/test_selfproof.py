@@ -221,7 +221,8 @@ def test_selftest_passes_run_the_suite_or_their_familys_scenarios():
     family's scenario (the suite's own entry of that kind when it has one, else the
     selftest-families suite's); the clean pass runs the suite and the families it lacks."""
     own_stop = ("stop_strings", {"prompts": 2})
-    cfg = SimpleNamespace(scenarios=[("transitions", {"repeats": 1}), own_stop])
+    cfg = SimpleNamespace(suite=SimpleNamespace(scenarios=[("transitions", {"repeats": 1}),
+                                                           own_stop]))
     plan = plan_passes(cfg, ["flip_under_load", "ids_after_stop", "penalty_on_neighbour",
                              "stop_id_on_neighbour"], ["transitions", "stop_strings"])
     names = [(n, [r if isinstance(r, str) else r[0] for r in refs]) for n, _f, refs in plan]
@@ -233,7 +234,7 @@ def test_selftest_passes_run_the_suite_or_their_familys_scenarios():
     assert plan[2][2] == [own_stop]  # the suite's own entry, with its params
     assert plan[0][1] is None and isinstance(plan[3][1], FAMILIES["penalty_on_neighbour"])
     core_only = plan_passes(cfg, ["oov_id"], ["transitions", "stop_strings"])
-    assert [refs for _n, _f, refs in core_only] == [cfg.scenarios, cfg.scenarios]
+    assert [refs for _n, _f, refs in core_only] == [cfg.suite.scenarios, cfg.suite.scenarios]
 
 
 def _stop_chunk(ids, finish=None, usage=None):

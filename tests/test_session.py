@@ -48,12 +48,12 @@ def test_variant_drops_adds_and_keeps_the_rest_of_the_launch():
 
 def test_a_suspect_and_a_control_are_the_same_variant():
     from pleharness.explain import Suspect
-    from pleharness.config import StressConfig
+    from pleharness.config import ControlConfig, StressConfig
     from pleharness.second_engine import control_variant
     sus = Suspect("speculative decoding", "", drop=["--speculative-config"],
                   add=["--enforce-eager"])
-    cfg = StressConfig(control_drop_args=["--speculative-config"],
-                       control_engine_args=["--enforce-eager"])
+    cfg = StressConfig(control=ControlConfig(drop_args=["--speculative-config"],
+                                             engine_args=["--enforce-eager"]))
     assert sus.variant == control_variant(cfg)
     assert "variant" not in sus.__dict__  # explain.json's suspects stay as they were
 

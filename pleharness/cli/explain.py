@@ -7,7 +7,9 @@ from typing import Annotated, Optional
 import typer
 
 from .. import config
-from ..defaults import DEFAULT_CONFIRM_RUNS, confirm_runs_help
+from ..defaults import (DEFAULT_CONFIRM_RUNS, DEFAULT_PARALLEL_ENGINES, DEFAULT_START_TIMEOUT_S,
+                        confirm_runs_help)
+from ..engine.side_by_side import parse_parallel
 from . import Command, app, err_console
 
 
@@ -33,14 +35,15 @@ def explain(
     engine_python: Annotated[Optional[str], typer.Option(
         help="Python with vLLM (default: the run's).")] = None,
     start_timeout: Annotated[float, typer.Option(min=1.0, help="Seconds to wait for each "
-                                                 "engine.")] = 900.0,
+                                                 "engine.")] = DEFAULT_START_TIMEOUT_S,
     confirm_runs: Annotated[int, typer.Option(min=0, max=100, help=confirm_runs_help(
         "each repro-N.toml"))] = DEFAULT_CONFIRM_RUNS,
     parallel_engines: Annotated[str, typer.Option(help=(
         "Engines started side by side: the suspects' configurations (never across the two "
         "rounds) and the confirmation replays (a number, or auto: as many as fit in the GPU's "
         "free memory, 1 on the CPU). Each gets a fixed KV cache size (--kv-cache-memory-bytes) "
-        "and a small --gpu-memory-utilization share; more than fit: a usage error."))] = "1",
+        "and a small --gpu-memory-utilization share; more than fit: a usage error."))] = \
+        str(DEFAULT_PARALLEL_ENGINES),
 ):
     """Which engine feature causes each failing divergence of a finished (launched) run.
 
@@ -60,4 +63,4 @@ def explain(
                 budget_s=budget_s,
                 engine_python=engine_python, start_timeout_s=start_timeout,
                 console=err_console, confirm_runs=confirm_runs,
-                parallel_engines=config.parse_parallel(parallel_engines))
+                parallel_engines=parse_parallel(parallel_engines))

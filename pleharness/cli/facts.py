@@ -1,6 +1,6 @@
 """``ple-harness facts``: the engine and attach options of ``stress`` (the same groups, checked
-and resolved by :func:`pleharness.config.engine_fields`: a shipped profile name is found, a launch
-option with --url and an engine argument holding a space are refused), then
+and resolved by :func:`pleharness.cli.assemble.engine_groups`: a shipped profile name is found,
+a launch option with --url and an engine argument holding a space are refused), then
 :func:`pleharness.factsjob.run_facts`."""
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ from typing import Annotated, Optional
 import typer
 
 from .. import config
+from ..defaults import DEFAULT_RESULTS_DIR
 from . import Command, app, console
+from .assemble import engine_groups
 from .options import AttachOptions, EngineOptions, Pick, given, grouped, values
 
 
@@ -22,7 +24,8 @@ def facts(ctx: typer.Context,
                                                             "api_key_env"))],
           engine: Annotated[EngineOptions, Pick(without=("host", "port"))],
           results_dir: Annotated[Path, typer.Option(help="Where the launched engine's log folder "
-                                                    "(facts-<time>) is created.")] = Path("results"),
+                                                    "(facts-<time>) is created.")] = \
+            Path(DEFAULT_RESULTS_DIR),
           json_path: Annotated[Optional[Path], typer.Option("--json", help="Also write the facts "
                                                             "as JSON to this path.")] = None):
     """Print the engine facts (block size, chunk budget, speculative tokens, capture sizes, KV
@@ -31,11 +34,12 @@ def facts(ctx: typer.Context,
     from ..factsjob import FactsConfig, run_facts
     if json_path is not None:
         config.check_json_path(json_path)
-    f = config.engine_fields(values(attach, engine, results_dir=results_dir), given(attach, engine))
-    cfg = FactsConfig(url=f["url"], model=f["model"], tp=f["tp"],
-                      engine_python=f["engine_python"], engine_args=f["engine_args"],
-                      engine_env=f["engine_env"], served_model_name=f["served_model_name"],
-                      host=f["host"], start_timeout_s=f["start_timeout_s"], api_key=f["api_key"],
+    eng, att = engine_groups(values(attach, engine, results_dir=results_dir),
+                             given(attach, engine))
+    cfg = FactsConfig(url=att.url, model=eng.model, tp=eng.tp, engine_python=eng.python,
+                      engine_args=eng.args, engine_env=eng.env,
+                      served_model_name=eng.served_model_name, host=eng.host,
+                      start_timeout_s=eng.start_timeout_s, api_key=att.api_key,
                       log_dir=results_dir / f"facts-{datetime.now():%Y%m%d-%H%M%S}",
                       json_path=json_path)
     raise typer.Exit(run_facts(cfg, console))

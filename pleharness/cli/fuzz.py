@@ -13,12 +13,13 @@ import typer
 from pydantic import ValidationError
 
 from .. import config
-from ..config import StressConfig
-from ..defaults import DEFAULT_CONFIRM_RUNS, confirm_runs_help
+from ..config import StressConfig, SuiteConfig
+from ..defaults import DEFAULT_CONFIRM_RUNS, DEFAULT_PARALLEL_ENGINES, confirm_runs_help
 from ..engine.inflight import Timeouts
 from ..errors import UsageError
 from ..scenarios.fuzz.strategy import FuzzParams
 from . import Command, app, console, err_console, warn
+from .assemble import confirmation_group, engine_groups, output_group, verdict_group
 from .options import (PARALLEL_ENGINES_HELP, AttachOptions, EngineOptions, GoldenProbeOptions,
                       OutputOptions, Pick, TimeoutOptions, VerdictOptions, given, grouped,
                       option_group, values)
@@ -89,7 +90,7 @@ class FuzzRunOptions:
                                "schedule, repro-larger.toml. Attached (--url): on the same "
                                "engine, marked as such."))] = DEFAULT_CONFIRM_RUNS
     parallel_engines: Annotated[str, typer.Option(rich_help_panel=P_FUZZ,
-        help=PARALLEL_ENGINES_HELP)] = "1"
+        help=PARALLEL_ENGINES_HELP)] = str(DEFAULT_PARALLEL_ENGINES)
     max_tokens_old: Annotated[Optional[int], typer.Option("--max-tokens", hidden=True,
         help="Deprecated spelling of --max-drawn-tokens.")] = None
 
@@ -138,12 +139,13 @@ def fuzz(ctx: typer.Context, search: FuzzSearchOptions, run: FuzzRunOptions,
     to start or died, 4 internal error, 130/143 interrupted.
     """
     groups = (engine, attach, verdict, golden, output)
-    fields = config.engine_fields(values(*groups), given(*groups))
+    o = values(*groups)
+    eng, att = engine_groups(o, given(*groups))
     params = fuzz_params(search, run.max_tokens_old, search.given)
     # lazy: start-up: a command imports its work when it runs (ple-harness --help)
     from ..stress import run_stress
-    cfg = StressConfig(**fields, scenarios=[("fuzz", params)],
+    cfg = StressConfig(engine=eng, attach=att, suite=SuiteConfig(scenarios=[("fuzz", params)]),
+                       verdict=verdict_group(o),
                        timeouts=Timeouts(total_s=timeouts.request_timeout),
-                       confirm_runs=run.confirm_runs,
-                       parallel_engines=config.parse_parallel(run.parallel_engines))
+                       output=output_group(o), confirmation=confirmation_group(values(run), ()))
     raise typer.Exit(run_stress(cfg, console, err_console))

@@ -27,6 +27,11 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from ..defaults import (DEFAULT_BETWEEN_TOKENS_TIMEOUT_S, DEFAULT_CONNECT_TIMEOUT_S,
+                        DEFAULT_ENGINE_PROBE, DEFAULT_FIRST_TOKEN_TIMEOUT_S, DEFAULT_GOLDEN,
+                        DEFAULT_HOST, DEFAULT_ON_TIMEOUT, DEFAULT_REQUEST_TIMEOUT_S,
+                        DEFAULT_RESULTS_DIR, DEFAULT_START_TIMEOUT_S, DEFAULT_STRICT)
+
 PARALLEL_ENGINES_HELP = (
     "Engines started side by side for the confirmation replays, explain's launches and "
     "stress's control engine (which then starts beside the engine under test when the profile "
@@ -200,11 +205,11 @@ class EngineOptions:
     engine_env: Annotated[Optional[list[str]], typer.Option(rich_help_panel=P_ENGINE,
         help="NAME=VALUE environment variable for the engine, repeatable.")] = None
     host: Annotated[Optional[str], typer.Option(rich_help_panel=P_ENGINE,
-        help="Listen address of a launched engine (default 127.0.0.1).")] = None
+        help=f"Listen address of a launched engine (default {DEFAULT_HOST}).")] = None
     port: Annotated[Optional[int], typer.Option(min=1, max=65535, rich_help_panel=P_ENGINE,
         help="Listen port of a launched engine (default: a free port).")] = None
     start_timeout: Annotated[float, typer.Option(min=1.0, rich_help_panel=P_ENGINE,
-        help="Seconds to wait for a launched engine to become ready.")] = 900.0
+        help="Seconds to wait for a launched engine to become ready.")] = DEFAULT_START_TIMEOUT_S
 
 
 def _fact(help_: str, min_: int = 1):
@@ -245,13 +250,13 @@ class GoldenProbeOptions:
     golden: Annotated[bool, typer.Option(rich_help_panel=P_REF,
         help="Classify each divergence with the golden model (transformers float32, started on "
              "the first divergence) when the model is a local folder that fits in memory: "
-             "teacher-forced logprobs decide near tie vs hard.")] = True
+             "teacher-forced logprobs decide near tie vs hard.")] = DEFAULT_GOLDEN
     engine_probe: Annotated[bool, typer.Option(rich_help_panel=P_REF,
         envvar="PLE_HARNESS_ENGINE_PROBE", show_envvar=True,
         help="Measure the engine first with a few short requests (seeded samples reproduce alone "
              "and in a batch, greedy outputs repeat alone, warm run = cold run; manifest section "
              "engine_probe) and choose the seeded sampled requests from what was measured; off: from the "
-             "configuration (only without speculative decoding).")] = True
+             "configuration (only without speculative decoding).")] = DEFAULT_ENGINE_PROBE
 
 
 @option_group
@@ -264,7 +269,8 @@ class VerdictOptions:
              "else hard (failure). Default: from the serving dtype: bfloat16 0.5, float16 "
              "0.0625, float32 0.01 (see pleharness/divergence.py).")] = None
     strict: Annotated[bool, typer.Option(rich_help_panel=P_REF,
-        help="Any divergence fails, near ties too (for batch-invariant engines).")] = False
+        help="Any divergence fails, near ties too (for batch-invariant engines).")] = \
+        DEFAULT_STRICT
 
 
 @option_group
@@ -272,16 +278,19 @@ class TimeoutOptions:
     """Request timeouts and what a phase with timed-out requests does."""
 
     connect_timeout: Annotated[float, typer.Option(min=0.1, max=86400, rich_help_panel=P_TIME,
-        help="Seconds to connect.")] = 10.0
+        help="Seconds to connect.")] = DEFAULT_CONNECT_TIMEOUT_S
     first_token_timeout: Annotated[float, typer.Option(min=0.1, max=86400,
-        rich_help_panel=P_TIME, help="Seconds from sending a request to its first token.")] = 300.0
+        rich_help_panel=P_TIME, help="Seconds from sending a request to its first token.")] = \
+        DEFAULT_FIRST_TOKEN_TIMEOUT_S
     between_tokens_timeout: Annotated[float, typer.Option(min=0.1, max=86400,
-        rich_help_panel=P_TIME, help="Longest gap between two streamed tokens, seconds.")] = 120.0
+        rich_help_panel=P_TIME, help="Longest gap between two streamed tokens, seconds.")] = \
+        DEFAULT_BETWEEN_TOKENS_TIMEOUT_S
     request_timeout: Annotated[float, typer.Option(min=0.1, max=604800, rich_help_panel=P_TIME,
-        help="Longest whole request, seconds.")] = 1800.0
+        help="Longest whole request, seconds.")] = DEFAULT_REQUEST_TIMEOUT_S
     on_timeout: Annotated[OnTimeout, typer.Option(rich_help_panel=P_TIME,
         help="After a phase with timed-out requests (recorded as 'timeout', the phase fails): "
-             "continue with the next phase, or abort the run (status incomplete).")] = OnTimeout.cont
+             "continue with the next phase, or abort the run (status incomplete).")] = \
+        OnTimeout(DEFAULT_ON_TIMEOUT)
 
 
 @option_group
@@ -289,6 +298,6 @@ class OutputOptions:
     """Where the run folder goes."""
 
     results_dir: Annotated[str, typer.Option(rich_help_panel=P_OUT,
-        help="Where run folders are created.")] = "results"
+        help="Where run folders are created.")] = DEFAULT_RESULTS_DIR
     run_id: Annotated[Optional[str], typer.Option(rich_help_panel=P_OUT,
         help="Name of the run folder (must not exist). Default: timestamp + random suffix.")] = None

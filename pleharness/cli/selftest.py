@@ -1,14 +1,17 @@
 """``ple-harness selftest``: parse, then :func:`pleharness.selftest.run_selftest`."""
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Annotated, Optional
 
 import typer
 
 from .. import config
+from ..config import StressConfig, SuiteConfig, VerdictConfig
 from ..errors import UsageError
 from ..faults import BUILTIN
 from . import Command, app, console, err_console
+from .assemble import engine_groups, output_group
 from .options import (P_SCEN, AttachOptions, EngineOptions, OutputOptions, Pick, given, grouped,
                       values)
 
@@ -46,15 +49,14 @@ def selftest(
     """
     groups = (engine, attach, output)
     # no engine probe: its solo requests would shift the prompt runs that fault classes key on
-    o = values(*groups, near_tie_nats=None, strict=False, golden=False, engine_probe=False,
-               suite=suite, scenario=scenario)
+    o = values(*groups, engine_probe=False, suite=suite, scenario=scenario)
     if suite is not None and not suite.strip():
         raise UsageError(f"--suite {suite!r}: an empty value (an unset variable in a CI job?): "
                          "give a suite or leave the option out")
     twice = sorted({f for f in fault or [] if (fault or []).count(f) > 1})
     if twice:
         raise UsageError(f"--fault {', '.join(twice)}: given more than once")
-    fields = config.engine_fields(o, given(*groups))
+    eng, att = engine_groups(o, given(*groups))
     # lazy: start-up: a command imports its work when it runs (ple-harness --help)
     from ..selftest import DEFAULT_SUITE, run_selftest
     from ..stress import run_stress  # each pass is a stress run: the job is handed it here
@@ -66,7 +68,9 @@ def selftest(
         # lazy: start-up: a command imports its work when it runs (ple-harness --help)
         from ..suites import load_suite
         scenarios = load_suite(suite or DEFAULT_SUITE).scenario_refs()
-    fields.pop("run_id")
-    cfg = config.StressConfig(**fields, scenarios=scenarios)
+    # --run-id names the selftest folder (selftest_id); each pass names its own run
+    cfg = StressConfig(engine=eng, attach=att, suite=SuiteConfig(scenarios=scenarios),
+                       verdict=VerdictConfig(golden=False),
+                       output=replace(output_group(o), run_id=None))
     raise typer.Exit(run_selftest(cfg, list(fault or BUILTIN), console, err_console,
                                   selftest_id=output.run_id, runner=run_stress))

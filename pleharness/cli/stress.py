@@ -6,9 +6,11 @@ from typing import Annotated, Optional
 
 import typer
 
-from .. import config
-from ..defaults import DEFAULT_CONFIRM_RUNS, confirm_runs_help
+from ..defaults import (DEFAULT_API, DEFAULT_CONFIRM_RUNS, DEFAULT_LOGPROBS,
+                        DEFAULT_PARALLEL_ENGINES, DEFAULT_REFERENCE,
+                        DEFAULT_REFERENCE_CACHE_STATE, DEFAULT_SUITE_REPEATS, confirm_runs_help)
 from . import Command, app, console, err_console, warn
+from .assemble import stress_config
 from .options import (API_HELP, P_CTRL, P_REF, P_SCEN, PARALLEL_ENGINES_HELP, Api,
                       AttachOptions, CacheState,
                       EngineOptions, GoldenProbeOptions, OutputOptions, TimeoutOptions,
@@ -35,10 +37,10 @@ class ScenarioOptions:
     suite_repeats: Annotated[int, typer.Option(min=1, rich_help_panel=P_SCEN,
         help="Run the whole suite N times on one engine (references taken once); throughput "
              "is reported as median/min/max over the repeats. Default: the suite's repeat, "
-             "else 1.")] = 1
+             "else 1.")] = DEFAULT_SUITE_REPEATS
     repeat_old: Annotated[Optional[int], typer.Option("--repeat", min=1, hidden=True,
         help="Deprecated spelling of --suite-repeats.")] = None
-    api: Annotated[Api, typer.Option(rich_help_panel=P_SCEN, help=API_HELP)] = Api.both
+    api: Annotated[Api, typer.Option(rich_help_panel=P_SCEN, help=API_HELP)] = Api(DEFAULT_API)
 
 
 @option_group
@@ -69,7 +71,7 @@ class ReferenceOptions:
         help=confirm_runs_help("each reproducer a scenario writes (the fuzz kind's "
                                "repro.toml)"))] = DEFAULT_CONFIRM_RUNS
     parallel_engines: Annotated[str, typer.Option(rich_help_panel=P_REF,
-        help=PARALLEL_ENGINES_HELP)] = "1"
+        help=PARALLEL_ENGINES_HELP)] = str(DEFAULT_PARALLEL_ENGINES)
     golden_model: Annotated[Optional[str], typer.Option(rich_help_panel=P_REF,
         help="Model folder for the golden model when attaching with --url (default: the served "
              "model's root, when it is a local folder).")] = None
@@ -84,9 +86,11 @@ class ReferenceOptions:
              "arguments, e.g. --reference-drop-arg=--speculative-config (repeatable).")] = None
     reference_cache_state: Annotated[CacheState, typer.Option(rich_help_panel=P_REF,
         help="warm: run each reference prompt alone twice, judge the second (prefix-cached) "
-             "run against the first, keep the second; cold: keep the first run.")] = CacheState.warm
+             "run against the first, keep the second; cold: keep the first run.")] = \
+        CacheState(DEFAULT_REFERENCE_CACHE_STATE)
     logprobs: Annotated[int, typer.Option(min=0, max=20, rich_help_panel=P_REF,
-        help="Top-k logprobs per output token (needed for near-tie analysis; 0 = off).")] = 2
+        help="Top-k logprobs per output token (needed for near-tie analysis; 0 = off).")] = \
+        DEFAULT_LOGPROBS
 
 
 ReferenceOpt = Annotated[str, typer.Option(rich_help_panel=P_REF,
@@ -101,7 +105,7 @@ ReferenceOpt = Annotated[str, typer.Option(rich_help_panel=P_REF,
 @app.command(cls=Command)
 @grouped
 def stress(ctx: typer.Context, engine: EngineOptions, attach: AttachOptions,
-           scen: ScenarioOptions, reference: ReferenceOpt = "solo",
+           scen: ScenarioOptions, reference: ReferenceOpt = DEFAULT_REFERENCE,
            control: ControlOptions = None, golden: GoldenProbeOptions = None,
            ref: ReferenceOptions = None, verdict: VerdictOptions = None,
            timeouts: TimeoutOptions = None, output: OutputOptions = None):
@@ -111,7 +115,7 @@ def stress(ctx: typer.Context, engine: EngineOptions, attach: AttachOptions,
     start or died, 4 internal error, 130/143 interrupted.
     """
     groups = (engine, attach, scen, control, golden, ref, verdict, timeouts, output)
-    cfg = config.stress_config(values(*groups, reference=reference), given(*groups), warn)
+    cfg = stress_config(values(*groups, reference=reference), given(*groups), warn)
     if scen.repeat_old is not None:
         warn("--repeat is deprecated: use --suite-repeats (--repeats is the transitions "
              "ladder's repeats)")

@@ -20,6 +20,8 @@ from typing import Any
 
 import aiohttp
 
+from ..defaults import (DEFAULT_BETWEEN_TOKENS_TIMEOUT_S, DEFAULT_CONNECT_TIMEOUT_S,
+                        DEFAULT_FIRST_TOKEN_TIMEOUT_S, DEFAULT_REQUEST_TIMEOUT_S)
 from .completion import Completion, _Active
 
 
@@ -32,10 +34,10 @@ class Timeouts:
     delivers its tokens at the end, so first_token_s bounds its whole answer.
     """
 
-    connect_s: float = 10.0
-    first_token_s: float = 300.0
-    between_tokens_s: float = 120.0
-    total_s: float = 1800.0
+    connect_s: float = DEFAULT_CONNECT_TIMEOUT_S
+    first_token_s: float = DEFAULT_FIRST_TOKEN_TIMEOUT_S
+    between_tokens_s: float = DEFAULT_BETWEEN_TOKENS_TIMEOUT_S
+    total_s: float = DEFAULT_REQUEST_TIMEOUT_S
 
 
 class Batch:

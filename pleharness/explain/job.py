@@ -11,7 +11,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from ..defaults import DEFAULT_CONFIRM_RUNS
+from ..defaults import DEFAULT_CONFIRM_RUNS, DEFAULT_PARALLEL_ENGINES, DEFAULT_START_TIMEOUT_S
 from ..engine.launch import engine_python_check
 from ..engine.session import EngineSession, Interrupted
 from ..engine.side_by_side import SideBySide, model_bytes
@@ -23,16 +23,17 @@ from ..files import private_dir
 from ..manifest import Manifest, load_manifest, write_atomic
 from ..manifest.tables import Confirmation
 from ..render.explain import render, to_junit
-from ..reproduce import ReplayTarget, judging_options, replay_reproducer
+from ..reproduce import ReplayTarget, replay_reproducer
 from ..scenarios import load_scenario_file
-from .replay import _replay_all, _RunGolden, run_target
+from .replay import _replay_all, _RunGolden, run_config, run_target
 from .report import ExplainReport, _Progress, case_report, write_repro
 from .suspects import failing_cases, suspects_for
 
 
 def confirm_repros(report: ExplainReport, m: Manifest, run_dir: Path, runs: int, *,
                    runner: Callable[[Any, Console, Console], int],
-                   engine_python: str | None = None, start_timeout_s: float = 900.0,
+                   engine_python: str | None = None,
+                   start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
                    console: Console | None = None, on_each: Any = None,
                    side: SideBySide | None = None) -> None:
     """Replay every case's ``repro-N.toml`` ``runs`` times, each on a freshly started engine of
@@ -46,9 +47,8 @@ def confirm_repros(report: ExplainReport, m: Manifest, run_dir: Path, runs: int,
     :func:`pleharness.stress.run_stress`, handed in by the command line, since a job imports no
     other job). Raises Interrupted when a replay was interrupted (SIGINT / SIGTERM)."""
     console = console or Console(stderr=True)
-    rt = ReplayTarget(runner=runner, launch=run_target(m, engine_python).launch_spec(),
-                      **judging_options(m.run_options),
-                      start_timeout_s=start_timeout_s, parallel=side.n if side else 1,
+    rt = ReplayTarget(runner=runner, config=run_config(m, engine_python, start_timeout_s),
+                      parallel=side.n if side else 1,
                       engine_args_add=list(side.add) if side else [])
     done: dict[str, tuple[str, Confirmation]] = {}  # schedule key -> (repro, result)
     for c in report.cases:
@@ -80,8 +80,9 @@ def explain(run: Path, *, runner: Callable[[Any, Console, Console], int],
             suspects_extra: Sequence[str] = (), suspects_drop: Sequence[str] = (),
             auto_suspects: bool = True, include_warnings: bool = False, tries: int = 3,
             budget_s: float = 3600.0, engine_python: str | None = None,
-            start_timeout_s: float = 900.0, console: Console | None = None,
-            confirm_runs: int = DEFAULT_CONFIRM_RUNS, parallel_engines: int | None = 1) -> ExplainReport:
+            start_timeout_s: float = DEFAULT_START_TIMEOUT_S, console: Console | None = None,
+            confirm_runs: int = DEFAULT_CONFIRM_RUNS,
+            parallel_engines: int | None = DEFAULT_PARALLEL_ENGINES) -> ExplainReport:
     """Explain the failing divergences of the run at ``run`` (folder or manifest); see the
     package's docstring (:mod:`pleharness.explain`). Returns the report (also written to
     ``RUN/explain/explain.json``, with ``explain.md`` and ``junit.xml``).

@@ -13,6 +13,8 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
+from ..config import EngineConfig, StressConfig
+from ..defaults import DEFAULT_START_TIMEOUT_S
 from ..divergence import DEFAULT_NEAR_TIE_NATS, margins
 from ..engine.client import EngineClient
 from ..engine.session import EngineSession, Target
@@ -23,6 +25,7 @@ from ..golden import GoldenError, GoldenModel, golden_problem
 from ..manifest import Manifest
 from ..parity import token_hash
 from ..redact import redact_argv
+from ..reproduce import replay_base
 from ..run.judge import Rule, compare_outputs
 from .report import ExplainReport, _Progress, write_repro
 from .suspects import (Case, Suspect, _facts, _label, follow_ups, narrow_down, rederive_length,
@@ -30,7 +33,7 @@ from .suspects import (Case, Suspect, _facts, _label, follow_ups, narrow_down, r
 
 
 def run_target(m: Manifest, python: str | None = None,
-               start_timeout_s: float = 900.0) -> Target:
+               start_timeout_s: float = DEFAULT_START_TIMEOUT_S) -> Target:
     """The explained run's engine as a launch target, from its manifest's launch record (model,
     python (``python`` overrides it), tp, engine_args, env, host; the served name): a value
     recorded as ``<redacted>`` is taken from this process's environment."""
@@ -41,6 +44,19 @@ def run_target(m: Manifest, python: str | None = None,
                   python=python or la["python"], tp=la.get("tp", 1),
                   engine_args=list(la.get("engine_args") or []), engine_env=env,
                   host=la.get("host", "127.0.0.1"), start_timeout_s=start_timeout_s)
+
+
+def run_config(m: Manifest, python: str | None = None,
+               start_timeout_s: float = DEFAULT_START_TIMEOUT_S) -> StressConfig:
+    """The explained run's configuration as far as its manifest holds it, the base of its
+    reproducers' replays: its launch (:func:`run_target`: the launch record and the served
+    name) as the engine group, judged as the run recorded it
+    (:func:`pleharness.reproduce.replay_base`, as ``stress --confirm-runs`` judges)."""
+    t = run_target(m, python, start_timeout_s)
+    engine = EngineConfig(model=t.model_path, tp=t.tp, python=t.python, args=t.engine_args,
+                          env=t.engine_env, served_model_name=t.served_name, host=t.host,
+                          port=t.port, start_timeout_s=t.start_timeout_s)
+    return replay_base(StressConfig(engine=engine), m.run_options)
 
 
 class _RunGolden:
