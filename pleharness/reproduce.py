@@ -214,32 +214,27 @@ def _replay_once(path: Path, target: ReplayTarget, out_dir: Path, label: str,
     rdir = out_dir / run_id
     row = ReplayRow(run=i, exit_code=code, reproduced=code == 1,
                     manifest=str(rdir / "manifest.json"))
+    try:  # read once: the error's reason, an unexercised schedule, the engine's start
+        m = load_manifest(rdir, with_requests=False)
+    except (ValueError, OSError):
+        m = None
     if code == 1:
         row.failing = _failing_lines(rdir)
     elif code == 0:
-        why = _not_exercised(rdir)
+        why = _not_exercised(m) if m is not None else None
         if why:
             row.inconclusive = why
     else:
-        try:
-            row.error = load_manifest(rdir, with_requests=False).reason
-        except (ValueError, OSError):
-            row.error = quiet.file.getvalue()[-500:]
-    if (rdir / "manifest.json").exists():
-        try:
-            row.engine_ready_s = load_manifest(rdir, with_requests=False).engine.ready_s
-        except (ValueError, OSError):
-            pass
+        row.error = m.reason if m is not None else quiet.file.getvalue()[-500:]
+    if m is not None:
+        row.engine_ready_s = m.engine.ready_s
     return row
 
 
-def _not_exercised(run_dir: Path) -> str | None:
-    """Why a passing replay did not exercise its schedule (a phase check ``inserts_landed``
-    that warned: :func:`pleharness.scenarios.shared.inserting.landing_check`), else None."""
-    try:
-        m = load_manifest(run_dir, with_requests=False)
-    except (ValueError, OSError):
-        return None
+def _not_exercised(m) -> str | None:
+    """Why a passing replay's manifest ``m`` did not exercise its schedule (a phase check
+    ``inserts_landed`` that warned: :func:`pleharness.scenarios.shared.inserting.landing_check`),
+    else None."""
     for ph in m.phases:
         for c in ph.checks:
             if c.name == "inserts_landed" and c.status != "pass":

@@ -44,16 +44,16 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+from .causes import causes
 from .engine.inflight import _LoopThread
 from .engine.session import EngineSession, Interrupted
 from .environment import gpu_inventory
-
 from .errors import EngineError, ExitCode, UsageError
-from .causes import causes
-from .files import write_private
 from .faults import BUILTIN, FamilyFault, SelftestFault
 from .faults.proxy import FaultProxy
 from .faults.rules import Fault
+from .files import write_private
 from .manifest import load_manifest
 from .run.rundir import new_run_dir
 from .scenarios import load_scenario_file, load_scenarios

@@ -55,16 +55,16 @@ run)``). The replay says for each whether it failed again (table ``replay_failed
 """
 from __future__ import annotations
 
-from ..engine.facts import as_facts
-
 import re
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, model_validator
 
 from ..checks import REGISTRY
-from ..checks.constrained import KINDS, NAME as CON, constraint_problem
+from ..checks.constrained import KINDS, constraint_problem
+from ..checks.constrained import NAME as CON
 from ..checks.prompt_logprobs import NAME
+from ..engine.facts import as_facts
 from ..prompts import Prompt
 from ..request import RequestSpec
 from .base import Params, Scenario, ScenarioError, TableRow, register

@@ -153,9 +153,7 @@ class Fuzz(FuzzExamples, Scenario):
                     if state["first_fail_t"] is None:
                         state["first_fail_t"] = time.monotonic()
                         state["examples_to_failure"] = state["n"]
-                    _keep(ctx, steps, "fuzz_shrink_steps", ShrinkStepRow(
-                        step=len(steps), example=row.example, phases=row.phases,
-                        requests=row.requests, schedule=row.schedule))
+                    _keep_step(ctx, steps, row)
                     state["minimal"] = sched  # hypothesis only tries smaller ones from here
                     state["failing"].append(sched)
                 live()
@@ -207,9 +205,7 @@ class Fuzz(FuzzExamples, Scenario):
                 if row.status == "fail":
                     state["failures"] += 1
                     state["failing"].append(cand)
-                    _keep(ctx, steps, "fuzz_shrink_steps", ShrinkStepRow(
-                        step=len(steps), example=row.example, phases=row.phases,
-                        requests=row.requests, schedule=row.schedule))
+                    _keep_step(ctx, steps, row)
                 live()
                 if row.status == "fail":
                     break
@@ -372,6 +368,13 @@ class Fuzz(FuzzExamples, Scenario):
             out.append(f"| `{r.path}` | {r.source} | "
                        f"{r.schedule if 'schedule' in r.model_fields_set else ''} | {v} |")
         return out
+
+
+def _keep_step(ctx: "ScenarioContext", steps: list[ShrinkStepRow], row: ExampleRow) -> None:
+    """Keep the failing example ``row`` as the next shrink step (``fuzz_shrink_steps``)."""
+    _keep(ctx, steps, "fuzz_shrink_steps", ShrinkStepRow(
+        step=len(steps), example=row.example, phases=row.phases, requests=row.requests,
+        schedule=row.schedule))
 
 
 def _keep(ctx: "ScenarioContext", rows: list, table: str, row: Any) -> None:
