@@ -706,7 +706,7 @@ def test_stress_and_explain_replay_a_reproducer_with_the_same_config(monkeypatch
     from pleharness.explain import ExplainReport, confirm_repros
     from pleharness.explain import job as explain_job
     runs = []
-    monkeypatch.setattr("pleharness.stress.run_stress",
+    monkeypatch.setattr("pleharness.cli.stress.run_stress",
                         lambda cfg, console=None, err_console=None: runs.append(cfg) or 0)
     r = CliRunner().invoke(app, ["stress", "--near-tie-nats", "0.3", "--strict", "--no-golden",
                                  "--reference-cache-state", "cold", "--scenario", "fuzz"])

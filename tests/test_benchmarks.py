@@ -114,3 +114,9 @@ def test_write_cost_tiny(tmp_path):
     for r in data["rows"]:
         assert all(r[f"{h}_ms"] > 0 for h in ("inline", "append", "append+cache"))
     assert set(data["growth_exponents"]) == {"inline", "append", "append+cache"}
+
+
+def test_cli_startup_tiny():
+    p = run_script("cli_startup.py", "--repeats", "1")
+    assert re.search(r"this tree +median \d+\.\d{3} s", p.stdout), p.stdout
+    assert re.search(r"interpreter +median \d+\.\d{3} s", p.stdout), p.stdout

@@ -136,11 +136,12 @@ def test_report_exit_code_mirrors_the_run(runs):
 
 
 def test_internal_error_exits_4_with_a_traceback_log(runs, monkeypatch, capsys):
-    from pleharness import cli, render
+    from pleharness import cli
+    from pleharness.cli import report
 
     def boom(*a, **k):
         raise RuntimeError("renderer exploded")
-    monkeypatch.setattr(render, "render", boom)
+    monkeypatch.setattr(report, "render_console", boom)  # the renderer `report` holds
     monkeypatch.setattr(sys, "argv", ["ple-harness", "report", str(runs / "base")])
     with pytest.raises(SystemExit) as e:
         cli.run()

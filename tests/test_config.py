@@ -24,7 +24,8 @@ def invoke(*args):
 def facts_cfg(monkeypatch):
     """Record the FactsConfig that `facts` would run with (nothing is launched)."""
     seen = []
-    monkeypatch.setattr("pleharness.factsjob.run_facts", lambda cfg, console: seen.append(cfg) or 0)
+    monkeypatch.setattr("pleharness.cli.facts.run_facts",
+                        lambda cfg, console: seen.append(cfg) or 0)
     return seen
 
 
@@ -32,8 +33,9 @@ def facts_cfg(monkeypatch):
 def stress_cfg(monkeypatch):
     """Record the StressConfig that `stress` / `fuzz` would run with (nothing is launched)."""
     seen = []
-    monkeypatch.setattr("pleharness.stress.run_stress",
-                        lambda cfg, console=None, err_console=None: seen.append(cfg) or 0)
+    for command in ("stress", "fuzz"):  # each command module holds the job it runs
+        monkeypatch.setattr(f"pleharness.cli.{command}.run_stress",
+                            lambda cfg, console=None, err_console=None: seen.append(cfg) or 0)
     return seen
 
 

@@ -27,6 +27,7 @@ from ..engine.side_by_side import parse_parallel
 from ..errors import UsageError
 from ..profile import EngineProfile, load_profile
 from ..redact import redact_argv
+from ..suites import load_suite
 
 
 def engine_groups(o: Mapping[str, Any], given: Iterable[str]
@@ -85,7 +86,6 @@ def suite_group(o: Mapping[str, Any], given: Iterable[str]) -> SuiteConfig:
     """``stress``'s suite group: the suite file's scenarios and repeat (unless --scenario /
     --suite-repeats), the scenario overrides (--ladder, --repeats, --max-tokens), --api and
     --logprobs. Raises UsageError for a bad suite or ladder."""
-    from ..suites import load_suite  # lazy: start-up (suites pulls compare into ple-harness --help)
     suite = load_suite(o["suite"]) if o.get("suite") is not None else None
     overrides = {k: v for k, v in (("ladder", None if o["ladder"] is None
                                     else parse_ladder(o["ladder"])),

@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from ..errors import ExitCode, UsageError
+from ..model import WEIGHTS_SHA256, ensure_embedded_model, rebuild
 from . import Command, app, err_console
 
 
@@ -25,8 +26,6 @@ def build_model(
 
     The path goes to stdout, notes to stderr; with --verify, also whether its recipe reproduces
     the pinned weights on this machine."""
-    # lazy: start-up: a command imports its work when it runs (ple-harness --help)
-    from ..model import WEIGHTS_SHA256, ensure_embedded_model, rebuild
     if engine_python is not None and not verify:
         raise UsageError("--engine-python is used only with --verify (the retraining); without "
                          "it the pinned digests are checked in this Python")

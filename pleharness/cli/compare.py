@@ -8,6 +8,9 @@ from typing import Annotated, Optional
 import typer
 
 from ..errors import ExitCode
+from ..compare import check_thresholds, check_thresholds_against, compare, load
+from ..render.compare import render_comparison
+from ..suites import load_suite
 from . import Command, app, console
 
 
@@ -42,14 +45,9 @@ def compare_cmd(
     exit code. Exit 0 pass, 1 fail, 2 usage error (a run cannot be read, bad gate), 3 no
     verdict: BASE or HEAD did not complete (killed, interrupted, its engine died).
     """
-    # lazy: start-up: a command imports its work when it runs (ple-harness --help)
-    from ..compare import check_thresholds, check_thresholds_against, compare, load
-    from ..render.compare import render_comparison
 
     check_thresholds(threshold)
     if suite is not None:
-        # lazy: start-up: a command imports its work when it runs (ple-harness --help)
-        from ..suites import load_suite
         g = load_suite(suite).gates
         min_throughput_ratio = min_throughput_ratio if min_throughput_ratio is not None \
             else g.min_throughput_ratio

@@ -10,6 +10,8 @@ from .. import config
 from ..defaults import (DEFAULT_CONFIRM_RUNS, DEFAULT_PARALLEL_ENGINES, DEFAULT_START_TIMEOUT_S,
                         confirm_runs_help)
 from ..engine.side_by_side import parse_parallel
+from ..explain import explain as run_explain
+from ..stress import run_stress
 from . import Command, app, err_console
 
 
@@ -53,9 +55,6 @@ def explain(
     every condition it needs, the narrowest single change and what is not involved; writes
     RUN/explain/ (table, diagnosis, JUnit, reproducers). Exit 0 when done (the table is the result), 2 usage error, 3 engine
     failure."""
-    # lazy: start-up: a command imports its work when it runs (ple-harness --help)
-    from ..explain import explain as run_explain
-    from ..stress import run_stress  # handed to explain: a job imports no other job
     config.raise_all(config.engine_arg_problems(list(suspect or []), "--suspect"))
     run_explain(run, runner=run_stress, suspects_extra=list(suspect or []),
                 suspects_drop=list(suspect_drop or []),

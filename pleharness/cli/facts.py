@@ -12,6 +12,7 @@ import typer
 
 from .. import config
 from ..defaults import DEFAULT_RESULTS_DIR
+from ..factsjob import FactsConfig, run_facts
 from . import Command, app, console
 from .assemble import engine_groups
 from .options import AttachOptions, EngineOptions, Pick, given, grouped, values
@@ -30,8 +31,6 @@ def facts(ctx: typer.Context,
                                                             "as JSON to this path.")] = None):
     """Print the engine facts (block size, chunk budget, speculative tokens, capture sizes, KV
     capacity, dtype, ...) with their sources; launches and stops the engine unless --url."""
-    # lazy: start-up: a command imports its work when it runs (ple-harness --help)
-    from ..factsjob import FactsConfig, run_facts
     if json_path is not None:
         config.check_json_path(json_path)
     eng, att = engine_groups(values(attach, engine, results_dir=results_dir),

@@ -18,6 +18,7 @@ from ..defaults import DEFAULT_CONFIRM_RUNS, DEFAULT_PARALLEL_ENGINES, confirm_r
 from ..engine.inflight import Timeouts
 from ..errors import UsageError
 from ..scenarios.fuzz.strategy import FuzzParams
+from ..stress import run_stress
 from . import Command, app, console, err_console, warn
 from .assemble import confirmation_group, engine_groups, output_group, verdict_group
 from .options import (PARALLEL_ENGINES_HELP, AttachOptions, EngineOptions, GoldenProbeOptions,
@@ -142,8 +143,6 @@ def fuzz(ctx: typer.Context, search: FuzzSearchOptions, run: FuzzRunOptions,
     o = values(*groups)
     eng, att = engine_groups(o, given(*groups))
     params = fuzz_params(search, run.max_tokens_old, search.given)
-    # lazy: start-up: a command imports its work when it runs (ple-harness --help)
-    from ..stress import run_stress
     cfg = StressConfig(engine=eng, attach=att, suite=SuiteConfig(scenarios=[("fuzz", params)]),
                        verdict=verdict_group(o),
                        timeouts=Timeouts(total_s=timeouts.request_timeout),

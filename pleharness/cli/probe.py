@@ -12,6 +12,8 @@ from rich.markup import escape
 from .. import config
 from ..errors import ExitCode, UsageError
 from ..files import private_dir, write_private
+from ..probe import run_probe
+from ..render.probe import render
 from . import Command, app, console, err_console
 
 
@@ -37,9 +39,6 @@ def probe(
     Exit 0 when the probe answered (ok, fallback: synchronous, or unavailable: no GPU / no CUDA),
     1 when the self-test failed, 2 for a --json path that cannot be written.
     """
-    # lazy: start-up: a command imports its work when it runs (ple-harness --help)
-    from ..probe import run_probe
-    from ..render.probe import render
     if json_path is not None:
         config.check_json_path(json_path)
     result = run_probe(selftest=True, timings=not quick, replays=100 if quick else replays)

@@ -12,6 +12,9 @@ from rich.markup import escape
 from .. import config
 from ..errors import ExitCode
 from ..manifest import lines_beyond
+from ..plot import plot_run
+from ..compare import load
+from ..render import render as render_console, to_junit, to_markdown
 from . import Command, app, console, err_console
 
 
@@ -42,9 +45,6 @@ def report(
     that recorded none, e.g. killed), so a CI step that renders the report also gates like the run
     did; with --exit-zero, 0. Exit 2: the run cannot be read, or bad options.
     """
-    # lazy: start-up: a command imports its work when it runs (ple-harness --help)
-    from ..compare import load
-    from ..render import render as render_console, to_junit, to_markdown
 
     plot_path = config.check_plot_path(plot) if plot is not None else None
     m = load(run)
@@ -55,7 +55,6 @@ def report(
                           "left out of this report (a phase that ended before its manifest was "
                           "written, or lines not written by ple-harness)")
     if plot_path is not None:
-        from ..plot import plot_run  # lazy: matplotlib, only for --plot
         err_console.print(f"plot written to {escape(str(plot_run(m, plot_path)))}")
     if format is ReportFormat.console:
         render_console(m, console, run_dir=str(run.parent if run.suffix == ".json" else run))

@@ -11,6 +11,7 @@ from ..errors import ExitCode, UsageError
 from ..scenarios import REGISTRY, scenario_dirs
 from ..scenarios.base import load_scenario_file
 from ..tomlfile import read_toml
+from ..suites import load_suite
 from . import Command, app, console, err_console
 
 
@@ -40,8 +41,6 @@ def scenarios(check: Annotated[Optional[list[Path]], typer.Option(
 def _check(files: list[Path]) -> int:
     """Each file as stress would load it before an engine starts (a suite: every entry with its
     params); one line per file; 0 when all are valid, else 2."""
-    # lazy: start-up: a command imports its work when it runs (ple-harness --help)
-    from ..suites import load_suite
     bad = 0
     for f in files:
         try:

@@ -10,6 +10,9 @@ from .. import config
 from ..config import StressConfig, SuiteConfig, VerdictConfig
 from ..errors import UsageError
 from ..faults import BUILTIN
+from ..selftest import DEFAULT_SUITE, run_selftest
+from ..stress import run_stress
+from ..suites import load_suite
 from . import Command, app, console, err_console
 from .assemble import engine_groups, output_group
 from .options import (P_SCEN, AttachOptions, EngineOptions, OutputOptions, Pick, given, grouped,
@@ -57,16 +60,11 @@ def selftest(
     if twice:
         raise UsageError(f"--fault {', '.join(twice)}: given more than once")
     eng, att = engine_groups(o, given(*groups))
-    # lazy: start-up: a command imports its work when it runs (ple-harness --help)
-    from ..selftest import DEFAULT_SUITE, run_selftest
-    from ..stress import run_stress  # each pass is a stress run: the job is handed it here
     if scenario:
         scenarios = list(scenario)
     elif suite == "default":
         scenarios = list(config.DEFAULT_SCENARIOS)
     else:
-        # lazy: start-up: a command imports its work when it runs (ple-harness --help)
-        from ..suites import load_suite
         scenarios = load_suite(suite or DEFAULT_SUITE).scenario_refs()
     # --run-id names the selftest folder (selftest_id); each pass names its own run
     cfg = StressConfig(engine=eng, attach=att, suite=SuiteConfig(scenarios=scenarios),

@@ -9,6 +9,7 @@ import typer
 from ..defaults import (DEFAULT_API, DEFAULT_CONFIRM_RUNS, DEFAULT_LOGPROBS,
                         DEFAULT_PARALLEL_ENGINES, DEFAULT_REFERENCE,
                         DEFAULT_REFERENCE_CACHE_STATE, DEFAULT_SUITE_REPEATS, confirm_runs_help)
+from ..stress import run_stress
 from . import Command, app, console, err_console, warn
 from .assemble import stress_config
 from .options import (API_HELP, P_CTRL, P_REF, P_SCEN, PARALLEL_ENGINES_HELP, Api,
@@ -119,6 +120,4 @@ def stress(ctx: typer.Context, engine: EngineOptions, attach: AttachOptions,
     if scen.repeat_old is not None:
         warn("--repeat is deprecated: use --suite-repeats (--repeats is the transitions "
              "ladder's repeats)")
-    # lazy: start-up: a command imports its work when it runs (ple-harness --help)
-    from ..stress import run_stress
     raise typer.Exit(run_stress(cfg, console, err_console))
