@@ -49,8 +49,7 @@ from .engine.side_by_side import run_side_by_side
 from .errors import HarnessError
 from .files import private_dir
 from .manifest import load_manifest
-from .manifest.tables import Confirmation, ReplayRow, ReproducerRow
-from .scenarios.fuzz.rows import FuzzSummaryRow
+from .manifest.tables import Confirmation, ReplayRow, ReproducerRow, ReproductionColumns
 
 
 @dataclass
@@ -301,21 +300,16 @@ def confirm_run_reproducers(manifest, run_dir: Path, target: ReplayTarget, runs:
     return rows
 
 
-# the summary tables a reproducer row may name (``ReproducerRow.summary_table``): their row model
-_SUMMARY_ROWS = {"fuzz_summary": FuzzSummaryRow}
-
-
 def _summary_reproduction(manifest, row: ReproducerRow, res: Confirmation, fresh: bool) -> None:
-    """The reproduction columns of the first row of ``row``'s summary table (e.g. fuzz_summary:
-    confirmed = failed on a fresh engine); nothing when it names none or the table is empty."""
+    """The reproduction columns (:class:`~pleharness.manifest.tables.ReproductionColumns`) of
+    the first row of ``row``'s summary table (e.g. fuzz_summary: confirmed = failed on a fresh
+    engine); nothing when it names none or the table is empty. Any table a kind names works:
+    the row keeps its other columns as they are."""
     table = manifest.tables.get(row.summary_table or "") or []
     if not table:
         return
-    s = _SUMMARY_ROWS[row.summary_table].model_validate(table[0])
     fb = row.fallback_confirmation
-    s.confirmed = res.reproduced > 0
-    s.reproduction = row.verdict
-    s.reproduction_rate = res.rate
-    s.larger_reproduction_rate = fb.rate if fb is not None else None
-    s.confirmed_on_fresh_engine = fresh
-    table[0] = s.model_dump()
+    table[0] = ReproductionColumns(
+        confirmed=res.reproduced > 0, reproduction=row.verdict, reproduction_rate=res.rate,
+        larger_reproduction_rate=fb.rate if fb is not None else None,
+        confirmed_on_fresh_engine=fresh).merged_into(table[0])

@@ -622,7 +622,7 @@ def test_few_phases_draw(n):
 def test_reproduction_verdicts_and_report_lines():
     from pleharness.manifest import Manifest
     from pleharness.reproduce import rate_verdict
-    from pleharness.scenarios.fuzz.job import Fuzz
+    from pleharness.scenarios.fuzz.runner import Fuzz
     markdown_lines = Fuzz.markdown
     assert rate_verdict(3, 3) == "reproduced 3/3 on fresh engines"
     assert rate_verdict(1, 3) == ("reproduced 1/3 on fresh engines: intermittent "
@@ -696,7 +696,7 @@ def test_recheck_keeps_the_smallest_schedule_that_fails_every_time(outcomes, pic
     confirmation wave, an engine start)."""
     from types import SimpleNamespace as NS
 
-    from pleharness.scenarios.fuzz.job import Fuzz
+    from pleharness.scenarios.fuzz.runner import Fuzz
 
     def sched(n):
         r = FuzzRequest("new", 4 + n, "random", 0, 8, True)

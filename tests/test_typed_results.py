@@ -127,3 +127,33 @@ def test_judging_options_read_the_typed_run_options():
     from pleharness.reproduce import judging_options
     assert judging_options(RunOptionsRecord(golden=None, near_tie_nats=1)) == {
         "golden": True, "near_tie_nats": 1.0, "strict": False, "reference_cache_state": "warm"}
+
+
+def test_a_summary_row_that_takes_a_reproduction_declares_its_columns_in_order():
+    """ReproductionColumns is what the confirmation writes into a kind's summary row: fuzz's row
+    model declares every column with the same type, in the same order, so it loads the row back."""
+    from pleharness.manifest.tables import ReproductionColumns
+    cols = ReproductionColumns.model_fields
+    fuzz = FuzzSummaryRow.model_fields
+    assert all(fuzz[k].annotation == f.annotation for k, f in cols.items())
+    assert [k for k in fuzz if k in cols] == list(cols)
+
+
+def test_the_confirmation_writes_its_columns_into_any_kinds_summary_table():
+    """A reproducer of another kind, naming its own summary table: the columns are written into
+    that table's first row, its other columns kept as they were (no per-kind lookup)."""
+    from pleharness import reproduce
+    from pleharness.manifest import Manifest
+    m = Manifest(run_id="t", tables={"other_summary": [{"found": 3, "confirmed": None}]})
+    row = ReproducerRow(source="other", path="repro.toml", summary_table="other_summary",
+                        verdict="2/3: reproduced")
+    res = Confirmation(runs=3, reproduced=2, errors=0, inconclusive=0, fresh_engine=True,
+                       rate="2/3", verdict="2/3", side_by_side=1, replays=[])
+    reproduce._summary_reproduction(m, row, res, fresh=True)
+    assert m.tables["other_summary"] == [{
+        "found": 3, "confirmed": True, "reproduction": "2/3: reproduced",
+        "reproduction_rate": "2/3", "larger_reproduction_rate": None,
+        "confirmed_on_fresh_engine": True}]
+    m.tables["other_summary"] = []  # an empty table: nothing written, nothing raised
+    reproduce._summary_reproduction(m, row, res, fresh=True)
+    assert m.tables["other_summary"] == []

@@ -24,11 +24,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_serializer
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from ..files import write_private
 from .records import (CheckResult, ControlEvidence, Divergence, PhaseRecord, ReferenceRecord,
-                      RequestRecord, SideEvidence)
+                      RequestRecord, SetFieldsOnly, SideEvidence)
 
 __all__ = ["CheckResult", "ControlEvidence", "Divergence", "EngineRecord", "Manifest",
            "PhaseRecord", "ReferenceRecord", "RequestRecord", "RunOptionsRecord", "SideEvidence",
@@ -50,7 +50,7 @@ def now_iso() -> str:
 
 
 
-class _Section(BaseModel):
+class _Section(SetFieldsOnly):
     """A manifest section with its keys as typed fields, read and written as attributes (None
     where the key is absent); its JSON holds only the keys that were set (loaded, built or
     assigned), in field order, so a section reads the same as when it was a plain dict
@@ -60,11 +60,6 @@ class _Section(BaseModel):
     (:func:`load_manifest`'s ValueError names the file, the section and the key)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
-
-    @model_serializer(mode="wrap")
-    def _only_set(self, handler):
-        data = handler(self)
-        return {k: v for k, v in data.items() if k in self.model_fields_set}
 
     def assign(self, **values: Any) -> None:
         """Set several fields at once (``s.assign(api="chat", api_used="chat")``); a name that

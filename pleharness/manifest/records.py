@@ -23,12 +23,10 @@ DivergenceClass = Literal["near_tie", "hard", "unknown"]
 Attribution = Literal["also_in_control", "only_under_test", "no_twin"]
 
 
-class _SetFieldsOnly(BaseModel):
-    """A record whose JSON holds only the fields that were set (built, loaded or assigned), under
-    their aliases: optional evidence that was never gathered is absent, not ``null``, so the file
-    says what was known (and reads the same as before these records were typed)."""
-
-    model_config = ConfigDict(populate_by_name=True, serialize_by_alias=True)
+class SetFieldsOnly(BaseModel):
+    """Base of a model whose JSON holds only the fields that were set (built, loaded or
+    assigned), in field order, under their aliases where a field declares one: the records
+    below, the manifest's sections and its sparse table rows."""
 
     @model_serializer(mode="wrap")
     def _only_set(self, handler):
@@ -40,6 +38,14 @@ class _SetFieldsOnly(BaseModel):
             if alias:
                 keep.add(alias)
         return {k: v for k, v in data.items() if k in keep}
+
+
+class _SetFieldsOnly(SetFieldsOnly):
+    """A record whose JSON holds only the fields that were set (built, loaded or assigned), under
+    their aliases: optional evidence that was never gathered is absent, not ``null``, so the file
+    says what was known (and reads the same as before these records were typed)."""
+
+    model_config = ConfigDict(populate_by_name=True, serialize_by_alias=True)
 
 
 class ControlEvidence(_SetFieldsOnly):

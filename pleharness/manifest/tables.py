@@ -13,13 +13,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, model_serializer
+from pydantic import BaseModel, ConfigDict
+
+from .records import SetFieldsOnly
 
 if TYPE_CHECKING:  # pragma: no cover
     from . import Manifest
 
 __all__ = ["Confirmation", "FactConflictRow", "NoteRow", "ReplayRow", "ReproducerRow",
-           "SparseRow", "TableRow"]
+           "ReproductionColumns", "SparseRow", "TableRow"]
 
 
 class TableRow(BaseModel):
@@ -35,14 +37,9 @@ class TableRow(BaseModel):
         return [cls.model_validate(r) for r in m.tables.get(key) or []]
 
 
-class SparseRow(TableRow):
+class SparseRow(TableRow, SetFieldsOnly):
     """A row whose optional columns are absent from its JSON until written: the JSON holds only
     the keys that were set (built, loaded or assigned), in field order."""
-
-    @model_serializer(mode="wrap")
-    def _only_set(self, handler):
-        data = handler(self)
-        return {k: v for k, v in data.items() if k in self.model_fields_set}
 
 
 class NoteRow(TableRow):
@@ -98,6 +95,27 @@ class Confirmation(SparseRow):
     side_by_side: int
     replays: list[ReplayRow]
     same_schedule_as: str | None = None
+
+
+class ReproductionColumns(SparseRow):
+    """The columns a reproducer's confirmation (:func:`pleharness.reproduce.confirm_run_reproducers`)
+    writes into the first row of the summary table the reproducer names
+    (``ReproducerRow.summary_table``, e.g. ``fuzz_summary``): ``confirmed`` (it failed on at
+    least one replay), ``reproduction`` (the reproducer's verdict line), ``reproduction_rate`` and
+    ``larger_reproduction_rate`` (of the larger fallback; "k/N"), ``confirmed_on_fresh_engine``
+    (False: replayed on the attached engine). Any kind that writes reproducers declares these
+    fields on its summary row model, in this order (a test holds fuzz's to it)."""
+
+    confirmed: bool | None = None
+    reproduction: str | None = None
+    reproduction_rate: str | None = None
+    larger_reproduction_rate: str | None = None
+    confirmed_on_fresh_engine: bool | None = None
+
+    def merged_into(self, row: dict[str, Any]) -> dict[str, Any]:
+        """``row`` (a summary table's JSON row, shape unchanged) with these columns written: a
+        column ``row`` holds keeps its place, a new one goes at the end."""
+        return {**row, **self.model_dump()}
 
 
 class ReproducerRow(SparseRow):

@@ -64,7 +64,8 @@ time is the reproducer (``smallest_unconfirmed`` names the one that did not).
 
 The package, one room each: :mod:`.strategy` (the parameters, the schedule types, the space and
 the hypothesis strategy that draws schedules), :mod:`.example` (one schedule run on the engine),
-:mod:`.job` (the kind :class:`~.job.Fuzz`: search, shrink, confirm) and :mod:`.repro` (the
+:mod:`.runner` (the kind :class:`~.runner.Fuzz`, whose run is the search loop: search, shrink,
+confirm, the way hypothesis' own runner works inside one test) and :mod:`.repro` (the
 reproducer file). Importing the package registers the kind.
 """
-from . import job  # noqa: F401  (registers the kind "fuzz")
+from . import runner  # noqa: F401  (registers the kind "fuzz")

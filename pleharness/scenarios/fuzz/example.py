@@ -2,7 +2,7 @@
 prompts built once per run and cached) and run on the engine, references first, then phase by
 phase with the carriers' inserts; the example's ``fuzz_examples`` row, with the failed
 comparisons the reproducer names. :class:`FuzzExamples` is the part of the kind that runs one
-example; the job around it (search, shrink, confirm) is :mod:`.job`."""
+example; the runner around it (search, shrink, confirm) is :mod:`.runner`."""
 from __future__ import annotations
 
 import hashlib
@@ -32,7 +32,7 @@ class Abort(BaseException):
 
 
 class FuzzExamples:
-    """Running one example of the ``fuzz`` kind (a mixin of :class:`~.job.Fuzz`): its prompts
+    """Running one example of the ``fuzz`` kind (a mixin of :class:`~.runner.Fuzz`): its prompts
     (``_prompts``, ``_messages`` and the chat template's ``_builder``, set up by
     :meth:`_prepare`), its RequestSpecs (:meth:`specs`) and its run (:meth:`run_example`)."""
 

@@ -1,7 +1,7 @@
 """The reproducer writer of the ``fuzz`` kind: a failing :class:`~.strategy.Schedule` as a
 ``replay`` scenario file (:func:`write_repro`; ``ple-harness stress --scenario repro.toml``
 replays it), and the ``fuzz_failing`` table of its requests (:func:`failing_rows`). Writes files
-and rows only: the job (:mod:`.job`) decides which schedule is written."""
+and rows only: the runner (:mod:`.runner`) decides which schedule is written."""
 from __future__ import annotations
 
 import json

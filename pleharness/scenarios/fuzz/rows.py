@@ -1,8 +1,8 @@
 """The ``fuzz`` kind's manifest tables as row models: ``fuzz_summary`` (:class:`FuzzSummaryRow`,
 one row, its reproduction columns filled by :mod:`pleharness.reproduce` when the reproducer is
 confirmed), ``fuzz_shrink_steps`` (:class:`ShrinkStepRow`), ``fuzz_examples``
-(:class:`ExampleRow`) and ``fuzz_failing`` (:class:`FailingRow`). Rows only: the job
-(:mod:`.job`) writes them."""
+(:class:`ExampleRow`) and ``fuzz_failing`` (:class:`FailingRow`). Rows only: the runner
+(:mod:`.runner`) writes them."""
 from __future__ import annotations
 
 from typing import Any
@@ -27,7 +27,8 @@ class FuzzSummaryRow(SparseRow):
     until known. ``smallest_unconfirmed`` / ``repro_larger``: set when the smallest failing
     schedule did not fail on every recheck / a larger fallback reproducer was written; the
     ``reproduction*`` and ``confirmed*`` columns: set by the confirmation on fresh engines
-    (:func:`pleharness.reproduce.confirm_run_reproducers`)."""
+    (:func:`pleharness.reproduce.confirm_run_reproducers`), the fields of
+    :class:`~pleharness.manifest.tables.ReproductionColumns`, declared here in its order."""
 
     examples_run: int
     failing_examples: int
@@ -57,7 +58,7 @@ class ExampleRow(SparseRow):
     schedule's summary, ``status`` (pass / fail), inserts sent and sent late, the failing
     requests, each insert as sent (``[phase, insert, position, running]``), the failed
     comparisons for the reproducer (replay's ``failed``), seconds; ``stage`` (search, shrink,
-    delete, delete-retry, recheck) and ``elapsed_s`` (since the search started) set by the job."""
+    delete, delete-retry, recheck) and ``elapsed_s`` (since the search started) set by the runner."""
 
     example: str
     key: str

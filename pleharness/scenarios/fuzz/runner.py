@@ -1,5 +1,5 @@
-"""The ``fuzz`` job: the scenario kind :class:`Fuzz`, whose :meth:`Fuzz.run` reads as its list
-of phases, the way hypothesis' runner does:
+"""The ``fuzz`` kind's runner: the scenario kind :class:`Fuzz`, whose :meth:`Fuzz.run` reads as
+its list of phases, the way hypothesis' runner does:
 
 1. **search** (:meth:`Fuzz._search`): hypothesis draws schedules from the space of
    :mod:`.strategy` and runs each as one example (:mod:`.example`); on a failure its own
@@ -9,7 +9,14 @@ of phases, the way hypothesis' runner does:
 3. **confirm** (:meth:`Fuzz._confirm`): the minimal schedule rechecked in this engine process;
 
 then the reproducers (:mod:`.repro`) and the ``fuzz_summary`` row. What the kind draws, judges
-and records: the package docstring (:mod:`pleharness.scenarios.fuzz`)."""
+and records: the package docstring (:mod:`pleharness.scenarios.fuzz`).
+
+Why a scenario kind and not a job of its own (issue 34): hypothesis' runner works inside one test,
+which pytest runs among others in one session; here the search runs inside one stress run, among
+the other scenarios of a suite (the nightly suite has a fuzz member), on the run's one engine
+session, references, judge and manifest. ``ple-harness fuzz`` is the stress job given a suite of
+this one kind, and the confirmation of its reproducers on fresh engines is the stress job's
+confirmation step (:mod:`pleharness.reproduce`)."""
 from __future__ import annotations
 
 import time
@@ -44,7 +51,7 @@ class Fuzz(FuzzExamples, Scenario):
         build_space(facts, self.params)
 
     def run(self, ctx: "ScenarioContext") -> None:
-        """The job, phase by phase: search, shrink (with ``shrink``), confirm (with
+        """The search loop, phase by phase: search, shrink (with ``shrink``), confirm (with
         ``confirm``), then the reproducers of the minimal failing schedule and the summary."""
         p = self.params
         run_dir = Path(ctx.run_dir)

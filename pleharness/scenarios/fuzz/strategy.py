@@ -1,10 +1,10 @@
-"""The search space of the ``fuzz`` kind, apart from its job: the parameters
+"""The search space of the ``fuzz`` kind, apart from its runner: the parameters
 (:class:`FuzzParams`), the drawn schedule (:class:`FuzzRequest`, :class:`FuzzInsert`,
 :class:`FuzzPhase`, :class:`Schedule`; :class:`PhaseSpecs`, a phase made RequestSpecs), the
 :class:`Space` the engine facts allow (:func:`build_space`) and the hypothesis strategy that draws
 schedules from it (:func:`schedules`: warm repeats and copies resolved after drawing;
-:func:`relabel` after the job's deletions). No engine and no run here: the job that searches this
-space is :mod:`.job`."""
+:func:`relabel` after the runner's deletions). No engine and no run here: the runner that searches this
+space is :mod:`.runner`."""
 from __future__ import annotations
 
 import hashlib
