@@ -42,7 +42,7 @@ from .request import params_key
 from .run.context import RunContext
 from .run.rundir import new_run_dir
 from .run.sides import judge_sides
-from .scenarios import Scenario, load_scenarios
+from .scenarios import REGISTRY, Scenario, load_scenarios
 from .second_engine import control_variant, raise_if_second_engine_is_the_same, side_by_side_plan
 from .verdict import control_outcome, summarize, verdict, write_reports
 
@@ -99,10 +99,12 @@ def _check_input(cfg: StressConfig, console: Console) -> tuple:
     # bad input: before anything starts
     scenarios = load_scenarios(cfg.suite.scenarios, cfg.suite.overrides)
     if cfg.confirmation.runs_given and cfg.confirmation.runs and not any(
-            sc.kind == "fuzz" for sc in scenarios):
+            sc.writes_reproducers for sc in scenarios):
+        kinds = sorted(k for k, c in REGISTRY.items() if c.writes_reproducers)
         raise UsageError(f"--confirm-runs {cfg.confirmation.runs}: no selected scenario writes a "
-                         "reproducer (only the fuzz kind does: add --scenario fuzz, or leave "
-                         "--confirm-runs out)")
+                         f"reproducer (only the {', '.join(kinds)} kind"
+                         f"{' does' if len(kinds) == 1 else 's do'}: add --scenario {kinds[0]}, "
+                         "or leave --confirm-runs out)")
     references = (_load_reference_manifest(cfg.reference.source) if cfg.reference_mode == "manifest"
                   else {})
     target = cfg.target(console)

@@ -76,7 +76,8 @@ def _options(tmp_path):
         (("stress", "--control-engine-arg=--enforce-eager", "--control-engine-arg=--enforce-eager"),
          "--control-engine-arg --enforce-eager: given more than once"),
         (("stress", "--confirm-runs", "5", "--scenario", "boundary"),
-         "--confirm-runs 5: no selected scenario writes a reproducer"),
+         "--confirm-runs 5: no selected scenario writes a reproducer (only the fuzz kind does: "
+         "add --scenario fuzz"),
     ]
 
 

@@ -59,6 +59,9 @@ class Scenario(ABC):
     Params: ClassVar[type[Params]]
     phases: ClassVar[int | None] = None  # load phases per run, when fixed (0: only known at run time)
     tables: ClassVar[dict[str, type[TableRow]]] = {}
+    # a kind that writes reproducers (``tables["reproducers"]``: ReproducerRow) for the stress
+    # job's confirmation step (--confirm-runs) to replay on fresh engines
+    writes_reproducers: ClassVar[bool] = False
 
     def __init__(self, name: str, params: Params, source: str, description: str = ""):
         self.name = name

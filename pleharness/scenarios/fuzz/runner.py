@@ -43,6 +43,7 @@ class Fuzz(FuzzExamples, Scenario):
     kind = "fuzz"
     summary = "property-based schedules (hypothesis) from the engine facts, shrunk to repro.toml"
     Params = FuzzParams
+    writes_reproducers = True
 
     def planned_phases(self) -> int:
         return 0  # unknown in advance
