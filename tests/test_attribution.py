@@ -744,3 +744,29 @@ def test_stress_and_explain_replay_a_reproducer_with_the_same_config(monkeypatch
     assert by_stress.suite.scenarios == [str(tmp_path / "repro.toml")]
     assert by_stress.engine == cfg.engine  # the run's own engine group, passed whole
     assert not by_stress.control and by_stress.confirmation.runs == 0
+
+
+@pytest.mark.engine
+def test_a_fuzz_reproducer_the_control_run_explains_is_not_replayed(cpu_engine, tmp_path):
+    """Issue 34, on a real engine behind the double: a fault in both configurations fails fuzz's
+    examples in the run and in the control run alike, so its divergences are attributed
+    (also_in_control), the fuzz scenario passes after attribution, and its reproducer is not
+    replayed on fresh engines (no confirm/ folder, the row's verdict says why)."""
+    from pleharness.reproduce import NOT_STILL_FAILING
+    fz = tmp_path / "fz.toml"
+    fz.write_text('kind = "fuzz"\n[params]\nmax_examples = 6\nseed = 1\nmax_tokens = 8\n'
+                  "max_phases = 2\nmax_concurrency = 2\nmax_inserts = 0\nshrink = false\n"
+                  "features = false\n")
+    r = run_cli("stress", "--engine-python", FAKE_PY, "--engine-profile",
+                "profiles/cpu-ngram.toml", "--scenario", str(fz), "--results-dir", str(tmp_path),
+                "--run-id", "excused", "--control-drop-arg=--speculative-config", "--no-golden",
+                "--confirm-runs", "2", env=fault_env(cpu_engine, "always", "load"), timeout=900)
+    out = r.stdout + r.stderr
+    m = load_json(tmp_path / "excused" / "manifest.json")
+    div = [q for q in m["requests"] if q["divergence"]]
+    assert div and all(q["divergence"]["attribution"] == "also_in_control" for q in div), \
+        out[-3000:]
+    (row,) = m["tables"]["reproducers"]
+    assert row["verdict"] == NOT_STILL_FAILING and "confirmation" not in row, row
+    assert not (tmp_path / "excused" / "confirm").exists()
+    assert r.returncode == 0 and m["verdict"] == "pass", out[-3000:]
