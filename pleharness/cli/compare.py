@@ -7,8 +7,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..errors import ExitCode
 from ..compare import check_thresholds, check_thresholds_against, compare, load
+from ..errors import ExitCode
 from ..render.compare import render_comparison
 from ..suites import load_suite
 from . import Command, app, console
@@ -45,7 +45,6 @@ def compare_cmd(
     exit code. Exit 0 pass, 1 fail, 2 usage error (a run cannot be read, bad gate), 3 no
     verdict: BASE or HEAD did not complete (killed, interrupted, its engine died).
     """
-
     check_thresholds(threshold)
     if suite is not None:
         g = load_suite(suite).gates

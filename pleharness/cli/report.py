@@ -10,11 +10,12 @@ import typer
 from rich.markup import escape
 
 from .. import config
+from ..compare import load
 from ..errors import ExitCode
 from ..manifest import lines_beyond
 from ..plot import plot_run
-from ..compare import load
-from ..render import render as render_console, to_junit, to_markdown
+from ..render import render as render_console
+from ..render import to_junit, to_markdown
 from . import Command, app, console, err_console
 
 
@@ -45,7 +46,6 @@ def report(
     that recorded none, e.g. killed), so a CI step that renders the report also gates like the run
     did; with --exit-zero, 0. Exit 2: the run cannot be read, or bad options.
     """
-
     plot_path = config.check_plot_path(plot) if plot is not None else None
     m = load(run)
     extra = lines_beyond(run)

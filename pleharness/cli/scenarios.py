@@ -10,8 +10,8 @@ from rich.markup import escape
 from ..errors import ExitCode, UsageError
 from ..scenarios import REGISTRY, scenario_dirs
 from ..scenarios.base import load_scenario_file
-from ..tomlfile import read_toml
 from ..suites import load_suite
+from ..tomlfile import read_toml
 from . import Command, app, console, err_console
 
 

@@ -98,8 +98,9 @@ class Confirmation(SparseRow):
 
 
 class ReproductionColumns(SparseRow):
-    """The columns a reproducer's confirmation (:func:`pleharness.reproduce.confirm_run_reproducers`)
-    writes into the first row of the summary table the reproducer names
+    """The columns a reproducer's confirmation
+    (:func:`pleharness.reproduce.confirm_run_reproducers`) writes into the first row of the
+    summary table the reproducer names
     (``ReproducerRow.summary_table``, e.g. ``fuzz_summary``): ``confirmed`` (it failed on at
     least one replay), ``reproduction`` (the reproducer's verdict line), ``reproduction_rate`` and
     ``larger_reproduction_rate`` (of the larger fallback; "k/N"), ``confirmed_on_fresh_engine``

@@ -58,7 +58,8 @@ class ExampleRow(SparseRow):
     schedule's summary, ``status`` (pass / fail), inserts sent and sent late, the failing
     requests, each insert as sent (``[phase, insert, position, running]``), the failed
     comparisons for the reproducer (replay's ``failed``), seconds; ``stage`` (search, shrink,
-    delete, delete-retry, recheck) and ``elapsed_s`` (since the search started) set by the runner."""
+    delete, delete-retry, recheck) and ``elapsed_s`` (since the search started) set by the
+    runner."""
 
     example: str
     key: str

@@ -3,8 +3,8 @@
 :class:`FuzzPhase`, :class:`Schedule`; :class:`PhaseSpecs`, a phase made RequestSpecs), the
 :class:`Space` the engine facts allow (:func:`build_space`) and the hypothesis strategy that draws
 schedules from it (:func:`schedules`: warm repeats and copies resolved after drawing;
-:func:`relabel` after the runner's deletions). No engine and no run here: the runner that searches this
-space is :mod:`.runner`."""
+:func:`relabel` after the runner's deletions). No engine and no run here: the runner that
+searches this space is :mod:`.runner`."""
 from __future__ import annotations
 
 import hashlib
