@@ -1,8 +1,8 @@
 """The passes of a stress run, each on one engine: the run context of an engine
 (:func:`engine_context`), the suite on it (:func:`run_suite`), the reference pass on a reference
 engine (:func:`reference_pass`, ``--reference engine``) and the control pass on a control engine
-(:func:`control_pass`, ``--control``). The stress job (:mod:`pleharness.stress`) runs them in
-its order of steps; the second engines' launch is :mod:`pleharness.second_engine`."""
+(:func:`control_pass`, ``--control``). The jobs (:mod:`pleharness.stress`,
+:mod:`pleharness.fuzzjob`) run them in their order of steps (:mod:`pleharness.jobrun`); the second engines' launch is :mod:`pleharness.second_engine`."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -26,7 +26,7 @@ from .second_engine import REFERENCE_INHERITS, control_variant, reference_varian
 
 
 class StressRun(Protocol):
-    """What a pass needs of the stress run it is part of (:class:`pleharness.stress._Run`): its
+    """What a pass needs of the job's run it is part of (:class:`pleharness.jobrun.JobRun`): its
     options, consoles, folder and manifest, and its engine session."""
 
     cfg: StressConfig
@@ -121,7 +121,7 @@ def control_pass(run: StressRun, scenarios: list[Scenario], facts, target: Targe
     under the plain policy. Returns the control manifest (None when its engine failed to
     start), whose runs also vote on which side of a divergence is wrong. ``started``: the
     control engine already started beside the engine under test
-    (:func:`pleharness.stress._start_engines`), or the exception its start raised; None: launch
+    (:func:`pleharness.jobrun.start_engines`), or the exception its start raised; None: launch
     it now."""
     cfg, manifest = run.cfg, run.manifest
     spec = control_variant(cfg).spec(target)

@@ -700,7 +700,7 @@ def test_stress_and_explain_replay_a_reproducer_with_the_same_config(monkeypatch
     from rich.console import Console
     from typer.testing import CliRunner
 
-    from pleharness import reproduce, stress
+    from pleharness import jobrun, reproduce, stress
     from pleharness.cli import app
     from pleharness.engine.side_by_side import SideBySide
     from pleharness.explain import ExplainReport, confirm_repros
@@ -712,19 +712,19 @@ def test_stress_and_explain_replay_a_reproducer_with_the_same_config(monkeypatch
                                  "--reference-cache-state", "cold", "--scenario", "fuzz"])
     assert r.exit_code == 0, r.output + repr(r.exception)
     (cfg,) = runs
-    # what that run records (stress._Run.begin; passes.engine_context: the threshold it used)
+    # what that run records (jobrun.JobRun.begin; passes.engine_context: the threshold it used)
     m = Manifest(run_id="t", status="complete", verdict="fail",
                  engine={"mode": "launched", "launch": {"model": "m", "python": "p"}},
                  run_options={"reference": "solo", "repeat": 1, "logprobs": 2,
                               "near_tie_nats": 0.3, "golden": False, "strict": True,
                               "on_timeout": "continue", "reference_cache_state": "cold"})
     targets = []
-    monkeypatch.setattr(stress, "confirm_run_reproducers",  # where _confirm_reproducers finds it
+    monkeypatch.setattr(jobrun, "confirm_run_reproducers",  # where confirm_reproducers finds it
                         lambda manifest, run_dir, rt, n, log: targets.append(rt) or [])
     run = SimpleNamespace(cfg=cfg, manifest=m, session=SimpleNamespace(stop=lambda eng: None),
                           side=SideBySide(), run_dir=tmp_path, save=lambda: None,
                           console=Console(file=io.StringIO()))
-    stress._confirm_reproducers(run, None, None)
+    jobrun.confirm_reproducers(run, None, stress.run_stress)
 
     class Capture(reproduce.ReplayTarget):
         def __init__(self, **kw):

@@ -156,15 +156,16 @@ def test_internal_error_exits_4_with_a_traceback_log(runs, monkeypatch, capsys):
     log.unlink()
 
 
-def test_internal_error_during_a_run_exits_4_and_leaves_a_manifest(tmp_path, monkeypatch):
+@pytest.mark.parametrize("job", ["stress", "fuzz"])
+def test_internal_error_during_a_run_exits_4_and_leaves_a_manifest(tmp_path, monkeypatch, job):
     from rich.console import Console
 
-    from pleharness import config, stress
+    from pleharness import config, fuzzjob, jobrun, stress
     from pleharness.engine.inflight import Timeouts
 
     def boom(*a, **k):
         raise ZeroDivisionError("bug in a scenario")
-    monkeypatch.setattr(stress, "run_suite", boom)
+    monkeypatch.setattr(jobrun, "run_suite", boom)  # both jobs' suite step
     with FakeEngine() as eng:
         cfg = config.StressConfig(
             attach=config.AttachConfig(url=eng.url, explicit_facts={"vocab_size": 600}),
@@ -173,12 +174,18 @@ def test_internal_error_during_a_run_exits_4_and_leaves_a_manifest(tmp_path, mon
             output=config.OutputConfig(results_dir=tmp_path, run_id="crash"),
             timeouts=Timeouts())
         err = Console(file=open(tmp_path / "err.txt", "w"), width=300)
-        code = stress.run_stress(cfg, Console(file=open(tmp_path / "out.txt", "w")), err)
+        out = Console(file=open(tmp_path / "out.txt", "w"))
+        if job == "stress":
+            code = stress.run_stress(cfg, out, err)
+        else:
+            code = fuzzjob.run_fuzz(cfg, {"max_examples": 2, "seed": 1}, runner=stress.run_stress,
+                                    console=out, err_console=err)
         err.file.close()
     assert code == 4
     m = load_json(tmp_path / "crash" / "manifest.json")
     assert m["exit_code"] == 4 and m["verdict"] == "error" and m["status"] == "failed"
     assert "ZeroDivisionError: bug in a scenario" in m["reason"]
+    assert [s["kind"] for s in m["scenarios"]] == [{"stress": "transitions", "fuzz": "fuzz"}[job]]
     log = tmp_path / "crash" / "harness-error.log"
     assert "Traceback" in log.read_text()
     text = (tmp_path / "err.txt").read_text()

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from pleharness.cli import app
 from pleharness.cli.options import EngineOptions, Pick, grouped
 from pleharness.errors import EngineError, ExitCode, UsageError
+from pleharness.fuzzjob import fuzz_config
 
 runner = CliRunner()
 
@@ -33,9 +34,12 @@ def facts_cfg(monkeypatch):
 def stress_cfg(monkeypatch):
     """Record the StressConfig that `stress` / `fuzz` would run with (nothing is launched)."""
     seen = []
-    for command in ("stress", "fuzz"):  # each command module holds the job it runs
-        monkeypatch.setattr(f"pleharness.cli.{command}.run_stress",
-                            lambda cfg, console=None, err_console=None: seen.append(cfg) or 0)
+    # each command module holds the job it runs; fuzz's records the config its job would run
+    monkeypatch.setattr("pleharness.cli.stress.run_stress",
+                        lambda cfg, console=None, err_console=None: seen.append(cfg) or 0)
+    monkeypatch.setattr("pleharness.cli.fuzz.run_fuzz",
+                        lambda cfg, params, runner, console=None, err_console=None:
+                        seen.append(fuzz_config(cfg, params)) or 0)
     return seen
 
 

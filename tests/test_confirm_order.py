@@ -6,7 +6,7 @@ from __future__ import annotations
 import inspect
 from pathlib import Path
 
-from pleharness import reproduce, stress
+from pleharness import fuzzjob, jobrun, reproduce, stress
 from pleharness.config import AttachConfig, StressConfig
 from pleharness.manifest import Manifest, PhaseRecord, RequestRecord
 from pleharness.manifest.tables import ReproducerRow
@@ -57,9 +57,15 @@ def test_an_excused_failure_is_not_replayed(tmp_path: Path):
     assert lines == [f"repro.toml: {reproduce.NOT_STILL_FAILING}"]
 
 
-def test_stress_confirms_after_control_and_sides():
+def test_the_jobs_confirm_after_control_and_sides():
     src = inspect.getsource(stress._steps)
     body = src[src.index('"""', src.index('"""') + 3):]  # the code after the docstring
-    order = [body.index(s) for s in ("_suite(", "control_pass(", "judge_sides(",
-                                     "refresh_tables(", "_confirm_reproducers(", "verdict(")]
+    order = [body.index(s) for s in ("suite_step(", "control_pass(", "sides_step(",
+                                     "confirm_reproducers(", "conclude(")]
+    assert order == sorted(order), order
+    src = inspect.getsource(jobrun.sides_step)  # sides, then the tables from the final verdicts
+    assert src.index("judge_sides(") < src.index("refresh_tables(")
+    src = inspect.getsource(fuzzjob._phases)  # the fuzz job: confirmation after sides too
+    order = [src.index(s) for s in ("suite_step(", "sides_step(", "confirm_reproducers(",
+                                    "conclude(")]
     assert order == sorted(order), order

@@ -13,11 +13,12 @@ import typer
 from pydantic import ValidationError
 
 from .. import config
-from ..config import StressConfig, SuiteConfig
+from ..config import StressConfig
 from ..defaults import DEFAULT_CONFIRM_RUNS, DEFAULT_PARALLEL_ENGINES, confirm_runs_help
 from ..engine.inflight import Timeouts
 from ..errors import UsageError
 from ..scenarios.fuzz.strategy import FuzzParams
+from ..fuzzjob import run_fuzz
 from ..stress import run_stress
 from . import Command, app, console, err_console, warn
 from .assemble import confirmation_group, engine_groups, output_group, verdict_group
@@ -143,8 +144,8 @@ def fuzz(ctx: typer.Context, search: FuzzSearchOptions, run: FuzzRunOptions,
     o = values(*groups)
     eng, att = engine_groups(o, given(*groups))
     params = fuzz_params(search, run.max_tokens_old, search.given)
-    cfg = StressConfig(engine=eng, attach=att, suite=SuiteConfig(scenarios=[("fuzz", params)]),
-                       verdict=verdict_group(o),
+    cfg = StressConfig(engine=eng, attach=att, verdict=verdict_group(o),
                        timeouts=Timeouts(total_s=timeouts.request_timeout),
                        output=output_group(o), confirmation=confirmation_group(values(run), ()))
-    raise typer.Exit(run_stress(cfg, console, err_console))
+    raise typer.Exit(run_fuzz(cfg, params, runner=run_stress, console=console,
+                              err_console=err_console))

@@ -11,12 +11,10 @@ its list of phases, the way hypothesis' runner does:
 then the reproducers (:mod:`.repro`) and the ``fuzz_summary`` row. What the kind draws, judges
 and records: the package docstring (:mod:`pleharness.scenarios.fuzz`).
 
-Why a scenario kind and not a job of its own (issue 34): hypothesis' runner works inside one test,
-which pytest runs among others in one session; here the search runs inside one stress run, among
-the other scenarios of a suite (the nightly suite has a fuzz member), on the run's one engine
-session, references, judge and manifest. ``ple-harness fuzz`` is the stress job given a suite of
-this one kind, and the confirmation of its reproducers on fresh engines is the stress job's
-confirmation step (:mod:`pleharness.reproduce`)."""
+Who runs it: the ``fuzz`` job (:mod:`pleharness.fuzzjob`: engine, this search, sides, the
+reproducer confirmed on fresh engines, verdict), and the stress job when a suite has a fuzz
+member (the nightly suite), the way hypothesis' runner works inside one test among others. Both
+give it the run's one engine session, references, judge and manifest."""
 from __future__ import annotations
 
 import time

@@ -1,0 +1,66 @@
+"""The ``fuzz`` job: search schedules with hypothesis on one engine, shrink a failure to its
+reproducer, confirm the reproducer on fresh engines, verdict (docs/fuzz.md).
+
+:func:`run_fuzz` reads as its list of phases, the way hypothesis' runner does (issue 34), each a
+step of :mod:`pleharness.jobrun` or the ``fuzz`` kind's runner
+(:mod:`pleharness.scenarios.fuzz.runner`), in the frame every job's run goes through
+(:func:`pleharness.jobrun.run_job`):
+
+1. engine: start or attach the engine under test, its facts (the search space is drawn from
+   them) and the engine probe (whether seeded samples may be drawn);
+2. search: hypothesis draws schedules and runs each as one example, every output compared
+   with its single-request reference and checked; on a failure its shrinker, then the greedy
+   shrink (phases, inserts, requests deleted while it still fails), then the recheck of the
+   minimal schedule in this engine process, and the reproducer written (``repro.toml``);
+3. sides: which side of each divergence is wrong, the tables from the final verdicts;
+4. confirmation: the reproducer replayed ``--confirm-runs`` times, each on a freshly started
+   engine of the same configuration (:mod:`pleharness.reproduce`; an attached engine: on it);
+5. verdict: exit 1 when a failing schedule was found.
+
+The ``fuzz`` kind is also a scenario of any suite (``stress --scenario fuzz``, the nightly
+suite's fuzz member): there the stress job runs the same search among the other scenarios.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import replace
+from typing import Any
+
+from rich.console import Console
+
+from .config import StressConfig, SuiteConfig
+from .jobrun import (JobInput, JobRun, Runner, check_input, conclude, confirm_reproducers,
+                     engine_under_test, open_session, run_job, sides_step, suite_step)
+
+
+def run_fuzz(cfg: StressConfig, params: dict[str, Any], runner: Runner,
+             console: Console | None = None, err_console: Console | None = None) -> int:
+    """Run the fuzz job on ``cfg``'s engine with the ``fuzz`` kind's ``params`` (FuzzParams
+    fields by name, checked by the kind: UsageError) as its one scenario; returns the exit code
+    (0 no failing example, 1 a failing schedule found, 3 the engine failed, 4 internal error;
+    :mod:`pleharness.errors`). ``runner``: the run each confirming replay is, ``runner(cfg,
+    console, err_console) -> exit code`` (:func:`pleharness.stress.run_stress`, handed in by
+    the command line: a job imports no other job). ``cfg.suite`` is replaced by the search.
+    Raises UsageError (exit 2) for bad options or input, before anything starts."""
+    console = console or Console(stderr=False)
+    cfg = fuzz_config(cfg, params)
+    return run_job(cfg, check_input(cfg, console),
+                   lambda run, stack, inputs: _phases(run, stack, inputs, runner),
+                   console, err_console)
+
+
+def fuzz_config(cfg: StressConfig, params: dict[str, Any]) -> StressConfig:
+    """``cfg`` with the search as its suite: one ``fuzz`` scenario of ``params`` (what a fuzz
+    run records in its manifest's ``scenarios``)."""
+    return replace(cfg, suite=SuiteConfig(scenarios=[("fuzz", dict(params))]))
+
+
+def _phases(run: JobRun, stack: contextlib.ExitStack, inputs: JobInput, runner: Runner) -> int:
+    """The phases of the module docstring, in order; returns the exit code."""
+    open_session(run, stack)
+    eng = engine_under_test(run, inputs.scenarios, inputs.target)  # 1 engine
+    suite_step(run, stack, inputs, eng, references={})  # 2 search (and shrink, recheck)
+    sides_step(run, inputs.scenarios, control=None)  # 3 sides
+    if run.cfg.confirmation.runs and run.manifest.tables.get("reproducers"):  # 4 confirmation
+        confirm_reproducers(run, eng, runner)
+    return conclude(run)  # 5 verdict

@@ -1,0 +1,448 @@
+"""What a job's run is made of: bad input refused before anything starts (:func:`check_input`),
+the run's folder, manifest and outcome (:class:`JobRun`), the frame every run goes through
+(:func:`run_job`: its engine session, every exception mapped to a status and an exit code, the
+reports on every exit path), and the steps the jobs compose in their own order: the engine
+session (:func:`open_session`), the engine under test and a control engine beside it
+(:func:`start_engines`), the suite on it with the golden model and the engine probe
+(:func:`suite_step`), which side of each divergence is wrong (:func:`sides_step`), the
+reproducers confirmed on fresh engines (:func:`confirm_reproducers`) and the verdict
+(:func:`conclude`).
+
+Two jobs compose them (issue 34: a job calls the run layer, never another job's module): the
+``stress`` job (:mod:`pleharness.stress`: references, engines, suite, control, sides,
+confirmation, verdict) and the ``fuzz`` job (:mod:`pleharness.fuzzjob`: engine, search, sides,
+confirmation, verdict). The passes on each engine are :mod:`pleharness.passes`, the second
+engines' launch :mod:`pleharness.second_engine`, the summary, verdict and reports
+:mod:`pleharness.verdict`.
+"""
+from __future__ import annotations
+
+import contextlib
+import signal
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+
+from .config import StressConfig
+from .engine.session import Engine, EngineSession, Interrupted, Target, launch_record
+from .engine.side_by_side import SideBySide, run_side_by_side
+from .engine_probe import run_probe
+from .environment import environment_info, harness_info
+from .errors import (EngineError, ExitCode, HarnessError, RequestTimeoutAbort, UsageError,
+                     write_crash_log)
+from .golden import GoldenModel, golden_problem
+from .manifest import (Manifest, RunOptionsRecord, Summary, load_manifest, now_iso,
+                       write_manifest)
+from .model import model_digest
+from .passes import engine_context, progress_bar, run_suite
+from .probe import capability_summary
+from .redact import redact_url
+from .render import render
+from .reproduce import ReplayTarget, confirm_run_reproducers, replay_base
+from .request import params_key
+from .run.context import RunContext
+from .run.rundir import new_run_dir
+from .run.sides import judge_sides
+from .scenarios import REGISTRY, Scenario, load_scenarios
+from .second_engine import control_variant, raise_if_second_engine_is_the_same, side_by_side_plan
+from .verdict import control_outcome, summarize, verdict, write_reports
+
+#: a job's runner, ``runner(cfg, console, err_console) -> exit code`` (a replay's run)
+Runner = Callable[[Any, Console, Console], int]
+
+
+def esc(x) -> str:
+    """Text for rich's console: user-given paths and messages may contain [brackets]."""
+    return escape(str(x))
+
+
+@dataclass(frozen=True)
+class JobInput:
+    """What :func:`check_input` read and resolved before anything started: the scenarios, the
+    references of ``--reference manifest:PATH`` (by request key; else empty), the engine target,
+    the side-by-side plan and the golden model's folder (None: none local)."""
+
+    scenarios: list[Scenario]
+    references: dict
+    target: Target
+    side: SideBySide
+    golden_dir: str | None
+
+
+def run_job(cfg: StressConfig, inputs: JobInput,
+            steps: Callable[[JobRun, contextlib.ExitStack, JobInput], int],
+            console: Console, err_console: Console | None = None) -> int:
+    """The frame of every job's run: create the run folder and manifest (:meth:`JobRun.begin`),
+    run the job's ``steps(run, stack, inputs) -> exit code`` with ``stack`` closing every engine
+    and restoring the signal handlers, map any exception to the manifest's status and an exit
+    code in one place (:meth:`JobRun.fail`; 4 for an internal error, its traceback in
+    ``<run>/harness-error.log``), then write the final manifest and reports and print the
+    verdict on every exit path. Returns the exit code (:mod:`pleharness.errors`)."""
+    run = JobRun.begin(cfg, inputs.scenarios, inputs.target, console,
+                       err_console or Console(stderr=True))
+    run.side = inputs.side
+    code = ExitCode.FAIL
+    try:
+        with contextlib.ExitStack() as stack:  # closing it stops engines, restores handlers
+            try:
+                code = steps(run, stack, inputs)
+            except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - mapped in one place
+                code = run.fail(exc)
+    finally:
+        if run.session is not None:  # the GPU check ran when the session closed
+            run.manifest.environment.update(run.session.gpu_memory)
+        run.finish(code)
+    run.report(code)
+    return code
+
+
+def open_session(run: JobRun, stack: contextlib.ExitStack) -> EngineSession:
+    """The run's engine session (closed with ``stack``): every engine of the run, the signals,
+    the GPU-memory check when it closes."""
+    cfg = run.cfg
+    run.session = stack.enter_context(EngineSession(
+        run.console, run.run_dir, timeouts=cfg.timeouts,
+        explicit_facts=cfg.attach.explicit_facts,
+        gpus_before=run.manifest.environment.get("gpus"),
+        gpu_tolerance_mib=cfg.engine.gpu_memory_tolerance_mib))
+    return run.session
+
+
+def sides_step(run: JobRun, scenarios: list[Scenario], control: Manifest | None) -> None:
+    """Which side of each divergence is wrong (:func:`pleharness.run.sides.judge_sides`, with the
+    control run's twins when there is one), then every kind's tables from the final verdicts."""
+    judge_sides(run.manifest, control)
+    for sc in scenarios:  # one class everywhere: tables from the final verdicts
+        type(sc).refresh_tables(run.manifest)
+    run.save()
+
+
+def conclude(run: JobRun) -> int:
+    """The run is complete: its verdict and exit code (a control engine that failed: exit 3)."""
+    run.manifest.status = "complete"
+    return control_outcome(run.manifest, verdict(run.manifest))
+
+
+def load_reference_manifest(spec: str) -> dict:
+    """The references of ``--reference manifest:PATH``, by request key; raises UsageError when
+    the file is not a manifest or holds none."""
+    path = spec.split(":", 1)[1]
+    try:
+        ref = load_manifest(Path(path), with_requests=False)  # only its references
+    except ValueError as exc:
+        raise UsageError(f"--reference {spec}: {exc}") from None
+    if not ref.references:
+        raise UsageError(f"--reference {spec}: that manifest holds no references")
+    return {(r.prompt_hash, r.max_tokens) if not r.params
+            else (r.prompt_hash, r.max_tokens, params_key(r.params)): r for r in ref.references}
+
+
+def check_input(cfg: StressConfig, console: Console) -> JobInput:
+    """Bad options or input raise UsageError here, before anything starts or a run folder
+    exists: the options, the scenarios, ``--confirm-runs`` without a reproducer, the
+    ``--reference manifest:PATH`` references, the engine target, a second engine identical to the
+    engine under test, too many engines side by side, ``--reference golden`` without a golden
+    model."""
+    cfg.validate()
+    # bad input: before anything starts
+    scenarios = load_scenarios(cfg.suite.scenarios, cfg.suite.overrides)
+    if cfg.confirmation.runs_given and cfg.confirmation.runs and not any(
+            sc.writes_reproducers for sc in scenarios):
+        kinds = sorted(k for k, c in REGISTRY.items() if c.writes_reproducers)
+        raise UsageError(f"--confirm-runs {cfg.confirmation.runs}: no selected scenario writes a "
+                         f"reproducer (only the {', '.join(kinds)} kind"
+                         f"{' does' if len(kinds) == 1 else 's do'}: add --scenario {kinds[0]}, "
+                         "or leave --confirm-runs out)")
+    references = (load_reference_manifest(cfg.reference.source) if cfg.reference_mode == "manifest"
+                  else {})
+    target = cfg.target(console)
+    raise_if_second_engine_is_the_same(cfg, target)  # before a run folder exists
+    side = side_by_side_plan(cfg, target)  # too many engines for this machine: before anything
+    golden_dir = cfg.reference.golden_model or (target.model_path if cfg.attach.url is None
+                                                else None)
+    if cfg.reference_mode == "golden" and golden_dir is not None:
+        problem = golden_problem(golden_dir)
+        if problem:
+            raise UsageError(f"--reference golden: {problem}")
+    return JobInput(scenarios, references, target, side, golden_dir)
+
+
+def suite_step(run: JobRun, stack: contextlib.ExitStack, inputs: JobInput, eng: Engine,
+               references: dict) -> None:
+    """The suite on the engine under test: the golden model (closed with ``stack``), the
+    engine probe, the suite ``--repeat`` times, then the judgement that needs the whole suite.
+    ``references``: those taken before (a reference engine's, a manifest's), else empty."""
+    scenarios, target, golden_dir = inputs.scenarios, inputs.target, inputs.golden_dir
+    cfg = run.cfg
+    run.manifest.run_options.assign(api=cfg.suite.api, api_used=cfg.suite.api)
+    golden = golden_model(cfg, golden_dir or _local_model(cfg, target, eng),
+                          cfg.reference_mode, run.manifest, run.run_dir)
+    if golden is not None:
+        stack.callback(golden.close)
+    run.save()
+    with progress_bar(run.console) as progress:
+        ctx = engine_context(cfg, eng, run.manifest, run.mpath, eng.facts, progress,
+                             golden=golden, reference_mode=cfg.reference_mode,
+                             references=references)
+        probe_engine(run, ctx)
+        run_suite(ctx, scenarios, cfg.suite.repeat)
+        ctx.finish_judgement()  # half precision: the measured golden tolerance
+
+
+@dataclass
+class JobRun:
+    """One job's run: its options, consoles, folder and manifest and its engine session (the
+    engines running now: the last one is the one an engine error is about)."""
+
+    cfg: StressConfig
+    console: Console
+    err: Console
+    run_dir: Path
+    manifest: Manifest
+    session: EngineSession | None = None
+    ready: bool = False
+    side: SideBySide = field(default_factory=SideBySide)  # engines side by side (confirmations)
+
+    @property
+    def mpath(self) -> Path:
+        return self.run_dir / "manifest.json"
+
+    @classmethod
+    def begin(cls, cfg: StressConfig, scenarios: list[Scenario], target: Target,
+              console: Console, err: Console) -> "JobRun":
+        """Create the run folder and write the first manifest (status running)."""
+        run_id, run_dir = new_run_dir(Path(cfg.output.results_dir), cfg.output.run_id)
+        manifest = Manifest(run_id=run_id, harness=harness_info(), invocation=cfg.output.invocation,
+                            scenarios=[s.definition() for s in scenarios])
+        manifest.environment = environment_info(cfg.engine.python if cfg.attach.url is None
+                                                else None)
+        if target.model_path is not None:
+            manifest.engine.model_digest = model_digest(target.model_path)
+        if manifest.environment.get("gpus"):
+            manifest.environment["ple_probe"] = capability_summary()
+        manifest.summary = Summary(phases_planned=cfg.suite.repeat * sum(s.planned_phases()
+                                                                         for s in scenarios),
+                                   phases_completed=0, hashes_compared=0, hashes_matched=0)
+        manifest.run_options = RunOptionsRecord(
+            reference=cfg.reference.source, repeat=cfg.suite.repeat,
+            logprobs=cfg.suite.logprobs, near_tie_nats=cfg.verdict.near_tie_nats,
+            golden=cfg.verdict.golden,
+            strict=cfg.verdict.strict, on_timeout=cfg.verdict.on_timeout,
+            reference_cache_state=cfg.reference.cache_state)
+        run = cls(cfg, console, err, run_dir, manifest)
+        run.save()
+        console.print(f"run {run_id}: results in {esc(run_dir)}")
+        return run
+
+    def save(self) -> None:
+        write_manifest(self.mpath, self.manifest)
+
+    def engine(self, target: Target, **kw) -> Engine:
+        """Start or attach in the run's session (:meth:`EngineSession.start`, logs in the run
+        folder)."""
+        assert self.session is not None
+        return self.session.start(target, **kw)
+
+    # -- outcome ----------------------------------------------------------------------------------
+    def fail(self, exc: BaseException) -> int:
+        """The one mapping from an exception to the manifest's status, verdict and reason and
+        the exit code (returned); prints the error line to stderr."""
+        servers = self.session.servers if self.session is not None else []
+        m, srv = self.manifest, (servers[-1] if servers else None)
+        if isinstance(exc, Interrupted):
+            m.status, m.verdict, code = "interrupted", "error", 128 + exc.signum
+            m.reason = f"interrupted by {signal.Signals(exc.signum).name}"
+        elif isinstance(exc, KeyboardInterrupt):
+            m.status, m.verdict, m.reason, code = "interrupted", "error", "SIGINT", 130
+        elif isinstance(exc, RequestTimeoutAbort):
+            m.status, m.verdict, m.reason, code = "incomplete", "fail", str(exc), ExitCode.FAIL
+            self.err.print(f"[red]aborted:[/red] {esc(exc)}")
+        elif isinstance(exc, EngineError):
+            m.status, m.verdict, code = ("engine_died" if self.ready else "failed"), "error", \
+                ExitCode.ENGINE
+            m.reason = str(exc.args[0]) if exc.args else str(exc)
+            m.root_cause = exc.root_cause or (srv.root_cause() if srv else None)
+            m.log_tail = srv.log_tail(20) if srv else []
+            self.err.print(f"[red]engine error:[/red] {esc(m.reason)}")
+            if m.root_cause:
+                self.err.print(f"root cause: {esc(m.root_cause)}")
+            if srv:
+                self.err.print(f"engine log: {esc(srv.log_path)}")
+        elif isinstance(exc, HarnessError):  # e.g. a usage error that needed the engine's facts
+            m.status, m.verdict, code = "failed", "error", exc.exit_code
+            m.reason = (f"usage error (exit {exc.exit_code}; found once the engine's facts "
+                        f"were known): {exc}" if isinstance(exc, UsageError) else str(exc))
+            self.err.print(f"[red]error:[/red] {esc(exc)}")
+        else:  # a harness bug still leaves an honest manifest
+            log = write_crash_log(traceback.format_exc(), self.run_dir)
+            m.status, m.verdict, code = "failed", "error", ExitCode.INTERNAL
+            m.reason = (f"internal harness error: {exc.__class__.__name__}: {exc} "
+                        f"(traceback in {Path(log).name})")
+            self.err.print(f"[red]internal error:[/red] {esc(exc.__class__.__name__)}: "
+                           f"{esc(exc)} (a ple-harness bug; traceback in {esc(log)})")
+        return code
+
+    def finish(self, code: int) -> None:
+        """Summarize, write the final manifest, summary.md and junit.xml (on every exit path)."""
+        m = self.manifest
+        summarize(m)
+        m.ended_at = now_iso()
+        m.exit_code = code
+        if m.status == "running":
+            m.status = "incomplete"
+        self.save()
+        write_reports(m, self.run_dir)
+
+    def report(self, code: int) -> None:
+        """Print the verdict, the tables and the status line to the console."""
+        m = self.manifest
+        render(m, self.console, run_dir=str(self.run_dir))
+        self.console.print(f"status {m.status}, verdict {m.verdict}, exit {code}; "
+                           f"manifest: {esc(self.mpath)}")
+
+
+def _local_model(cfg: StressConfig, target: Target, eng: Engine) -> str | None:
+    """The model folder the engine serves, when it is local (launched, or the card's root)."""
+    return target.model_path if cfg.attach.url is None else (eng.card.get("root") or None)
+
+
+def engine_under_test(run: JobRun, scenarios: list[Scenario], target: Target) -> Engine:
+    """Start or attach the engine under test, record it and its facts in the manifest, check
+    the scenarios against the facts (ScenarioError)."""
+    cfg, m = run.cfg, run.manifest
+    if cfg.attach.url is None:
+        m.engine.assign(mode="launched", launch=launch_record(target.launch_spec(),
+                                                              cfg.engine.profile),
+                        engine_log="engine.log", launcher_log="launcher.log")
+    else:
+        m.engine.assign(mode="attached", url=redact_url(cfg.attach.url))
+    eng = run.engine(target)
+    run.ready = True
+    if eng.server is not None:
+        m.engine.command = eng.server.command
+        m.engine.ready_s = round(eng.server.ready_s or 0, 3)
+    m.engine.assign(url=eng.server.url if eng.server else redact_url(cfg.attach.url),
+                    model=eng.client.model,
+                    version=eng.version, max_model_len=eng.card.get("max_model_len"),
+                    model_root=eng.card.get("root"))
+    eng.facts.record(m, run.console)
+    for sc in scenarios:
+        sc.validate_against(eng.facts)
+    model_dir = _local_model(cfg, target, eng)
+    if "model_digest" not in m.engine.model_fields_set and model_dir:
+        m.engine.model_digest = model_digest(model_dir)
+    return eng
+
+
+def golden_model(cfg: StressConfig, model_dir: str | None, mode: str, manifest: Manifest,
+                  run_dir: Path):
+    """The golden model (:mod:`pleharness.golden`, started lazily) for ``--reference golden`` and
+    for classifying divergences, or None (``--no-golden``, or no local model that fits: the
+    reason is recorded in ``run_options.golden_classifier``). Raises UsageError when
+    ``--reference golden`` cannot have one."""
+    if not cfg.verdict.golden:
+        manifest.run_options.golden_classifier = "off (--no-golden)"
+        return None
+    problem = golden_problem(model_dir)
+    if problem:
+        if mode == "golden":
+            raise UsageError(f"--reference golden: {problem}")
+        manifest.run_options.golden_classifier = f"unavailable: {problem}"
+        return None
+    manifest.run_options.golden_classifier = (
+        f"transformers float32 on {model_dir} (python {cfg.engine.python}); started on the first "
+        "divergence" + (" and for every reference" if mode == "golden" else ""))
+    manifest.run_options.golden_log = "golden.log"
+    manifest.run_options.golden_model = str(model_dir)
+    return GoldenModel(model_dir, cfg.engine.python, log_path=run_dir / "golden.log")
+
+
+
+def probe_engine(run: "JobRun", ctx: RunContext) -> None:
+    """Measure the engine under test before the suite (:mod:`pleharness.engine_probe`) into the
+    manifest's ``engine_probe`` section, which the scenarios read to choose their requests;
+    ``--no-engine-probe``, or references taken on another engine (``--reference engine``,
+    whose requests were chosen before this engine was up), leave it unmeasured."""
+    m = run.manifest
+    if not run.cfg.engine.probe:
+        m.engine_probe = {"status": "off (--no-engine-probe)"}
+    elif run.cfg.reference_mode == "engine":
+        m.engine_probe = {"status": "not run: --reference engine chose the requests on the "
+                                    "reference engine, before this engine was up"}
+    else:
+        m.engine_probe = run_probe(ctx)
+        p = m.engine_probe
+        run.console.print(
+            f"engine probe ({p['requests']} requests, {p['wall_s']:.1f} s): seeded samples "
+            f"reproduce {_yn(p['seeded_samples_reproduce'])} (alone "
+            f"{_yn(p.get('seeded_samples_reproduce_alone'))}"
+            + ("" if p.get("seeded_samples_reproduce_alone") is not True else
+               f", in a batch {_yn(p.get('seeded_samples_reproduce_in_batch'))}")
+            + "), greedy outputs repeat "
+            f"{_yn(p['greedy_repeats'])}, warm = cold {_yn(p['warm_equals_cold'])}",
+            highlight=False)
+        for w in p["warnings"]:
+            run.console.print(f"[yellow]warning:[/yellow] engine probe: {esc(w)}")
+    ctx.save()
+
+
+def _yn(v) -> str:
+    return {True: "yes", False: "NO", None: "unknown"}[v]
+
+
+def start_engines(run: JobRun, scenarios: list[Scenario], target: Target
+                   ) -> tuple[Engine, Engine | BaseException | None]:
+    """The engine under test (:func:`engine_under_test`) and, where the run asks for a control
+    and ``--parallel-engines`` lets two engines run at once with the launch's own memory
+    settings (the side-by-side plan adds no argument: the engine under test is not changed for
+    it), the control engine started beside it (issue 33: one engine start saved; it waits idle
+    until the control pass). Returns (engine under test, control engine, or the exception its
+    start raised, or None when it was not started beside)."""
+    cfg, side = run.cfg, run.side
+    if not cfg.control or side.n < 2:
+        return engine_under_test(run, scenarios, target), None
+    if side.add:
+        run.console.print(esc("control engine: started after the run, not beside it (two engines "
+                              f"side by side would need {' '.join(side.add)}, which would change "
+                              "the engine under test; give them in the profile to start both "
+                              "at once)"), highlight=False)
+        return engine_under_test(run, scenarios, target), None
+    spec = control_variant(cfg).spec(target)
+    run.console.print("control engine: starting beside the engine under test "
+                      f"({esc(side.why)})", highlight=False)
+    eng, ctl = run_side_by_side(
+        [lambda: engine_under_test(run, scenarios, target),
+         lambda: run.engine(target, spec=spec, log_name="control-engine",
+                            what="control engine", gather=False)], 2)
+    if isinstance(eng, BaseException):
+        raise eng  # the session's close stops the control engine too
+    return eng, ctl
+
+
+def confirm_reproducers(run: JobRun, eng: Engine, runner: Runner) -> None:
+    """Replay every reproducer the suite wrote (``tables["reproducers"]``) ``--confirm-runs``
+    times, each on a freshly started engine of the run's configuration (the engine under test is
+    stopped first: one engine at a time), or on the attached engine when there is no launch
+    (:mod:`pleharness.reproduce`). The rates land in the table's rows and in
+    ``summary.reproducers``. It runs after the control run, whose engine is stopped by then:
+    every engine of the side-by-side plan is free for the confirmations. ``runner``: the run a
+    replay is (:func:`pleharness.stress.run_stress`, handed in: a job imports no other job)."""
+    cfg = run.cfg
+    assert run.session is not None
+    run.session.stop(eng)
+    # the run's own config, judged as the run recorded it; each replay swaps in its reproducer
+    rt = ReplayTarget(runner=runner, config=replay_base(cfg, run.manifest.run_options),
+                      parallel=max(1, run.side.n), engine_args_add=list(run.side.add))
+    if run.side.n > 1 and cfg.attach.url is None:
+        run.console.print(esc(f"confirmations: {run.side.why}"), highlight=False)
+    rows = confirm_run_reproducers(run.manifest, run.run_dir, rt, cfg.confirmation.runs,
+                                   log=lambda x: run.console.print(esc(x), highlight=False))
+    run.manifest.summary.reproducers = [{"path": r.path, "verdict": r.verdict} for r in rows]
+    run.save()
+
+
