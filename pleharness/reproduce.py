@@ -34,6 +34,7 @@ reports; its JSON)::
 from __future__ import annotations
 
 import io
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -42,13 +43,14 @@ from typing import Any
 from rich.console import Console
 
 from .causes import causes
-from .config import (ConfirmationConfig, ControlConfig, OutputConfig, ReferenceConfig,
-                     StressConfig, SuiteConfig, VerdictConfig)
-from .engine.session import Interrupted
+from .config import (ConfirmationConfig, ControlConfig, EngineConfig, OutputConfig,
+                     ReferenceConfig, StressConfig, SuiteConfig, VerdictConfig)
+from .defaults import DEFAULT_START_TIMEOUT_S
+from .engine.session import Interrupted, Target
 from .engine.side_by_side import run_side_by_side
-from .errors import HarnessError
+from .errors import HarnessError, UsageError
 from .files import private_dir
-from .manifest import load_manifest
+from .manifest import Manifest, load_manifest
 from .manifest.tables import Confirmation, ReplayRow, ReproducerRow, ReproductionColumns
 
 
@@ -96,13 +98,59 @@ def replay_base(cfg: StressConfig, run_options) -> StressConfig:
     recorded in ``run_options`` (:func:`judging_options`: the near-tie threshold it used,
     strict, golden, the reference cache state), its references taken solo and no control run
     (a replay repeats the run under test, not its second engines). ``stress --confirm-runs``
-    passes the run's own config, explain the one it builds from the run's manifest
-    (:func:`pleharness.explain.replay.run_config`): both judge a reproducer alike."""
+    passes the run's own config, explain and ``confirm`` the one they build from the run's
+    manifest (:func:`run_config`): all judge a reproducer alike."""
     j = judging_options(run_options)
     return replace(cfg, verdict=VerdictConfig(near_tie_nats=j["near_tie_nats"],
                                               strict=j["strict"], golden=j["golden"]),
                    reference=ReferenceConfig(cache_state=j["reference_cache_state"]),
                    control=ControlConfig())
+
+
+def load_launched_run(run: Path, job: str) -> tuple[Manifest, Path]:
+    """The manifest and folder of a run the harness launched (``run``: its folder or its
+    manifest.json), for a job that relaunches its engine (``job``: its name, for the messages).
+    Raises UsageError for an unreadable manifest, a run that recorded no engine (it ended
+    before its engine was up) or an attached one (``--url``: no launch to repeat)."""
+    try:
+        m = load_manifest(run)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    run_dir = Path(run) if Path(run).is_dir() else Path(run).parent
+    if m.engine.mode is None:
+        raise UsageError(f"{run}: the run recorded no engine (status {m.status}: it ended "
+                         f"before its engine was up, or was killed then): nothing to {job}")
+    if m.engine.mode != "launched" or not m.engine.launch:
+        raise UsageError(f"{run}: {job} relaunches the engine, so the run must have been "
+                         "launched by the harness (not attached with --url)")
+    return m, run_dir
+
+
+def run_target(m: Manifest, python: str | None = None,
+               start_timeout_s: float = DEFAULT_START_TIMEOUT_S) -> Target:
+    """A launched run's engine as a launch target, from its manifest's launch record (model,
+    python (``python`` overrides it), tp, engine_args, env, host; the served name): a value
+    recorded as ``<redacted>`` is taken from this process's environment."""
+    la = m.engine.launch or {}
+    env = {k: (os.environ.get(k, "") if v == "<redacted>" else v)
+           for k, v in (la.get("env") or {}).items()}
+    return Target(url=None, model_path=la["model"], served_name=m.engine.model,
+                  python=python or la["python"], tp=la.get("tp", 1),
+                  engine_args=list(la.get("engine_args") or []), engine_env=env,
+                  host=la.get("host", "127.0.0.1"), start_timeout_s=start_timeout_s)
+
+
+def run_config(m: Manifest, python: str | None = None,
+               start_timeout_s: float = DEFAULT_START_TIMEOUT_S) -> StressConfig:
+    """A launched run's configuration as far as its manifest holds it, the base of its
+    reproducers' replays (explain, ``ple-harness confirm``): its launch (:func:`run_target`: the launch record and the served
+    name) as the engine group, judged as the run recorded it
+    (:func:`replay_base`, as ``stress --confirm-runs`` judges)."""
+    t = run_target(m, python, start_timeout_s)
+    engine = EngineConfig(model=t.model_path, tp=t.tp, python=t.python, args=t.engine_args,
+                          env=t.engine_env, served_model_name=t.served_name, host=t.host,
+                          port=t.port, start_timeout_s=t.start_timeout_s)
+    return replay_base(StressConfig(engine=engine), m.run_options)
 
 
 def replay_config(target: ReplayTarget, path: Path, out_dir: Path, run_id: str) -> StressConfig:
@@ -262,14 +310,17 @@ NOT_STILL_FAILING = ("not confirmed: the final judgement (control run, sides) no
 
 
 def confirm_run_reproducers(manifest, run_dir: Path, target: ReplayTarget, runs: int,
-                            log: Callable[[str], Any] = print) -> list[ReproducerRow]:
+                            log: Callable[[str], Any] = print,
+                            out_dir: Path | None = None) -> list[ReproducerRow]:
     """Confirm every reproducer a run wrote (``manifest.tables["reproducers"]``:
     :class:`~pleharness.manifest.tables.ReproducerRow`, ``path`` relative to ``run_dir``,
     ``source``, and optionally ``fallback``: a larger failing schedule to try when the
     reproducer reproduces 0 times). Each row gets ``confirmation`` (the result of
     :func:`replay_reproducer`), and ``fallback_confirmation`` when the fallback was tried; the
     row's ``verdict`` is the line the reports show. A row whose failure no longer fails the run
-    (:func:`still_failing`) is not replayed: its verdict says so. Returns the rows."""
+    (:func:`still_failing`) is not replayed: its verdict says so. The replays' run folders go
+    under ``out_dir`` (default ``run_dir/confirm``). Returns the rows."""
+    out_dir = out_dir or run_dir / "confirm"
     rows = ReproducerRow.rows(manifest, "reproducers")
     for i, row in enumerate(rows):
         if row.confirmation is not None:
@@ -282,14 +333,14 @@ def confirm_run_reproducers(manifest, run_dir: Path, target: ReplayTarget, runs:
         path = run_dir / row.path
         log(f"confirming {row.path}: {runs} replay(s) "
             f"{'each on a freshly started engine' if target.fresh else 'on the attached engine'}")
-        res = replay_reproducer(path, target, runs, run_dir / "confirm", log)
+        res = replay_reproducer(path, target, runs, out_dir, log)
         row.confirmation = res
         row.verdict = res.verdict
         if res.reproduced == 0 and row.fallback:
             fb = run_dir / row.fallback
             log(f"  {row.path} did not reproduce: trying the larger failing schedule "
                 f"{row.fallback}")
-            fres = replay_reproducer(fb, target, runs, run_dir / "confirm", log)
+            fres = replay_reproducer(fb, target, runs, out_dir, log)
             row.fallback_confirmation = fres
             row.verdict = (f"{res.verdict}: here is the larger failing schedule {row.fallback}"
                            + (f" ({row.fallback_schedule})" if row.fallback_schedule else "")

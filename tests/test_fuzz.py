@@ -577,8 +577,23 @@ def test_engine_fuzz_repro_confirmed_on_fresh_engines(cpu_engine, tmp_path):
         assert sub["engine"]["launch"]["engine_args"] == m["engine"]["launch"]["engine_args"]
         assert sub["summary"]["hard_divergences"] >= 1
     assert "reproduced 2/2 on fresh engines" in (tmp_path / "det" / "summary.md").read_text()
-    rr = replay_fresh(tmp_path, "again", FAKE_PY, env, tmp_path / "det" / "repro.toml")
+    # later, the confirm job (issue 34): on a fresh engine of the run's configuration, the fault
+    # still on, the reproducer fails again (exit 1); on a fixed build (the same double, fault
+    # off: --engine-python of another launcher) it passes (exit 0); the run's record unchanged
+    before = (tmp_path / "det" / "manifest.json").read_bytes()
+    rr = run_cli("confirm", str(tmp_path / "det"), "--runs", "1", env=env, timeout=900)
     assert rr.returncode == 1, (rr.stdout + rr.stderr)[-3000:]
+    fixed = tmp_path / "fixed-python"
+    fixed.write_text(f"#!/bin/sh\nPLE_FAULT_WHEN=never exec {FAKE_PY} \"$@\"\n")
+    fixed.chmod(0o755)
+    rr = run_cli("confirm", str(tmp_path / "det"), "--runs", "1", "--engine-python", str(fixed),
+                 env=env, timeout=900)
+    assert rr.returncode == 0, (rr.stdout + rr.stderr)[-3000:]
+    red, green = (load_json(f) for f in sorted((tmp_path / "det").glob("confirm-*/confirm.json")))
+    assert [r["confirmation"]["rate"] for r in red["reproducers"]] == ["1/1"]
+    assert [r["confirmation"]["rate"] for r in green["reproducers"]] == ["0/1"]
+    assert green["engine_python"] == str(fixed) and red["engine_python"] == FAKE_PY
+    assert (tmp_path / "det" / "manifest.json").read_bytes() == before
 
 
 @pytest.mark.engine

@@ -84,7 +84,7 @@ FLOORS: dict[str, int] = {
     "compare": 7, "suites": 7, "render": 7, "config": 7, "reproduce": 7, "verdict": 7,
     "second_engine": 7, "passes": 7, "jobrun": 7,
     # 8 the jobs
-    "stress": 8, "fuzzjob": 8, "explain": 8, "selftest": 8, "factsjob": 8,
+    "stress": 8, "fuzzjob": 8, "confirmjob": 8, "explain": 8, "selftest": 8, "factsjob": 8,
     # 9 the command line
     "cli": 9, "__main__": 9, "probe.__main__": 9,  # python -m pleharness.probe: an entry point
 }

@@ -196,5 +196,5 @@ def run() -> None:
 
 
 # the commands, in the order `ple-harness --help` lists them (each module registers its own)
-from . import (stress, fuzz, facts, report, compare, scenarios, probe, explain,  # noqa: E402,F401,I001
+from . import (stress, fuzz, facts, report, compare, scenarios, probe, explain, confirm,  # noqa: E402,F401,I001
                build_model, selftest)

@@ -20,12 +20,13 @@ from ..environment import gpu_inventory
 from ..errors import UsageError
 from ..explain_plan import estimate, order_first_round
 from ..files import private_dir
-from ..manifest import Manifest, load_manifest, write_atomic
+from ..manifest import Manifest, write_atomic
 from ..manifest.tables import Confirmation
 from ..render.explain import render, to_junit
-from ..reproduce import ReplayTarget, replay_reproducer
+from ..reproduce import (ReplayTarget, load_launched_run, replay_reproducer, run_config,
+                         run_target)
 from ..scenarios import load_scenario_file
-from .replay import _replay_all, _RunGolden, run_config, run_target
+from .replay import _replay_all, _RunGolden
 from .report import ExplainReport, _Progress, case_report, write_repro
 from .suspects import failing_cases, suspects_for
 
@@ -103,7 +104,7 @@ def explain(run: Path, *, runner: Callable[[Any, Console, Console], int],
     are stopped first).
     """
     console = console or Console(stderr=True)
-    m, run_dir = _load_run(run)
+    m, run_dir = load_launched_run(run, "explain")
     cases = failing_cases(m, include_warnings)
     if engine_python is not None:  # a typo must not wait for the first launch
         problem = engine_python_check(engine_python)
@@ -205,20 +206,3 @@ def _stopped(exc: BaseException, report: "ExplainReport") -> str:
     if isinstance(exc, Interrupted):
         return f"interrupted ({exc}) after {done} launch(es)"
     return f"stopped by an error after {done} launch(es): {str(exc)[:300]}"
-
-
-def _load_run(run: Path) -> tuple[Manifest, Path]:
-    """The run's manifest and folder; UsageError for an unreadable manifest or a run the
-    harness did not launch."""
-    try:
-        m = load_manifest(run)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    run_dir = Path(run) if Path(run).is_dir() else Path(run).parent
-    if m.engine.mode is None:
-        raise UsageError(f"{run}: the run recorded no engine (status {m.status}: it ended "
-                         "before its engine was up, or was killed then): nothing to explain")
-    if m.engine.mode != "launched" or not m.engine.launch:
-        raise UsageError(f"{run}: explain relaunches the engine, so the run must have been "
-                         "launched by the harness (not attached with --url)")
-    return m, run_dir

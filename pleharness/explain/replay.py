@@ -3,7 +3,6 @@ started (side by side where planned) in an engine session, and the replays of th
 judged by the explained run's own rule and golden model."""
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -13,8 +12,6 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from ..config import EngineConfig, StressConfig
-from ..defaults import DEFAULT_START_TIMEOUT_S
 from ..divergence import DEFAULT_NEAR_TIE_NATS, margins
 from ..engine.client import EngineClient
 from ..engine.session import EngineSession, Target
@@ -25,38 +22,10 @@ from ..golden import GoldenError, GoldenModel, golden_problem
 from ..manifest import Manifest
 from ..parity import token_hash
 from ..redact import redact_argv
-from ..reproduce import replay_base
 from ..run.judge import Rule, compare_outputs
 from .report import ExplainReport, _Progress, write_repro
 from .suspects import (Case, Suspect, _facts, _label, follow_ups, narrow_down, rederive_length,
                        resize_prompt)
-
-
-def run_target(m: Manifest, python: str | None = None,
-               start_timeout_s: float = DEFAULT_START_TIMEOUT_S) -> Target:
-    """The explained run's engine as a launch target, from its manifest's launch record (model,
-    python (``python`` overrides it), tp, engine_args, env, host; the served name): a value
-    recorded as ``<redacted>`` is taken from this process's environment."""
-    la = m.engine.launch or {}
-    env = {k: (os.environ.get(k, "") if v == "<redacted>" else v)
-           for k, v in (la.get("env") or {}).items()}
-    return Target(url=None, model_path=la["model"], served_name=m.engine.model,
-                  python=python or la["python"], tp=la.get("tp", 1),
-                  engine_args=list(la.get("engine_args") or []), engine_env=env,
-                  host=la.get("host", "127.0.0.1"), start_timeout_s=start_timeout_s)
-
-
-def run_config(m: Manifest, python: str | None = None,
-               start_timeout_s: float = DEFAULT_START_TIMEOUT_S) -> StressConfig:
-    """The explained run's configuration as far as its manifest holds it, the base of its
-    reproducers' replays: its launch (:func:`run_target`: the launch record and the served
-    name) as the engine group, judged as the run recorded it
-    (:func:`pleharness.reproduce.replay_base`, as ``stress --confirm-runs`` judges)."""
-    t = run_target(m, python, start_timeout_s)
-    engine = EngineConfig(model=t.model_path, tp=t.tp, python=t.python, args=t.engine_args,
-                          env=t.engine_env, served_model_name=t.served_name, host=t.host,
-                          port=t.port, start_timeout_s=t.start_timeout_s)
-    return replay_base(StressConfig(engine=engine), m.run_options)
 
 
 class _RunGolden:

@@ -1,0 +1,37 @@
+"""``ple-harness confirm``: parse, then :func:`pleharness.confirmjob.run_confirm`."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from ..confirmjob import run_confirm
+from ..defaults import DEFAULT_CONFIRM_RUNS, DEFAULT_START_TIMEOUT_S
+from ..stress import run_stress
+from . import Command, app, err_console
+
+
+@app.command(cls=Command)
+def confirm(
+    run: Annotated[Path, typer.Argument(help="Run folder (or manifest.json) of a launched run "
+                                        "that wrote a reproducer (e.g. a fuzz run).")],
+    runs: Annotated[int, typer.Option(min=1, max=100, help="Replays of each reproducer, each "
+                                      "on a freshly started engine.")] = DEFAULT_CONFIRM_RUNS,
+    engine_python: Annotated[Optional[str], typer.Option(
+        help="Python with vLLM (default: the run's), e.g. that of a patched build: exit 0 "
+             "when no reproducer fails there any more.")] = None,
+    start_timeout: Annotated[float, typer.Option(min=1.0, help="Seconds to wait for each "
+                                                 "engine.")] = DEFAULT_START_TIMEOUT_S,
+):
+    """Replay the reproducers a finished run wrote (its reproducers table: fuzz's repro.toml),
+    each --runs times on a freshly started engine of the run's configuration (its launch and
+    judging options, from its manifest), and say how often each still fails. Writes
+    RUN/confirm-TIME/confirm.json (rewritten after every reproducer) and the replays' run
+    folders beside it; the run's own manifest is not changed.
+
+    Exit 0 no reproducer failed again, 1 a reproducer failed again, 2 usage error, 3 every
+    replay ended in an error (e.g. the engine did not start), 130/143 interrupted.
+    """
+    raise typer.Exit(run_confirm(run, runs, runner=run_stress, engine_python=engine_python,
+                                 start_timeout_s=start_timeout, console=err_console))

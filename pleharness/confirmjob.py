@@ -1,0 +1,147 @@
+"""The ``confirm`` job: replay the reproducers a finished run wrote, each ``--runs`` times on a
+freshly started engine of the run's configuration, and say how often each still fails.
+
+Why a job of its own (issue 34): a reproducer is only trusted once it fails on a fresh engine
+(shared/DESIGN.md, "A reproducer is only confirmed on a fresh engine"). ``stress --confirm-runs``
+and ``fuzz --confirm-runs`` confirm within the run that wrote it; this job does it later, for a
+run made with ``--confirm-runs 0`` (a quick nightly), with more replays, or against another
+build of the engine (``--engine-python``): a patched engine on which no reproducer fails any
+more is green (exit 0), one on which a reproducer still fails is red (exit 1).
+
+Its phases, in order:
+
+1. run: the run's manifest (a run the harness launched:
+   :func:`pleharness.reproduce.load_launched_run`) and its ``reproducers`` table;
+2. configuration: the run's launch and judging options from its manifest
+   (:func:`pleharness.reproduce.run_config`: the near-tie threshold, strict, golden and the
+   reference cache state it recorded, so it judges a reproducer as ``stress`` and ``explain``
+   do), ``--engine-python`` overriding its Python;
+3. confirmation: every reproducer whose failure still fails the run (one its control run
+   explains is not replayed) replayed ``--runs`` times, each replay a ``stress`` run of the
+   reproducer (``runner``, handed in by the command line: a job imports no other job), its
+   folder under ``RUN/confirm-<time>-<random>/`` (:func:`pleharness.reproduce.confirm_run_reproducers`);
+4. result: ``confirm.json`` there (:class:`ConfirmResult`, rewritten after every reproducer, so
+   an interrupted job keeps what it learned) and the exit code.
+
+The run's own manifest and reports are not changed.
+
+Exit codes (:class:`~pleharness.errors.ExitCode`): 0 no reproducer failed again, 1 a reproducer
+failed again (reproduced at least once), 2 usage error, 3 no replay of any reproducer ran to a
+verdict (every one ended in an error: e.g. the engine did not start), 130 / 143 interrupted.
+"""
+from __future__ import annotations
+
+import secrets
+import signal
+from pathlib import Path
+
+from pydantic import BaseModel
+from rich.console import Console
+from rich.markup import escape
+
+from .defaults import DEFAULT_START_TIMEOUT_S
+from .engine.launch import engine_python_check
+from .engine.session import Interrupted
+from .errors import ExitCode, UsageError
+from .jobrun import Runner
+from .manifest import now_iso, write_atomic
+from .manifest.tables import ReproducerRow
+from .reproduce import ReplayTarget, confirm_run_reproducers, load_launched_run, run_config
+from .run.rundir import new_run_dir
+
+
+class ConfirmResult(BaseModel):
+    """``confirm.json``: the confirmed ``run`` (its id and folder), the replays per reproducer
+    (``runs``), the engine's Python, the job's ``status`` (running, complete, interrupted),
+    its ``exit_code`` (None while running) and the ``reproducers`` rows of the run, each with
+    this job's ``confirmation`` and ``verdict`` (:class:`ReproducerRow`)."""
+
+    run_id: str
+    run_dir: str
+    runs: int
+    engine_python: str
+    started_at: str
+    ended_at: str | None = None
+    status: str = "running"
+    exit_code: int | None = None
+    reproducers: list[ReproducerRow] = []
+
+
+def run_confirm(run: Path, runs: int, runner: Runner, *, engine_python: str | None = None,
+                start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
+                console: Console | None = None) -> int:
+    """Confirm the reproducers of the launched run ``run`` (its folder or manifest.json):
+    ``runs`` (>= 1) replays of each, on fresh engines of its configuration (``engine_python``:
+    another Python with vLLM, default the run's; ``start_timeout_s``: seconds to wait for
+    each engine). ``runner``: the run each replay is, ``runner(cfg, console, err_console) ->
+    exit code`` (:func:`pleharness.stress.run_stress`). Progress goes to ``console``. Returns
+    the exit code of the module docstring. Raises UsageError (exit 2) before anything starts:
+    ``runs`` < 1, an unreadable or attached run, a run with no reproducer, a reproducer file
+    that is gone, an ``engine_python`` without vLLM."""
+    console = console or Console(stderr=True)
+    if runs < 1:
+        raise UsageError(f"--runs {runs}: at least one replay is needed")
+    m, run_dir = load_launched_run(run, "confirm")  # 1 run
+    rows = ReproducerRow.rows(m, "reproducers")
+    if not rows:
+        raise UsageError(f"{run}: the run wrote no reproducer (a fuzz run that found a failing "
+                         "schedule writes repro.toml; explain confirms its own repro-N.toml)")
+    missing = [r.path for r in rows if not (run_dir / r.path).is_file()]
+    if missing:
+        raise UsageError(f"{run}: reproducer file(s) not found: {', '.join(missing)}")
+    cfg = run_config(m, engine_python, start_timeout_s)  # 2 configuration
+    problem = engine_python_check(cfg.engine.python)
+    if problem:
+        raise UsageError(f"--engine-python {cfg.engine.python}: {problem}")
+    stamp = now_iso().replace(":", "").replace("-", "")[:15]  # e.g. 20261206T073550
+    _, out_dir = new_run_dir(run_dir, f"confirm-{stamp}-{secrets.token_hex(2)}")
+    # this job's confirmation of every row, whatever the run itself confirmed
+    earlier = ("confirmation", "fallback_confirmation", "verdict")
+    m.tables["reproducers"] = [{k: v for k, v in r.model_dump().items() if k not in earlier}
+                               for r in rows]
+    result = ConfirmResult(run_id=m.run_id, run_dir=str(run_dir), runs=runs,
+                           engine_python=cfg.engine.python, started_at=now_iso())
+    path = out_dir / "confirm.json"
+
+    def save() -> None:
+        result.reproducers = ReproducerRow.rows(m, "reproducers")
+        write_atomic(path, result.model_dump_json(indent=2, exclude_none=True) + "\n")
+
+    save()
+    console.print(f"confirm {escape(m.run_id)}: {len(rows)} reproducer(s), {runs} replay(s) "
+                  f"each on a freshly started engine; results in {escape(str(out_dir))}",
+                  highlight=False)
+    target = ReplayTarget(runner=runner, config=cfg)
+
+    def log(line: str) -> None:
+        console.print(escape(line), highlight=False)
+        if not line.startswith(" "):  # a reproducer's verdict line: keep what is known
+            save()
+    try:  # 3 confirmation
+        confirm_run_reproducers(m, run_dir, target, runs, log=log, out_dir=out_dir)
+    except Interrupted as exc:
+        result.status = "interrupted"
+        result.exit_code = 128 + exc.signum
+        console.print(f"[red]interrupted by {signal.Signals(exc.signum).name}[/red]: "
+                      f"what was confirmed so far is in {escape(str(path))}")
+    else:
+        result.status = "complete"
+        result.exit_code = int(_exit_code(ReproducerRow.rows(m, "reproducers")))
+    result.ended_at = now_iso()
+    save()  # 4 result
+    console.print(f"confirm: status {result.status}, exit {result.exit_code}; "
+                  f"{escape(str(path))}", highlight=False)
+    return result.exit_code
+
+
+def _exit_code(rows: list[ReproducerRow]) -> ExitCode:
+    """1 when a reproducer (or its larger fallback) reproduced at least once; 3 when no
+    replay ran to a verdict (each ended in an error); else 0."""
+    results = [c for r in rows for c in (r.confirmation, r.fallback_confirmation)
+               if c is not None]
+    if any(c.reproduced for c in results):
+        return ExitCode.FAIL
+    if results and all(c.errors == c.runs for c in results):
+        return ExitCode.ENGINE
+    return ExitCode.OK
+

@@ -1,0 +1,160 @@
+"""The ``confirm`` job (issue 34: reproducer confirmation is a job): a finished run's reproducers
+replayed on fresh engines of the run's configuration, judged as the run was; bad input is a usage
+error before anything starts; the run's own manifest is never changed; an interrupted job keeps
+what it confirmed. The engine test is in tests/test_fuzz.py
+(``test_engine_fuzz_repro_confirmed_on_fresh_engines``)."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from conftest import run_cli
+from pleharness.cli import app
+from pleharness.confirmjob import ConfirmResult, run_confirm
+from pleharness.errors import UsageError
+from pleharness.manifest import Manifest, PhaseRecord, write_manifest
+from pleharness.reproduce import NOT_STILL_FAILING
+
+
+def _run(tmp_path: Path, *, status: str = "fail", launched: bool = True,
+         reproducers: bool = True, confirmed: bool = True) -> Path:
+    """A finished fuzz run's folder: a failing (or passing) fuzz phase, a repro.toml and its
+    row, confirmed 2/2 by the run itself when ``confirmed``."""
+    d = tmp_path / "run"
+    d.mkdir()
+    m = Manifest(run_id="run", status="complete", verdict="fail",
+                 scenarios=[{"name": "fz", "kind": "fuzz"}],
+                 engine={"mode": "launched", "model": "tiny",
+                         "launch": {"model": "/models/tiny", "python": sys.executable,
+                                    "engine_args": ["--max-num-seqs", "4"], "env": {}}}
+                 if launched else {"mode": "attached", "url": "http://x"},
+                 run_options={"reference": "solo", "repeat": 1, "near_tie_nats": 0.25,
+                              "golden": False, "strict": True, "on_timeout": "continue",
+                              "reference_cache_state": "cold"})
+    m.phases = [PhaseRecord(index=0, name="fz-1", scenario="fz", concurrency=2, status=status)]
+    if reproducers:
+        row = {"source": "fuzz", "path": "repro.toml", "schedule": "1 phase, C2",
+               "summary_table": "fuzz_summary"}
+        if confirmed:
+            row["verdict"] = "reproduced 2/2 on fresh engines"
+            row["confirmation"] = {"runs": 2, "reproduced": 2, "errors": 0, "inconclusive": 0,
+                                   "fresh_engine": True, "rate": "2/2", "side_by_side": 1,
+                                   "verdict": row["verdict"], "replays": []}
+        m.tables["reproducers"] = [row]
+        m.tables["fuzz_summary"] = [{"examples": 3}]
+        (d / "repro.toml").write_text('[[scenario]]\nkind = "replay"\n')
+    write_manifest(d / "manifest.json", m)
+    return d
+
+
+class Runner:
+    """A replay runner standing in for ``run_stress``: the configs it got, and the exit codes
+    it returns in turn (no engine: the job's logic, not the engine, is under test here)."""
+
+    def __init__(self, *codes: int):
+        self.codes, self.cfgs = list(codes), []
+
+    def __call__(self, cfg, console, err):
+        self.cfgs.append(cfg)
+        code = self.codes.pop(0)
+        d = Path(cfg.output.results_dir) / cfg.output.run_id
+        d.mkdir(parents=True)
+        write_manifest(d / "manifest.json", Manifest(run_id=cfg.output.run_id,
+                                                      status="complete", exit_code=code))
+        return code
+
+
+def _quiet() -> Console:
+    return Console(file=open("/dev/null", "w"))
+
+
+def _result(run_dir: Path) -> ConfirmResult:
+    (f,) = run_dir.glob("confirm-*/confirm.json")
+    return ConfirmResult.model_validate_json(f.read_text())
+
+
+@pytest.mark.parametrize("codes, exit_code, rate", [((1, 1), 1, "2/2"), ((0, 0), 0, "0/2"),
+                                                    ((1, 0), 1, "1/2"), ((3, 3), 3, "0/2")])
+def test_confirm_replays_each_reproducer_on_the_runs_configuration(tmp_path, codes, exit_code,
+                                                                   rate):
+    d = _run(tmp_path)
+    before = (d / "manifest.json").read_bytes()
+    runner = Runner(*codes)
+    assert run_confirm(d, 2, runner, console=_quiet()) == exit_code
+    assert (d / "manifest.json").read_bytes() == before  # the run's own record is not changed
+    for cfg in runner.cfgs:  # a replay: the run's launch, judged as the run recorded it
+        assert cfg.suite.scenarios == [str(d / "repro.toml")]
+        assert cfg.engine.model == "/models/tiny" and cfg.engine.args == ["--max-num-seqs", "4"]
+        assert (cfg.verdict.near_tie_nats, cfg.verdict.strict, cfg.verdict.golden,
+                cfg.reference.cache_state) == (0.25, True, False, "cold")
+        assert not cfg.control and cfg.confirmation.runs == 0
+    res = _result(d)
+    assert (res.status, res.exit_code, res.runs, res.run_id) == ("complete", exit_code, 2, "run")
+    (row,) = res.reproducers
+    # this job's own confirmation, not the run's earlier "reproduced 2/2"
+    assert row.confirmation.rate == rate and row.confirmation.fresh_engine
+    assert row.verdict == row.confirmation.verdict
+    assert [Path(r.manifest).parent.parent for r in row.confirmation.replays] == \
+        [next(d.glob("confirm-*"))] * 2  # the replays' folders beside confirm.json
+
+
+def test_confirm_takes_another_engine_python(tmp_path):
+    d = _run(tmp_path)
+    runner = Runner(0)
+    assert run_confirm(d, 1, runner, engine_python=sys.executable, console=_quiet()) == 0
+    assert runner.cfgs[0].engine.python == sys.executable == _result(d).engine_python
+
+
+def test_an_interrupted_confirmation_keeps_what_it_learned(tmp_path):
+    d = _run(tmp_path)
+    assert run_confirm(d, 2, Runner(1, 130), console=_quiet()) == 130
+    res = _result(d)
+    assert (res.status, res.exit_code) == ("interrupted", 130) and res.ended_at
+
+
+def test_a_reproducer_the_run_no_longer_fails_is_not_replayed(tmp_path):
+    d = _run(tmp_path, status="pass")  # e.g. the control run explained it
+    runner = Runner()
+    assert run_confirm(d, 2, runner, console=_quiet()) == 0
+    assert runner.cfgs == [] and _result(d).reproducers[0].verdict == NOT_STILL_FAILING
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"reproducers": False}, "the run wrote no reproducer"),
+    ({"launched": False}, "confirm relaunches the engine"),
+])
+def test_bad_input_is_a_usage_error_before_anything_starts(tmp_path, kw, message):
+    d = _run(tmp_path, **kw)
+    runner = Runner()
+    with pytest.raises(UsageError, match=message):
+        run_confirm(d, 2, runner, console=_quiet())
+    assert runner.cfgs == [] and not list(d.glob("confirm-*"))
+
+
+def test_a_missing_reproducer_file_or_python_is_a_usage_error(tmp_path):
+    d = _run(tmp_path)
+    with pytest.raises(UsageError, match="--engine-python /no/such/python"):
+        run_confirm(d, 1, Runner(), engine_python="/no/such/python", console=_quiet())
+    (d / "repro.toml").unlink()
+    with pytest.raises(UsageError, match="reproducer file.s. not found: repro.toml"):
+        run_confirm(d, 1, Runner(), console=_quiet())
+    with pytest.raises(UsageError, match="--runs 0"):
+        run_confirm(d, 0, Runner(), console=_quiet())
+    assert not list(d.glob("confirm-*"))
+
+
+def test_the_command_line_exits_2_with_the_reason(tmp_path):
+    d = _run(tmp_path, reproducers=False)
+    r = run_cli("confirm", str(d))
+    assert r.returncode == 2 and "the run wrote no reproducer" in r.stderr, r.stderr
+    r = run_cli("confirm", str(tmp_path / "nowhere"))
+    assert r.returncode == 2 and "not a readable ple-harness manifest" in r.stderr, r.stderr
+    r = CliRunner().invoke(app, ["confirm", str(d), "--runs", "0"])
+    assert r.exit_code == 2 and "--runs" in r.output
+    assert json.loads((d / "manifest.json").read_text())["run_id"] == "run"
+    assert not list(d.glob("confirm-*"))
