@@ -19,7 +19,8 @@ Its phases, in order:
 3. confirmation: every reproducer whose failure still fails the run (one its control run
    explains is not replayed) replayed ``--runs`` times, each replay a ``stress`` run of the
    reproducer (``runner``, handed in by the command line: a job imports no other job), its
-   folder under ``RUN/confirm-<time>-<random>/`` (:func:`pleharness.reproduce.confirm_run_reproducers`);
+   folder under ``RUN/confirm-<time>-<random>/``
+   (:func:`pleharness.reproduce.confirm_run_reproducers`);
 4. result: ``confirm.json`` there (:class:`ConfirmResult`, rewritten after every reproducer, so
    an interrupted job keeps what it learned) and the exit code.
 

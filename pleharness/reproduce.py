@@ -143,8 +143,8 @@ def run_target(m: Manifest, python: str | None = None,
 def run_config(m: Manifest, python: str | None = None,
                start_timeout_s: float = DEFAULT_START_TIMEOUT_S) -> StressConfig:
     """A launched run's configuration as far as its manifest holds it, the base of its
-    reproducers' replays (explain, ``ple-harness confirm``): its launch (:func:`run_target`: the launch record and the served
-    name) as the engine group, judged as the run recorded it
+    reproducers' replays (explain, ``ple-harness confirm``): its launch (:func:`run_target`: the
+    launch record and the served name) as the engine group, judged as the run recorded it
     (:func:`replay_base`, as ``stress --confirm-runs`` judges)."""
     t = run_target(m, python, start_timeout_s)
     engine = EngineConfig(model=t.model_path, tp=t.tp, python=t.python, args=t.engine_args,
