@@ -112,7 +112,9 @@ def run_confirm(run: Path, runs: int, runner: Runner, *, engine_python: str | No
     console.print(f"confirm {escape(m.run_id)}: {len(rows)} reproducer(s), {runs} replay(s) "
                   f"each on a freshly started engine; results in {escape(str(out_dir))}",
                   highlight=False)
-    target = ReplayTarget(runner=runner, config=cfg)
+    other = engine_python not in (None, (m.engine.launch or {}).get("python"))
+    target = ReplayTarget(runner=runner, config=cfg,
+                          build=f"--engine-python {engine_python}" if other else None)
 
     def log(line: str) -> None:
         console.print(escape(line), highlight=False)

@@ -65,12 +65,14 @@ class ReplayTarget:
     (:func:`pleharness.stress.run_stress`, handed in by the job that confirms: this module
     stays below the jobs and imports none). ``parallel``: replays side by side
     (:mod:`pleharness.engine.side_by_side`); ``engine_args_add``: arguments added to each
-    replay's launch (e.g. a fixed KV cache size)."""
+    replay's launch (e.g. a fixed KV cache size). ``build``: set when the replays run on another
+    build of the engine than the run's (``confirm --engine-python``), named in the verdicts."""
 
     runner: Callable[[Any, Console, Console], int]
     config: StressConfig
     parallel: int = 1
     engine_args_add: list[str] = field(default_factory=list)
+    build: str | None = None
 
     @property
     def fresh(self) -> bool:
@@ -167,15 +169,18 @@ def replay_config(target: ReplayTarget, path: Path, out_dir: Path, run_id: str) 
 
 
 def rate_verdict(reproduced: int, runs: int, errors: int = 0, fresh: bool = True,
-                 inconclusive: int = 0) -> str:
+                 inconclusive: int = 0, build: str | None = None) -> str:
     """The one-line reproduction verdict, e.g. ``reproduced 3/3 on fresh engines``,
     ``reproduced 1/3 on fresh engines: intermittent (timing-dependent)``, ``0/3: not
     reproduced on fresh engines, timing-dependent``; attached runs say ``on the same engine
     (attached: no fresh engine can be started)``. ``errors``: replays that ended neither
     pass nor fail (counted in the denominator, named at the end). ``inconclusive``: passing
     replays that did not exercise the schedule (an insert that did not land while its carrier
-    ran), not counted in ``runs``, named at the end."""
-    where = "on fresh engines" if fresh else \
+    ran), not counted in ``runs``, named at the end. ``build``: the replays ran on another
+    build of the engine than the run's (``confirm --engine-python``): the verdict names it, and
+    0/N is "not reproduced on that build" (a fix, or a build that cannot show the failure), not
+    a timing-dependent failure."""
+    where = (f"on fresh engines of {build}" if build else "on fresh engines") if fresh else \
         "on the same engine (attached with --url: no fresh engine can be started)"
     err = f"; {errors} replay(s) ended in an error" if errors else ""
     if inconclusive:
@@ -185,6 +190,8 @@ def rate_verdict(reproduced: int, runs: int, errors: int = 0, fresh: bool = True
         return f"reproduced {reproduced}/{runs} {where}{err}"
     if reproduced:
         return f"reproduced {reproduced}/{runs} {where}: intermittent (timing-dependent){err}"
+    if build:
+        return f"0/{runs}: not reproduced {where}{err}"
     return f"0/{runs}: not reproduced {where}, timing-dependent{err}"
 
 
@@ -242,7 +249,8 @@ def replay_reproducer(path: Path, target: ReplayTarget, runs: int, out_dir: Path
     left_out = len(replays) - len(counted)
     return Confirmation(runs=len(counted), reproduced=n, errors=errors, inconclusive=left_out,
                         fresh_engine=target.fresh, rate=f"{n}/{len(counted)}",
-                        verdict=rate_verdict(n, len(counted), errors, target.fresh, left_out),
+                        verdict=rate_verdict(n, len(counted), errors, target.fresh, left_out,
+                                             target.build),
                         side_by_side=par, replays=replays)
 
 

@@ -105,9 +105,13 @@ def test_confirm_replays_each_reproducer_on_the_runs_configuration(tmp_path, cod
 
 def test_confirm_takes_another_engine_python(tmp_path):
     d = _run(tmp_path)
+    other = str(Path(sys.executable).parent / "python3")  # another launcher than the run's
     runner = Runner(0)
-    assert run_confirm(d, 1, runner, engine_python=sys.executable, console=_quiet()) == 0
-    assert runner.cfgs[0].engine.python == sys.executable == _result(d).engine_python
+    assert run_confirm(d, 1, runner, engine_python=other, console=_quiet()) == 0
+    assert runner.cfgs[0].engine.python == other == _result(d).engine_python
+    # not reproduced on another build is that build's result, not a timing-dependent failure
+    assert _result(d).reproducers[0].verdict == \
+        f"0/1: not reproduced on fresh engines of --engine-python {other}"
 
 
 def test_an_interrupted_confirmation_keeps_what_it_learned(tmp_path):

@@ -80,7 +80,11 @@ def test_stress_default_suite_launch(tmp_path):
     # the reference-free checks really ran and passed: "OK" answers and the 1..300 count
     checks = [c for q in m["requests"] for c in q["checks"]]
     ok = [c for c in checks if c["name"] == "expected_text"]
-    assert len(ok) > 40 and all(c["status"] == "pass" for c in ok)
+    # a seeded sample (temperature 1) that does not say OK is a note, judged by rate in its
+    # phase check: what a sample says depends on the machine's floating point (seen once in 3
+    # runs on 2 cores), so it is not asserted here; every greedy answer is
+    sample = [c for c in ok if c["status"] == "note" and "(a sample: judged by rate" in c["detail"]]
+    assert len(ok) > 40 and all(c["status"] == "pass" for c in ok if c not in sample)
     counting = [c for c in checks if c["name"] == "counting"]
     # cold reference, warm reference, the decode with inserts and its chat twin (--api both)
     assert len(counting) == 4 and all(c["detail"] == "1..300 in order" for c in counting)

@@ -643,6 +643,10 @@ def test_reproduction_verdicts_and_report_lines():
     assert rate_verdict(1, 3) == ("reproduced 1/3 on fresh engines: intermittent "
                                   "(timing-dependent)")
     assert rate_verdict(0, 3) == "0/3: not reproduced on fresh engines, timing-dependent"
+    assert rate_verdict(0, 2, build="--engine-python /x") == (
+        "0/2: not reproduced on fresh engines of --engine-python /x")  # a fixed build
+    assert rate_verdict(2, 2, build="--engine-python /x") == (
+        "reproduced 2/2 on fresh engines of --engine-python /x")
     assert rate_verdict(0, 3, errors=1).endswith("; 1 replay(s) ended in an error")
     assert rate_verdict(2, 2, fresh=False) == ("reproduced 2/2 on the same engine (attached "
                                                "with --url: no fresh engine can be started)")

@@ -140,3 +140,27 @@ def test_cut_positions_inside_and_at_the_end_of_a_step():
     merged = steps_of([([1], ""), (list(range(2, 12)), "")])  # 10 IDs: several steps merged
     assert all(steps_ok == (1, 0) or steps_ok[0] == 10 for steps_ok in merged)
     assert pick_positions(merged, 1, 8, q=4) == [3, 5]  # no claim of "inside": 1/3 and 2/3
+
+
+class ByteCtx(Ctx):
+    """Tokens 20 and 21 are byte-fallback tokens whose bytes form no character alone:
+    /detokenize gives U+FFFD for each, as the tokenizers library's decode does."""
+
+    def detokenize(self, ids):
+        return "".join("\ufffd" if i in (20, 21) else WORDS[i] for i in ids)
+
+
+def test_a_stop_string_of_replacement_characters_is_never_picked_nor_judged():
+    # run s (H100, vLLM 0.26, random weights): fuzz drew the stop '\ufffd\ufffd' from an output's
+    # byte tokens; the engine's incremental detokenizer emits no text for them, so it never
+    # stopped, and the check failed a healthy engine 41 times
+    from pleharness.scenarios.shared.stops import stop_for
+    ctx = ByteCtx()
+    assert stop_for(ctx, [10, 20, 21], 2) is None  # '\ufffd', '\ufffd\ufffd', ' 1\ufffd\ufffd'
+    assert stop_for(ctx, [10, 20, 11], 2) == " 2"  # a real character after them still qualifies
+    r = stop_check(ctx, spec(stop=("\ufffd\ufffd",)), comp([10, 20, 21, 11], " 1 2",
+                                                            finish="length"), {})
+    assert r.status == "skip" and "U+FFFD" in r.detail
+    r = stop_check(ctx, spec(stop=(" 2",)), comp([10, 20, 21, 11], " 1\ufffd\ufffd",
+                                                  finish="length"), {})
+    assert r.status == "fail"  # an ordinary stop string is still judged beside byte tokens

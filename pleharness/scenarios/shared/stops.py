@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ...checks.stop_string import eos_ids
+from ...checks.stop_string import UNMATCHABLE, eos_ids
 
 if TYPE_CHECKING:  # pragma: no cover
     from ...run.scenario_context import ScenarioContext
@@ -26,12 +26,14 @@ def stop_id(ids, at: int) -> int:
 def stop_for(ctx: "ScenarioContext", ids: list[int], j: int) -> str | None:
     """A stop string whose first occurrence in the text of ``ids`` ends exactly at token j: the
     text of tokens j, then j-1..j, ... (up to 4 tokens back), the first that qualifies; None when
-    none does (e.g. token j's text is empty)."""
+    none does (e.g. token j's text is empty, or holds U+FFFD: /detokenize's text for an incomplete
+    UTF-8 sequence, which the engine's incremental detokenizer never emits, so no engine matches
+    it: :data:`pleharness.checks.stop_string.UNMATCHABLE`)."""
     if ids[j] in eos_ids(ctx):  # EOS: no text in a completion (skip_special_tokens)
         return None
     upto = ctx.detokenize(ids[:j + 1])
     for back in range(1, min(4, j + 1) + 1):
         s = upto[len(ctx.detokenize(ids[:j + 1 - back])):]
-        if s.strip() and upto.find(s) == len(upto) - len(s):
+        if s.strip() and UNMATCHABLE not in s and upto.find(s) == len(upto) - len(s):
             return s
     return None
