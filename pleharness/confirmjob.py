@@ -122,10 +122,11 @@ def run_confirm(run: Path, runs: int, runner: Runner, *, engine_python: str | No
             save()
     try:  # 3 confirmation
         confirm_run_reproducers(m, run_dir, target, runs, log=log, out_dir=out_dir)
-    except Interrupted as exc:
+    except (Interrupted, KeyboardInterrupt) as exc:  # a replay's, or Ctrl-C between replays
+        signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
         result.status = "interrupted"
-        result.exit_code = 128 + exc.signum
-        console.print(f"[red]interrupted by {signal.Signals(exc.signum).name}[/red]: "
+        result.exit_code = 128 + signum
+        console.print(f"[red]interrupted by {signal.Signals(signum).name}[/red]: "
                       f"what was confirmed so far is in {escape(str(path))}")
     else:
         result.status = "complete"

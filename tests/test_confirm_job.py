@@ -116,7 +116,17 @@ def test_confirm_takes_another_engine_python(tmp_path):
 
 def test_an_interrupted_confirmation_keeps_what_it_learned(tmp_path):
     d = _run(tmp_path)
-    assert run_confirm(d, 2, Runner(1, 130), console=_quiet()) == 130
+    assert run_confirm(d, 2, Runner(1, 130), console=_quiet()) == 130  # a replay interrupted
+    res = _result(d)
+    assert (res.status, res.exit_code) == ("interrupted", 130) and res.ended_at
+
+
+def test_ctrl_c_between_replays_keeps_what_it_learned(tmp_path):
+    d = _run(tmp_path)
+
+    def runner(cfg, console, err):  # Ctrl-C outside any replay's engine session
+        raise KeyboardInterrupt
+    assert run_confirm(d, 2, runner, console=_quiet()) == 130
     res = _result(d)
     assert (res.status, res.exit_code) == ("interrupted", 130) and res.ended_at
 
