@@ -116,12 +116,10 @@ def run_confirm(run: Path, runs: int, runner: Runner, *, engine_python: str | No
     target = ReplayTarget(runner=runner, config=cfg,
                           build=f"--engine-python {engine_python}" if other else None)
 
-    def log(line: str) -> None:
-        console.print(escape(line), highlight=False)
-        if not line.startswith(" "):  # a reproducer's verdict line: keep what is known
-            save()
-    try:  # 3 confirmation
-        confirm_run_reproducers(m, run_dir, target, runs, log=log, out_dir=out_dir)
+    try:  # 3 confirmation; confirm.json rewritten after every reproducer
+        confirm_run_reproducers(m, run_dir, target, runs,
+                                log=lambda line: console.print(escape(line), highlight=False),
+                                out_dir=out_dir, on_row=lambda row: save())
     except (Interrupted, KeyboardInterrupt) as exc:  # a replay's, or Ctrl-C between replays
         signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
         result.status = "interrupted"

@@ -319,7 +319,9 @@ NOT_STILL_FAILING = ("not confirmed: the final judgement (control run, sides) no
 
 def confirm_run_reproducers(manifest, run_dir: Path, target: ReplayTarget, runs: int,
                             log: Callable[[str], Any] = print,
-                            out_dir: Path | None = None) -> list[ReproducerRow]:
+                            out_dir: Path | None = None,
+                            on_row: Callable[[ReproducerRow], Any] | None = None
+                            ) -> list[ReproducerRow]:
     """Confirm every reproducer a run wrote (``manifest.tables["reproducers"]``:
     :class:`~pleharness.manifest.tables.ReproducerRow`, ``path`` relative to ``run_dir``,
     ``source``, and optionally ``fallback``: a larger failing schedule to try when the
@@ -327,7 +329,8 @@ def confirm_run_reproducers(manifest, run_dir: Path, target: ReplayTarget, runs:
     :func:`replay_reproducer`), and ``fallback_confirmation`` when the fallback was tried; the
     row's ``verdict`` is the line the reports show. A row whose failure no longer fails the run
     (:func:`still_failing`) is not replayed: its verdict says so. The replays' run folders go
-    under ``out_dir`` (default ``run_dir/confirm``). Returns the rows."""
+    under ``out_dir`` (default ``run_dir/confirm``). ``on_row`` is called with each row once
+    its verdict is in the manifest (e.g. to save what is known so far). Returns the rows."""
     out_dir = out_dir or run_dir / "confirm"
     rows = ReproducerRow.rows(manifest, "reproducers")
     for i, row in enumerate(rows):
@@ -337,6 +340,8 @@ def confirm_run_reproducers(manifest, run_dir: Path, target: ReplayTarget, runs:
             row.verdict = NOT_STILL_FAILING
             manifest.tables["reproducers"][i] = row.model_dump()
             log(f"{row.path}: {row.verdict}")
+            if on_row is not None:
+                on_row(row)
             continue
         path = run_dir / row.path
         log(f"confirming {row.path}: {runs} replay(s) "
@@ -356,6 +361,8 @@ def confirm_run_reproducers(manifest, run_dir: Path, target: ReplayTarget, runs:
         manifest.tables["reproducers"][i] = row.model_dump()
         log(f"{row.path}: {row.verdict}")
         _summary_reproduction(manifest, row, res, target.fresh)
+        if on_row is not None:
+            on_row(row)
     return rows
 
 

@@ -17,8 +17,8 @@ from ..config import StressConfig
 from ..defaults import DEFAULT_CONFIRM_RUNS, DEFAULT_PARALLEL_ENGINES, confirm_runs_help
 from ..engine.inflight import Timeouts
 from ..errors import UsageError
-from ..scenarios.fuzz.strategy import FuzzParams
 from ..fuzzjob import run_fuzz
+from ..scenarios.fuzz.strategy import FuzzParams
 from ..stress import run_stress
 from . import Command, app, console, err_console, warn
 from .assemble import confirmation_group, engine_groups, output_group, verdict_group
