@@ -164,3 +164,23 @@ def test_a_stop_string_of_replacement_characters_is_never_picked_nor_judged():
     r = stop_check(ctx, spec(stop=(" 2",)), comp([10, 20, 21, 11], " 1\ufffd\ufffd",
                                                   finish="length"), {})
     assert r.status == "fail"  # an ordinary stop string is still judged beside byte tokens
+
+
+def test_the_incremental_detokenizer_emits_no_text_where_detokenize_gives_u_fffd():
+    """The premise of the U+FFFD rule, on the embedded model's real tokenizer: tokenizers'
+    DecodeStream (what vllm/v1/engine/detokenizer.py steps for a fast tokenizer) emits nothing
+    for byte tokens that form no character, where a whole decode (/detokenize) gives U+FFFD."""
+    import pytest
+    decoders = pytest.importorskip("tokenizers.decoders")
+    if not hasattr(decoders, "DecodeStream"):
+        pytest.skip("tokenizers without DecodeStream")
+    from tokenizers import Tokenizer
+
+    from pleharness.model import ensure_embedded_model
+    tok = Tokenizer.from_file(str(ensure_embedded_model() / "tokenizer.json"))
+    partial = [i for i in range(tok.get_vocab_size()) if tok.decode([i]) == "\ufffd"]
+    assert len(partial) >= 2  # the byte-fallback tokens a random-weight model emits
+    ids = partial[:2]
+    assert tok.decode(ids) == "\ufffd\ufffd"
+    stream = decoders.DecodeStream(skip_special_tokens=True)
+    assert [stream.step(tok, i) for i in ids] == [None, None]
