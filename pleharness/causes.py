@@ -39,6 +39,14 @@ def headline(m: Manifest) -> str:
                                                              if names else "")
     if s.request_errors:
         line += f"; {s.request_errors} request error(s)"
+    diff = s.differential or {}
+    if diff.get("differ"):
+        line += (f"; control answers: {diff['differ']} solo answer(s) under test differ from "
+                 f"the control's ({diff.get('hard', 0)} hard) of {diff['compared']} request(s) "
+                 "both ran alone")
+    elif diff.get("compared"):
+        line += (f"; control answers: all {diff['compared']} solo greedy request(s) both ran "
+                 "answered alike")
     if s.also_in_control or s.only_under_test:
         line += (f"; control run: {s.also_in_control or 0} divergence(s) also in the control "
                  f"(engine numerics, warnings), {s.only_under_test or 0} only under test")
@@ -55,6 +63,9 @@ def headline(m: Manifest) -> str:
     ctl = m.engine.control_engine or {}
     if ctl.get("error"):
         line += f"; CONTROL ENGINE FAILED ({ctl['error']}): divergences unattributed"
+    if m.run_options.numerics_envelope is not None and not m.run_options.independent_reference:
+        line += ("; no independent reference: a defect that corrupts every run alike passes "
+                 "(add a control run, e.g. --control-engine-python BASE)")
     if s.vacuous:
         strict = " (--strict: failures)" if m.run_options.strict else " (warnings)"
         line += f"; VACUOUS{strict}: " + "; ".join(s.vacuous)
@@ -134,6 +145,11 @@ def causes(m: Manifest, limit: int = 8) -> list[str]:
         for c in r.failed_checks:
             if c.name == "corrupt_reference":
                 out.append(f"corrupt reference: {c.detail} ({_where(r)})")
+    for r in m.requests:  # an answer the control gives differently: the defect's own request
+        d = r.differential
+        if d is not None and d.fails:
+            check = next((c for c in r.checks if c.name == "control_answer"), None)
+            out.append(f"control answer: {_where(r)}: {check.detail if check else d.cls}")
     divs = [x for x in (_failing_divergence(r) for r in m.requests) if x]
     out += divs[:limit]
     if len(divs) > limit:
@@ -146,7 +162,7 @@ def causes(m: Manifest, limit: int = 8) -> list[str]:
     by_check: dict[str, list[tuple[RequestRecord, str]]] = defaultdict(list)
     for r in m.requests:
         for c in r.failed_checks:
-            if c.name not in ("parity", "corrupt_reference"):
+            if c.name not in ("parity", "corrupt_reference", "control_answer"):
                 by_check[c.name].append((r, c.detail))
     for name, items in sorted(by_check.items(), key=lambda kv: -len(kv[1])):
         r, detail = items[0]

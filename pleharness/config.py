@@ -50,7 +50,8 @@ LAUNCH_ONLY = [("model", "--model"), ("engine_profile", "--engine-profile"), ("t
                ("reference_engine_arg", "--reference-engine-arg"),
                ("reference_drop_arg", "--reference-drop-arg"),
                ("control_engine_arg", "--control-engine-arg"),
-               ("control_drop_arg", "--control-drop-arg"), ("control_profile", "--control-profile")]
+               ("control_drop_arg", "--control-drop-arg"), ("control_profile", "--control-profile"),
+               ("control_engine_python", "--control-engine-python")]
 # attach-only fact options: (python name, flag, how a launched engine gets that value,
 # the AttachConfig.explicit_facts key)
 ATTACH_FACTS = [
@@ -351,18 +352,22 @@ class ReferenceConfig:
 @dataclass(frozen=True)
 class ControlConfig:
     """The control run (options ``--control-engine-arg``, ``--control-drop-arg``,
-    ``--control-profile``; docs/attribution.md). True when one is asked for (any of them given).
+    ``--control-profile``, ``--control-engine-python``; docs/attribution.md). True when one is
+    asked for (any of them given).
 
     ``engine_args``: appended to the engine's arguments; ``drop_args``: flags removed from them;
-    ``profile``: or the control's own engine profile (its path: engine_args and env)."""
+    ``profile``: or the control's own engine profile (its path: engine_args and env);
+    ``python``: another build's Python for the control engine (None: the engine under
+    test's)."""
 
     engine_args: list[str] = field(default_factory=list)
     drop_args: list[str] = field(default_factory=list)
     profile: str | None = None
+    python: str | None = None
 
     def __bool__(self) -> bool:
         """Whether a control run is asked for (any --control-* option)."""
-        return bool(self.engine_args or self.drop_args or self.profile)
+        return bool(self.engine_args or self.drop_args or self.profile or self.python)
 
 
 @dataclass(frozen=True)
@@ -371,12 +376,16 @@ class VerdictConfig:
     ``--strict``, ``--golden``, ``--on-timeout``).
 
     ``near_tie_nats``: the near-tie threshold, nats (None: from the serving dtype,
-    :mod:`pleharness.divergence`); ``strict``: any divergence fails; ``golden``: classify
+    :mod:`pleharness.divergence`, raised to the run's measured numerics envelope,
+    :mod:`pleharness.envelope`); ``strict``: any divergence fails; ``numerics_from``: without
+    a control run, the run whose measured envelope applies (a run folder or manifest path, or
+    ``self``; ``--numerics-from``); ``golden``: classify
     divergences with the golden model when one can be built; ``on_timeout``: continue or abort
     after a phase with timed-out requests."""
 
     near_tie_nats: float | None = None
     strict: bool = DEFAULT_STRICT
+    numerics_from: str | None = None
     golden: bool = DEFAULT_GOLDEN
     on_timeout: str = DEFAULT_ON_TIMEOUT
 

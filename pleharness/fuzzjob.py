@@ -30,7 +30,8 @@ from rich.console import Console
 
 from .config import StressConfig, SuiteConfig
 from .jobrun import (JobInput, JobRun, Runner, check_input, conclude, confirm_reproducers,
-                     engine_under_test, open_session, run_job, sides_step, suite_step)
+                     engine_under_test, evidence_step, open_session, run_job, sides_step,
+                     suite_step)
 
 
 def run_fuzz(cfg: StressConfig, params: dict[str, Any], runner: Runner,
@@ -60,7 +61,8 @@ def _phases(run: JobRun, stack: contextlib.ExitStack, inputs: JobInput, runner: 
     open_session(run, stack)
     eng = engine_under_test(run, inputs.scenarios, inputs.target)  # 1 engine
     suite_step(run, stack, inputs, eng, references={})  # 2 search (and shrink, recheck)
-    sides_step(run, inputs.scenarios, control=None)  # 3 sides
+    evidence_step(run, control=None)  # 3 sides: the envelope (--numerics-from), then sides
+    sides_step(run, inputs.scenarios, control=None)
     if run.cfg.confirmation.runs and run.manifest.tables.get("reproducers"):  # 4 confirmation
         confirm_reproducers(run, eng, runner)
     return conclude(run)  # 5 verdict

@@ -29,9 +29,12 @@ from rich.console import Console
 from rich.markup import escape
 
 from .config import StressConfig
+from .differential import compare_answers
 from .engine.session import Engine, EngineSession, Interrupted, Target, launch_record
 from .engine.side_by_side import SideBySide, run_side_by_side
 from .engine_probe import run_probe
+from .envelope import apply as apply_envelope
+from .envelope import describe as describe_envelope
 from .environment import environment_info, harness_info
 from .errors import (EngineError, ExitCode, HarnessError, RequestTimeoutAbort, UsageError,
                      write_crash_log)
@@ -120,6 +123,45 @@ def sides_step(run: JobRun, scenarios: list[Scenario], control: Manifest | None)
     for sc in scenarios:  # one class everywhere: tables from the final verdicts
         type(sc).refresh_tables(run.manifest)
     run.save()
+
+
+def evidence_step(run: JobRun, control: Manifest | None) -> None:
+    """After the suite (and the control run): the run's numerics envelope measured where the
+    defect under test is not, and every tolerance judged again at it
+    (:func:`pleharness.envelope.apply`), then the control's answers to the same solo greedy
+    requests compared with the run's (:func:`pleharness.differential.compare_answers`), and
+    what the run had as an independent reference recorded (``run_options.
+    independent_reference``; none: the headline says what that leaves open)."""
+    m = run.manifest
+    env = apply_envelope(m, control, run.cfg.verdict.numerics_from)
+    if control is not None and control.requests:
+        counts = compare_answers(m, control)
+        if counts["differ"]:
+            run.console.print(esc(f"control answers: {counts['differ']} solo answer(s) of "
+                                  f"{counts['compared']} request(s) differ from the control's, "
+                                  f"{counts['hard']} hard"), highlight=False)
+    m.run_options.independent_reference = independent_reference(run.cfg, control)
+    for line in describe_envelope(env):
+        run.console.print(esc(line), highlight=False)
+    run.save()
+
+
+def independent_reference(cfg: StressConfig, control: Manifest | None) -> str | None:
+    """What the run had that does not share the configuration under test: its control run
+    (another configuration or build), a reference engine, the golden model's references or a
+    stored run's; None when it had none (every reference was this engine's own)."""
+    parts = []
+    if control is not None:
+        parts.append("control run" + (f" on another build ({cfg.control.python})"
+                                      if cfg.control.python else ""))
+    mode = cfg.reference_mode
+    if mode == "engine":
+        parts.append("reference engine")
+    elif mode == "golden":
+        parts.append("golden model references")
+    elif mode == "manifest":
+        parts.append(f"stored references ({cfg.reference.source})")
+    return ", ".join(parts) or None
 
 
 def conclude(run: JobRun) -> int:

@@ -32,11 +32,14 @@ def reference_variant(cfg: StressConfig) -> Variant:
 def control_variant(cfg: StressConfig) -> Variant:
     """The control engine's launch: the engine under test's arguments less --control-drop-arg
     flags plus --control-engine-arg values, or --control-profile's engine_args (plus
-    --control-engine-arg) with its [env] over the engine's environment."""
+    --control-engine-arg) with its [env] over the engine's environment; launched with
+    --control-engine-python when given (another build)."""
     if cfg.control.profile:
         prof = load_profile(Path(cfg.control.profile))
-        return Variant.of(add=cfg.control.engine_args, env=prof.env, base=prof.engine_args)
-    return Variant.of(drop=cfg.control.drop_args, add=cfg.control.engine_args)
+        return Variant.of(add=cfg.control.engine_args, env=prof.env, base=prof.engine_args,
+                          python=cfg.control.python)
+    return Variant.of(drop=cfg.control.drop_args, add=cfg.control.engine_args,
+                      python=cfg.control.python)
 
 
 def reference_config(cfg: StressConfig, target: Target) -> tuple[list[str], dict[str, str]]:
@@ -66,7 +69,8 @@ def second_engine_problems(cfg: StressConfig, target: Target) -> list[str]:
             out.append(f"{flag}={d}: not among the engine under test's arguments "
                        f"({' '.join(target.engine_args) or 'none'}), so dropping it changes "
                        "nothing")
-    if cfg.control and not out:
+    other_build = cfg.control.python is not None and cfg.control.python != target.python
+    if cfg.control and not out and not other_build:
         args, env = control_config(cfg, target)
         hint = " and ".join(x for x, v in (
             (f"--control-profile {cfg.control.profile}", cfg.control.profile),

@@ -6,7 +6,8 @@ the named steps of :func:`_steps` in the frame every job's run goes through
 the GPU-memory check owned by one :class:`~pleharness.engine.session.EngineSession`, every
 exception mapped to a manifest status and an exit code in one place): references (on a
 reference engine if asked), engines (the engine under test), suite, control (the engine under
-test's launch as a :class:`~pleharness.engine.session.Variant`), sides, confirmation, verdict.
+test's launch as a :class:`~pleharness.engine.session.Variant`), evidence, sides,
+confirmation, verdict.
 The steps are :mod:`pleharness.jobrun`'s, the passes on each engine :mod:`pleharness.passes`.
 """
 from __future__ import annotations
@@ -16,8 +17,8 @@ import contextlib
 from rich.console import Console
 
 from .config import StressConfig
-from .jobrun import (JobInput, JobRun, check_input, conclude, confirm_reproducers, open_session,
-                     run_job, sides_step, start_engines, suite_step)
+from .jobrun import (JobInput, JobRun, check_input, conclude, confirm_reproducers,
+                     evidence_step, open_session, run_job, sides_step, start_engines, suite_step)
 from .passes import control_pass, reference_pass
 
 
@@ -41,11 +42,13 @@ def _steps(run: JobRun, stack: contextlib.ExitStack, inputs: JobInput) -> int:
        the side-by-side plan lets it)
     3. suite: the engine probe, the suite, and the judgement that needs all of it
     4. control: the suite again on the control engine, the divergences attributed
-    5. sides: which side of each divergence is wrong; the tables from the final verdicts
-    6. confirmation: the reproducers the suite wrote whose failure still fails after 4 and 5,
+    5. evidence: the numerics envelope measured on the control run and every tolerance judged
+       again at it, the control's solo answers compared with the run's (issue 47)
+    6. sides: which side of each divergence is wrong; the tables from the final verdicts
+    7. confirmation: the reproducers the suite wrote whose failure still fails after 4 to 6,
        replayed on fresh engines (``--confirm-runs``; issue 34: fresh engines are not spent on
        a failure the control run explains), each replay a run of this job
-    7. verdict: the verdict and the exit code (a control engine that failed: exit 3)
+    8. verdict: the verdict and the exit code (a control engine that failed: exit 3)
     """
     cfg, scenarios, target = run.cfg, inputs.scenarios, inputs.target
     open_session(run, stack)
@@ -58,7 +61,8 @@ def _steps(run: JobRun, stack: contextlib.ExitStack, inputs: JobInput) -> int:
     if cfg.control:  # 4 control
         run.session.stop(eng)  # the control suite runs alone, as the suite did
         control = control_pass(run, scenarios, eng.facts, target, started=control_eng)
-    sides_step(run, scenarios, control)  # 5 sides
-    if cfg.confirmation.runs and run.manifest.tables.get("reproducers"):  # 6 confirmation
+    evidence_step(run, control)  # 5 evidence
+    sides_step(run, scenarios, control)  # 6 sides
+    if cfg.confirmation.runs and run.manifest.tables.get("reproducers"):  # 7 confirmation
         confirm_reproducers(run, eng, runner=run_stress)
-    return conclude(run)  # 7 verdict
+    return conclude(run)  # 8 verdict

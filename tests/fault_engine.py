@@ -27,9 +27,14 @@ The fault: output position 5 becomes (token + 1) mod the vocabulary size, with
 ``PLE_FAULT_MODE=crowded`` (default) while at least ``PLE_FAULT_MIN_IN_FLIGHT`` (default 2)
 completion requests are in flight (a concurrency-dependent corruption, invisible to
 single-request references), with ``PLE_FAULT_MODE=load`` on every run of a prompt after its
-first two (deterministic: two configurations corrupt exactly the same requests).
+first two (deterministic: two configurations corrupt exactly the same requests), with
+``PLE_FAULT_MODE=every`` on every run, alone or not (a defect that corrupts every run of a
+prompt alike: only another configuration's answer shows it, issue 47), and with
+``PLE_FAULT_MODE=third`` on one run in three, drawn per run with a generator seeded by
+``PLE_FAULT_SEED`` (default 0) and the prompt (an intermittent defect, issue 47 item 5).
 """
 import os
+import random
 import signal
 import sys
 import threading
@@ -102,6 +107,7 @@ def main(argv):
     vocab = int(os.environ.get("PLE_FAULT_VOCAB", "793"))
 
     mode = os.environ.get("PLE_FAULT_MODE", "crowded")
+    seed = os.environ.get("PLE_FAULT_SEED", "0")
     seen: dict = {}
     lock = threading.Lock()
 
@@ -112,6 +118,16 @@ def main(argv):
         ``PLE_FAULT_LEN``, only prompts of that length."""
         if want_len is not None and len(ctx.body.get("prompt") or []) != want_len:
             return False
+        if mode == "every":
+            return True
+        if mode == "third":
+            if "drawn" not in ctx.state:
+                key = (tuple(ctx.body.get("prompt") or []), ctx.body.get("max_tokens"))
+                with lock:
+                    seen[key] = seen.get(key, 0) + 1
+                    rng = random.Random(f"{seed}:{key}:{seen[key]}")
+                    ctx.state["drawn"] = rng.random() < 1 / 3
+            return ctx.state["drawn"]
         if mode == "load":
             if "occurrence" not in ctx.state:
                 key = (tuple(ctx.body.get("prompt") or []), ctx.body.get("max_tokens"))

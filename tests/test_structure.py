@@ -78,7 +78,7 @@ FLOORS: dict[str, int] = {
     # 5 the run layer: context, references, judgement, sides
     "run": 5,
     # 6 what a run is made of: scenario kinds, and how a divergence is attributed
-    "scenarios": 6, "causes": 6, "attribution": 6,
+    "scenarios": 6, "causes": 6, "attribution": 6, "envelope": 6, "differential": 6,
     # 7 reading and writing runs: comparison, renderers, suites, configuration, confirmation, the
     # second engines and the passes of a stress run, its verdict
     "compare": 7, "suites": 7, "render": 7, "config": 7, "reproduce": 7, "verdict": 7,

@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import math
 
-from ..manifest import CheckResult
+from ..manifest import CheckResult, ScoreDiffs
+from ..manifest.records import OVER_CAP
 from . import register
 from .logprob_sanity import real_logprob
 
@@ -150,11 +151,91 @@ def token_scores(c, prompt: list[int]) -> list[float | None]:
     return out
 
 
-def parity(c, ref, prompt: list[int], threshold: float, why: str) -> CheckResult:
+def carries_probability(c, t: int, tok: int, k: int | None) -> bool:
+    """Whether prompt token ``tok``'s score at entry ``t`` of ``c`` is among its top candidates
+    (rank <= ``k`` where ranks came back, else no other listed candidate below it), so that a
+    difference there is evidence: at a far-tail position (-40 nats, a probability below 1e-16)
+    bfloat16 rounding of the large logits moves the value by nats and means nothing (vLLM's
+    ``check_logprobs_close``: each side's token among the other's top-N, not equal logprobs).
+    ``k`` None: every scored position counts."""
+    if k is None:
+        return True
+    ranks = c.prompt_ranks or []
+    rank = (ranks[t] or {}).get(tok) if t < len(ranks) and ranks[t] else None
+    if rank is not None:
+        return int(rank) <= k
+    e = (c.prompt_logprobs or [])[t] if t < len(c.prompt_logprobs or []) else None
+    if not e or tok not in e:
+        return False
+    return len(e) <= k or any(float(v) < float(e[tok]) for i, v in e.items() if i != tok)
+
+
+def measure_parity(c, ref, prompt: list[int], bound: float, k: int | None = None
+                   ) -> ScoreDiffs | None:
+    """The prompt-token logprob differences of ``c`` from ``ref`` (the same request alone) at
+    every position both score where the token carries probability on both sides
+    (:func:`carries_probability`; the others counted as ``tail``), positions over ``bound``
+    nats listed; positions the reference scores and ``c`` does not are ``missing``. None when
+    either lacks prompt scores or the request failed. Never raises."""
+    if c.error is not None or ref is None or ref.prompt_logprobs is None \
+            or c.prompt_logprobs is None:
+        return None
+    got, want = token_scores(c, prompt), token_scores(ref, prompt)
+    out = ScoreDiffs(bound_nats=bound)
+    for t in range(1, len(prompt)):
+        a, b = got[t], want[t]
+        if b is None:
+            continue
+        if a is None:
+            out.missing += 1
+            out.first_missing = t if out.first_missing is None else out.first_missing
+            continue
+        tok = int(prompt[t])
+        if not (carries_probability(c, t, tok, k) and carries_probability(ref, t, tok, k)):
+            out.tail += 1
+            continue
+        out.compared += 1
+        d = abs(a - b)
+        if math.isnan(d) or d > bound:
+            if len(out.over) < OVER_CAP:
+                out.over.append((t, a, b))
+            d = math.inf if math.isnan(d) else d
+        out.max_nats = max(out.max_nats, d)
+    return out
+
+
+def judge_parity(diffs: ScoreDiffs, positions: int, tolerance: float, why: str) -> CheckResult:
+    """``prompt_logprobs_parity`` of measured ``diffs`` (over a prompt of ``positions`` + 1
+    tokens) at ``tolerance`` nats (``why``: where it came from): fails naming the positions
+    over it and the missing ones."""
+    over = diffs.over_tolerance(tolerance)
+    tail = (f"; {diffs.tail} far-tail position(s) not compared (the token outside a side's "
+            "top candidates)") if diffs.tail else ""
+    if over or diffs.missing:
+        parts = []
+        if over:
+            t, a, b = over[0]
+            many = f"{len(over)}" + ("+" if len(diffs.over) >= OVER_CAP else "")
+            parts.append(f"{many} of {diffs.compared} prompt positions differ from "
+                         f"the solo request's by more than {tolerance:g} nats ({why}); first at "
+                         f"position {t}: {a:.4f} vs {b:.4f}")
+        if diffs.missing:
+            parts.append(f"{diffs.missing} prompt position(s) lack the prompt token's score "
+                         f"that the solo request gives (first at position {diffs.first_missing})")
+        return CheckResult(name=PARITY, status="fail", detail="; ".join(parts) + tail)
+    return CheckResult(name=PARITY, status="pass",
+                       detail=f"{diffs.compared} prompt positions within {tolerance:g} nats "
+                              f"of the solo request's ({why}); largest difference "
+                              f"{diffs.max_nats:.3g} nats{tail}")
+
+
+def parity(c, ref, prompt: list[int], threshold: float, why: str, k: int | None = None
+           ) -> CheckResult:
     """``prompt_logprobs_parity``: each prompt token's logprob in ``c`` equals the one in
-    ``ref`` (the same request alone) within ``threshold`` nats (the run's near-tie threshold,
-    from the serving dtype: ``why`` says which). Fails naming the positions over it (a shifted,
-    missing or corrupt score under load); skip when either lacks prompt scores. Never raises."""
+    ``ref`` (the same request alone) within ``threshold`` nats (``why`` says where it came
+    from) wherever it carries probability (``k``: the candidates asked,
+    :func:`carries_probability`). Fails naming the positions over it (a shifted, missing or
+    corrupt score under load); skip when either lacks prompt scores. Never raises."""
     if c.error is not None or ref is None or ref.prompt_logprobs is None:
         return CheckResult(name=PARITY, status="skip",
                            detail="no solo reference with prompt logprobs" if c.error is None
@@ -162,32 +243,5 @@ def parity(c, ref, prompt: list[int], threshold: float, why: str) -> CheckResult
     if c.prompt_logprobs is None:
         return CheckResult(name=PARITY, status="fail",
                            detail="the answer carries no prompt logprobs; the solo one does")
-    got, want = token_scores(c, prompt), token_scores(ref, prompt)
-    over, worst, missing = [], 0.0, []
-    for t in range(1, len(prompt)):
-        a, b = got[t], want[t]
-        if b is None:
-            continue
-        if a is None:
-            missing.append(t)
-            continue
-        d = abs(a - b)
-        worst = max(worst, d)
-        if d > threshold or math.isnan(d):
-            over.append((t, a, b))
-    if over or missing:
-        parts = []
-        if over:
-            t, a, b = over[0]
-            parts.append(f"{len(over)} of {len(prompt) - 1} prompt positions differ from the "
-                         f"solo request's by more than {threshold:g} nats ({why}); first at "
-                         f"position {t}: {a:.4f} vs {b:.4f}")
-        if missing:
-            parts.append(f"{len(missing)} prompt position(s) lack the prompt token's score "
-                         f"that the solo request gives (first at position {missing[0]})")
-        return CheckResult(name=PARITY, status="fail", detail="; ".join(parts))
-    return CheckResult(name=PARITY, status="pass",
-                       detail=f"{len(prompt) - 1} prompt positions within {threshold:g} nats "
-                              f"of the solo request's ({why}); largest difference "
-                              f"{worst:.3g} nats")
-
+    diffs = measure_parity(c, ref, prompt, threshold, k)
+    return judge_parity(diffs, len(prompt) - 1, threshold, why)

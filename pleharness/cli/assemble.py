@@ -23,6 +23,7 @@ from ..defaults import (DEFAULT_API, DEFAULT_ENGINE_PROBE, DEFAULT_GOLDEN, DEFAU
                         DEFAULT_START_TIMEOUT_S, DEFAULT_STRICT)
 from ..divergence import normalize_dtype
 from ..engine.inflight import Timeouts
+from ..engine.launch import engine_python_check
 from ..engine.side_by_side import parse_parallel
 from ..errors import UsageError
 from ..profile import EngineProfile, load_profile
@@ -68,8 +69,14 @@ def engine_groups(o: Mapping[str, Any], given: Iterable[str]
 def verdict_group(o: Mapping[str, Any]) -> VerdictConfig:
     """The verdict group (``--near-tie-nats``, ``--strict``, ``--golden``, ``--on-timeout``; a
     command without one of them keeps its default)."""
+    numerics_from = o.get("numerics_from")
+    if numerics_from is not None and numerics_from != "self":
+        p = Path(numerics_from)
+        if not (p / "manifest.json").is_file() and not p.is_file():
+            raise UsageError(f"--numerics-from {numerics_from!r}: not a run folder or manifest "
+                             "(or 'self')")
     return VerdictConfig(near_tie_nats=o.get("near_tie_nats"),
-                         strict=o.get("strict", DEFAULT_STRICT),
+                         strict=o.get("strict", DEFAULT_STRICT), numerics_from=numerics_from,
                          golden=o.get("golden", DEFAULT_GOLDEN),
                          on_timeout=_value(o.get("on_timeout", DEFAULT_ON_TIMEOUT)))
 
@@ -115,8 +122,13 @@ def control_group(o: Mapping[str, Any], warn: Callable[[str], None]) -> ControlC
     (:func:`pleharness.config.check_control_profile`, ``warn`` about the keys it ignores)."""
     profile = (check_control_profile(o["control_profile"], warn)
                if o.get("control_profile") else None)
+    python = o.get("control_engine_python")
+    if python is not None:
+        problem = engine_python_check(python)
+        if problem:
+            raise UsageError(f"--control-engine-python {python}: {problem}")
     return ControlConfig(engine_args=list(o["control_engine_arg"] or []),
-                         drop_args=list(o["control_drop_arg"] or []),
+                         drop_args=list(o["control_drop_arg"] or []), python=python,
                          profile=str(profile) if profile else None)
 
 

@@ -271,6 +271,13 @@ class VerdictOptions:
     strict: Annotated[bool, typer.Option(rich_help_panel=P_REF,
         help="Any divergence fails, near ties too (for batch-invariant engines).")] = \
         DEFAULT_STRICT
+    numerics_from: Annotated[Optional[str], typer.Option(rich_help_panel=P_REF,
+        help="Without a control run: take the engine's numerics envelope (how far its own "
+             "numerics move logprobs and flip tokens; it sets the logprob tolerance and the "
+             "near-tie threshold) from a clean run of this engine and configuration (its "
+             "folder or manifest), or 'self' for a run that is itself the clean measurement. "
+             "Default: measured on the control run; without one the dtype bound applies "
+             "(docs/references.md).")] = None
 
 
 @option_group

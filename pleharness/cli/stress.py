@@ -58,6 +58,12 @@ class ControlOptions:
              "--control-drop-arg=--speculative-config (repeatable; _ and - are the same, as in "
              "vLLM). A flag not among them, or a control identical to the engine under test, is "
              "a usage error.")] = None
+    control_engine_python: Annotated[Optional[str], typer.Option(rich_help_panel=P_CTRL,
+        help="Control run on another build: the control engine is launched with this Python "
+             "(e.g. the BASE build's virtual environment beside HEAD's --engine-python), the "
+             "same model and arguments unless --control-engine-arg / --control-drop-arg change "
+             "them; every solo greedy answer of the two builds is compared (pre-merge: 'HEAD "
+             "answers differently from BASE here').")] = None
     control_profile: Annotated[Optional[Path], typer.Option(rich_help_panel=P_CTRL,
         help="Control run: the control engine's own profile, a path or a shipped name; only its "
              "engine_args and env apply (model, python, tp, host: the engine under test's, with a "

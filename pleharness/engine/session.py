@@ -26,7 +26,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -207,21 +207,24 @@ class Variant:
 
     The launch arguments are ``base`` (default: the target's own) without the flags of ``drop``,
     then ``add`` (:func:`control_args`); the environment is the target's with ``env`` over it.
-    Everything else (model, python, tp, host, served name) is the target's; the port is a free
-    one.
+    ``python``: another build's Python (``--control-engine-python``: the BASE build beside HEAD),
+    None: the target's. Everything else (model, tp, host, served name) is the target's; the port
+    is a free one.
     """
 
     drop: tuple[str, ...] = ()
     add: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
     base: tuple[str, ...] | None = None
+    python: str | None = None
 
     @classmethod
     def of(cls, drop: Sequence[str] = (), add: Sequence[str] = (),
-           env: dict[str, str] | None = None, base: Sequence[str] | None = None) -> "Variant":
+           env: dict[str, str] | None = None, base: Sequence[str] | None = None,
+           python: str | None = None) -> "Variant":
         """A variant from lists and a dict (the options' shapes)."""
         return cls(tuple(drop), tuple(add), tuple((env or {}).items()),
-                   None if base is None else tuple(base))
+                   None if base is None else tuple(base), python)
 
     def apply(self, engine_args: Sequence[str], engine_env: dict[str, str]
               ) -> tuple[list[str], dict[str, str]]:
@@ -231,7 +234,8 @@ class Variant:
 
     def spec(self, target: "Target") -> LaunchSpec:
         """The variant's launch of ``target``'s model (on a free port)."""
-        return target.launch_spec(*self.apply(target.engine_args, target.engine_env))
+        spec = target.launch_spec(*self.apply(target.engine_args, target.engine_env))
+        return replace(spec, python=self.python) if self.python else spec
 
 
 # -- the session ---------------------------------------------------------------------------------

@@ -28,10 +28,11 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from ..files import write_private
 from .records import (CheckResult, ControlEvidence, Divergence, PhaseRecord, ReferenceRecord,
-                      RequestRecord, SetFieldsOnly, SideEvidence)
+                      RequestRecord, ScoreDiffs, SetFieldsOnly, SideEvidence)
 
 __all__ = ["CheckResult", "ControlEvidence", "Divergence", "EngineRecord", "Manifest",
-           "PhaseRecord", "ReferenceRecord", "RequestRecord", "RunOptionsRecord", "SideEvidence",
+           "PhaseRecord", "ReferenceRecord", "RequestRecord", "RunOptionsRecord", "ScoreDiffs",
+           "SideEvidence",
            "Summary", "lines_beyond", "load_manifest", "now_iso", "requests_file_name",
            "write_atomic", "write_manifest"]
 SCHEMA_VERSION = 2  # 2: request records in a JSON Lines file (requests_file); 1: inline
@@ -117,6 +118,12 @@ class RunOptionsRecord(_Section):
     chat_template: bool | None = None  # /tokenize with messages answered (None: not asked)
     api_note: str | None = None  # why --api fell back to completions
     role: str | None = None  # "control run" in a control run's manifest (pleharness.passes)
+    # issue 47: the run's numerics envelope and the tolerances derived from it, with where each
+    # came from (pleharness.envelope)
+    numerics_envelope: dict[str, Any] | None = None
+    # whether the run had an independent reference (a control run, a reference engine, a golden
+    # or stored reference), and what it was; a run without one says so in its headline
+    independent_reference: str | None = None
 
 
 class Summary(_Section):
@@ -137,6 +144,9 @@ class Summary(_Section):
     also_in_control: int | None = None
     only_under_test: int | None = None
     no_twin: int | None = None
+    # solo greedy requests both the run under test and its control ran (issue 47,
+    # pleharness.differential): compared, differing, differing hard
+    differential: dict[str, Any] | None = None
     # requests per endpoint per scenario (--api; pleharness.run.api.count)
     api_paths: dict[str, Any] | None = None
     corrupt_side: dict[str, Any] | None = None

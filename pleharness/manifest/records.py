@@ -124,6 +124,38 @@ class Divergence(_SetFieldsOnly):
     golden_informative: bool | None = None  # the run's measured verdict on the golden model
 
 
+class ScoreDiffs(_SetFieldsOnly):
+    """How far this run's logprobs of the same tokens are from its solo reference's, at matched
+    positions (nats; :mod:`pleharness.checks.logprob_parity` for the emitted tokens,
+    :mod:`pleharness.checks.prompt_logprobs` for the prompt's). Kept so that the check can be
+    judged again once the run's numerics envelope is measured (:mod:`pleharness.envelope`).
+
+    ``compared``: positions compared (the same token on both sides, and the token among both
+    sides' top candidates: a far-tail position carries no probability and is no evidence);
+    ``tail``: positions left out as far tail; ``max_nats``: the largest |difference|;
+    ``bound_nats``: the dtype bound below which differences are not listed; ``over``:
+    (position, this run's logprob, the reference's) of every compared position whose
+    |difference| is above ``bound_nats``, in order, at most :data:`OVER_CAP`; ``missing``:
+    positions where the reference has a score and this run none (prompt logprobs only),
+    ``first_missing`` the first of them."""
+
+    compared: int = 0
+    tail: int = 0
+    max_nats: float = 0.0
+    bound_nats: float = 0.0
+    over: list[tuple[int, float, float]] = Field(default_factory=list)
+    missing: int = 0
+    first_missing: int | None = None
+
+    def over_tolerance(self, tolerance: float) -> list[tuple[int, float, float]]:
+        """The listed positions whose |difference| is above ``tolerance`` (nats, at least
+        ``bound_nats``: below it nothing is listed)."""
+        return [x for x in self.over if not abs(x[1] - x[2]) <= tolerance]
+
+
+OVER_CAP = 64  # positions listed in ScoreDiffs.over
+
+
 class RequestRecord(BaseModel):
     """One request: what was sent, what came back, and how it compares with its reference.
 
@@ -166,6 +198,13 @@ class RequestRecord(BaseModel):
     top_k: int | None = None  # top-k sampling sent with a sampled request (None: not sent)
     n: int | None = None  # choices of the request this record is one of (None: n = 1)
     choice: int | None = None  # this record's choice index in that request (None: n = 1)
+    # logprobs against the solo reference's at matched positions (issue 47: judged again with
+    # the run's measured numerics envelope)
+    logprob_diffs: ScoreDiffs | None = None  # the emitted tokens' (logprob_parity)
+    prompt_logprob_diffs: ScoreDiffs | None = None  # the prompt tokens' (prompt_logprobs_parity)
+    # a solo greedy run whose answer differs from the control engine's answer to the same
+    # request (issue 47: :mod:`pleharness.differential`); check ``control_answer``
+    differential: Divergence | None = None
 
     @property
     def failed_checks(self) -> list[CheckResult]:

@@ -44,7 +44,7 @@ def render(m: Manifest, console: Console, max_failures: int = 20,
                   escape(ph.status + (f" ({ph.reason})" if ph.reason else "")), style=st)
     if m.phases:
         console.print(t)
-    bad = [r for r in m.requests if r.is_problem or r.divergence]  # with the warnings
+    bad = [r for r in m.requests if r.is_problem or r.divergence or r.differential]  # warnings
     if bad:
         ft = Table(title="failing requests and divergences")
         for col in ("request", "phase", "C", "prompt", "len", "first divergent pos", "class",
@@ -59,12 +59,13 @@ def render(m: Manifest, console: Console, max_failures: int = 20,
                              f"{(r.reference_hash or '')[:12]}")
             probs += [f"{c.name}: {c.detail}"[:160] for c in r.checks
                       if c.status == "fail" or (c.name == "parity" and c.status == "warn")]
-            cls = "-"
-            if r.divergence:
-                cls = r.divergence.cls + ("" if r.divergence.fails else " (warn)")
+            cls, pos = "-", r.first_divergence
+            d = r.divergence or r.differential
+            if d:
+                cls = d.cls + ("" if d.fails else " (warn)")
+                pos = d.position if pos is None else pos
             ft.add_row(escape(r.id), escape(r.phase), str(r.concurrency), escape(r.prompt_key),
-                       str(r.prompt_len),
-                       "-" if r.first_divergence is None else str(r.first_divergence), cls,
+                       str(r.prompt_len), "-" if pos is None else str(pos), cls,
                        escape("; ".join(probs)), style="yellow" if cls.endswith("(warn)") else "")
         console.print(ft)
         if len(bad) > max_failures:

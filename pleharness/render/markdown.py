@@ -9,6 +9,7 @@ from typing import Any
 from ..manifest import Manifest
 from ..summary import throughput_by_concurrency
 from ..causes import causes, headline
+from ..envelope import describe as describe_envelope
 from ..scenarios import REGISTRY
 from .text import engaged_lines, next_steps
 
@@ -86,6 +87,11 @@ def _engine_md(m: Manifest) -> list[str]:
     if gt:
         lines.append(f"- golden tolerance (half precision): {gt.get('tolerance_nats')} nats "
                      f"({gt.get('source')})")
+    lines += [f"- {x}" for x in describe_envelope(o.numerics_envelope)]
+    if o.numerics_envelope is not None:
+        lines.append("- independent reference: " + (
+            o.independent_reference or "none (every reference is this engine configuration's "
+            "own: a defect that corrupts every run alike passes)"))
     facts = ", ".join(f"{k}={v['value']}" for k, v in m.facts.items() if v.get("value") is not None)
     if facts:
         lines.append(f"- facts: {facts}")
@@ -132,7 +138,7 @@ def _kinds_md(m: Manifest) -> list[str]:
 
 def _divergences_md(m: Manifest) -> list[str]:
     """The divergence table (one row per request with a first divergent token)."""
-    div = [r for r in m.requests if r.divergence]
+    div = [r for r in m.requests if r.divergence or r.differential]
     if not div:
         return []
     lines = ["", "### Divergences", "", "| request | phase | prompt | position | class | "
@@ -140,13 +146,14 @@ def _divergences_md(m: Manifest) -> list[str]:
              "checks failed | control run | corrupt side |",
              "|---|---|---|---:|---|---|---:|---:|---|---|---|---|"]
     for r in div:
-        d = r.divergence
+        d = r.divergence or r.differential
         mg = "-" if d.margin_nats is None else f"{d.margin_nats:.4f}"
         gg = "-" if d.golden_gap_nats is None else f"{d.golden_gap_nats:.4f}"
         lines.append(f"| {r.id} | {r.phase} | {r.prompt_key} | {d.position} | {d.cls}"
                      f"{'' if d.fails else ' (warning)'} | {d.classified_by or '-'} | "
                      f"{mg} | {gg} | {d.reconverged} | "
-                     f"{', '.join(d.checks_failed) or '-'} | {d.attribution or '-'} | "
+                     f"{', '.join(d.checks_failed) or '-'} | "
+                     f"{'answers differently' if d is r.differential else d.attribution or '-'} | "
                      f"{_side(d)} |")
     return lines
 

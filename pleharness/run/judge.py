@@ -22,7 +22,8 @@ from typing import Any
 from ..checks import REGISTRY
 from ..divergence import (Rule, analyse, compare_outputs, first_divergence,  # noqa: F401
                           golden_side, is_half_precision, noise_floor, settle, solo_gaps)
-from ..checks.logprob_parity import logprob_parity
+from ..checks.logprob_parity import judge as judge_logprobs
+from ..checks.logprob_parity import measure as measure_logprobs
 from ..checks.logprob_sanity import shapes_logits
 from ..engine.completion import Completion
 from ..golden import GoldenError
@@ -87,9 +88,11 @@ class Judge:
                     rec.first_divergence = first_divergence(ref.output_ids, c.token_ids)
                     rec.output_ids = list(c.token_ids)
                 if ph.role != "reference" and rec.id != ref.request_id:
-                    lp = logprob_parity(spec, c, ref, self.rule.near_tie_nats)
-                    if lp is not None:
-                        rec.checks.append(lp)
+                    diffs = measure_logprobs(spec, c, ref, self.rule.near_tie_nats)
+                    if diffs is not None:  # judged again at the run's measured envelope
+                        rec.logprob_diffs = diffs
+                        rec.checks.append(judge_logprobs(diffs, self.rule.near_tie_nats,
+                                                         self._bound_source(), c.token_ids))
             else:
                 rec.reference_hash = ref.output_hash
                 rec.match = False
@@ -101,11 +104,19 @@ class Judge:
             else:
                 rec.checks.append(check(check_ctx, spec, c, params))
         self._epochs[rec.id] = self.cache_epoch
+        if ph.role == "reference" and c.error is None and rec.output_ids is None:
+            # a solo run's tokens, also when a later (warm) run replaces it as the reference:
+            # the control's answers are compared with every solo run (pleharness.differential)
+            rec.output_ids = list(c.token_ids)
         if rec.match is False and c.error is None and rec.first_divergence is not None:
             self._judge(ph, rec, spec, c, self.references[spec.ref_key])
         if (ph.role == "reference" and c.error is None and self.golden is not None
                 and is_half_precision(self.rule.serving_dtype) and floor_run(spec)):
             self._solo_runs.append((rec, list(spec.prompt.ids), list(c.token_ids)))
+
+    def _bound_source(self) -> str:
+        """Where the near-tie threshold this judge applies came from (run_options)."""
+        return self.manifest.run_options.near_tie_source or "the serving dtype's bound"
 
     @property
     def _half(self) -> bool:

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 from pydantic import Field
 
 from ..checks import DEFAULT_CHECKS
-from ..checks.prompt_logprobs import NAME, PARITY, parity, token_scores
+from ..checks.prompt_logprobs import NAME, PARITY, measure_parity, parity
 from ..prompts import seeded_prompts
 from ..request import Outcome, RequestSpec
 from .base import Params, Scenario, ScenarioError, TableRow, register
@@ -145,12 +145,11 @@ class PromptLogprobs(Scenario):
                 return
             ids = [int(t) for t in o.spec.prompt.ids]
             ref = solo.get(o.spec.ref_key)
-            o.record.checks.append(parity(o.completion, ref, ids, threshold, why))
-            if ref is not None and o.completion.prompt_logprobs is not None:
-                pairs = [(a, b) for a, b in zip(token_scores(o.completion, ids),
-                                                token_scores(ref, ids))
-                         if a is not None and b is not None]
-                diffs[id(o)] = max((abs(a - b) for a, b in pairs), default=None)
+            o.record.checks.append(parity(o.completion, ref, ids, threshold, why, p.k))
+            measured = measure_parity(o.completion, ref, ids, threshold, p.k)
+            if measured is not None:  # judged again at the run's measured envelope
+                o.record.prompt_logprob_diffs = measured
+                diffs[id(o)] = measured.max_nats if measured.compared else None
 
         mixed = _interleave(scored, plain)
         outs = ctx.run_phase(f"prompt-logprobs-c{p.concurrency}", p.concurrency, mixed,

@@ -1,0 +1,190 @@
+"""Differential evidence (issue 47 item 1): the configuration under test and its control answer
+the same solo greedy request; do they give the same tokens?
+
+Every other comparison of a run is a self-comparison: each output against the same engine's solo
+reference, the cold run against the warm one, repeats against each other. A defect that corrupts
+every run of a prompt alike (the same wrong output cold, warm and repeated) passes all of them.
+On a GPU (H100, vLLM 0.26, bf16 mixture-of-experts, a real CUDA-graph defect) a 3-token prompt
+gave one output on all three of its runs under test and another on all three control runs, which
+is also what the fixed engine gives; of the 14 solo greedy requests both engines ran, it was the
+only one that differed, and on the fixed engine 0 of 74 differed from its control
+(shared/DESIGN.md, "The control's answers are evidence").
+
+**Which requests** (:func:`solo_answers`): every run that ran alone (a C1 phase, reference
+phases included), greedy, one choice, no sampling truncation, sent to /v1/completions, that
+answered; grouped by (prompt, max_tokens, request parameters). A key both runs have is compared.
+
+**The rule** (:func:`compare_answers`), for each answer under test that no control run gave:
+
+1. its first divergent position from the control's answer (the control run's reference for that
+   request, else the answer most control runs gave) is located, and classified by the one rule
+   (:func:`pleharness.divergence.analyse` then :func:`~pleharness.divergence.settle`): the
+   control answer's top-1/top-2 margin there against the run's near-tie threshold, which the
+   measured numerics envelope has set (:mod:`pleharness.envelope`), each side's token in the
+   other's top candidates;
+2. where the control's own solo runs of that request disagree at or before that position, the
+   control cannot vouch for one answer there: the difference is the engine's numerics (a
+   warning, ``decided_by`` says so), whatever the margin;
+3. ``--strict`` makes every difference fail.
+
+A hard one fails the run: check ``control_answer`` on the earliest run under test that gave the
+answer ("the configuration under test answers X (runs ...), the control answers Y (control runs
+...)"), the divergence kept on that record (``differential``), in the divergence tables, the
+headline and the causes, and ``explain`` gets a case for it.
+
+**With the attribution** (:mod:`pleharness.attribution`): ``also_in_control`` excuses a load
+divergence because a control twin diverged too; it compares divergences, so it never excuses a
+differential finding, which compares answers. Both are reported; a key can have both (a load
+run that differs from a wrong solo answer and matches the control's).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from .divergence import DEFAULT_NEAR_TIE_NATS, analyse, first_divergence
+from .manifest import CheckResult, Manifest, ReferenceRecord, RequestRecord
+from .request import params_key
+from .run.judge import refinish
+
+NAME = "control_answer"
+
+
+@dataclass
+class Answers:
+    """The solo greedy runs of one request in one manifest: output hash -> run IDs (in run
+    order), the records, and the manifest's reference for the request (None: none kept)."""
+
+    runs: dict[str, list[str]] = field(default_factory=dict)
+    records: dict[str, list[RequestRecord]] = field(default_factory=dict)
+    reference: ReferenceRecord | None = None
+
+    def add(self, r: RequestRecord) -> None:
+        self.runs.setdefault(r.output_hash, []).append(r.id)
+        self.records.setdefault(r.output_hash, []).append(r)
+
+    def main(self) -> str:
+        """The answer this manifest stands for: its reference's, else the most runs'."""
+        if self.reference is not None and self.reference.output_hash in self.runs:
+            return self.reference.output_hash
+        return max(self.runs, key=lambda h: len(self.runs[h]))
+
+
+def _key(r: RequestRecord | ReferenceRecord) -> tuple:
+    return (r.prompt_hash, r.max_tokens, params_key(r.params))
+
+
+def solo_answers(m: Manifest) -> dict[tuple, Answers]:
+    """Every solo greedy request of ``m`` (module docstring) by (prompt hash, max_tokens,
+    params key), with its runs and the reference kept for it."""
+    roles = {p.name: p.role for p in m.phases}
+    out: dict[tuple, Answers] = {}
+    for r in m.requests:
+        if (r.concurrency != 1 or r.error is not None or not r.output_hash or r.temperature
+                or (r.n or 1) > 1 or r.top_p is not None or r.top_k is not None
+                or r.api == "chat"):
+            continue
+        if r.match is None and roles.get(r.phase) != "reference":
+            continue  # not compared: an edge probe, an abandoned stream
+        out.setdefault(_key(r), Answers()).add(r)
+    for ref in m.references:
+        if ref.source == "solo" and not ref.temperature and _key(ref) in out:
+            out[_key(ref)].reference = ref
+    return out
+
+
+def _ids(m: Manifest) -> dict[str, list[int]]:
+    """Output hash -> token IDs, from the references and the records that kept theirs."""
+    ids = {r.output_hash: list(r.output_ids) for r in m.references if r.output_ids}
+    for r in m.requests:
+        if r.output_ids and r.output_hash and r.output_hash not in ids:
+            ids[r.output_hash] = list(r.output_ids)
+    return ids
+
+
+def _at(rows: list[list[int]] | None, pos: int):
+    return rows[pos] if rows is not None and pos < len(rows) else None
+
+
+def _runs(ids: Iterable[str], prefix: str = "") -> str:
+    ids = list(ids)
+    shown = ", ".join(prefix + i for i in ids[:4]) + (f" and {len(ids) - 4} more"
+                                                      if len(ids) > 4 else "")
+    return f"run{'s' if len(ids) > 1 else ''} {shown}"
+
+
+def compare_answers(main: Manifest, control: Manifest) -> dict[str, int]:
+    """Compare the solo greedy answers of ``main`` and its ``control`` run (module docstring);
+    every difference is recorded on the earliest run under test that gave it (``differential``,
+    check ``control_answer``: fail when hard, warn otherwise), the phases touched finished
+    again, and the counts returned and kept in ``summary.differential``: requests
+    ``compared``, ``differ`` (answers under test no control run gave), ``hard``,
+    ``control_repeats_disagree`` (differences the control's own disagreement excused),
+    ``without_tokens`` (a difference whose tokens neither run kept: not classified)."""
+    ro = main.run_options
+    tie = float(ro.near_tie_nats if ro.near_tie_nats is not None else DEFAULT_NEAR_TIE_NATS)
+    mine, theirs = solo_answers(main), solo_answers(control)
+    ids_main, ids_ctl = _ids(main), _ids(control)
+    counts = {"compared": 0, "differ": 0, "hard": 0, "control_repeats_disagree": 0,
+              "without_tokens": 0}
+    changed: set[str] = set()
+    for key, under in mine.items():
+        ctl = theirs.get(key)
+        if ctl is None:
+            continue
+        counts["compared"] += 1
+        ans = ctl.main()
+        for h in under.runs:
+            if h in ctl.runs:
+                continue
+            counts["differ"] += 1
+            rec = under.records[h][0]
+            c_ids, t_ids = ids_ctl.get(ans), ids_main.get(h)
+            if c_ids is None or t_ids is None:
+                counts["without_tokens"] += 1
+                continue
+            d = _classify(c_ids, t_ids, ctl, ans, under, h, ids_ctl, tie, bool(ro.strict))
+            counts["hard"] += d.fails
+            counts["control_repeats_disagree"] += (d.decided_by or "").startswith(
+                "the control's own")
+            rec.differential = d
+            rec.checks = [c for c in rec.checks if c.name != NAME]
+            rec.checks.append(CheckResult(
+                name=NAME, status="fail" if d.fails else "warn",
+                detail=(f"the configuration under test answers {h[:12]} "
+                        f"({_runs(under.runs[h])}), the control answers {ans[:12]} "
+                        f"({_runs(ctl.runs[ans], 'control:')}): {d.cls} at token position "
+                        f"{d.position} (expected {d.reference_token}, got {d.observed_token}; "
+                        f"control margin "
+                        + ("n/a" if d.margin_nats is None else f"{d.margin_nats:.4f} nats")
+                        + f", threshold {d.threshold_nats:g} nats; by {d.decided_by})")))
+            changed.add(rec.phase)
+    main.summary.differential = counts
+    refinish(main, changed)
+    return counts
+
+
+def _classify(c_ids: list[int], t_ids: list[int], ctl: Answers, ans: str, under: Answers,
+              h: str, ids_ctl: dict[str, list[int]], tie: float, strict: bool):
+    """The divergence of answer ``h`` under test from the control's answer ``ans``
+    (rule of the module docstring)."""
+    pos = first_divergence(c_ids, t_ids)
+    cref = ctl.reference if ctl.reference is not None and \
+        ctl.reference.output_hash == ans else None
+    tref = under.reference if under.reference is not None and \
+        under.reference.output_hash == h else None
+    d = analyse(c_ids, t_ids, pos, cref.margins if cref else None, tie,
+                reference_top=_at(cref.top_ids, pos) if cref else None,
+                observed_top=_at(tref.top_ids, pos) if tref else None)
+    own = [first_divergence(c_ids, ids_ctl[o]) for o in ctl.runs
+           if o != ans and o in ids_ctl]
+    own = [q for q in own if q is not None]
+    if own and min(own) <= pos:
+        d.cls, d.fails = "near_tie", False
+        d.decided_by = (f"the control's own solo runs disagree at position {min(own)} "
+                        f"({len(ctl.runs)} answers): the engine's numerics")
+    else:
+        d.decided_by = f"differential: {d.decided_by}"
+    if strict and not d.fails:
+        d.fails, d.decided_by = True, d.decided_by + "; strict"
+    return d

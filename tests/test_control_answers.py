@@ -1,0 +1,85 @@
+"""Issue 47 item 1 and 2 on the real CPU engine: a defect that corrupts every run of one prompt
+length alike passes every self-comparison; the control's answer to the same solo request shows
+it. The control is another configuration (a dropped flag) or another build
+(--control-engine-python). The engine double (tests/fault_engine.py) forwards to the shared CPU
+engine and plants the fault only where its launch matches."""
+import os
+import stat
+import sys
+
+import pytest
+
+from conftest import ROOT, load_json, run_cli
+
+FAKE_PY = str(ROOT / "tests" / "fakepy" / "python")
+
+
+def build(tmp_path, name: str, when: str) -> str:
+    """A "build" of the engine: the double with its fault keyed to ``when``
+    (PLE_FAULT_WHEN), as another virtual environment's python would be another vLLM."""
+    p = tmp_path / name
+    p.write_text(f"#!/bin/sh\nPLE_FAULT_WHEN='{when}' exec {FAKE_PY} \"$@\"\n")
+    p.chmod(p.stat().st_mode | stat.S_IEXEC)
+    return str(p)
+
+
+def boundary_run(engine, tmp_path, run_id, *extra, python=FAKE_PY, when="--speculative-config"):
+    env = {"PLE_FAULT_UPSTREAM": engine.url, "PLE_FAULT_WHEN": when, "PLE_FAULT_MODE": "every",
+           "PLE_FAULT_LEN": "1+k", "PLE_REAL_PYTHON": sys.executable}
+    r = run_cli("stress", "--engine-python", python, "--engine-profile",
+                "profiles/cpu-ngram.toml", "--scenario", "boundary", "--no-golden",
+                "--results-dir", str(tmp_path), "--run-id", run_id, *extra, env=env,
+                timeout=900)
+    return r, r.stdout + r.stderr, load_json(tmp_path / run_id / "manifest.json")
+
+
+@pytest.mark.engine
+def test_a_constant_defect_fails_by_the_control_configurations_answer(cpu_engine, tmp_path):
+    """The q-length prompt (q = 1 + k = 4) answers one wrong output on every run under
+    speculative decoding: every hash matches its single-request reference, so only the
+    control (without --speculative-config) answering differently fails the run, naming both
+    sides' runs; with the fault off the same run is green."""
+    r, out, m = boundary_run(cpu_engine, tmp_path, "constant",
+                             "--control-drop-arg=--speculative-config")
+    assert r.returncode == 1, out[-3000:]
+    s = m["summary"]
+    assert s["hashes_matched"] == s["hashes_compared"]  # every self-comparison held
+    assert s["differential"]["hard"] >= 1 and s["differential"]["compared"] >= 5
+    bad = [q for q in m["requests"] if any(c["name"] == "control_answer" and
+                                           c["status"] == "fail" for c in q["checks"])]
+    assert bad and all(q["prompt_len"] == 4 for q in bad)
+    d = bad[0]["differential"]
+    assert d["position"] == 5 and d["class"] == "hard" and d["fails"]
+    assert d["observed_token"] == d["reference_token"] + 1
+    detail = next(c["detail"] for c in bad[0]["checks"] if c["name"] == "control_answer")
+    assert "the configuration under test answers" in detail and "control:" in detail
+    assert "control answers:" in s["headline"]
+    assert "control answer:" in out and "answers differently" in \
+        (tmp_path / "constant" / "summary.md").read_text()
+    env = m["run_options"]["numerics_envelope"]
+    assert env["measured"]["logprob_source"].startswith("the control run")
+    assert m["run_options"]["independent_reference"] == "control run"
+
+
+@pytest.mark.engine
+def test_control_engine_python_compares_two_builds(cpu_engine, tmp_path):
+    """Pre-merge (item 2): HEAD (the planted build) against BASE (the fault-free build) with the
+    same engine arguments: red, naming the control run on the other build; HEAD fixed: green.
+    A run with no control says it has no independent reference."""
+    base = build(tmp_path, "base-python", "never")
+    r, out, m = boundary_run(cpu_engine, tmp_path, "head", "--control-engine-python", base)
+    assert r.returncode == 1, out[-3000:]
+    assert m["summary"]["differential"]["hard"] >= 1
+    assert m["engine"]["control_engine"]["launch"]["python"] == base
+    assert m["run_options"]["independent_reference"] == f"control run on another build ({base})"
+    fixed = build(tmp_path, "fixed-python", "never")
+    r, out, m = boundary_run(cpu_engine, tmp_path, "fixed", "--control-engine-python", base,
+                             python=fixed)
+    assert r.returncode == 0, out[-3000:]
+    assert m["summary"]["differential"]["differ"] == 0
+    assert "answered alike" in m["summary"]["headline"]
+    r, out, m = boundary_run(cpu_engine, tmp_path, "alone", python=fixed)
+    assert r.returncode == 0, out[-3000:]
+    assert m["run_options"].get("independent_reference") is None
+    assert "no independent reference: a defect that corrupts every run alike passes" in \
+        m["summary"]["headline"]

@@ -1,0 +1,109 @@
+"""Differential evidence (pleharness.differential, issue 47 item 1): the control's answers to the
+same solo greedy requests compared with the run's; unit tests, no engine."""
+from pleharness.differential import compare_answers, solo_answers
+from pleharness.manifest import (Manifest, PhaseRecord, ReferenceRecord, RequestRecord,
+                                 RunOptionsRecord)
+from pleharness.parity import token_hash
+from pleharness.run.judge import finish_phase
+
+GOOD = [10, 11, 12, 13, 14, 15]
+BAD = [10, 11, 99, 13, 14, 15]
+
+
+def run(rid, phase, conc, ids, prompt="p3", match=True, **kw):
+    return RequestRecord(id=rid, scenario="boundary", phase=phase, concurrency=conc,
+                         prompt_key=prompt, prompt_len=3, prompt_hash=prompt, max_tokens=6,
+                         output_hash=token_hash(ids), output_ids=list(ids), match=match, **kw)
+
+
+def ref(ids, rid, prompt="p3", margins=(3.0, 2.0, 4.75, 1.0, 1.0, 1.0)):
+    return ReferenceRecord(prompt_key=prompt, prompt_hash=prompt, prompt_len=3, max_tokens=6,
+                           output_hash=token_hash(ids), output_ids=list(ids),
+                           margins=list(margins), top_ids=[[t, t + 1] for t in ids],
+                           request_id=rid, cache_state="warm")
+
+
+def manifest(rid, requests, references, strict=False):
+    phases = [PhaseRecord(index=i, name=n, scenario="boundary", concurrency=1,
+                          role="reference" if n == "references" else "load")
+              for i, n in enumerate(sorted({r.phase for r in requests}))]
+    m = Manifest(run_id=rid, phases=phases,
+                 run_options=RunOptionsRecord(near_tie_nats=0.5, strict=strict))
+    m.requests, m.references = list(requests), list(references)
+    return m
+
+
+def constant_defect(under=BAD):
+    """Every solo run of the 3-token prompt gives one output under test, another in the
+    control (GPU, issue 47 item 1: parity held, the run passed)."""
+    main = manifest("m", [run("r1", "references", 1, under, match=None),
+                          run("r2", "references", 1, under),
+                          run("r3", "boundary-repeat", 1, under),
+                          run("r4", "boundary-repeat", 1, GOOD, prompt="p4")],
+                    [ref(under, "r2"), ref(GOOD, "r4", prompt="p4")])
+    ctl = manifest("c", [run("c1", "references", 1, GOOD, match=None),
+                         run("c2", "references", 1, GOOD),
+                         run("c3", "boundary-repeat", 1, GOOD),
+                         run("c4", "boundary-repeat", 1, GOOD, prompt="p4")],
+                   [ref(GOOD, "c2"), ref(GOOD, "c4", prompt="p4")])
+    return main, ctl
+
+
+def test_a_defect_that_corrupts_every_run_alike_fails_by_the_controls_answer():
+    main, ctl = constant_defect()
+    for ph in main.phases:
+        finish_phase(ph, [r for r in main.requests if r.phase == ph.name])
+    assert all(ph.status == "pass" for ph in main.phases)  # every self-comparison holds
+    counts = compare_answers(main, ctl)
+    assert counts == {"compared": 2, "differ": 1, "hard": 1, "control_repeats_disagree": 0,
+                      "without_tokens": 0}
+    r1 = main.requests[0]
+    d = r1.differential
+    assert d.position == 2 and d.cls == "hard" and d.fails and d.margin_nats == 4.75
+    assert d.reference_token == 12 and d.observed_token == 99
+    check = next(c for c in r1.checks if c.name == "control_answer")
+    assert check.status == "fail" and "runs r1, r2, r3" in check.detail
+    assert "control:c1, control:c2, control:c3" in check.detail
+    assert r1.is_problem and main.summary.differential["hard"] == 1
+    assert any(ph.status == "fail" for ph in main.phases)
+
+
+def test_the_fixed_engine_answers_like_its_control():
+    main, ctl = constant_defect(under=GOOD)
+    assert compare_answers(main, ctl)["differ"] == 0
+    assert not any(r.is_problem for r in main.requests)
+
+
+def test_a_difference_at_a_near_tie_is_a_warning():
+    main, ctl = constant_defect()
+    ctl.references[0].margins = [3.0, 2.0, 0.2, 1.0, 1.0, 1.0]
+    # each side's token among the other's top candidates, as a numerical flip has it
+    ctl.references[0].top_ids[2], main.references[0].top_ids[2] = [12, 99], [99, 12]
+    counts = compare_answers(main, ctl)
+    assert counts["differ"] == 1 and counts["hard"] == 0
+    assert main.requests[0].differential.cls == "near_tie"
+    assert not main.requests[0].is_problem
+    main.run_options.strict = True
+    assert compare_answers(main, ctl)["hard"] == 1
+
+
+def test_a_control_that_disagrees_with_itself_there_cannot_vouch():
+    main, ctl = constant_defect()
+    ctl.requests[2] = run("c3", "boundary-repeat", 1, [10, 11, 55, 1, 1, 1])
+    counts = compare_answers(main, ctl)
+    assert counts["hard"] == 0 and counts["control_repeats_disagree"] == 1
+    assert "control's own solo runs disagree at position 2" in \
+        main.requests[0].differential.decided_by
+    # disagreeing only later than the difference: the control still vouches up to it
+    main, ctl = constant_defect()
+    ctl.requests[2] = run("c3", "boundary-repeat", 1, [10, 11, 12, 13, 77, 1])
+    assert compare_answers(main, ctl)["hard"] == 1
+
+
+def test_only_solo_greedy_compared_runs_are_answers():
+    m = manifest("m", [run("a", "C4", 4, BAD), run("b", "boundary-repeat", 1, BAD,
+                                                    temperature=1.0),
+                       run("c", "edges", 1, BAD, match=None),
+                       run("d", "boundary-repeat", 1, BAD, api="chat"),
+                       run("e", "boundary-repeat", 1, BAD, n=2, choice=0)], [])
+    assert solo_answers(m) == {}
