@@ -7,12 +7,24 @@ chosen suite runs against it through an in-process fault-injection proxy
 (:data:`pleharness.faults.builtin.BUILTIN`). Each pass is a complete ``stress`` run of its own
 (its own references, manifest and verdict) in ``<results-dir>/<selftest-id>/<NN>-<class>/``.
 
-Per class: ``detected`` (the fault fired on at least one request and the pass failed; the rules
-that failed are listed), ``missed`` (the fault fired and the pass still passed), or ``missed
-(never triggered)`` (the suite never sent what the fault needs, e.g. no two requests in flight
-for ``flip_under_load`` with ``--scenario boundary``): never hidden. The clean pass's failures are
-false alarms. Exit 0 when every class is detected and the clean pass has no false alarm, 1
-otherwise, 2 usage error, 3 the engine failed to start or died, 130 / 143 interrupted. The engine
+Per class: ``detected`` (the fault fired on at least one request, and a rule the clean pass did
+not raise failed on a request of a prompt the fault changed, or on a phase holding one: issue 47
+item 4, a pass that fails for the engine's own numerics detects nothing), ``missed`` (the fault
+fired and nothing of its own failed), or ``missed (never triggered)`` (the suite never sent what
+the fault needs, e.g. no two requests in flight for ``flip_under_load`` with ``--scenario
+boundary``): never hidden. ``caught_by`` lists the rules that caught it; ``also_failed`` the
+rules that failed elsewhere or that the clean pass raised too. The clean pass's failures are
+false alarms; a clean pass that fails makes the headline "clean pass failed (rules ...):
+detection power unknown for them". Exit 0 when every class is detected and the clean pass has
+no false alarm, 1 otherwise, 2 usage error, 3 the engine failed to start or died, 130 / 143
+interrupted.
+
+The engine's own numerics (issue 47 item 3): the clean pass measures them on itself
+(``--numerics-from self``: it is the measurement, nothing is planted in it), every fault pass is
+judged at that envelope (``--numerics-from`` the clean pass: a planted fault cannot widen its own
+tolerance), and each class sizes what it plants to it (:meth:`SelftestFault.calibrate`: a flip
+at a margin twice the measured near-tie threshold, logprobs lowered by twice the logprob
+tolerance), so the headline says what this suite detects on this engine. The engine
 runs in one :class:`~pleharness.engine.session.EngineSession` (stopped on every exit path, its
 GPU memory checked after a launch on GPUs: ``selftest.json``'s ``gpu_memory``).
 
@@ -36,7 +48,7 @@ from __future__ import annotations
 import io
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -75,6 +87,7 @@ class PassResult:
     fired: int = 0
     caught_by: list[str] = field(default_factory=list)
     causes: list[str] = field(default_factory=list)
+    also_failed: list[str] = field(default_factory=list)  # elsewhere, or raised clean too
     outcome: str = ""
     summary: str = ""
     wall_s: float = 0.0
@@ -100,22 +113,50 @@ def caught_by(m) -> list[str]:
     return sorted(names)
 
 
-def judge(name: str, fault: SelftestFault | None, code: int, m) -> PassResult:
-    """The outcome of one pass (see the module docstring)."""
+def own_catchers(m, keys: set[tuple]) -> list[str]:
+    """The rules of :func:`caught_by` that failed on a request of a (prompt hash, max_tokens)
+    in ``keys`` (("chat",): any chat request), or in a phase check of a phase holding one."""
+    def mine(r) -> bool:
+        return (r.prompt_hash, r.max_tokens) in keys or (("chat",) in keys and r.api == "chat")
+    names, phases = set(), set()
+    for r in m.requests:
+        if not mine(r):
+            continue
+        phases.add(r.phase)
+        if r.parity_failed:
+            names.add("parity")
+        if r.request_error:
+            names.add("request_error")
+        names.update(c.name for c in r.failed_checks)
+    for p in m.phases:
+        if p.name in phases:
+            names.update(c.name for c in p.checks if c.status == "fail")
+    return sorted(names)
+
+
+def judge(name: str, fault: SelftestFault | None, code: int, m,
+          clean_rules: Sequence[str] = ()) -> PassResult:
+    """The outcome of one pass (see the module docstring); ``clean_rules``: the rules the clean
+    pass raised (they detect nothing)."""
     res = PassResult(name=name, run_dir="", exit_code=code, verdict=m.verdict if m else None,
                      fired=len(set(fault.hits)) if fault is not None else 0,
                      caught_by=caught_by(m) if m else [], causes=causes(m)[:5] if m else [],
                      summary=fault.summary if fault is not None else "no fault")
+    if fault is not None and m is not None:
+        own = [x for x in own_catchers(m, fault.keys) if x not in clean_rules]
+        res.also_failed = [x for x in res.caught_by if x not in own]
+        res.caught_by = own
     if code not in (ExitCode.OK, ExitCode.FAIL):
         res.outcome = f"error (exit {code})"
     elif fault is None:
         res.outcome = "clean" if code == ExitCode.OK else "false alarm"
     elif not res.fired:
         res.outcome = "missed (never triggered)"
-    elif code == ExitCode.FAIL:
+    elif code == ExitCode.FAIL and res.caught_by:
         res.outcome = "detected"
     else:
-        res.outcome = "missed"
+        res.outcome = "missed" + (f" (failed only on what the clean pass raised or elsewhere: "
+                                  f"{', '.join(res.also_failed)})" if res.also_failed else "")
     return res
 
 
@@ -128,11 +169,18 @@ def false_alarms(m) -> int:
 
 
 def headline(results: list[PassResult], alarms: int) -> str:
-    """'this suite on this engine catches 9/9 planted fault classes; 0 false alarms'."""
+    """'this suite on this engine catches 9/9 planted fault classes; 0 false alarms', led by
+    'clean pass failed (rules ...): detection power unknown for them; ' when the clean pass
+    failed."""
     faults = [r for r in results if r.name != "clean"]
     hit = sum(1 for r in faults if r.outcome == "detected")
-    line = (f"this suite on this engine catches {hit}/{len(faults)} planted fault classes; "
-            f"{alarms} false alarm{'s' if alarms != 1 else ''}")
+    clean = next((r for r in results if r.name == "clean"), None)
+    lead = ""
+    if clean is not None and clean.outcome == "false alarm":
+        lead = (f"clean pass failed (rules {', '.join(clean.caught_by) or '-'}): detection "
+                "power unknown for them; ")
+    line = lead + (f"this suite on this engine catches {hit}/{len(faults)} planted fault "
+                   f"classes; {alarms} false alarm{'s' if alarms != 1 else ''}")
     missed = [r.name for r in faults if r.outcome != "detected"]
     if missed:
         line += f" (missed: {', '.join(missed)})"
@@ -233,19 +281,29 @@ def run_selftest(cfg, faults: list[str], console: Console, err: Console,
                 console.print(f"selftest.json: {escape(str(sdir / 'selftest.json'))}")
                 return ExitCode.ENGINE
             facts = dict(cfg.attach.explicit_facts)
+            envelope, clean_dir, clean_rules = None, "self", []
             for i, (name, fault, refs) in enumerate(plan):
+                if fault is not None:
+                    fault.calibrate(envelope)  # sized to the clean pass's measured numerics
+                numerics = cfg.verdict.numerics_from or clean_dir
                 pcfg = replace(
                     cfg, engine=replace(cfg.engine, model=None, args=[], env={}, profile=None),
+                    verdict=replace(cfg.verdict, numerics_from=numerics),
                     attach=replace(cfg.attach, url=None, explicit_facts=facts),
                     suite=replace(cfg.suite, scenarios=list(refs),
                                   overrides=_overrides_for(refs, cfg.suite.overrides)),
                     output=replace(cfg.output, results_dir=sdir, run_id=f"{i:02d}-{name}",
                                    invocation=cfg.output.invocation
                                    + [f"(selftest pass {name})"]))
-                res, pcode, m = _run_pass(pcfg, name, fault, eng.client, runner)
+                res, pcode, m = _run_pass(pcfg, name, fault, eng.client, runner, clean_rules)
                 res.ran, res.family = [_name(r) for r in refs], getattr(fault, "family", "")
                 if fault is None:
                     alarms = false_alarms(m) if pcode in (ExitCode.OK, ExitCode.FAIL) else alarms
+                    clean_rules = list(res.caught_by)
+                    envelope = m.run_options.numerics_envelope if m is not None else None
+                    measured = (envelope or {}).get("measured") or {}
+                    clean_dir = res.run_dir if measured.get("logprob_nats") is not None \
+                        or measured.get("flip_margin_nats") is not None else None
                 results.append(res)
                 save("running", false_alarms=alarms)
                 console.print(f"  {name}: {res.outcome}"
@@ -279,7 +337,8 @@ def run_selftest(cfg, faults: list[str], console: Console, err: Console,
 
 
 def _run_pass(pcfg, name: str, fault: SelftestFault | None, client,
-              runner: Callable[[Any, Console, Console], int]) -> tuple:
+              runner: Callable[[Any, Console, Console], int],
+              clean_rules: Sequence[str] = ()) -> tuple:
     """One pass: the ``stress`` run ``pcfg`` (``runner``: the stress job's ``run_stress``) through a fault
     proxy in front of ``client``'s engine planting ``fault`` (None: the clean pass). Returns
     (its :class:`PassResult`, its exit code, its manifest or None). Raises UsageError naming the
@@ -295,7 +354,7 @@ def _run_pass(pcfg, name: str, fault: SelftestFault | None, client,
     _close_pass_clients(keep=client)
     mpath = Path(pcfg.output.results_dir) / pcfg.output.run_id / "manifest.json"
     m = load_manifest(mpath) if mpath.exists() else None
-    res = judge(name, fault, pcode, m)
+    res = judge(name, fault, pcode, m, clean_rules)
     res.run_dir = str(Path(pcfg.output.results_dir) / pcfg.output.run_id)
     res.wall_s = round(time.monotonic() - t0, 1)
     return res, pcode, m

@@ -19,6 +19,8 @@ Used through ``tests/fakepy/python`` as ``--engine-python``. Environment:
   keyed to the speculative decoding step; off when the launch has no speculative config);
 - ``PLE_REAL_PYTHON``: the real interpreter, for every other use of this "python" (``-c`` probes,
   the golden worker);
+- ``PLE_NOISE``: set (non-empty), a clean mixture-of-experts engine's numerics are planted under
+  the fault in every configuration (``tests/faults_noise.py``);
 - ``PLE_FAULT_FAIL_START``: conditions as ``PLE_FAULT_WHEN`` under which the launch fails at once
   (a ``ValueError`` line, exit 1), as an engine refusing its configuration would (a control
   engine that cannot start).
@@ -157,7 +159,11 @@ def main(argv):
     child = None
     if upstream == "spawn":
         child, upstream = spawn_upstream(real, argv[2], args, host)
-    proxy = FaultProxy(upstream, Busy() if active else Fault(), host, port)
+    fault = Busy() if active else Fault()
+    if os.environ.get("PLE_NOISE"):  # a clean bf16 MoE engine's numerics under it (issue 47)
+        from faults_noise import Chain, Numerics
+        fault = Chain(Numerics(), fault)
+    proxy = FaultProxy(upstream, fault, host, port)
     print(f"fault engine on {host}:{port}, fault {'ON' if active else 'off'} "
           f"(when {when}, prompt length {want_len}), args {args}", flush=True)
     done = threading.Event()

@@ -83,3 +83,39 @@ def test_control_engine_python_compares_two_builds(cpu_engine, tmp_path):
     assert m["run_options"].get("independent_reference") is None
     assert "no independent reference: a defect that corrupts every run alike passes" in \
         m["summary"]["headline"]
+
+
+@pytest.mark.engine
+def test_an_intermittent_q_length_defect_is_caught_by_the_repeats_and_confirmed(cpu_engine,
+                                                                                 tmp_path):
+    """Issue 47 item 5: a defect that fires on one run in three of the q-length prompt (drawn
+    per run, seeded: this seed leaves the cold, warm and first repeat run clean, so the three
+    solo runs of before pass) is caught by the q length's 12 solo runs; its rate and the
+    replay's run count are named; explain's reproducer carries that count and is confirmed
+    3/3 on fresh engines."""
+    env = {"PLE_FAULT_UPSTREAM": cpu_engine.url, "PLE_FAULT_WHEN": "--speculative-config",
+           "PLE_FAULT_MODE": "third", "PLE_FAULT_LEN": "1+k", "PLE_FAULT_SEED": "2",
+           "PLE_REAL_PYTHON": sys.executable}
+    r = run_cli("stress", "--engine-python", FAKE_PY, "--engine-profile",
+                "profiles/cpu-ngram.toml", "--scenario", "boundary", "--no-golden",
+                "--results-dir", str(tmp_path), "--run-id", "third", env=env, timeout=900)
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out[-3000:]
+    m = load_json(tmp_path / "third" / "manifest.json")
+    runs = [q for q in m["requests"] if q["prompt_len"] == 4]
+    assert len(runs) == 12  # cold, warm and ten repeats
+    assert [q["match"] for q in runs[1:3]] == [True, True]  # what three solo runs saw
+    bad = [q for q in runs if q["match"] is False]
+    assert bad and all(q["divergence"]["fails"] for q in bad)
+    note = " ".join(n["note"] for n in m["tables"]["boundary_notes"])
+    assert "solo runs disagree at length 4" in note and "measured rate" in note
+    row = next(x for x in m["tables"]["boundary"] if x["length"] == 4)
+    assert row["repeat"].startswith(f"DIFFERS in {len(bad)} of 10 runs")
+    e = run_cli("explain", str(tmp_path / "third"), "--tries", "1", "--confirm-runs", "3",
+                env=env, timeout=900)
+    eout = e.stdout + e.stderr
+    assert e.returncode == 0, eout[-3000:]  # explained
+    repro = (tmp_path / "third" / "explain" / "repro-1.toml").read_text()
+    assert "# intermittent:" in repro and repro.count("[[params.phases]]") >= 5
+    assert "reproduced 3/3 on fresh engines" in eout
+    assert "needs speculative decoding" in eout

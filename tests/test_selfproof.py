@@ -305,18 +305,54 @@ def test_cut_short_wrong_finish_and_dropped_delta_on_a_stream():
     assert [k is None for k in kept] == [False, False, True, False] and d.hits == [8]
 
 
+def _failed(prompt_hash: str, phase: str = "C3", check: str = "vocab_range"):
+    from pleharness.manifest import CheckResult, RequestRecord
+    return RequestRecord(id=f"r-{prompt_hash}-{check}", scenario="s", phase=phase,
+                         concurrency=3, prompt_key="p", prompt_len=3, prompt_hash=prompt_hash,
+                         max_tokens=8, checks=[CheckResult(name=check, status="fail")])
+
+
 def test_selftest_outcomes_never_hide_a_fault_that_did_not_fire():
     f = FlipUnderLoad()
     m = Manifest(run_id="x", status="complete", verdict="pass")
     assert judge("flip_under_load", f, 0, m).outcome == "missed (never triggered)"
     f.hits.append(3)
+    f.keys.add(("pA", 8))
     assert judge("flip_under_load", f, 0, m).outcome == "missed"
+    m.requests = [_failed("pA")]
     assert judge("flip_under_load", f, 1, m).outcome == "detected"
     assert judge("clean", None, 1, m).outcome == "false alarm"
     rows = [judge("clean", None, 0, m), judge("flip_under_load", f, 1, m),
             judge("oov_id", BUILTIN["oov_id"](), 0, m)]
     assert selftest_headline(rows, 0) == ("this suite on this engine catches 1/2 planted fault "
                                           "classes; 0 false alarms (missed: oov_id)")
+
+
+def test_selftest_detection_is_its_own_requests_through_a_rule_the_clean_pass_did_not_raise():
+    """Issue 47 item 4: a pass that failed elsewhere, or only by a rule the clean pass raised
+    too, detected nothing; a failing clean pass leads the headline."""
+    f = FlipUnderLoad()
+    f.hits.append(3)
+    f.keys.add(("pA", 8))
+    m = Manifest(run_id="x", status="complete", verdict="fail")
+    m.requests = [_failed("pB")]  # another prompt's failure
+    res = judge("flip_under_load", f, 1, m)
+    assert res.outcome.startswith("missed") and res.also_failed == ["vocab_range"]
+    m.requests = [_failed("pA", check="prompt_logprobs_parity")]
+    res = judge("flip_under_load", f, 1, m, clean_rules=["prompt_logprobs_parity"])
+    assert res.outcome.startswith("missed") and res.caught_by == []
+    res = judge("flip_under_load", f, 1, m, clean_rules=["parity"])
+    assert res.outcome == "detected" and res.caught_by == ["prompt_logprobs_parity"]
+    # a phase check of the phase holding a changed request counts
+    from pleharness.manifest import CheckResult, PhaseRecord
+    m.requests = [_failed("pA", check="parity_pass_placeholder")]
+    m.requests[0].checks = []
+    m.phases = [PhaseRecord(index=0, name="C3", scenario="s", concurrency=3,
+                            checks=[CheckResult(name="health_after_phase", status="fail")])]
+    assert judge("flip_under_load", f, 1, m).caught_by == ["health_after_phase"]
+    clean = judge("clean", None, 1, Manifest(run_id="c", requests=[_failed("pZ", check="x")]))
+    line = selftest_headline([clean, judge("flip_under_load", f, 1, m)], 1)
+    assert line.startswith("clean pass failed (rules x): detection power unknown for them; ")
 
 
 def test_selftest_unknown_fault_class_is_a_usage_error(tmp_path):

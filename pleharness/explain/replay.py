@@ -295,12 +295,14 @@ def _replay_batch(session: EngineSession, target: Target, batch: list[tuple[int,
             for c in todo:
                 if sus is None:
                     for name, level in c.levels.items():
-                        res = rp.run(level, report.tries)
+                        # an intermittent failure: as many tries as show it with 95 %
+                        res = rp.run(level, max(report.tries, c.repeat))
                         c.baseline[name] = res
                         if res["fails"]:
                             c.minimal = name
                             break
                 else:
-                    c.results[sus.name] = _replay_suspect(rp, sus, c, m, report.tries)
+                    c.results[sus.name] = _replay_suspect(rp, sus, c, m,
+                                                          max(report.tries, c.repeat))
         finally:
             session.stop(eng)

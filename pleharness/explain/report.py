@@ -27,14 +27,20 @@ def write_repro(case: Case, path: Path, run_id: str) -> None:
     lines = [f"# ple-harness explain {run_id}, case {case.index}: {case.phase} (C{case.concurrency}),"
              f" requests {', '.join(case.requests)}",
              f"# minimal failing level: {name}. Replay: ple-harness stress --scenario {path.name} "
-             "(with the run's engine arguments)",
-             'kind = "replay"', f'description = "explain case {case.index}: {name}"', "",
-             "[[params.phases]]", f'name = "{phase}"',
-             f"concurrency = {conc}"]
-    for ids, mt in reqs:
-        lines += ["", "[[params.phases.requests]]", f"prompt = {json.dumps(ids)}",
-                  f"max_tokens = {mt}"]
-    lines += _failed_lines(case, name, phase, reqs)
+             "(with the run's engine arguments)"]
+    if case.repeat > 1:  # issue 47 item 5: an intermittent failure, repeated to show with 95 %
+        lines.append(f"# intermittent: {100 * case.rate:.0f} % of the run's alike runs failed; "
+                     f"the level runs {case.repeat} times, so that one replay shows it with >= "
+                     "95 %")
+    lines += ['kind = "replay"', f'description = "explain case {case.index}: {name}"']
+    for t in range(1, case.repeat + 1):
+        lines += ["", "[[params.phases]]",
+                  f'name = "{phase}"' if case.repeat == 1 else f'name = "{phase}-run{t}"',
+                  f"concurrency = {conc}"]
+        for ids, mt in reqs:
+            lines += ["", "[[params.phases.requests]]", f"prompt = {json.dumps(ids)}",
+                      f"max_tokens = {mt}"]
+    lines += _failed_lines(case, name, phase if case.repeat == 1 else f"{phase}-run1", reqs)
     write_atomic(path, "\n".join(lines) + "\n")
 
 

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..divergence import intermittent_rate, replay_repeats
 from ..engine.session import Variant
 from ..errors import UsageError
 from ..manifest import Manifest
@@ -75,6 +76,8 @@ class Case:
     baseline: dict[str, Any] = field(default_factory=dict)
     results: dict[str, dict[str, Any]] = field(default_factory=dict)
     prompt_len: int | None = None
+    rate: float = 0.0  # the failure's measured rate over the run's alike runs (0: constant)
+    repeat: int = 1  # runs of the level one replay needs to show it with 95 % at that rate
 
     def attribution(self, suspects: Sequence[Suspect] | None = None) -> str:
         """The diagnosis in one line, as a maintainer would write it in a PR (see
@@ -420,9 +423,22 @@ def failing_cases(m: Manifest, include_warnings: bool = False) -> list[Case]:
         if conc > 1 and len(phase) > 1:
             levels["with its phase companions"] = (conc, [(m.prompts[q.prompt_hash], q.max_tokens)
                                                           for q in phase])
+        rate = intermittent_rate(_alike_outputs(m, r0))
         cases.append(Case(i, ph, conc, r0.phase, [q.id for q in recs], r0.first_divergence,
-                          levels, prompt_len=len(m.prompts[ph])))
+                          levels, prompt_len=len(m.prompts[ph]), rate=rate,
+                          repeat=replay_repeats(rate)))
     return cases
+
+
+def _alike_outputs(m: Manifest, r0) -> list[str]:
+    """The output hashes of every run of ``r0``'s request that ran alike (the same prompt,
+    max_tokens and parameters, greedy, at its concurrency; alone: the solo references too), and
+    its reference's: the failure's measured rate (issue 47 item 5)."""
+    outs = [q.output_hash for q in m.requests
+            if q.prompt_hash == r0.prompt_hash and q.max_tokens == r0.max_tokens
+            and q.params == r0.params and not q.temperature and q.error is None
+            and q.output_hash and q.concurrency == r0.concurrency]
+    return outs + ([r0.reference_hash] if r0.reference_hash and r0.concurrency > 1 else [])
 
 
 def _label(sus: Suspect | None) -> str:

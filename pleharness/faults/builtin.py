@@ -19,13 +19,17 @@ from __future__ import annotations
 
 import threading
 
+from ..parity import token_hash
 from .rules import Counted, Fault, RequestCtx, set_top, top_first, top_of
 
 OOV_ID = 1_000_003  # an ID above any vocabulary this harness serves (vocab_range: id < V)
 
 
 class SelftestFault(Fault):
-    """Base: a named fault that records the arrival numbers of the requests it changed."""
+    """Base: a named fault that records the requests it changed: their arrival numbers
+    (``hits``) and what they asked (``keys``: (prompt hash, max_tokens) of a completions request,
+    ("chat",) for a chat request), so that a detection is counted only on a request the fault
+    changed (:func:`pleharness.selftest.judge`)."""
 
     name: str = ""
     summary: str = ""
@@ -33,14 +37,26 @@ class SelftestFault(Fault):
 
     def __init__(self) -> None:
         self.hits: list[int] = []
+        self.keys: set[tuple] = set()
         self._lock = threading.Lock()
 
     def hit(self, ctx: RequestCtx) -> None:
         """Record ``ctx`` as changed (once per request)."""
         if not ctx.state.get("hit"):
             ctx.state["hit"] = True
+            prompt = ctx.body.get("prompt")
+            key = (("chat",) if ctx.chat or not isinstance(prompt, list) else
+                   (token_hash([int(t) for t in prompt]), ctx.body.get("max_tokens")))
             with self._lock:
                 self.hits.append(ctx.number)
+                self.keys.add(key)
+
+    def calibrate(self, envelope: dict | None) -> None:
+        """Size the planted change to the engine's measured numerics (the clean pass's
+        ``run_options.numerics_envelope``: ``near_tie_nats``, ``logprob_tolerance_nats``), so
+        that what is planted is a defect on this engine, not a change its own numerics make:
+        on a bf16 mixture-of-experts engine a flip at a 1-nat margin is numerics (issue 47).
+        Default: nothing to size."""
 
 
 class _EveryNth(SelftestFault):
@@ -95,11 +111,22 @@ class FlipUnderLoad(SelftestFault):
     name = "flip_under_load"
     summary = "one token flipped, only when 2 or more requests are in flight"
     expect = "parity (vs the single-request reference)"
+    margin = 1.0  # nats: the flipped position's top-1/top-2 margin is at least this
+
+    def calibrate(self, envelope):
+        """A confident position: a margin of at least twice the measured near-tie threshold."""
+        self.margin = _confident_margin(envelope)
 
     def chunk(self, ctx, chunk):
         if ctx.in_flight < 2:
             return chunk
-        return _confident_flip(self, ctx, chunk)
+        return _confident_flip(self, ctx, chunk, margin=self.margin)
+
+
+def _confident_margin(envelope) -> float:
+    """The margin (nats) of a confident flip on an engine with this envelope: 1 nat, or twice
+    the measured near-tie threshold where that is larger."""
+    return max(1.0, 2 * float((envelope or {}).get("near_tie_nats") or 0))
 
 
 class CorruptWarm(Counted, SelftestFault):
@@ -114,10 +141,16 @@ class CorruptWarm(Counted, SelftestFault):
         Counted.__init__(self)
         SelftestFault.__init__(self)
 
+    margin = 1.0
+
+    def calibrate(self, envelope):
+        """As :meth:`FlipUnderLoad.calibrate`."""
+        self.margin = _confident_margin(envelope)
+
     def chunk(self, ctx, chunk):
         if self.occurrence(ctx) < 2:
             return chunk
-        return _confident_flip(self, ctx, chunk)
+        return _confident_flip(self, ctx, chunk, margin=self.margin)
 
 
 class OutOfVocab(_EveryNth):

@@ -92,6 +92,14 @@ class LogprobsOffUnderLoad(FamilyFault):
         super().__init__()
         self.start, self.by = start, by
 
+    def calibrate(self, envelope):
+        """Lower by 1 nat, or by twice the measured logprob tolerance where that is larger (a
+        shift within the engine's own numerics is no defect)."""
+        tol = float((envelope or {}).get("logprob_tolerance_nats") or 0)
+        self.by = max(self.by, round(2 * tol, 4))
+        self.summary = (f"logprobs of greedy answers under load lowered by {self.by:g} nat"
+                        f"{'s' if self.by != 1 else ''} from position 1 on")
+
     def chunk(self, ctx, chunk):
         b = ctx.body
         if b.get("logprobs") is None or float(b.get("temperature") or 0):

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import Field
 
+from ..divergence import REPLAY_CONFIDENCE, intermittent_rate, replay_repeats
 from ..engine import metrics
 from ..evidence import mark_vacuous
 from ..manifest import CheckResult, Manifest
@@ -43,13 +44,23 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..run.scenario_context import ScenarioContext
 
 
+#: solo runs of the L = q length and its -1 / +1 controls (issue 47 item 5): a defect that
+#: fires on one run in three shows as two different outputs among N runs unless all N agree,
+#: which happens with probability (2/3)^N + (1/3)^N: 0.77 % for N = 12 (11 gives 1.16 %), so
+#: 12 runs catch it with >= 99 %. On a GPU such a defect gave up to five distinct outputs in 13
+#: runs of a 3-token prompt on one engine life: three runs decide little.
+Q_SOLO_RUNS = 12
+
+
 class BoundaryParams(ChatParams):
     """Parameters of ``boundary`` (with :class:`ChatParams`): ``cold_warm`` runs every length
-    a second time warm; ``solo_repeat`` (with ``cold_warm``) runs it a third time alone;
-    ``edges`` adds the max_model_len edge requests."""
+    a second time warm; ``solo_repeat`` (with ``cold_warm``) runs it a third time alone, and
+    the L = q length and its controls until ``q_solo_runs`` solo runs in all
+    (:data:`Q_SOLO_RUNS`); ``edges`` adds the max_model_len edge requests."""
 
     cold_warm: bool = True
     solo_repeat: bool = True
+    q_solo_runs: int = Field(Q_SOLO_RUNS, ge=3, le=1000)
     edges: bool = True
 
 
@@ -73,6 +84,7 @@ class BoundaryRow(TableRow):
     # verdicts after the run's judgement (refresh_tables)
     warm_run: str | None = None
     repeat_run: str | None = None
+    repeat_runs: list[str] = Field(default_factory=list)  # every repeat run (q lengths: many)
 
 
 class EdgeRow(TableRow):
@@ -125,7 +137,9 @@ class Boundary(ChatScenario):
         for row in rows:
             if row.warm_run in recs:
                 row.warm = _vs(recs[row.warm_run], ref_name)
-            if row.repeat_run in recs:
+            if len(row.repeat_runs) > 1:
+                row.repeat = _vs_many([recs[i] for i in row.repeat_runs if i in recs])
+            elif row.repeat_run in recs:
                 row.repeat = _vs(recs[row.repeat_run], "reference")
         m.tables["boundary"] = [r.model_dump() for r in rows]
         by_len = {r.length: r for r in rows if r.length is not None}
@@ -135,7 +149,8 @@ class Boundary(ChatScenario):
         notes = [n for n in NoteRow.rows(m, "boundary_notes")
                  if "solo runs disagree" not in n.note]
         notes += [NoteRow(note=f"solo runs disagree at length {r.length} ({r.formula}) while "
-                               f"its -1 / +1 controls agree: warm {r.warm}; repeat {r.repeat}")
+                               f"its -1 / +1 controls agree: warm {r.warm}; repeat {r.repeat}"
+                               + _rate_note(r, recs))
                   for r in split]
         m.tables["boundary_notes"] = [n.model_dump() for n in notes]
 
@@ -182,7 +197,10 @@ class Boundary(ChatScenario):
             warm = []
         repeat = []
         if p.cold_warm and p.solo_repeat:
-            repeat = ctx.run_phase("boundary-repeat", 1, specs, counts_for_throughput=False)
+            # the q lengths run until q_solo_runs solo runs in all (cold, warm and these)
+            again = [s for bl, s in zip(lengths, specs)
+                     for _ in range(p.q_solo_runs - 2 if _q_family(bl) else 1)]
+            repeat = ctx.run_phase("boundary-repeat", 1, again, counts_for_throughput=False)
         self._table(ctx, lengths, specs, hits, dropped, cold, warm, repeat)
         if p.edges:
             self._edges(ctx)
@@ -213,10 +231,13 @@ class Boundary(ChatScenario):
         b = ctx.facts.block_size
         c = ctx.facts.max_num_batched_tokens
         by_key: dict[str, dict] = {}
+        repeats: dict[str, list] = {}
         for phase, outs in (("boundary-cold", cold_outs), ("boundary-warm", warm_outs),
                             ("boundary-repeat", repeat_outs)):
             for o in outs:
-                by_key.setdefault(o.record.prompt_key, {})[phase] = o.record
+                by_key.setdefault(o.record.prompt_key, {}).setdefault(phase, o.record)
+                if phase == "boundary-repeat":
+                    repeats.setdefault(o.record.prompt_key, []).append(o.record)
         rows = []
         for bl, spec in zip(lengths, specs):
             rs = by_key.get(spec.prompt.key, {})
@@ -232,13 +253,16 @@ class Boundary(ChatScenario):
                     return f"error: {r.error}"
                 return "ok" if not any(ch.status == "fail" for ch in r.checks) else "checks failed"
             ref_name = "cold" if ctx.reference_mode == "solo" else "reference"
+            many = repeats.get(spec.prompt.key, [])
             rows.append(BoundaryRow(
                 length=bl.length, formula=bl.why, control=bl.control,
                 mod_C=None if not c else bl.length % c, mod_B=None if not b else bl.length % b,
-                cold=res(cold), warm=_vs(warm, ref_name), repeat=_vs(again, "reference"),
+                cold=res(cold), warm=_vs(warm, ref_name),
+                repeat=_vs_many(many) if len(many) > 1 else _vs(again, "reference"),
                 prefix_cache_hit_tokens=hits.get(spec.prompt.key), checks_failed=failed,
                 facts=_fact_sources(ctx, bl.facts), warm_run=warm.id if warm else None,
-                repeat_run=again.id if again else None))
+                repeat_run=again.id if again else None,
+                repeat_runs=[r.id for r in many] if len(many) > 1 else []))
         # a derived length longer than M - max_tokens, and a family no fact gives, are rows of
         # their own, not only notes
         limit = max_prompt_len(ctx, self.params.max_tokens)
@@ -302,6 +326,45 @@ def _vs(r, ref_name: str) -> str:
         why = f" ({d.cls}{', by ' + d.decided_by if d.decided_by else ''}" + (
             ", warning" if not d.fails else "") + ")"
     return f"DIFFERS from {ref_name} at {r.first_divergence}{why}"
+
+
+def _vs_many(rs) -> str:
+    """Many solo repeats of one length against its reference: '= reference (10 runs)' or
+    'DIFFERS in 3 of 10 runs (first at 5, hard, by solo repeatability)'."""
+    if not rs:
+        return "not run"
+    bad = [r for r in rs if r.error is None and r.match is False]
+    errs = [r for r in rs if r.error]
+    if not bad and not errs:
+        return f"= reference ({len(rs)} runs)"
+    out = []
+    if bad:
+        first = _vs(bad[0], "reference").replace("DIFFERS from reference at ", "first at ")
+        out.append(f"DIFFERS in {len(bad)} of {len(rs)} runs, {first}")
+    if errs:
+        out.append(f"error in {len(errs)} of {len(rs)} runs: {errs[0].error}")
+    return "; ".join(out)
+
+
+def _rate_note(row: BoundaryRow, recs: dict) -> str:
+    """'; measured rate 3/12 (25 %): a replay needs 11 solo runs to show it with 95 %' for a
+    length whose solo runs disagree (:func:`pleharness.divergence.replay_repeats`)."""
+    ids = [i for i in (row.warm_run, *(row.repeat_runs or [row.repeat_run])) if i]
+    rs = [recs[i] for i in ids if i in recs and recs[i].error is None]
+    ref = next((recs[i].reference_hash for i in ids if i in recs), None)
+    outs = [r.output_hash for r in rs] + ([ref] if ref else [])
+    rate = intermittent_rate(outs)
+    if not rate:
+        return ""
+    n = replay_repeats(rate)
+    odd = round(rate * len(outs))
+    return (f"; measured rate {odd}/{len(outs)} ({100 * rate:.0f} %): a replay needs {n} solo "
+            f"run{'s' if n != 1 else ''} to show it with {100 * REPLAY_CONFIDENCE:.0f} %")
+
+
+def _q_family(bl) -> bool:
+    """Whether a boundary length is L = q or one of its -1 / +1 controls."""
+    return any(r.startswith("q = 1 + k") for r in bl.reasons)
 
 
 def _differs(row: BoundaryRow) -> bool:
