@@ -59,6 +59,17 @@ def test_a_constant_defect_fails_by_the_control_configurations_answer(cpu_engine
     env = m["run_options"]["numerics_envelope"]
     assert env["measured"]["logprob_source"].startswith("the control run")
     assert m["run_options"]["independent_reference"] == "control run"
+    # explain: a case for the answer, judged against the control's answer on every
+    # configuration; its reproducer carries that answer and fails again on a fresh engine
+    e = run_cli("explain", str(tmp_path / "constant"), "--tries", "1", "--confirm-runs", "1",
+                env={"PLE_FAULT_UPSTREAM": cpu_engine.url, "PLE_FAULT_WHEN": "--speculative-config",
+                     "PLE_FAULT_MODE": "every", "PLE_FAULT_LEN": "1+k",
+                     "PLE_REAL_PYTHON": sys.executable}, timeout=900)
+    eout = e.stdout + e.stderr
+    assert e.returncode == 0, eout[-3000:]
+    assert "needs speculative decoding" in eout and "reproduced 1/1 on fresh engines" in eout
+    assert "[params.phases.requests.expected]" in \
+        (tmp_path / "constant" / "explain" / "repro-1.toml").read_text()
 
 
 @pytest.mark.engine

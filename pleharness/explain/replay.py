@@ -121,12 +121,17 @@ class _Replayer:
             self.refs[key] = (list(c.token_ids), margins(c.logprobs))
         return self.refs[key]
 
-    def run(self, level: tuple[int, list[tuple[list[int], int]]], tries: int) -> dict[str, Any]:
+    def run(self, level: tuple[int, list[tuple[list[int], int]]], tries: int,
+            expected: dict[str, Any] | None = None) -> dict[str, Any]:
         """Replay ``level`` (concurrency, [(prompt IDs, max_tokens)]) up to ``tries`` times,
         until a try fails. Returns {"fails", "tries", "divergent": up to 8 failing comparisons
-        (try, prompt_len, first_divergence, class, output and reference hashes)}."""
+        (try, prompt_len, first_divergence, class, output and reference hashes)}. With
+        ``expected`` (a differential case's control answer: ``output_ids``, ``margins``), a
+        one-request level is judged against that answer instead of this engine's own solo
+        reference."""
         conc, reqs = level
-        refs = [self._solo(ids, mt) for ids, mt in reqs]
+        refs = ([(list(expected["output_ids"]), expected.get("margins"))] if expected
+                else [self._solo(ids, mt) for ids, mt in reqs])
         seen = []
         for t in range(1, tries + 1):
             async def one(r, cl=self.client, lp=self.logprobs):
@@ -154,11 +159,14 @@ class _Replayer:
 def _applies(sus: Suspect, case: Case, first: Sequence[Suspect]) -> bool:
     """Whether ``case`` is replayed on ``sus``'s engine: every first-round suspect for a case that
     reproduced; a 2x2 cell for a case that needs both of its suspects; a numeric variant for a case
-    that needs its feature."""
+    that needs its feature, unless it is a differential case (its control answer is for its own
+    prompt: a re-derived length has none to be judged against)."""
     if case.minimal is None:
         return False
     if not (sus.setting or sus.combines):
         return True
+    if sus.setting and case.expected:  # the control's answer is for this length only
+        return False
     n = narrow_down(case, first)
     if sus.combines:
         return set(sus.combines) <= {k["suspect"] for k in n["conditions"]}
@@ -171,7 +179,7 @@ def _replay_suspect(rp: "_Replayer", sus: Suspect, c: Case, m: Manifest,
     prompt resized to its boundary length re-derived for the new value (:func:`rederive_length`).
     ``vanishes``: it fails at neither length."""
     level = c.levels[c.minimal]
-    res = rp.run(level, tries)
+    res = rp.run(level, tries, c.expected)
     out = {**res, "vanishes": not res["fails"]}
     if not sus.setting or c.prompt_len is None:
         return out
@@ -184,7 +192,7 @@ def _replay_suspect(rp: "_Replayer", sus: Suspect, c: Case, m: Manifest,
     ids = m.prompts[c.prompt_hash]
     conc, reqs = level
     resized = (conc, [(resize_prompt(q, new[0]) if q == ids else q, mt) for q, mt in reqs])
-    r2 = rp.run(resized, tries)
+    r2 = rp.run(resized, tries)  # another prompt: no control answer, its own reference
     out.update(at_new_length=r2, fails_at_new_length=r2["fails"],
                vanishes=not res["fails"] and not r2["fails"])
     return out
@@ -296,7 +304,7 @@ def _replay_batch(session: EngineSession, target: Target, batch: list[tuple[int,
                 if sus is None:
                     for name, level in c.levels.items():
                         # an intermittent failure: as many tries as show it with 95 %
-                        res = rp.run(level, max(report.tries, c.repeat))
+                        res = rp.run(level, max(report.tries, c.repeat), c.expected)
                         c.baseline[name] = res
                         if res["fails"]:
                             c.minimal = name

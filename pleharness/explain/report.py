@@ -40,6 +40,14 @@ def write_repro(case: Case, path: Path, run_id: str) -> None:
         for ids, mt in reqs:
             lines += ["", "[[params.phases.requests]]", f"prompt = {json.dumps(ids)}",
                       f"max_tokens = {mt}"]
+            if case.expected:  # a differential case: the control's answer (issue 47)
+                e = case.expected
+                lines += ["", "[params.phases.requests.expected]",
+                          f"ids = {json.dumps(list(e['output_ids']))}",
+                          f"source = {json.dumps('the explained run ' + str(e.get('run')))}"]
+                if e.get("margins"):  # TOML has no null: nan stands for "unknown"
+                    lines.append("margins = [" + ", ".join(
+                        "nan" if m is None else repr(float(m)) for m in e["margins"]) + "]")
     lines += _failed_lines(case, name, phase if case.repeat == 1 else f"{phase}-run1", reqs)
     write_atomic(path, "\n".join(lines) + "\n")
 

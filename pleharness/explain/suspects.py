@@ -78,6 +78,10 @@ class Case:
     prompt_len: int | None = None
     rate: float = 0.0  # the failure's measured rate over the run's alike runs (0: constant)
     repeat: int = 1  # runs of the level one replay needs to show it with 95 % at that rate
+    # a differential case (issue 47): the control's answer to the request alone, {"run",
+    # "output_ids", "margins"}; each configuration's answer is judged against it, not against
+    # its own solo reference (a defect that corrupts every run alike never differs from that)
+    expected: dict[str, Any] | None = None
 
     def attribution(self, suspects: Sequence[Suspect] | None = None) -> str:
         """The diagnosis in one line, as a maintainer would write it in a PR (see
@@ -427,6 +431,18 @@ def failing_cases(m: Manifest, include_warnings: bool = False) -> list[Case]:
         cases.append(Case(i, ph, conc, r0.phase, [q.id for q in recs], r0.first_divergence,
                           levels, prompt_len=len(m.prompts[ph]), rate=rate,
                           repeat=replay_repeats(rate)))
+    for r in m.requests:  # the control answered this solo request differently
+        d = r.differential
+        if d is None or not (include_warnings or d.fails) or not r.control_answer:
+            continue
+        if r.prompt_hash not in m.prompts:
+            raise UsageError(f"{m.run_id}: the manifest keeps no prompt IDs for "
+                             f"{r.prompt_key}; rerun with this version of ple-harness to "
+                             "explain it")
+        cases.append(Case(len(cases) + 1, r.prompt_hash, 1, r.phase, [r.id], d.position,
+                          {"alone": (1, [(m.prompts[r.prompt_hash], r.max_tokens)])},
+                          prompt_len=len(m.prompts[r.prompt_hash]),
+                          expected=dict(r.control_answer)))
     return cases
 
 

@@ -169,7 +169,9 @@ def close_phase(ctx, ph: PhaseRecord, outcomes: PhaseResult, before,
     if on_outcome is not None:
         for o in outcomes:
             on_outcome(o)
-    if any(o.record.match is False for o in outcomes):  # kept for `ple-harness explain`
+    # kept for `ple-harness explain`: a phase where an output diverged, and every solo
+    # reference (the control's answers are compared with them after the suite: issue 47)
+    if ph.role == "reference" or any(o.record.match is False for o in outcomes):
         for o in outcomes:
             ctx.manifest.prompts.setdefault(o.spec.prompt.hash, list(o.spec.prompt.ids))
     for name in DEFAULT_PHASE_CHECKS:

@@ -28,7 +28,10 @@ there: ``logprobs`` (top-k, 0..20), ``ignore_eos`` (default true), ``stop`` (str
 /v1/chat/completions, streamed, and compared with the /v1/completions reference of ``prompt``,
 the IDs the chat template made of them; no ``stop``, ``prompt_logprobs`` or ``echo``),
 ``structured_outputs`` (one of ``{ json = {...} }``, ``{ regex = "..." }``, ``{ choice =
-["...", ...] }``; needs ``ignore_eos = false``). The
+["...", ...] }``; needs ``ignore_eos = false``), ``expected`` (``{ ids = [...], margins = [...],
+source = "..." }``: the answer another configuration gave to this request alone, greedy; the
+output is judged against it by the run's rule, check ``control_answer``: what ``explain``
+writes for a run whose control answered differently, issue 47). The
 stop check ``stop_token`` runs on a request with stop_token_ids, min_tokens or ignore_eos off,
 the ``prompt_logprobs`` rules on one with prompt_logprobs, ``stop_string`` on one with stop,
 ``constrained`` on one with structured_outputs. A request with ``insert_into = j`` and
@@ -64,7 +67,10 @@ from ..checks import REGISTRY
 from ..checks.constrained import KINDS, constraint_problem
 from ..checks.constrained import NAME as CON
 from ..checks.prompt_logprobs import NAME
+from ..differential import NAME as CONTROL_ANSWER
+from ..divergence import Rule, compare_outputs
 from ..engine.facts import as_facts
+from ..manifest import CheckResult
 from ..prompts import Prompt
 from ..request import RequestSpec
 from .base import Params, Scenario, ScenarioError, TableRow, register
@@ -79,6 +85,25 @@ class ChatMessage(Params):
 
     role: Literal["system", "user", "assistant"]
     content: str
+
+
+class ExpectedAnswer(Params):
+    """The answer another configuration (the run's control, or another build) gave to this
+    request alone, greedy (issue 47: a defect that corrupts every run alike is seen only
+    against it): its token IDs, its top-1/top-2 margins (nats, per position; None where
+    unknown) and where it came from. The replay judges the output against it by the run's
+    rule (:func:`pleharness.divergence.compare_outputs`): check ``control_answer``."""
+
+    ids: list[int] = Field(min_length=1)
+    margins: list[float | None] | None = None
+    source: str = ""
+
+    @model_validator(mode="after")
+    def _unknown(self):
+        """A margin written as ``nan`` (TOML has no null) is unknown."""
+        if self.margins:
+            self.margins = [None if m is None or m != m else m for m in self.margins]
+        return self
 
 
 class ReplayRequest(Params):
@@ -109,6 +134,7 @@ class ReplayRequest(Params):
     structured_outputs: dict[str, Any] | None = Field(None, description=(
         "the output's constraint, one key: { json = {schema} }, { regex = \"...\" } or "
         "{ choice = [\"...\", ...] }"))
+    expected: ExpectedAnswer | None = None
 
     @model_validator(mode="after")
     def _params(self):
@@ -343,8 +369,10 @@ class Replay(Scenario):
         for ph, specs in zip(self.params.phases, phases):
             ins = [(s, r.insert_after_tokens) for r, s in zip(ph.requests, specs)
                    if r.insert_into is not None]
+            expect = {id(s): r.expected for r, s in zip(ph.requests, specs) if r.expected}
             if not ins:
-                outs = ctx.run_phase(ph.name, ph.concurrency, specs)
+                outs = ctx.run_phase(ph.name, ph.concurrency, specs,
+                                     on_outcome=lambda o, e=expect: _against_expected(ctx, o, e))
             else:
                 carrier = specs[next(r.insert_into for r in ph.requests
                                      if r.insert_into is not None)]
@@ -372,6 +400,26 @@ class Replay(Scenario):
                        f"{r.first_divergence if r.first_divergence is not None else '-'} "
                        f"| {r.here} |")
         return out
+
+
+def _against_expected(ctx: "ScenarioContext", o, expected: dict) -> None:
+    """Judge outcome ``o`` against its request's expected answer (:class:`ExpectedAnswer`), if
+    it has one, by the run's rule: check ``control_answer`` (fail when hard), the divergence
+    kept as the record's ``differential``."""
+    e = expected.get(id(o.spec))
+    if e is None or o.completion.error is not None or o.spec.temperature:
+        return
+    d = compare_outputs(e.ids, o.completion.token_ids, Rule(ctx.near_tie_nats, ctx.strict),
+                        e.margins)
+    if d is None:
+        o.record.checks.append(CheckResult(name=CONTROL_ANSWER, status="pass",
+                                           detail=f"equals the answer of {e.source or 'the file'}"))
+        return
+    o.record.differential = d
+    o.record.checks.append(CheckResult(
+        name=CONTROL_ANSWER, status="fail" if d.fails else "warn",
+        detail=f"differs from the answer of {e.source or 'the file'} at token position "
+               f"{d.position} ({d.cls}: expected {d.reference_token}, got {d.observed_token})"))
 
 
 def judge_failed(f: FailedComparison, records: dict[str, list]) -> FailedComparisonRow:
