@@ -23,6 +23,7 @@ from .redact import redact_argv
 from .run.context import RunContext, RunOptions
 from .scenarios import Scenario
 from .second_engine import REFERENCE_INHERITS, control_variant, reference_variant
+from .verdict import verdict
 
 
 class StressRun(Protocol):
@@ -155,6 +156,7 @@ def control_pass(run: StressRun, scenarios: list[Scenario], facts, target: Targe
             ctx = engine_context(cfg, eng, cm, cpath, facts, progress)
             run_suite(ctx, scenarios, cfg.suite.repeat)
         cm.status = "complete"
+        verdict(cm)  # judged on its own (compare's BASE when the control is another build)
     except EngineError as exc:
         cm.status = "engine_died"
         rec["error"] = f"{exc.args[0] if exc.args else exc}; root cause: {exc.root_cause}"

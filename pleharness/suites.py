@@ -10,6 +10,9 @@ gates that ``ple-harness compare`` applies (nightly and pre-merge runs).
     min_throughput_ratio = 0.95
     min_phase_ratio = 0.5
     thresholds = ["C4>=100"]
+    [control]                         # a run of this suite needs a control run (pre-merge)
+    required = true
+    why = "HEAD against BASE: --control-engine-python /opt/vllm-base/bin/python"
 
 Shipped suites live in ``scenarios/suites/``. Errors name the file and the key; an error in a
 scenario entry (unknown scenario, bad ``params``) names the suite file, the entry
@@ -56,14 +59,26 @@ class Gates(BaseModel):
         return v
 
 
+class SuiteControl(BaseModel):
+    """A suite's ``[control]``: ``required`` (a run of this suite needs a control run: any
+    ``--control-*`` option, e.g. ``--control-engine-python BASE/bin/python`` for HEAD against
+    BASE; without one it is a usage error, before anything starts) and ``why`` (said with it)."""
+
+    model_config = ConfigDict(extra="forbid")
+    required: bool = False
+    why: str = ""
+
+
 class Suite(BaseModel):
-    """A suite file: scenarios with parameters, how often the whole suite repeats, compare gates."""
+    """A suite file: scenarios with parameters, how often the whole suite repeats, compare gates,
+    and whether its runs need a control run (``[control]``)."""
 
     model_config = ConfigDict(extra="forbid")
     description: str = ""
     repeat: int = Field(1, ge=1)
     scenario: list[SuiteScenario] = Field(min_length=1)
     gates: Gates = Field(default_factory=Gates)
+    control: SuiteControl = Field(default_factory=SuiteControl)
 
     def scenario_refs(self) -> list[tuple[str, dict[str, Any]]]:
         """(name, params) pairs in order, as :func:`pleharness.scenarios.load_scenarios` takes them."""

@@ -130,3 +130,13 @@ def test_an_intermittent_q_length_defect_is_caught_by_the_repeats_and_confirmed(
     assert "# intermittent:" in repro and repro.count("[[params.phases]]") >= 5
     assert "reproduced 3/3 on fresh engines" in eout
     assert "needs speculative decoding" in eout
+
+
+def test_the_premerge_suite_needs_a_control_run(tmp_path):
+    """Pre-merge is HEAD against BASE (issue 47 item 2): the suite requires a control, and
+    says how to give one, before anything starts."""
+    r = run_cli("stress", "--suite", "premerge", "--results-dir", str(tmp_path), timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "--suite premerge: its runs need a control run" in r.stderr
+    assert "--control-engine-python BASE/bin/python" in r.stderr
+    assert not any(tmp_path.iterdir())

@@ -158,6 +158,13 @@ def stress_config(o: Mapping[str, Any], given: Iterable[str],
     engine, attach = engine_groups(o, given)
     suite = suite_group(o, given)
     control = control_group(o, warn)
+    if o.get("suite") is not None and not control:
+        need = load_suite(o["suite"]).control
+        if need.required:
+            raise UsageError(f"--suite {o['suite']}: its runs need a control run ("
+                             f"{need.why or 'a defect that corrupts every run alike passes without one'}); "
+                             "give --control-engine-python BASE/bin/python (HEAD against BASE), "
+                             "or --control-drop-arg / --control-engine-arg / --control-profile")
     return StressConfig(engine=engine, attach=attach, suite=suite, reference=reference_group(o),
                         control=control, verdict=verdict_group(o), timeouts=timeouts_group(o),
                         output=output_group(o), confirmation=confirmation_group(o, given))
