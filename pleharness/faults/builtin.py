@@ -45,7 +45,7 @@ class SelftestFault(Fault):
         if not ctx.state.get("hit"):
             ctx.state["hit"] = True
             prompt = ctx.body.get("prompt")
-            key = (("chat",) if ctx.chat or not isinstance(prompt, list) else
+            key = (("chat",) if getattr(ctx, "chat", False) or not isinstance(prompt, list) else
                    (token_hash([int(t) for t in prompt]), ctx.body.get("max_tokens")))
             with self._lock:
                 self.hits.append(ctx.number)
