@@ -26,7 +26,7 @@ def _public() -> dict[str, object]:
 
 def _documented() -> set[str]:
     """The ``ctx.NAME`` of the ``run(ctx)`` item of docs/extending.md's scenario kind section."""
-    item = DOC[DOC.index("- `run(ctx)`:"):DOC.index("- optionally `validate_against")]
+    item = DOC[DOC.index("- `run(ctx)`:"):DOC.index("- optionally `plan(ctx)`")]
     return set(re.findall(r"`ctx\.(\w+)", item))
 
 

@@ -431,9 +431,6 @@ def plan_scenario(scenario, facts: EngineFacts | Mapping[str, Any],
     plan = run.plan
     plan.kind = scenario.kind
     try:
-        validate = getattr(scenario, "validate_against", None)
-        if validate is not None:  # what the run does first (jobrun.engine_under_test)
-            validate(run.facts)
         scenario.plan(run.scenario_view)
     except Exception as exc:  # noqa: BLE001 - the plan reports what the kind raised
         plan.error = f"{exc.__class__.__name__}: {exc}"

@@ -26,7 +26,6 @@ from ..manifest.tables import TableRow  # the scenario API's row base (kinds imp
 from ..tomlfile import find_named, read_toml, validate
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..engine.facts import EngineFacts
     from ..manifest import Manifest
     from ..run.scenario_context import ScenarioContext
 
@@ -73,13 +72,6 @@ class Scenario(ABC):
         """The scenario as run (for the manifest)."""
         return {"name": self.name, "kind": self.kind, "source": self.source,
                 "description": self.description, "params": self.params.model_dump()}
-
-    def validate_against(self, facts: "EngineFacts") -> None:  # noqa: B027 - optional hook
-        """Check parameters against engine facts (e.g. ``facts.max_model_len``) before any
-        request (a plain dict of values is accepted too: ``as_facts(facts)`` reads it typed).
-
-        Raises ScenarioError. Default: nothing to check.
-        """
 
     @staticmethod
     def leave_out_phases(ctx: "ScenarioContext", phases: "list[str | tuple[str, int]]",
