@@ -57,6 +57,7 @@ from ..manifest import CheckResult
 from ..prompts import Prompt, seeded_prompts
 from ..request import RequestSpec
 from .base import Params, Scenario, TableRow, register
+from .shared.lengths import fit_prompts, fitted_range
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..run.scenario_context import ScenarioContext
@@ -137,11 +138,8 @@ class Choices(Scenario):
         """(min_len, max_len) of the greedy prompts on this engine (``facts``: EngineFacts or a
         dict of values), shortened so that prompt + max_tokens fits max_model_len; None when
         no prompt fits."""
-        p, m = self.params, as_facts(facts).max_model_len
-        if m is None:
-            return p.min_len, p.max_len
-        limit = int(m) - p.max_tokens
-        return None if limit < 1 else (min(p.min_len, limit), min(p.max_len, limit))
+        p = self.params
+        return fitted_range(facts, p.min_len, p.max_len, p.max_tokens)
 
     # -- what is safe to send ---------------------------------------------------------------------
     def unsafe_sampling(self, facts) -> str | None:
@@ -197,15 +195,10 @@ class Choices(Scenario):
     def run(self, ctx: "ScenarioContext") -> None:
         p = self.params
         names = [("choices-solo", 1), (f"choices-c{p.concurrency}", p.concurrency)]
-        lens = self.prompt_lengths(ctx.facts)
+        lens = fit_prompts(ctx, names, p.min_len, p.max_len, p.max_tokens, "choices_notes",
+                           "greedy prompts")
         if lens is None:
-            self.leave_out_phases(ctx, names, f"params.max_tokens {p.max_tokens} leaves no room "
-                                  f"for a prompt: max_model_len is {ctx.facts.max_model_len}")
             return
-        if lens != (p.min_len, p.max_len):
-            ctx.note("choices_notes", f"greedy prompts of {lens[0]}..{lens[1]} tokens (params "
-                     f"{p.min_len}..{p.max_len} + max_tokens {p.max_tokens} exceed max_model_len "
-                     f"{ctx.facts.max_model_len})", echo=True)
         vocab = ctx.facts.vocab_or()
         unsafe = self.unsafe_sampling(ctx.facts)
         rows: list[ChoicesRow] = []

@@ -32,8 +32,6 @@ differs from its prompt's default output, a warning when none does (nothing was 
 """
 from __future__ import annotations
 
-from ..engine.facts import as_facts
-
 from collections import Counter
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -45,6 +43,7 @@ from ..manifest import CheckResult
 from ..prompts import seeded_prompts
 from ..request import RequestSpec
 from .base import Params, Scenario, TableRow, register
+from .shared.lengths import fit_prompts, fitted_range
 from .shared.stops import stop_id
 from .stop_strings import phase_of
 
@@ -152,27 +151,16 @@ class MixedParams(Scenario):
         """(min_len, max_len) of the prompts on this engine (``facts``: EngineFacts or a dict of
         values): the parameters', shortened so that prompt + max_tokens fits max_model_len;
         None when no prompt fits."""
-        p, m = self.params, as_facts(facts).max_model_len
-        if m is None:
-            return p.min_len, p.max_len
-        limit = int(m) - p.max_tokens
-        if limit < 1:
-            return None
-        return min(p.min_len, limit), min(p.max_len, limit)
+        p = self.params
+        return fitted_range(facts, p.min_len, p.max_len, p.max_tokens)
 
     def run(self, ctx: "ScenarioContext") -> None:
         p = self.params
         c = p.concurrency
         names = [(f"mixed-before-c{c}", c), (f"mixed-c{c}", c), (f"mixed-after-c{c}", c)]
-        lens = self.prompt_lengths(ctx.facts)
+        lens = fit_prompts(ctx, names, p.min_len, p.max_len, p.max_tokens, "mixed_params_notes")
         if lens is None:
-            self.leave_out_phases(ctx, names, f"params.max_tokens {p.max_tokens} leaves no room "
-                                  f"for a prompt: max_model_len is {ctx.facts.max_model_len}")
             return
-        if lens != (p.min_len, p.max_len):
-            ctx.note("mixed_params_notes", f"prompts of {lens[0]}..{lens[1]} tokens (params "
-                     f"{p.min_len}..{p.max_len} + max_tokens {p.max_tokens} exceed max_model_len "
-                     f"{ctx.facts.max_model_len})", echo=True)
         vocab = ctx.facts.vocab_or()
         prompts = seeded_prompts(p.seed, len(p.variants), lens[0], lens[1], 16, vocab)
         defaults = [RequestSpec(pr, p.max_tokens) for pr in prompts]
