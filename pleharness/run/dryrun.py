@@ -43,6 +43,7 @@ from ..manifest import CheckResult, Manifest, PhaseRecord, ReferenceRecord, Requ
 from ..manifest.tables import NoteRow
 from ..prompts import ChatPromptBuilder, Prompt
 from ..request import Outcome, RequestSpec
+from . import api
 from .phases import PhaseResult, request_record
 from .references import References
 from .scenario_context import Mark, ScenarioContext
@@ -211,7 +212,8 @@ class SyntheticEngine:
 @dataclass
 class PlannedPhase:
     """One phase a kind would issue (or left out): ``role`` (load | reference | warmup),
-    ``status`` (run | left out), requests and their prompt lengths (tokens, min and max) and
+    ``status`` (run | left out), requests (with the chat twins ``--api both``, the default,
+    adds to a load phase) and their prompt lengths (tokens, min and max) and
     largest max_tokens, ``vacuous`` (why it tests nothing of what it is for, or None),
     ``over_limit`` (requests whose prompt + max_tokens exceed max_model_len although no clean
     4xx is accepted for them, or whose IDs reach past the vocabulary)."""
@@ -288,6 +290,7 @@ class PlanRun:
         self.tables: dict[str, list[Any]] = {}
         self._builders: dict[tuple[str, int], ChatPromptBuilder] = {}
         self._by_record: dict[int, PlannedPhase] = {}  # id(PhaseRecord) -> its planned phase
+        self._answers: dict[tuple, Completion] = {}
         self._n = 0
         self.scenario_view = ScenarioContext(self)
 
@@ -334,7 +337,11 @@ class PlanRun:
         self.manifest.phases.append(ph)
         outs = []
         for s in specs:
-            c = self.client.answer(s)
+            key = (s.ref_key, s.stream, s.abandon_after_tokens, s.keep_chunks, s.choice,
+                   s.logprobs, s.structured is not None)
+            c = self._answers.get(key)
+            if c is None:  # the same request gets the same (read-only) answer
+                c = self._answers[key] = self.client.answer(s)
             self._n += 1
             rec = request_record(f"r{self._n:05d}", self.scenario_name, ph, s, c)
             ref = self.refs.by_key.get(s.ref_key)
@@ -347,10 +354,14 @@ class PlanRun:
             if on_outcome is not None:
                 on_outcome(o)
         ph.status = "pass"
-        self._record(ph, specs)
+        # --api both (the default): a load request whose prompt is a chat template of messages
+        # also goes to /v1/chat/completions as a twin, counted with the phase's requests
+        sent = len(api.plan(specs, "both", load=True, batched=together).send) \
+            if role == "load" and self.client.assume.chat_template else len(specs)
+        self._record(ph, specs, sent)
         return PhaseResult(outs, ph)
 
-    def _record(self, ph: PhaseRecord, specs: Sequence[RequestSpec]) -> None:
+    def _record(self, ph: PhaseRecord, specs: Sequence[RequestSpec], sent: int) -> None:
         m, v = self.facts.max_model_len, self.facts.vocab_size
         over = []
         for s in specs:
@@ -360,7 +371,7 @@ class PlanRun:
                 over.append(f"{s.prompt.key}: a token ID outside [0, {v})")
         lens = [len(s.prompt) for s in specs]
         self.plan.phases.append(PlannedPhase(
-            ph.name, ph.role, ph.concurrency, len(specs),
+            ph.name, ph.role, ph.concurrency, sent,
             (min(lens), max(lens)) if lens else None,
             max((s.max_tokens for s in specs), default=0), over_limit=over))
         self._by_record[id(ph)] = self.plan.phases[-1]
