@@ -241,12 +241,20 @@ def test_what_cannot_fit_is_left_out_with_its_reason(change, assume, phase, reas
 
 def test_the_tp4_profile_plans_the_headline_run():
     """README's GPU quick start: `ple-harness stress --tp 4` (the default suite) on the TP 4
-    profile plans every phase, none left out."""
+    profile plans every phase, none left out; so does the embedded model launched with --tp 4
+    on a GPU (its launch arguments, vLLM's GPU capture sizes)."""
+    from pleharness.engine.session import EMBEDDED_ENGINE_ARGS
+    from pleharness.model import SHIPPED_DIR
     name, values, assume = profile_cell("gpu-tp4-mtp.example")
     assert values["tensor_parallel_size"] == 4 and values["num_speculative_tokens"] == 3
-    plan = plan_cell(values, assume, "default", {})
-    assert plan.problems == [] and plan.planned == len([ph for p in plan.plans for ph in p.load])
-    assert not [ph for p in plan.plans for ph in p.load if ph.status == "left out"]
+    embedded = gather_facts(engine_args=EMBEDDED_ENGINE_ARGS, launched=True, tp=4,
+                            model_path=str(SHIPPED_DIR)).values
+    assert embedded["tensor_parallel_size"] == 4 and embedded["max_model_len"] == 1024
+    for vals in (values, {**GPU_DEFAULTS, **embedded}):
+        plan = plan_cell(vals, assume, "default", {})
+        assert plan.problems == [] and plan.planned == 43
+        assert plan.planned == len([ph for p in plan.plans for ph in p.load])
+        assert not [ph for p in plan.plans for ph in p.load if ph.status == "left out"]
 
 
 def test_a_kind_that_raises_fails_the_cell():
