@@ -17,7 +17,9 @@ def headline(m: Manifest) -> str:
     lead = ""
     for c in (s.corrupt_references or [])[:3]:  # the corrupt request first
         lead += f"corrupt reference: {c.get('evidence')}; "
-    line = lead + (f"{s.phases_completed or 0}/{s.phases_planned or 0} phases completed; "
+    left = (f" ({s.phases_left_out} left out on this engine, vacuous)" if s.phases_left_out
+            else "")
+    line = lead + (f"{s.phases_completed or 0}/{s.phases_planned or 0} phases completed{left}; "
             f"{s.hashes_matched or 0}/{s.hashes_compared or 0} token hashes matched "
             "their single-request references")
     if s.corrupt_references:

@@ -17,7 +17,7 @@ from .config import StressConfig
 from .divergence import near_tie_threshold, normalize_dtype
 from .engine.facts import as_facts
 from .engine.session import Engine, EngineSession, Target, launch_record
-from .errors import EngineError
+from .errors import EngineError, UsageError
 from .manifest import EngineRecord, Manifest, now_iso, write_manifest
 from .redact import redact_argv
 from .run.context import RunContext, RunOptions
@@ -73,12 +73,28 @@ def engine_context(cfg: StressConfig, eng: Engine, manifest: Manifest, mpath: Pa
 
 
 def run_suite(ctx: RunContext, scenarios: list[Scenario], repeat: int) -> None:
-    """Every scenario in order, ``repeat`` times on the same engine (references are taken once)."""
+    """Every scenario in order, ``repeat`` times on the same engine (references are taken once).
+
+    Once the engine runs, no scenario ends the run with a usage error (issue 48): the kinds
+    leave out what cannot fit this engine (``ctx.leave_out``); should one still raise a
+    UsageError (a ScenarioError), the rest of that scenario is recorded as one left-out phase
+    with the message (vacuous, a warning on the console) and the suite goes on."""
     for rep in range(1, repeat + 1):
         for sc in scenarios:
             with ctx.in_scenario(sc.name, rep, f"rep{rep}/" if repeat > 1 else ""):
-                sc.run(ctx.scenario_view)
+                run_scenario(ctx, sc)
             ctx.ensure_engine_alive()
+
+
+def run_scenario(ctx: RunContext, sc: Scenario) -> None:
+    """``sc.run`` on ``ctx``; a UsageError it raises ends the scenario, not the run: the rest
+    of it is recorded as one left-out phase with the message (nothing on a reference engine's
+    collect-only pass, which records no phase)."""
+    try:
+        sc.run(ctx.scenario_view)
+    except UsageError as exc:
+        ctx.leave_out(f"{sc.name}-rest", f"the {sc.kind} kind could not go on on this engine: "
+                      f"{exc}")
 
 
 def reference_pass(run: StressRun, scenarios: list[Scenario], target: Target) -> dict:
@@ -104,7 +120,7 @@ def reference_pass(run: StressRun, scenarios: list[Scenario], target: Target) ->
                            reference_source="engine")
             for sc in scenarios:
                 with ctx.in_scenario(sc.name, phase_prefix="ref-engine/"):
-                    sc.run(ctx.scenario_view)
+                    run_scenario(ctx, sc)
         return dict(ctx.references)
     finally:
         run.session.stop(eng)

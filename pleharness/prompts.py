@@ -95,13 +95,21 @@ class ChatPromptBuilder:
                              "one; choose another filler")
         self.filler_id = ids[0]
         self._templates: dict[str, list[int]] = {}
+        self._failed: dict[str, Exception] = {}
 
     def template(self, text: str) -> list[int]:
         """Token IDs of the chat template around user message ``text`` with the generation
-        prompt (asked from the engine's /tokenize once per text)."""
+        prompt (asked from the engine's /tokenize once per text; a failure, e.g. a model with
+        no chat template, is kept and raised again without asking again)."""
+        if text in self._failed:
+            raise self._failed[text]
         if text not in self._templates:
-            self._templates[text] = self.client.tokenize(
-                messages=[{"role": "user", "content": text}], add_generation_prompt=True)
+            try:
+                self._templates[text] = self.client.tokenize(
+                    messages=[{"role": "user", "content": text}], add_generation_prompt=True)
+            except Exception as exc:
+                self._failed[text] = exc
+                raise
         return self._templates[text]
 
     def prompt(self, text: str, key: str, why: str | None = None) -> Prompt:

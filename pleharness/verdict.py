@@ -20,6 +20,7 @@ def summarize(m: Manifest) -> None:
     compared = [r for r in m.requests if r.match is not None]
     m.summary.assign(
         phases_completed=sum(1 for p in load if p.status in ("pass", "fail")),
+        phases_left_out=sum(1 for p in load if p.status == "skip"),
         phases_failed=sum(1 for p in load if p.status == "fail"),
         hashes_compared=len(compared),
         hashes_matched=sum(1 for r in compared if r.match),

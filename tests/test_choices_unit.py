@@ -19,7 +19,6 @@ from pleharness.manifest import ReferenceRecord
 from pleharness.prompts import Prompt
 from pleharness.request import RequestSpec
 from pleharness.run.choices import plan, ungroup
-from pleharness.scenarios.base import ScenarioError
 from pleharness.scenarios.choices import Choices, ChoicesParams, version_tuple
 
 P = Prompt("p", (5, 6, 7))
@@ -141,8 +140,10 @@ def test_scenario_parameters_and_what_it_leaves_out():
     with pytest.raises(ValueError, match="no request to send"):
         ChoicesParams(prompts=0, seeded=0)
     sc = Choices("choices", ChoicesParams(), "choices.toml")
-    with pytest.raises(ScenarioError, match="max_model_len 50"):
-        sc.validate_against({"max_model_len": 50})
+    # issue 48: prompts shortened to fit max_model_len, never an error; none fits: left out
+    assert sc.prompt_lengths({"max_model_len": 50}) == (8, 34)
+    assert sc.prompt_lengths({"max_model_len": 16}) is None
+    assert sc.prompt_lengths({}) == (8, 40)
     assert sc.unsafe_sampling({"num_speculative_tokens": 0}) is None
     assert sc.unsafe_sampling({"num_speculative_tokens": 3, "device_type": "cuda"}) is None
     assert "a CPU engine with speculative decoding (k = 3)" in sc.unsafe_sampling(

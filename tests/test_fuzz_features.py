@@ -205,15 +205,21 @@ def test_a_bad_value_in_a_replay_file_names_the_key(tmp_path, extra, msg):
     assert msg in str(e.value)
 
 
-def test_ids_outside_the_vocabulary_are_refused_against_the_facts(tmp_path):
+def test_ids_outside_the_vocabulary_leave_the_phase_out_on_that_engine(tmp_path):
+    """Issue 48: a reproducer written on another engine is no usage error there: the phase
+    whose request does not fit is left out, vacuous, naming the request and the key."""
     from pleharness.engine.facts import as_facts
+    from pleharness.run.dryrun import plan_scenario
     for extra, key in (("stop_token_ids = [793]", "stop_token_ids"),
                        ('logit_bias = { "900" = 5.0 }', "logit_bias")):
         path = tmp_path / "r.toml"
         path.write_text(REQ + extra + "\n")
         sc = load_scenario_file(str(path))
-        with pytest.raises(ScenarioError, match=rf"requests\[0\]\.{key}: token IDs must be in"):
-            sc.validate_against(as_facts(FACTS))
+        assert sc.unfit(as_facts(FACTS)) == {
+            0: f"params.phases[0].requests[0].{key}: token IDs outside [0, 793)"}
+        plan = plan_scenario(sc, FACTS)
+        assert plan.error is None and len(plan.load) == plan.planned == 1
+        assert plan.load[0].status == "left out" and f"requests[0].{key}" in plan.load[0].vacuous
 
 
 # -- echo, stop strings, constrained output -------------------------------------------------

@@ -180,3 +180,60 @@ def test_a_together_phase_refuses_requests_that_cannot_share_one(tmp_path, chang
     with pytest.raises(UsageError, match="concurrency 1 != 2"):
         ctx.run_phase("p", 1, [a, a], together=True)
     assert ctx.manifest.phases == []  # refused before anything was recorded or sent
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_a_phase_left_out_is_recorded_vacuous_with_its_reason(tmp_path, strict):
+    """Issue 48: ctx.leave_out records a planned load phase that cannot run on this engine:
+    status skip, no requests, vacuous with the reason (the engaged warning; a failure under
+    --strict), counted in summary.phases_left_out and named in the headline."""
+    from pleharness.manifest import load_manifest
+    from pleharness.verdict import verdict
+    ctx = _ctx(tmp_path, options=RunOptions(strict=strict))
+    with ctx.in_scenario("prompt_logprobs"):
+        ph = ctx.scenario_view.leave_out("prompt-logprobs-c4", "no prompt is chunked", 4)
+    m = load_manifest(tmp_path / "manifest.json")  # written
+    (rec,) = m.phases
+    assert (rec.name, rec.scenario, rec.status, rec.concurrency, rec.requests, rec.role) == (
+        "prompt-logprobs-c4", "prompt_logprobs", "fail" if strict else "skip", 4, 0, "load")
+    assert rec.vacuous == "no prompt is chunked" and ph.vacuous == rec.vacuous
+    assert [(c.name, c.status) for c in rec.checks] == [("engaged", "fail" if strict else "warn")]
+    ctx.manifest.summary.phases_planned = 1
+    code = verdict(ctx.manifest)
+    s = ctx.manifest.summary
+    assert (code, ctx.manifest.verdict) == ((1, "fail") if strict else (0, "pass"))
+    assert s.vacuous == ["phase prompt-logprobs-c4: no prompt is chunked"]
+    if not strict:
+        assert (s.phases_completed, s.phases_left_out) == (0, 1)
+        assert s.headline.startswith("0/1 phases completed (1 left out on this engine, "
+                                     "vacuous); ")
+    # the reference engine's collect-only pass records nothing
+    ref = _ctx(tmp_path / "ref", options=RunOptions(collect_only=True))
+    (tmp_path / "ref").mkdir()
+    assert ref.leave_out("x", "why") is None and ref.manifest.phases == []
+
+
+def test_a_kind_that_raises_a_usage_error_ends_its_scenario_not_the_run(tmp_path):
+    """Issue 48: should a kind still raise a UsageError once the engine runs, the suite goes on
+    (passes.run_suite): the rest of that scenario is one left-out phase with the message."""
+    from pleharness.passes import run_suite
+    from pleharness.scenarios.base import ScenarioError
+    from pleharness.scenarios.determinism import Determinism, DeterminismParams
+
+    class Raising(Determinism):
+        def run(self, ctx):
+            raise ScenarioError("its prompt's default request gave no token at position 8")
+
+    class Fine(Determinism):
+        def run(self, ctx):
+            ctx.note("fine_notes", "ran")
+
+    ctx = _ctx(tmp_path)
+    ctx.ensure_engine_alive = lambda: None
+    run_suite(ctx, [Raising("a", DeterminismParams(), "a.toml"),
+                    Fine("b", DeterminismParams(), "b.toml")], 1)
+    (ph,) = ctx.manifest.phases
+    assert (ph.name, ph.scenario, ph.status) == ("a-rest", "a", "skip")
+    assert ph.vacuous == ("the determinism kind could not go on on this engine: its prompt's "
+                          "default request gave no token at position 8")
+    assert ctx.manifest.tables["fine_notes"] == [{"note": "ran"}]

@@ -74,13 +74,20 @@ def test_unknown_kind_and_top_level_key(tmp_path):
         load_scenario_file(path)
 
 
-def test_validate_against_max_model_len(tmp_path):
-    sc = load_scenario_file("transitions")
-    with pytest.raises(ScenarioError, match="exceeds max_model_len 256"):
-        sc.validate_against({"max_model_len": 256, "vocab_size": 1000})
-    sc.validate_against({"max_model_len": 4096, "vocab_size": 1000})
-    with pytest.raises(ScenarioError, match="id_high is needed"):
-        sc.validate_against({"max_model_len": 4096})
+def test_prompts_are_fitted_to_the_engine_not_refused(tmp_path):
+    """Issue 48: transitions' prompts are shortened to fit max_model_len (with the q - 1
+    residues), IDs kept below the vocabulary; each change is said, none is an error."""
+    p = load_scenario_file("transitions").params.prompts
+    fit, notes = p.fitted({"max_model_len": 256, "vocab_size": 1000}, 32 + 3)
+    assert fit == (5, 221, 16, 1000)
+    assert notes == ["prompt lengths 5..300 shortened to 5..221: + 35 output tokens must fit "
+                     "max_model_len 256"]
+    assert p.fitted({"max_model_len": 4096, "vocab_size": 1000}, 35) == ((5, 300, 16, 1000), [])
+    assert p.fitted({"max_model_len": 4096}, 35) == (
+        (5, 300, 16, 256), ["vocabulary size unknown: prompt IDs drawn below 256"])
+    fit, notes = p.fitted({"max_model_len": 30}, 35)
+    assert fit is None and notes[-1] == ("no prompt fits: 35 output tokens leave no room in "
+                                         "max_model_len 30")
 
 
 def test_seeded_prompts_are_reproducible_and_spread():
@@ -142,13 +149,22 @@ def test_more_invalid_params(tmp_path, kind, body, message):
     assert str(e.value).startswith(f"{path}: ") and message in str(e.value)
 
 
-def test_max_tokens_beyond_max_model_len_is_refused_before_requests():
-    sc = load_scenario_file("boundary", {"max_tokens": 5000})
-    with pytest.raises(ScenarioError, match="leaves no room for a prompt: max_model_len is 4096"):
-        sc.validate_against({"max_model_len": 4096})
-    det = load_scenario_file("determinism", {"prompt_len": 5000})
-    with pytest.raises(ScenarioError, match="exceeds max_model_len 4096"):
-        det.validate_against({"max_model_len": 4096})
+def test_max_tokens_beyond_max_model_len_leaves_the_phases_out_before_requests():
+    """Issue 48: what cannot fit this engine is left out with its reason, no request sent."""
+    from pleharness.run.dryrun import plan_scenario
+    plan = plan_scenario(load_scenario_file("boundary", {"max_tokens": 5000}),
+                         {"max_model_len": 4096})
+    assert plan.error is None and plan.requests == 0
+    assert [(ph.name, ph.status) for ph in plan.load] == [
+        ("boundary-cold", "left out"), ("boundary-warm", "left out"),
+        ("boundary-repeat", "left out"), ("max-model-len-edges", "left out")]
+    assert {ph.vacuous for ph in plan.load} == {
+        "params.max_tokens 5000 leaves no room for a prompt: max_model_len is 4096"}
+    det = plan_scenario(load_scenario_file("determinism", {"prompt_len": 5000}),
+                        {"max_model_len": 4096})
+    assert det.error is None and det.load[0].prompt_lens == (4064, 4064)
+    assert det.notes == ["determinism_notes: prompt shortened to 4064 tokens (params.prompt_len "
+                         "5000 + max_tokens 32 exceeds max_model_len 4096)"]
 
 
 @pytest.mark.parametrize("what,body,key", [
@@ -225,18 +241,22 @@ def test_control_profile_checked_before_the_run_and_ignored_keys_warned(tmp_path
     assert f"--control-profile {named}: model, python ignored" in " ".join(r.stderr.split())
 
 
-def test_usage_error_found_with_the_engine_facts_exits_2_and_the_manifest_says_so(tmp_path):
-    """max_tokens against max_model_len needs the engine's max_model_len (the double: 4096), so
-    the run folder exists by then; exit 2 and the manifest names it a usage error."""
+def test_what_the_engine_cannot_fit_is_left_out_not_a_usage_error(tmp_path):
+    """Issue 48: max_tokens against max_model_len needs the engine's max_model_len (the double:
+    4096); once the engine is up that is no usage error: every pair phase is left out, vacuous,
+    with the reason, and the run completes."""
     import json
     from doubles import FakeEngine
     with FakeEngine() as eng:
         r = run_cli("stress", "--url", eng.url, "--scenario", "pairs", "--max-tokens", "5000",
                     "--vocab-size", "600", "--results-dir", str(tmp_path), "--run-id", "late",
                     timeout=120)
-    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.returncode == 0, r.stdout + r.stderr
     m = json.loads((tmp_path / "late" / "manifest.json").read_text())
-    assert m["status"] == "failed" and m["exit_code"] == 2 and m["verdict"] == "error"
-    assert m["reason"].startswith("usage error (exit 2; found once the engine's facts were "
-                                  "known): ")
-    assert "params.max_tokens" in m["reason"] and "max_model_len is 4096" in m["reason"]
+    assert m["status"] == "complete" and m["exit_code"] == 0 and m["verdict"] == "pass"
+    s = m["summary"]
+    assert s["phases_planned"] == s["phases_left_out"] == 4 and s["phases_completed"] == 0
+    assert [p["status"] for p in m["phases"]] == ["skip"] * 4
+    why = "params.max_tokens 5000 leaves no room for a prompt: max_model_len is 4096"
+    assert s["vacuous"] == [f"phase pair{i}: {why}" for i in range(1, 5)]
+    assert "4 left out on this engine, vacuous" in s["headline"]

@@ -82,7 +82,7 @@ FLOORS: dict[str, int] = {
     # 7 reading and writing runs: comparison, renderers, suites, configuration, confirmation, the
     # second engines and the passes of a stress run, its verdict
     "compare": 7, "suites": 7, "render": 7, "config": 7, "reproduce": 7, "verdict": 7,
-    "second_engine": 7, "passes": 7, "jobrun": 7,
+    "second_engine": 7, "passes": 7, "jobrun": 7, "planning": 7,
     # 8 the jobs
     "stress": 8, "fuzzjob": 8, "confirmjob": 8, "explain": 8, "selftest": 8, "factsjob": 8,
     # 9 the command line

@@ -1,4 +1,5 @@
-"""``ple-harness scenarios``: list the shipped scenarios, or check scenario and suite files."""
+"""``ple-harness scenarios``: list the shipped scenarios, check scenario and suite files, or
+plan them on an engine's facts (``--facts``) without starting one."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,8 +8,10 @@ from typing import Annotated, Optional
 import typer
 from rich.markup import escape
 
+from ..config import DEFAULT_SCENARIOS
 from ..errors import ExitCode, UsageError
-from ..scenarios import REGISTRY, scenario_dirs
+from ..planning import assumptions, load_plan_facts, plan_lines, plan_suite
+from ..scenarios import REGISTRY, load_scenarios, scenario_dirs
 from ..scenarios.base import load_scenario_file
 from ..suites import load_suite
 from ..tomlfile import read_toml
@@ -19,9 +22,24 @@ from . import Command, app, console, err_console
 def scenarios(check: Annotated[Optional[list[Path]], typer.Option(
         help="Check this scenario or suite file (a path or a shipped name; repeatable) with the "
              "same validation stress runs before any engine starts: every problem listed, "
-             "exit 2 when there is one.")] = None):
-    """List the shipped scenarios with a one-line description each (or check files: --check)."""
+             "exit 2 when there is one.")] = None,
+        facts: Annotated[Optional[Path], typer.Option(
+            help="Also plan the checked files (default: the default suite) on this engine's "
+                 "facts, without starting anything: a `ple-harness facts --json` file, a run's "
+                 "manifest.json or its run folder. Prints every load phase (requests, prompt "
+                 "lengths, max_tokens) and what will be left out or vacuous, and why; exit 4 "
+                 "when a scenario kind would fail on that engine (a ple-harness bug).")] = None,
+        no_chat_template: Annotated[bool, typer.Option(
+            "--no-chat-template", help="With --facts: plan for a model without a chat template "
+                                       "(a manifest says so itself).")] = False,
+        no_structured_outputs: Annotated[bool, typer.Option(
+            "--no-structured-outputs", help="With --facts: plan for an engine that serves no "
+                                            "structured output.")] = False):
+    """List the shipped scenarios with a one-line description each (or check files: --check;
+    plan them on an engine's facts: --facts)."""
 
+    if facts is not None:
+        raise typer.Exit(_plan(check or [], facts, no_chat_template, no_structured_outputs))
     if check:
         raise typer.Exit(_check(check))
     seen = set()
@@ -44,9 +62,7 @@ def _check(files: list[Path]) -> int:
     bad = 0
     for f in files:
         try:
-            data = read_toml(Path(f), "file") if Path(f).is_file() else {}
-            is_suite = "scenario" in data and "kind" not in data
-            if is_suite or (not Path(f).exists() and _is_suite_name(str(f))):
+            if _is_suite(f):
                 s = load_suite(str(f))
                 console.print(f"{escape(str(f))}: ok (suite of {len(s.scenario)} scenarios)")
             else:
@@ -56,6 +72,49 @@ def _check(files: list[Path]) -> int:
             bad += 1
             err_console.print(f"[red]{escape(str(f))}[/red]: {escape(str(exc))}")
     return ExitCode.USAGE if bad else ExitCode.OK
+
+
+def _plan(files: list[Path], facts_path: Path, no_chat: bool, no_structured: bool) -> int:
+    """``--facts``: each file (a suite or a scenario; none: the default suite) checked as
+    :func:`_check` does, then planned on the facts (:mod:`pleharness.planning`). Returns 2 for a
+    bad file or facts file (nothing planned), 4 when a plan has a problem, else 0."""
+    try:
+        facts, assume, source = load_plan_facts(facts_path)
+    except UsageError as exc:
+        err_console.print(f"[red]error:[/red] {escape(str(exc))}")
+        return ExitCode.USAGE
+    assume = assumptions(assume, chat_template=False if no_chat else None,
+                         structured_outputs=False if no_structured else None)
+    targets: list[tuple[str, list, int]] = []
+    try:
+        if not files:
+            targets.append(("default suite", list(DEFAULT_SCENARIOS), 1))
+        for f in files:
+            if _is_suite(f):
+                s = load_suite(str(f))
+                targets.append((f"suite {f}", s.scenario_refs(), s.repeat))
+            else:
+                targets.append((f"scenario {f}", [str(f)], 1))
+        loaded = [(title, load_scenarios(refs, {}), rep) for title, refs, rep in targets]
+    except (UsageError, ValueError) as exc:
+        err_console.print(f"[red]error:[/red] {escape(str(exc))}")
+        return ExitCode.USAGE
+    code = ExitCode.OK
+    for title, scs, rep in loaded:
+        plan = plan_suite(scs, facts, assume, rep, source)
+        for line in plan_lines(plan, title):
+            console.print(escape(line), highlight=False, soft_wrap=True)
+        if plan.problems:
+            code = ExitCode.INTERNAL
+    return code
+
+
+def _is_suite(f: Path) -> bool:
+    """A suite file (``[[scenario]]`` entries, no ``kind``), or a shipped suite's name."""
+    if Path(f).is_file():
+        data = read_toml(Path(f), "file")
+        return "scenario" in data and "kind" not in data
+    return not Path(f).exists() and _is_suite_name(str(f))
 
 
 def _is_suite_name(name: str) -> bool:

@@ -133,6 +133,9 @@ class Summary(_Section):
     headline: str | None = None
     phases_planned: int | None = None
     phases_completed: int | None = None
+    # planned load phases left out on this engine (status skip, vacuous with the reason:
+    # RunContext.leave_out); a complete run has completed + left out = planned
+    phases_left_out: int | None = None
     phases_failed: int | None = None
     hashes_compared: int | None = None
     hashes_matched: int | None = None

@@ -34,8 +34,8 @@ def render(m: Manifest, console: Console, max_failures: int = 20,
         t.add_column(col, justify=just)
     for ph in m.phases:
         compared = ph.matched + ph.mismatched
-        st = {"fail": "red", "pass": "", "not_run": "yellow", "interrupted": "yellow"}.get(
-            ph.status, "")
+        st = {"fail": "red", "pass": "", "not_run": "yellow", "interrupted": "yellow",
+              "skip": "yellow"}.get(ph.status, "")
         t.add_row(escape(ph.name), escape(ph.scenario), str(ph.concurrency), str(ph.requests),
                   f"{ph.matched}/{compared}" if ph.role == "load" or compared else "-",
                   str(ph.errors),

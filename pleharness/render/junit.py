@@ -41,7 +41,7 @@ def to_junit(m: Manifest) -> str:
                 f = ET.SubElement(tc, "failure", message=(corrupt[0] if corrupt else
                                                           p.reason or "phase failed"))
                 f.text = "\n".join(ev[:100])
-            elif p.status in ("not_run", "interrupted"):
+            elif p.status in ("not_run", "interrupted", "skip"):
                 skips += 1
                 ET.SubElement(tc, "skipped", message=p.reason or "not run")
         suite.set("tests", str(n))

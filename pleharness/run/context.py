@@ -29,8 +29,9 @@ from ..engine.completion import Completion
 from ..engine.facts import EngineFacts
 from ..engine.launch import EngineServer
 from ..errors import EngineError, UsageError
+from ..evidence import mark_vacuous
 from ..manifest import (CheckResult, Manifest, PhaseRecord, ReferenceRecord, RequestRecord,
-                        write_manifest)
+                        now_iso, write_manifest)
 from ..manifest.tables import NoteRow
 from ..prompts import ChatPromptBuilder
 from ..request import Outcome, RequestSpec
@@ -248,6 +249,28 @@ class RunContext:
             ph.status = "fail"
             ph.reason = (ph.reason + "; " if ph.reason else "") + (reason or check.detail)
         self.save()
+
+    def leave_out(self, name: str, reason: str, concurrency: int = 1) -> PhaseRecord | None:
+        """Record load phase ``name`` (its prefix added) as planned but left out on this engine:
+        what it needs does not fit the engine's facts or the outputs seen so far (a prompt
+        longer than max_model_len, no chat template, no prefix caching ...). The phase has
+        status ``skip``, no requests, and ``vacuous`` = ``reason`` with the ``engaged`` warning
+        (a failure under ``--strict``: :func:`pleharness.evidence.mark_vacuous`); it counts as
+        one of the scenario's planned phases, so a complete run accounts for every one (run or
+        left out). Returns the record; None on the collect-only pass (nothing recorded)."""
+        if self.options.collect_only:
+            return None
+        ph = PhaseRecord(index=len(self.manifest.phases), name=self.phase_prefix + name,
+                         scenario=self.scenario_name, repeat=self.repeat_index,
+                         concurrency=max(1, int(concurrency)), status="skip",
+                         reason=f"left out: {reason}", counts_for_throughput=False,
+                         started_at=now_iso(), ended_at=now_iso())
+        self.manifest.phases.append(ph)
+        mark_vacuous(self, ph, reason)  # writes the manifest
+        if self.console is not None:
+            self.console.print(f"[yellow]left out[/yellow] {escape(self.scenario_name)}: "
+                               f"{escape(ph.name)}: {escape(reason)}", highlight=False)
+        return ph
 
     def note(self, table: str, texts: str | Iterable[str], echo: bool = False) -> None:
         """Add note row(s) (:class:`~pleharness.manifest.tables.NoteRow`) to table ``table``

@@ -160,6 +160,10 @@ class ScenarioContext:
         """Add a scenario's own check to a phase (:meth:`RunContext.add_phase_check`)."""
         return self._run.add_phase_check(ph, check, reason)
 
+    def leave_out(self, name: str, reason: str, concurrency: int = 1) -> PhaseRecord | None:
+        """Record a planned phase left out, vacuous (:meth:`RunContext.leave_out`)."""
+        return self._run.leave_out(name, reason, concurrency)
+
     # -- tables and notes -------------------------------------------------------------------------
     def note(self, table: str, texts: str | Iterable[str], echo: bool = False) -> None:
         """Add note rows to a table (:meth:`RunContext.note`)."""

@@ -26,7 +26,6 @@ from ..manifest.tables import TableRow  # the scenario API's row base (kinds imp
 from ..tomlfile import find_named, read_toml, validate
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..engine.facts import EngineFacts
     from ..manifest import Manifest
     from ..run.scenario_context import ScenarioContext
 
@@ -74,12 +73,16 @@ class Scenario(ABC):
         return {"name": self.name, "kind": self.kind, "source": self.source,
                 "description": self.description, "params": self.params.model_dump()}
 
-    def validate_against(self, facts: "EngineFacts") -> None:  # noqa: B027 - optional hook
-        """Check parameters against engine facts (e.g. ``facts.max_model_len``) before any
-        request (a plain dict of values is accepted too: ``as_facts(facts)`` reads it typed).
-
-        Raises ScenarioError. Default: nothing to check.
-        """
+    @staticmethod
+    def leave_out_phases(ctx: "ScenarioContext", phases: "list[str | tuple[str, int]]",
+                         reason: str) -> None:
+        """Record each planned load phase of ``phases`` (a name, or (name, concurrency)) as left
+        out on this engine with ``reason`` (:meth:`ScenarioContext.leave_out`): what a kind does
+        when its requests cannot fit the engine's facts, instead of raising. Parameters that are
+        wrong on every engine are Params errors, found before the engine starts."""
+        for ph in phases:
+            name, c = (ph, 1) if isinstance(ph, str) else ph
+            ctx.leave_out(name, reason, c)
 
     def planned_phases(self) -> int:
         """How many load phases :meth:`run` records with these parameters (for the manifest's
@@ -93,6 +96,13 @@ class Scenario(ABC):
     @abstractmethod
     def run(self, ctx: "ScenarioContext") -> None:
         """Issue the scenario's phases through ``ctx``."""
+
+    def plan(self, ctx: "ScenarioContext") -> None:
+        """What :func:`pleharness.run.dryrun.plan_scenario` runs to plan this scenario on an
+        engine's facts without an engine: ``ctx`` is a planning context (its engine synthetic,
+        its phases recorded, not sent). Default: :meth:`run` itself, so the plan is what the run
+        does; a kind whose run is a search (``fuzz``) says what it would draw instead."""
+        self.run(ctx)
 
     @classmethod
     def put_table(cls, ctx: "ScenarioContext", key: str, rows: list[TableRow]) -> None:

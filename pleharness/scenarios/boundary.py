@@ -37,7 +37,7 @@ from ..manifest import CheckResult, Manifest
 from ..manifest.tables import NoteRow
 from ..request import Outcome, RequestSpec
 from .base import TableRow, register
-from .shared.chat import ChatParams, ChatScenario, boundary_spec, max_prompt_len
+from .shared.chat import ChatParams, ChatScenario, boundary_spec, max_prompt_len, note_no_chat
 from .shared.lengths import boundary_lengths, skipped_families
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -154,14 +154,26 @@ class Boundary(ChatScenario):
                   for r in split]
         m.tables["boundary_notes"] = [n.model_dump() for n in notes]
 
+    def phase_names(self) -> list[str]:
+        """The load phases, in order (as :meth:`planned_phases` counts them)."""
+        p = self.params
+        return (["boundary-cold"] + (["boundary-warm"] if p.cold_warm else [])
+                + (["boundary-repeat"] if p.cold_warm and p.solo_repeat else [])
+                + (["max-model-len-edges"] if p.edges else []))
+
     def run(self, ctx: "ScenarioContext") -> None:
         p = self.params
+        room = self.no_room(ctx.facts)
+        if room:
+            self.leave_out_phases(ctx, self.phase_names(), room)
+            return
         dropped: list = []
         lengths, notes = boundary_lengths(ctx.facts, p.depth, p.controls,
                                           max_prompt_len(ctx, p.max_tokens), p.extra_lengths,
                                           max_tokens=p.max_tokens, dropped=dropped)
         specs = [boundary_spec(ctx, p, bl.length, bl.why) for bl in lengths]
         ctx.note("boundary_notes", notes)
+        note_no_chat(ctx, p, "boundary_notes")
         cold = ctx.take_references(specs, phase_name="boundary-cold", cache_state="cold")
         took = cold is not None
         if took:
@@ -171,6 +183,9 @@ class Boundary(ChatScenario):
             # references exist already (a repeat, or --reference manifest/engine): the cold run
             # is compared with them like any other run
             cold = ctx.run_phase("boundary-cold", 1, specs, counts_for_throughput=False)
+        lost = lost_families(lengths, dropped, max_prompt_len(ctx, p.max_tokens))
+        if cold and cold.phase is not None and lost:
+            mark_vacuous(ctx, cold.phase, "; ".join(lost))
         hits: dict[str, float | None] = {}
         if p.cold_warm:
             def warm_issue(spec: RequestSpec):
@@ -287,12 +302,14 @@ class Boundary(ChatScenario):
         m = ctx.facts.max_model_len
         if not m:
             ctx.note("boundary_notes", "max_model_len edges skipped: max_model_len unknown")
+            ctx.leave_out("max-model-len-edges", "max_model_len unknown: no edge to probe")
             return
         m = int(m)
         cases = [(m - p.max_tokens - 1, p.max_tokens, "prompt + max_tokens = M - 1"),
                  (m - p.max_tokens, p.max_tokens, "prompt + max_tokens = M"),
                  (m - p.max_tokens + 1, p.max_tokens, "prompt + max_tokens = M + 1"),
                  (m, p.max_tokens, "prompt of exactly M tokens")]
+        cases = [c for c in cases if c[0] >= 1]
         specs = []
         for length, mt, why in cases:
             s = boundary_spec(ctx, p, length, why, max_tokens=mt)
@@ -309,6 +326,24 @@ class Boundary(ChatScenario):
                     output_len=o.record.output_len, answer=(o.record.error_detail or "")[:160],
                     check=o.record.checks[0].status if o.record.checks else None)
             for s, o in zip(specs, outs)])
+
+
+def lost_families(lengths, dropped, limit: int | None) -> list[str]:
+    """For each length family (``q``, ``n*B + q``, ``n*C + q``, ``n*A + q``, windows ...) whose
+    fact is known but none of whose lengths fits (all in ``dropped``: longer than ``limit`` =
+    M - max_tokens), why it was not tested: e.g. a chunk budget C above max_model_len, vLLM's
+    default for a short context, where no prompt is chunked. [] when every family kept a
+    length."""
+    def family(why: str) -> str:
+        return why.split(" = ")[0].split(" (")[0]
+    kept = {family(r) for bl in lengths for r in bl.reasons}
+    lost: dict[str, int] = {}
+    for bl in dropped:
+        fam = family(bl.why)
+        if fam not in kept:
+            lost[fam] = min(bl.length, lost.get(fam, bl.length))
+    return [f"{fam} lengths not tested: the shortest, {n}, is longer than M - max_tokens = "
+            f"{limit}" for fam, n in lost.items()]
 
 
 def _vs(r, ref_name: str) -> str:

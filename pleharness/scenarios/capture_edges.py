@@ -31,7 +31,7 @@ from pydantic import Field
 from ..engine.facts import as_facts, query_len
 from ..prompts import seeded_prompts
 from ..request import RequestSpec
-from .base import Params, Scenario, ScenarioError, TableRow, register
+from .base import Params, Scenario, TableRow, register
 from .transitions import MAX_CONCURRENCY, PromptSet
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -178,15 +178,6 @@ class CaptureEdges(Scenario):
     Params = CaptureEdgesParams
     tables = {"capture_edges": CaptureEdgeRow}
 
-    def validate_against(self, facts) -> None:
-        """Raises ScenarioError when the longest prompt + max_tokens exceeds max_model_len."""
-        facts = as_facts(facts)
-        m = facts.max_model_len
-        p = self.params
-        if m is not None and p.prompts.max_len + p.max_tokens > int(m):
-            raise ScenarioError(f"{self.source}: params.prompts.max_len + params.max_tokens "
-                                f"exceeds max_model_len {m}")
-
     phases = 0  # derived from the engine's facts at run time, added to the summary by run()
 
     def run(self, ctx: "ScenarioContext") -> None:
@@ -194,11 +185,16 @@ class CaptureEdges(Scenario):
         facts = ctx.facts
         levels, notes, skipped = concurrency_levels(facts, p.max_concurrency, p.max_levels)
         q = ctx.facts.q
-        hi = p.prompts.id_high or facts.vocab_or()
-        prompts = seeded_prompts(p.prompts.seed, p.prompts.count, p.prompts.min_len,
-                                 p.prompts.max_len, p.prompts.id_low, hi)
+        fit, fit_notes = p.prompts.fitted(facts, p.max_tokens)
+        notes += fit_notes
         rows: list[dict] = []
         ctx.add_planned_phases(len(levels))  # known only now (derived from the facts)
+        if fit is None:
+            self.leave_out_phases(ctx, [(f"capture-C{lv.concurrency}", lv.concurrency)
+                                        for lv in levels], fit_notes[-1])
+            ctx.note("capture_edges_notes", notes)
+            return
+        prompts = seeded_prompts(p.prompts.seed, p.prompts.count, *fit)
         if levels:
             ctx.take_references([RequestSpec(pr, p.max_tokens) for pr in prompts])
         nxt = 0

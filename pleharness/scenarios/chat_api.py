@@ -37,7 +37,7 @@ from ..errors import EngineError
 from ..manifest import CheckResult
 from ..prompts import Prompt
 from ..request import RequestSpec
-from .base import Params, Scenario, ScenarioError, TableRow, register
+from .base import Params, Scenario, TableRow, register
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..run.scenario_context import ScenarioContext
@@ -108,33 +108,39 @@ class ChatApi(Scenario):
     summary = ("the /v1/chat/completions path: each chat answer equals the completions "
                "reference of its template's IDs, alone and under load")
     Params = ChatApiParams
-    phases = 0  # 2, counted once the model's chat template answers (none: skipped, noted)
+    phases = 2  # left out (vacuous, with the reason) without a chat template or room in M
     tables = {"chat_api": ChatRow}
 
     def run(self, ctx: "ScenarioContext") -> None:
         p = self.params
         convs = conversations(p)
         comp, chat = [], []
+        names = ["chat-api-solo", (f"chat-api-c{p.concurrency}", p.concurrency)]
+        m = ctx.facts.max_model_len
         for i, msgs in enumerate(convs):
             try:
                 ids = ctx.client.tokenize(messages=[{"role": r, "content": c} for r, c in msgs],
                                           add_generation_prompt=True)
             except EngineError as exc:  # no chat template: nothing to test, and said so
-                ctx.note("chat_api_notes", "chat path not exercised: /tokenize of a conversation "
-                         f"failed ({str(exc)[:200]}); the model may have no chat template",
-                         echo=True)
+                self.leave_out_phases(ctx, names, "chat path not exercised: /tokenize of a "
+                                      f"conversation failed ({str(exc)[:200]}); the model may "
+                                      "have no chat template")
                 return
-            m = ctx.facts.max_model_len
             if m is not None and len(ids) + p.max_tokens > int(m):
-                raise ScenarioError(f"{self.source}: conversation {i} is {len(ids)} tokens: with "
-                                    f"max_tokens {p.max_tokens} beyond max_model_len {m} "
-                                    "(lower max_words)")
+                ctx.note("chat_api_notes", f"conversation {i} left out: {len(ids)} tokens + "
+                         f"max_tokens {p.max_tokens} exceed max_model_len {m}", echo=True)
+                continue
             prompt = Prompt(f"chat-api-{i}", tuple(int(t) for t in ids),
                             text=msgs[-1][1][:60])
             spec = RequestSpec(prompt, p.max_tokens, note=f"conversation {i}: completions path")
             comp.append(spec)
             chat.append(replace(spec, messages=msgs, note=f"conversation {i}: chat path"))
-        ctx.add_planned_phases(2)
+        if not comp:
+            self.leave_out_phases(ctx, names, f"no conversation fits max_model_len {m} with "
+                                  f"max_tokens {p.max_tokens} (lower max_words)")
+            return
+        convs = [msgs for i, msgs in enumerate(convs)
+                 if any(s.prompt.key == f"chat-api-{i}" for s in comp)]
         ctx.take_references(comp)
         solo = ctx.run_phase("chat-api-solo", 1, chat)
         if not solo:

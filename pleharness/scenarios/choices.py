@@ -56,7 +56,8 @@ from ..engine_probe import seeded_samples_decision
 from ..manifest import CheckResult
 from ..prompts import Prompt, seeded_prompts
 from ..request import RequestSpec
-from .base import Params, Scenario, ScenarioError, TableRow, register
+from .base import Params, Scenario, TableRow, register
+from .shared.lengths import fit_prompts, fitted_range
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..run.scenario_context import ScenarioContext
@@ -133,14 +134,12 @@ class Choices(Scenario):
     phases = 2
     tables = {"choices": ChoicesRow}
 
-    def validate_against(self, facts) -> None:
-        """Raises ScenarioError when max_len + max_tokens exceeds max_model_len."""
-        facts = as_facts(facts)
+    def prompt_lengths(self, facts) -> tuple[int, int] | None:
+        """(min_len, max_len) of the greedy prompts on this engine (``facts``: EngineFacts or a
+        dict of values), shortened so that prompt + max_tokens fits max_model_len; None when
+        no prompt fits."""
         p = self.params
-        m = facts.max_model_len
-        if m is not None and p.max_len + p.max_tokens > int(m):
-            raise ScenarioError(f"{self.source}: params.max_len + params.max_tokens exceeds "
-                                f"max_model_len {m}")
+        return fitted_range(facts, p.min_len, p.max_len, p.max_tokens)
 
     # -- what is safe to send ---------------------------------------------------------------------
     def unsafe_sampling(self, facts) -> str | None:
@@ -195,6 +194,11 @@ class Choices(Scenario):
     # -- run --------------------------------------------------------------------------------------
     def run(self, ctx: "ScenarioContext") -> None:
         p = self.params
+        names = [("choices-solo", 1), (f"choices-c{p.concurrency}", p.concurrency)]
+        lens = fit_prompts(ctx, names, p.min_len, p.max_len, p.max_tokens, "choices_notes",
+                           "greedy prompts")
+        if lens is None:
+            return
         vocab = ctx.facts.vocab_or()
         unsafe = self.unsafe_sampling(ctx.facts)
         rows: list[ChoicesRow] = []
@@ -202,7 +206,7 @@ class Choices(Scenario):
         greedy_refs: list[RequestSpec] = []
         r = 0
         if p.prompts:
-            for pr in seeded_prompts(p.seed, p.prompts, p.min_len, p.max_len, 16, vocab):
+            for pr in seeded_prompts(p.seed, p.prompts, lens[0], lens[1], 16, vocab):
                 n = p.n[r % len(p.n)]
                 base = RequestSpec(pr, p.max_tokens, note=f"greedy request {r} (top-1, n = {n})",
                                    checks={**{c: {} for c in DEFAULT_CHECKS}, "choices": {}})
@@ -239,8 +243,9 @@ class Choices(Scenario):
             requests.append(self._split(base, n))
         self.put_table(ctx, "choices", rows)
         if not requests:
-            ctx.note("choices_notes", "no request for several choices sent: " + (unsafe or ""),
-                     echo=True)
+            why = "no request for several choices sent: " + (unsafe or "")
+            ctx.note("choices_notes", why, echo=True)
+            self.leave_out_phases(ctx, names, why)
             return
         # not in the throughput figures (as sampled's): short requests of several choices, no
         # decode benchmark; a C1 phase of n children is no single-sequence rate either

@@ -155,9 +155,15 @@ class Constrained(Scenario):
 
     def run(self, ctx: "ScenarioContext") -> None:
         p = self.params
+        names = [(f"constrained-c{p.concurrency}", p.concurrency),
+                 (f"constrained-c{p.concurrency}-swapped", p.concurrency)]
+        m = ctx.facts.max_model_len
         why = self.probe(ctx)
+        if why is None and m is not None and max(p.max_tokens, p.neighbour_tokens) + 8 > int(m):
+            why = (f"max_tokens {max(p.max_tokens, p.neighbour_tokens)} leaves no room for a "
+                   f"prompt: max_model_len is {m}")
         if why is not None:
-            ctx.note("constrained_notes", "constrained output not exercised: " + why, echo=True)
+            self.leave_out_phases(ctx, names, "constrained output not exercised: " + why)
             return
         rng = random.Random(p.seed)
         checks = {**{c: {} for c in DEFAULT_CHECKS}, NAME: {}}
@@ -171,6 +177,18 @@ class Constrained(Scenario):
         nbs = [RequestSpec(text_prompt(ctx, f"constrained-nb{j}", rng, rng.randrange(8, 60)),
                            p.neighbour_tokens, note="unconstrained neighbour")
                for j in range(p.neighbours)]
+        if m is not None:  # a prompt too long for this engine's max_model_len: left out
+            long = [s for s in cons + nbs if len(s.prompt) + s.max_tokens > int(m)]
+            if long:
+                ctx.note("constrained_notes", f"{len(long)} prompt(s) left out: prompt + "
+                         f"max_tokens exceeds max_model_len {m} ("
+                         + ", ".join(s.prompt.key for s in long[:4]) + ")", echo=True)
+            cons = [s for s in cons if s not in long]
+            nbs = [s for s in nbs if s not in long]
+            if not cons:
+                self.leave_out_phases(ctx, names, "constrained output not exercised: no "
+                                      f"constrained prompt fits max_model_len {m}")
+                return
         refs = ctx.take_references(cons + nbs)
         solo = self.__dict__.setdefault("_solo_errors", {})  # kept across the suite's repeats
         solo.update({o.spec.ref_key: o.completion.error_detail or o.completion.error
@@ -189,6 +207,8 @@ class Constrained(Scenario):
             sent.append(replace(s, checks={**s.checks, NAME: {"must_finish": finished}}))
         if not sent:
             self.put_table(ctx, "constrained", rows)
+            self.leave_out_phases(ctx, names, "constrained output not exercised: every "
+                                  "constrained request's solo run failed")
             return
         first = [x for c, n in zip(sent, _pad(nbs, len(sent))) for x in (c, n) if x]
         swapped = [x for c, n in zip(sent, _pad(nbs, len(sent))) for x in (n, c) if x]

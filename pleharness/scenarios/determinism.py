@@ -7,8 +7,6 @@ produced each (the distribution); more than one distinct output fails the phase 
 """
 from __future__ import annotations
 
-from ..engine.facts import as_facts
-
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +15,7 @@ from pydantic import Field
 from ..manifest import CheckResult
 from ..prompts import seeded_prompts
 from ..request import RequestSpec
-from .base import Params, Scenario, ScenarioError, TableRow, register
+from .base import Params, Scenario, TableRow, register
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..run.scenario_context import ScenarioContext
@@ -54,19 +52,21 @@ class Determinism(Scenario):
 
     phases = 1
 
-    def validate_against(self, facts) -> None:
-        """Raises ScenarioError when prompt_len + max_tokens exceeds max_model_len."""
-        facts = as_facts(facts)
-        m = facts.max_model_len
-        if m is not None and self.params.prompt_len + self.params.max_tokens > int(m):
-            raise ScenarioError(f"{self.source}: params.prompt_len + params.max_tokens = "
-                                f"{self.params.prompt_len + self.params.max_tokens} exceeds "
-                                f"max_model_len {m}")
-
     def run(self, ctx: "ScenarioContext") -> None:
         p = self.params
         vocab = ctx.facts.vocab_or()
-        (prompt,) = seeded_prompts(p.seed, 1, p.prompt_len, p.prompt_len, 16, vocab)
+        m = ctx.facts.max_model_len
+        n = p.prompt_len if m is None else min(p.prompt_len, int(m) - p.max_tokens)
+        if n < 1:
+            self.leave_out_phases(ctx, [(f"identical-x{p.n}", p.n)], f"params.max_tokens "
+                                  f"{p.max_tokens} leaves no room for a prompt: max_model_len "
+                                  f"is {m}")
+            return
+        if n < p.prompt_len:
+            ctx.note("determinism_notes", f"prompt shortened to {n} tokens (params.prompt_len "
+                     f"{p.prompt_len} + max_tokens {p.max_tokens} exceeds max_model_len {m})",
+                     echo=True)
+        (prompt,) = seeded_prompts(p.seed, 1, n, n, 16, vocab)
         specs = [RequestSpec(prompt, p.max_tokens, compare=False) for _ in range(p.n)]
         outs = ctx.run_phase(f"identical-x{p.n}", p.n, specs)
         if not outs:

@@ -46,7 +46,7 @@ from ..evidence import mark_vacuous
 from ..manifest import CheckResult, Manifest
 from ..prompts import Prompt
 from ..request import Outcome, RequestSpec
-from .base import Params, Scenario, ScenarioError, TableRow, register
+from .base import Params, Scenario, TableRow, register
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..run.scenario_context import ScenarioContext
@@ -110,34 +110,44 @@ class Disconnects(Scenario):
             ("phase", "phase"), ("request", "request_id"), ("role", "role"),
             ("prompt length:", "prompt_len"), ("result", "result"), ("tokens:", "tokens")])
 
-    def _long_len(self, facts) -> int:
+    def lengths(self, facts) -> tuple[int, int] | None:
+        """(prompt_len, long prompt length) in tokens on an engine with ``facts`` (EngineFacts or
+        a dict of values): ``long_prompt_len``, or min(2*C + B/2, M - max_tokens) when 0; each
+        shortened so that it + max_tokens fits max_model_len M. None when not even a 2-token
+        prompt fits."""
         facts = as_facts(facts)
         p = self.params
-        if p.long_prompt_len:
-            return p.long_prompt_len
+        m = facts.max_model_len
         c = (facts.max_num_batched_tokens or 256)
         b = (facts.block_size or 16)
-        m = facts.max_model_len
-        n = 2 * c + b // 2
-        return min(n, int(m) - p.max_tokens) if m else n
-
-    def validate_against(self, facts) -> None:
-        """Raises ScenarioError when a prompt + max_tokens exceeds max_model_len."""
-        facts = as_facts(facts)
-        m = facts.max_model_len
-        p = self.params
-        if m is None:
-            return
-        for key, n in (("prompt_len", p.prompt_len), ("long_prompt_len", self._long_len(facts))):
-            if n + p.max_tokens > int(m) or n < 2:
-                raise ScenarioError(f"{self.source}: params.{key} ({n}) + params.max_tokens "
-                                    f"({p.max_tokens}) exceeds max_model_len {m}")
+        long = p.long_prompt_len or 2 * c + b // 2
+        if not m:
+            return p.prompt_len, long
+        limit = int(m) - p.max_tokens
+        if limit < 2:
+            return None
+        return min(p.prompt_len, limit), min(long, limit)
 
     def run(self, ctx: "ScenarioContext") -> None:
         p = self.params
         facts = ctx.facts
         m = facts.max_model_len
-        neighbours, mid, long, sharers = self._prompts(facts)
+        lens = self.lengths(facts)
+        if lens is None:
+            self.leave_out_phases(ctx, [("disconnect", p.neighbours + 2),
+                                        ("after-disconnect", 4)],
+                                  f"params.max_tokens {p.max_tokens} leaves no room for a "
+                                  f"prompt: max_model_len is {m}")
+            return
+        if lens[0] < p.prompt_len or (p.long_prompt_len and lens[1] < p.long_prompt_len):
+            ctx.note("disconnects_notes", f"prompts shortened to {lens[0]} and {lens[1]} tokens "
+                     f"to fit max_model_len {m} with max_tokens {p.max_tokens}", echo=True)
+        c = facts.max_num_batched_tokens
+        if c and lens[1] <= int(c):
+            ctx.note("disconnects_notes", f"the prompt abandoned before its first token has "
+                     f"{lens[1]} tokens, not more than the chunk budget C = {c}: its prefill is "
+                     "one engine step, so the disconnect may come after it", echo=True)
+        neighbours, mid, long, sharers = self._prompts(facts, lens)
         mt = p.max_tokens
         # the abandoned mid-decode run asks for more tokens, so that its stream is still going
         # when the client walks away (its first tokens are compared with the re-sent run's)
@@ -180,7 +190,8 @@ class Disconnects(Scenario):
         rows += [_row("after-disconnect", froles[o.spec.prompt.hash], o) for o in after]
         self.put_table(ctx, "disconnects", rows)
 
-    def _prompts(self, facts) -> tuple[list[Prompt], Prompt, Prompt, list[tuple[Prompt, str]]]:
+    def _prompts(self, facts, lens: tuple[int, int]
+                 ) -> tuple[list[Prompt], Prompt, Prompt, list[tuple[Prompt, str]]]:
         """(neighbours, the mid-decode prompt, the long prefill prompt, sharers): random token
         IDs from ``seed``, drawn in that order; a sharer (prompt, why) shares the abandoned
         prompts' blocks: the mid-decode one's first block, the long one's first prefill chunk
@@ -197,9 +208,9 @@ class Disconnects(Scenario):
             ids = head + tuple(rng.randrange(16, vocab) for _ in range(n - len(head)))
             return Prompt(key=f"{key}-len{n}", ids=ids)
 
-        neighbours = [prompt(f"disc-neighbour{i}", p.prompt_len) for i in range(p.neighbours)]
-        mid = prompt("disc-mid", p.prompt_len)
-        long = prompt("disc-prefill", self._long_len(facts))
+        neighbours = [prompt(f"disc-neighbour{i}", lens[0]) for i in range(p.neighbours)]
+        mid = prompt("disc-mid", lens[0])
+        long = prompt("disc-prefill", lens[1])
         tail = max(2, b // 2 + 3)
         chunk_blocks = max(1, min(len(long) // b - 1,
                                   (facts.max_num_batched_tokens or 256) // b))

@@ -24,7 +24,8 @@ from ..manifest import CheckResult
 from ..request import RequestSpec
 from .base import TableRow, register
 from .shared.inserting import InsertTrigger
-from .shared.chat import ChatParams, ChatScenario, boundary_spec, builder, max_prompt_len
+from .shared.chat import (ChatParams, ChatScenario, boundary_spec, max_prompt_len, note_no_chat,
+                          text_prompt)
 from .shared.lengths import boundary_lengths
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -73,18 +74,46 @@ class Insert(ChatScenario):
 
     phases = 1
 
+    def decode_spec(self, ctx: "ScenarioContext") -> tuple[RequestSpec | None, str | None]:
+        """(the ongoing decode's request, a note or None): "Count from 1 to N." with max_tokens
+        ``decode_tokens`` (0: 3 N), as far as max_model_len M allows; where M leaves fewer
+        than N tokens after the prompt, N becomes a third of what is left (said in the note).
+        (None, why) when no decode of ``insert_after_tokens`` + 1 tokens fits."""
+        p = self.params
+        m = ctx.facts.max_model_len
+        n = p.count_to
+        note = None
+        while True:
+            text = f"Count from 1 to {n}."
+            prompt = text_prompt(ctx, p, text, f"count-to-{n}")
+            n_decode = p.decode_tokens or 3 * n
+            if m is None:
+                break
+            room = int(m) - len(prompt) - 1
+            if room < p.insert_after_tokens + 1:
+                return None, (f"no ongoing decode fits: max_model_len {m} leaves {room} "
+                              f"tokens after the {len(prompt)}-token decode prompt, fewer than "
+                              f"insert_after_tokens {p.insert_after_tokens} + 1")
+            if room >= n or n <= 1:
+                n_decode = max(min(n, room), min(n_decode, room))
+                break
+            n = max(1, room // 3)
+            note = (f"the decode counts to {n}, not {p.count_to}: max_model_len {m} leaves "
+                    f"{room} tokens after the prompt")
+        decode = RequestSpec(prompt, n_decode, note="ongoing decode")
+        decode.checks["counting"] = {"n": n}
+        return decode, note
+
     def run(self, ctx: "ScenarioContext") -> None:
         p = self.params
-        b = builder(ctx, p)
-        text = f"Count from 1 to {p.count_to}."
-        tpl = b.template(text)
-        n_decode = p.decode_tokens or 3 * p.count_to
-        m = ctx.facts.max_model_len
-        if m is not None:
-            n_decode = max(p.count_to, min(n_decode, int(m) - len(tpl) - 1))
-        decode = RequestSpec(b.prompt(text, f"count-to-{p.count_to}"), n_decode,
-                             note="ongoing decode")
-        decode.checks["counting"] = {"n": p.count_to}
+        room = self.no_room(ctx.facts)
+        decode, note = (None, room) if room else self.decode_spec(ctx)
+        if decode is None:
+            self.leave_out_phases(ctx, [("insert", 2)], note)
+            return
+        if note:
+            ctx.note("insert_notes", note, echo=True)
+        note_no_chat(ctx, p, "insert_notes")
         lengths, notes = boundary_lengths(ctx.facts, p.depth, p.controls,
                                           max_prompt_len(ctx, p.max_tokens), p.extra_lengths)
         inserts = [boundary_spec(ctx, p, bl.length, bl.why) for bl in lengths][: p.max_inserts]

@@ -146,6 +146,7 @@ class KvPressure(Scenario):
         if not plan["ok"]:
             ctx.set_table("kv_pressure", [KvPressureSkipRow(result=f"skipped: {plan['reason']}",
                                                             facts=facts)])
+            ctx.leave_out("kv-pressure", f"KV pressure not tested: {plan['reason']}")
             return
         hi = ctx.facts.vocab_or()
         prompts = seeded_prompts(p.seed, plan["n"], plan["prompt_len"], plan["prompt_len"], 16,

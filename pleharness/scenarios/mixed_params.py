@@ -32,8 +32,6 @@ differs from its prompt's default output, a warning when none does (nothing was 
 """
 from __future__ import annotations
 
-from ..engine.facts import as_facts
-
 from collections import Counter
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -44,7 +42,8 @@ from ..checks import DEFAULT_CHECKS
 from ..manifest import CheckResult
 from ..prompts import seeded_prompts
 from ..request import RequestSpec
-from .base import Params, Scenario, ScenarioError, TableRow, register
+from .base import Params, Scenario, TableRow, register
+from .shared.lengths import fit_prompts, fitted_range
 from .shared.stops import stop_id
 from .stop_strings import phase_of
 
@@ -148,26 +147,24 @@ class MixedParams(Scenario):
     phases = 3
     tables = {"mixed_params": MixedRow}
 
-    def validate_against(self, facts) -> None:
-        """Raises ScenarioError when max_len + max_tokens exceeds max_model_len, or when
-        min_len > max_len."""
-        facts = as_facts(facts)
+    def prompt_lengths(self, facts) -> tuple[int, int] | None:
+        """(min_len, max_len) of the prompts on this engine (``facts``: EngineFacts or a dict of
+        values): the parameters', shortened so that prompt + max_tokens fits max_model_len;
+        None when no prompt fits."""
         p = self.params
-        if p.min_len > p.max_len:
-            raise ScenarioError(f"{self.source}: params.min_len {p.min_len} > params.max_len "
-                                f"{p.max_len}")
-        m = facts.max_model_len
-        if m is not None and p.max_len + p.max_tokens > int(m):
-            raise ScenarioError(f"{self.source}: params.max_len + params.max_tokens exceeds "
-                                f"max_model_len {m}")
+        return fitted_range(facts, p.min_len, p.max_len, p.max_tokens)
 
     def run(self, ctx: "ScenarioContext") -> None:
         p = self.params
+        c = p.concurrency
+        names = [(f"mixed-before-c{c}", c), (f"mixed-c{c}", c), (f"mixed-after-c{c}", c)]
+        lens = fit_prompts(ctx, names, p.min_len, p.max_len, p.max_tokens, "mixed_params_notes")
+        if lens is None:
+            return
         vocab = ctx.facts.vocab_or()
-        prompts = seeded_prompts(p.seed, len(p.variants), p.min_len, p.max_len, 16, vocab)
+        prompts = seeded_prompts(p.seed, len(p.variants), lens[0], lens[1], 16, vocab)
         defaults = [RequestSpec(pr, p.max_tokens) for pr in prompts]
         ctx.take_references(defaults)
-        c = p.concurrency
         before = ctx.run_phase(f"mixed-before-c{c}", c, defaults)
         if not before:
             return  # reference pass only (collect-only)
@@ -180,20 +177,19 @@ class MixedParams(Scenario):
                 left[n] = why
                 variants.append(None)
                 continue
+            why = self.unfit(v, o)
+            if why is not None:  # the default output lacks what the variant is built from
+                left[n] = why
+                variants.append(None)
+                ctx.note("mixed_params_notes", f"variant {v.name!r} left out: {why}", echo=True)
+                continue
+            ids = o.completion.token_ids
             bias = None
             if v.logit_bias_top is not None:
-                ids = o.completion.token_ids
-                if o.completion.error is not None or not ids:
-                    raise ScenarioError(f"{self.source}: variant {v.name!r}: its prompt's default "
-                                        "request failed; no token to bias")
                 top = Counter(ids).most_common(1)[0][0]
                 bias = ((int(top), float(v.logit_bias_top)),)
             stop_ids = None
             if v.stop_token_at is not None:
-                ids = o.completion.token_ids
-                if o.completion.error is not None or len(ids) <= v.stop_token_at:
-                    raise ScenarioError(f"{self.source}: variant {v.name!r}: its prompt's default "
-                                        f"request gave no token at position {v.stop_token_at}")
                 stop_ids = (stop_id(ids, v.stop_token_at),)
             sampled = v.temperature > 0
             checks = ({"vocab_range": {}, "usage": {}} if sampled
@@ -243,6 +239,27 @@ class MixedParams(Scenario):
                                      "output: a leak of their parameters would be invisible")
         ctx.add_phase_check(ph, res)
         ctx.run_phase(f"mixed-after-c{c}", c, defaults)
+
+    def unfit(self, v: Variant, o) -> str | None:
+        """Why variant ``v`` cannot be built from its prompt's default outcome ``o`` (phase
+        ``mixed-before``), or None: a logit bias needs an output token, ``stop_token_at`` a
+        token at that position. Never raised: the variant is left out with this reason. The
+        default request is greedy with ignore_eos, so a healthy engine answers all max_tokens
+        IDs: a failed or shorter answer is the engine's defect, judged as such by the
+        default request's own checks (``usage``: fewer IDs than max_tokens with ignore_eos)."""
+        c = o.completion
+        if c.error is not None:
+            return f"its prompt's default request failed ({c.error}): nothing to build it from"
+        n = len(c.token_ids)
+        need = 1 if v.stop_token_at is None else v.stop_token_at + 1
+        if (v.logit_bias_top is not None or v.stop_token_at is not None) and n < need:
+            short = (f" of the {o.spec.max_tokens} asked with ignore_eos: cut short, a "
+                     "finding of the default request's checks" if o.spec.ignore_eos
+                     and n < o.spec.max_tokens else "")
+            at = "no token to bias" if v.stop_token_at is None else \
+                f"no token at position {v.stop_token_at}"
+            return f"its prompt's default output has {n} token(s){short}: {at}"
+        return None
 
     def left_out(self, v: Variant, k: int) -> str | None:
         """Why variant ``v`` is not sent to an engine with ``k`` speculative tokens, or None.

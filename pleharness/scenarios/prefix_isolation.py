@@ -28,8 +28,9 @@ them (i*B tokens) and must compute the rest itself.
    original; 0 hits where hits were expected, or no near duplicate whose reference differs from
    the original's output, is a warning (vacuous), never a pass.
 
-Block size B is an engine fact (``ctx.facts``); the scenario is skipped (a note in
-``tables.prefix_isolation_notes``) when it is unknown. Table ``tables.prefix_isolation``: one row
+Block size B is an engine fact (``ctx.facts``; a hybrid model's prefix-cache alignment unit
+where it differs, :meth:`PrefixIsolation.layout`); both phases are left out (vacuous, with the
+reason) when it is unknown, when prefix caching is off, or when no block fits max_model_len. Table ``tables.prefix_isolation``: one row
 per near duplicate.
 """
 from __future__ import annotations
@@ -46,7 +47,8 @@ from ..evidence import mark_vacuous
 from ..manifest import CheckResult, Manifest
 from ..prompts import Prompt
 from ..request import Outcome, RequestSpec
-from .base import Params, Scenario, ScenarioError, TableRow, register
+from .base import Params, Scenario, TableRow, register
+from .shared.lengths import alignment_unit
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..run.scenario_context import ScenarioContext
@@ -101,42 +103,57 @@ class PrefixIsolation(Scenario):
             ("reference", "reference_cache"),
             ("differs from original", "reference_differs_from_original"), ("result", "result")])
 
-    def _lengths(self, b: int) -> tuple[int, list[int]]:
-        """(prompt length, changed positions) for block size ``b``."""
+    def layout(self, facts) -> tuple[int, int, list[int], list[str]] | str:
+        """(U, prompt length, changed positions, notes) on an engine with ``facts`` (EngineFacts
+        or a dict of values), or why the scenario is left out there (a str). U is the unit a
+        prefix-cache hit covers: the block size B, or a hybrid model's alignment unit where it
+        differs (:func:`pleharness.scenarios.shared.lengths.alignment_unit`). The prompt is
+        ``prompt_len`` or blocks * U + max(4, U/4) tokens; ``offset`` at or past U becomes U/2,
+        and blocks are dropped from the end until the prompt + max_tokens fits max_model_len
+        and every changed position lies inside the prompt (each change said in the notes).
+        Left out: U unknown, prefix caching off, or no block fits."""
+        f = as_facts(facts)
         p = self.params
-        off = b // 2 if p.offset < 0 else p.offset
-        if off >= b:
-            raise ScenarioError(f"{self.source}: params.offset ({off}) must be below the block "
-                                f"size B = {b}")
-        n = p.prompt_len or p.blocks * b + max(4, b // 4)
-        offs = sorted({off, b - 1} if p.last_position else {off})
-        pos = [i * b + o for i in range(p.blocks) for o in offs]
-        if pos[-1] >= n:
-            raise ScenarioError(f"{self.source}: params.prompt_len ({n}) must be longer than the "
-                                f"last changed position {pos[-1]} (blocks = {p.blocks}, B = {b})")
-        return n, pos
-
-    def validate_against(self, facts) -> None:
-        """Raises ScenarioError for an offset >= B, a prompt too short for its blocks, or a prompt
-        + max_tokens over max_model_len."""
-        facts = as_facts(facts)
-        b, m = facts.block_size, facts.max_model_len
-        if not b:
-            return
-        n, _ = self._lengths(int(b))
-        if m is not None and n + self.params.max_tokens > int(m):
-            raise ScenarioError(f"{self.source}: the prompt ({n} tokens) + params.max_tokens "
-                                f"({self.params.max_tokens}) exceeds max_model_len {m}")
+        if f.prefix_caching is False:
+            return ("prefix caching is off in this engine: a near duplicate cannot be served "
+                    "from the original's cached blocks, so isolation is not tested")
+        a, a_name = alignment_unit(f)
+        u = a or f.block_size
+        if not u:
+            return "block size B unknown (attach with --block-size)"
+        u = int(u)
+        notes = [f"unit U = {u} ({a_name}, the prefix-cache hit alignment)"] if a else []
+        off = u // 2 if p.offset < 0 else p.offset
+        if off >= u:
+            notes.append(f"params.offset {off} is not below U = {u}: offset U/2 = {u // 2} used")
+            off = u // 2
+        offs = sorted({off, u - 1} if p.last_position else {off})
+        m = f.max_model_len
+        limit = None if m is None else int(m) - p.max_tokens
+        for blocks in range(p.blocks, 0, -1):
+            n = p.prompt_len or blocks * u + max(4, u // 4)
+            if limit is not None:
+                n = min(n, limit)
+            pos = [i * u + o for i in range(blocks) for o in offs if i * u + o < n]
+            if pos and (blocks == 1 or max(pos) // u == blocks - 1):
+                if blocks < p.blocks:
+                    notes.append(f"{blocks} of params.blocks {p.blocks} block(s) varied: a "
+                                 f"prompt of {n} tokens + max_tokens {p.max_tokens} within "
+                                 f"max_model_len {m}")
+                return u, n, pos, notes
+        return (f"no near duplicate fits: a prompt longer than one U = {u}-token unit + "
+                f"max_tokens {p.max_tokens} exceeds max_model_len {m}" if limit is not None else
+                f"params.prompt_len {p.prompt_len} leaves no position inside the first block")
 
     def run(self, ctx: "ScenarioContext") -> None:
         p = self.params
-        b = ctx.facts.block_size
-        if not b:
-            ctx.note("prefix_isolation_notes", "prefix_isolation skipped: block size B unknown "
-                     "(attach with --block-size)")
+        lay = self.layout(ctx.facts)
+        if isinstance(lay, str):
+            self.leave_out_phases(ctx, ["isolation-original", "isolation-near-duplicates"], lay)
             return
-        b = int(b)
-        original, dups = self._prompts(ctx, b)
+        b, n, positions, notes = lay
+        ctx.note("prefix_isolation_notes", notes, echo=True)
+        original, dups = self._prompts(ctx, n, positions, b)
         orig_spec = RequestSpec(original, p.max_tokens)
         dup_specs = [RequestSpec(d, p.max_tokens) for d, _ in dups]
         fresh, ref_cache = _take_references(ctx, orig_spec, dup_specs)
@@ -167,12 +184,12 @@ class PrefixIsolation(Scenario):
                 request_id=r.id))
         self.put_table(ctx, "prefix_isolation", rows)
 
-    def _prompts(self, ctx: "ScenarioContext", b: int) -> tuple[Prompt, list[tuple[Prompt, int]]]:
-        """(original, near duplicates): the original's random token IDs from ``seed``; each
-        near duplicate (prompt, changed position) is the original with one token changed at a
-        position of :meth:`_lengths` (block size ``b``)."""
+    def _prompts(self, ctx: "ScenarioContext", n: int, positions: list[int], b: int
+                 ) -> tuple[Prompt, list[tuple[Prompt, int]]]:
+        """(original, near duplicates): the original's ``n`` random token IDs from ``seed``;
+        each near duplicate (prompt, changed position) is the original with one token changed
+        at one of ``positions`` (:meth:`layout`; ``b``: the unit U)."""
         p = self.params
-        n, positions = self._lengths(b)
         vocab = ctx.facts.vocab_or()
         rng = random.Random(p.seed)
         orig_ids = [rng.randrange(16, vocab) for _ in range(n)]

@@ -41,7 +41,9 @@ from ..checks import DEFAULT_CHECKS
 from ..checks.prompt_logprobs import NAME, PARITY, measure_parity, parity
 from ..prompts import seeded_prompts
 from ..request import Outcome, RequestSpec
-from .base import Params, Scenario, ScenarioError, TableRow, register
+from ..engine.facts import as_facts
+from ..evidence import mark_vacuous
+from .base import Params, Scenario, TableRow, register
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..run.scenario_context import ScenarioContext
@@ -95,29 +97,62 @@ class PromptLogprobs(Scenario):
     phases = 1
     tables = {"prompt_logprobs": PromptLogprobsRow}
 
-    def validate_against(self, facts) -> None:
-        """Raises ScenarioError when a prompt + max_tokens would exceed max_model_len."""
-        p, m, c = self.params, facts.max_model_len, facts.max_num_batched_tokens
-        longest = max(p.short_len, (int(c) + p.over_chunk) if c else 0)
-        if m is not None and longest + p.max_tokens > int(m):
-            raise ScenarioError(f"{self.source}: a {longest}-token prompt (short_len, or the "
-                                f"chunk budget {c} + over_chunk) + max_tokens {p.max_tokens} "
-                                f"exceeds max_model_len {m}")
+    def lengths(self, facts) -> tuple[list[tuple[str, int]], int, list[str], str | None]:
+        """What fits this engine (``facts``: EngineFacts or a dict of values): ([(what, prompt
+        length)], the neighbours' longest prompt, notes, why the chunked prompt is left out or
+        None). Lengths in tokens; every prompt + max_tokens fits max_model_len M. The short
+        prompt is shortened to M - max_tokens where needed; the long one is C + over_chunk,
+        shortened to M - max_tokens as long as that is still longer than C (it still takes two
+        prefill chunks), else left out: with a chunk budget C at or above M - max_tokens (vLLM's
+        default for a short context) no prompt is chunked. An empty list: nothing fits."""
+        f = as_facts(facts)
+        p, m, c = self.params, f.max_model_len, f.max_num_batched_tokens
+        limit = None if m is None else int(m) - p.max_tokens
+        notes: list[str] = []
+        short = p.short_len if limit is None else min(p.short_len, limit)
+        if limit is not None and limit < 2:
+            return [], 0, notes, (f"max_tokens {p.max_tokens} leaves no room for a prompt of "
+                                  f"2 tokens: max_model_len is {m}")
+        if short < p.short_len:
+            notes.append(f"short prompt shortened to {short} tokens (params.short_len "
+                         f"{p.short_len} + max_tokens {p.max_tokens} exceeds max_model_len {m})")
+        lens = [("short", short)]
+        why_long = None
+        if c:
+            long = int(c) + p.over_chunk
+            if limit is not None and long > limit:
+                if limit > int(c):
+                    notes.append(f"long prompt shortened to {limit} tokens (C {c} + over_chunk "
+                                 f"{p.over_chunk} exceeds max_model_len {m} - max_tokens): "
+                                 "still two prefill chunks")
+                    long = limit
+                else:
+                    why_long = (f"chunked prefill not exercised: the chunk budget C = {c} is not "
+                                f"below max_model_len {m} - max_tokens {p.max_tokens} = "
+                                f"{limit}, so no prompt is chunked on this engine")
+            if why_long is None:
+                lens.append(("long", long))
+        else:  # unknown, not impossible: said, not vacuous (as boundary's unknown families)
+            notes.append("chunked prefill not exercised: the chunk budget "
+                         "(max_num_batched_tokens) is unknown; pass --chunk-size")
+        nb_max = max(24, p.short_len * 4) if limit is None else min(max(24, p.short_len * 4),
+                                                                    limit)
+        return lens, nb_max, notes, why_long
 
     def run(self, ctx: "ScenarioContext") -> None:
         p = self.params
         c_budget = ctx.facts.max_num_batched_tokens
         vocab = ctx.facts.vocab_or()
-        lens = [("short", p.short_len)]
-        if c_budget:
-            lens.append(("long", int(c_budget) + p.over_chunk))
-        else:
-            ctx.note("prompt_logprobs_notes", "chunked prefill not exercised: the chunk budget "
-                     "(max_num_batched_tokens) is unknown; pass --chunk-size", echo=True)
+        lens, nb_max, notes, why_long = self.lengths(ctx.facts)
+        name = f"prompt-logprobs-c{p.concurrency}"
+        if not lens:
+            self.leave_out_phases(ctx, [(name, p.concurrency)], why_long or "nothing fits")
+            return
+        ctx.note("prompt_logprobs_notes", notes + ([why_long] if why_long else []), echo=True)
         prompts = [replace(seeded_prompts(p.seed + i, 1, n, n, 16, vocab)[0],
                            key=f"plp-{what}-len{n}") for i, (what, n) in enumerate(lens)]
         nbs = [replace(q, key=f"plp-nb{i}-len{len(q)}") for i, q in enumerate(
-            seeded_prompts(p.seed + 100, p.neighbours, 24, max(24, p.short_len * 4), 16, vocab)
+            seeded_prompts(p.seed + 100, p.neighbours, min(24, nb_max), nb_max, 16, vocab)
         )] if p.neighbours else []
         checks = {**{n: {} for n in DEFAULT_CHECKS}, NAME: {}}
         plain = [RequestSpec(q, p.max_tokens) for q in prompts + nbs]
@@ -152,10 +187,11 @@ class PromptLogprobs(Scenario):
                 diffs[id(o)] = measured.max_nats if measured.compared else None
 
         mixed = _interleave(scored, plain)
-        outs = ctx.run_phase(f"prompt-logprobs-c{p.concurrency}", p.concurrency, mixed,
-                             on_outcome=judge)
+        outs = ctx.run_phase(name, p.concurrency, mixed, on_outcome=judge)
         if not outs:
             return
+        if why_long is not None:
+            mark_vacuous(ctx, outs.phase, why_long)
         rows = []
         for o in outs:
             if o.spec.prompt_logprobs is None and not o.spec.echo:

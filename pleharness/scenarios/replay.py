@@ -73,7 +73,7 @@ from ..engine.facts import as_facts
 from ..manifest import CheckResult
 from ..prompts import Prompt
 from ..request import RequestSpec
-from .base import Params, Scenario, ScenarioError, TableRow, register
+from .base import Params, Scenario, TableRow, register
 from .shared.inserting import landing_check, run_phase_with_inserts
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -313,23 +313,32 @@ class Replay(Scenario):
     def planned_phases(self) -> int:
         return len(self.params.phases)
 
-    def validate_against(self, facts) -> None:
-        """Raises ScenarioError naming ``params.phases[i].requests[j]`` when a request does
-        not fit in max_model_len or a prompt ID is outside [0, V)."""
+    def unfit(self, facts) -> dict[int, str]:
+        """{phase index: why it cannot run on an engine with ``facts`` (EngineFacts or a dict
+        of values)}: a request of it does not fit max_model_len, or holds a token ID outside
+        [0, V) (prompt, stop_token_ids, logit_bias). Such a phase is left out (vacuous, with
+        the reason naming ``params.phases[i].requests[j]``): this reproducer was written on
+        another engine configuration."""
         facts = as_facts(facts)
         m, v = facts.max_model_len, facts.vocab_size
+        out: dict[int, str] = {}
         for i, ph in enumerate(self.params.phases):
             for j, r in enumerate(ph.requests):
-                where = f"{self.source}: params.phases[{i}].requests[{j}]"
+                where = f"params.phases[{i}].requests[{j}]"
+                why = None
                 if m is not None and len(r.prompt) + r.max_tokens > int(m):
-                    raise ScenarioError(f"{where}: prompt + max_tokens = "
-                                        f"{len(r.prompt) + r.max_tokens} exceeds max_model_len {m}")
-                if v is not None and any(not 0 <= t < int(v) for t in r.prompt):
-                    raise ScenarioError(f"{where}.prompt: token IDs must be in [0, {v})")
+                    why = (f"{where}: prompt + max_tokens = {len(r.prompt) + r.max_tokens} "
+                           f"exceeds max_model_len {m}")
+                elif v is not None and any(not 0 <= t < int(v) for t in r.prompt):
+                    why = f"{where}.prompt: token IDs outside [0, {v})"
                 for key, ids in (("stop_token_ids", r.stop_token_ids or ()),
                                  ("logit_bias", [int(t) for t in r.logit_bias or {}])):
-                    if v is not None and any(not 0 <= t < int(v) for t in ids):
-                        raise ScenarioError(f"{where}.{key}: token IDs must be in [0, {v})")
+                    if why is None and v is not None and any(not 0 <= t < int(v) for t in ids):
+                        why = f"{where}.{key}: token IDs outside [0, {v})"
+                if why is not None:
+                    out[i] = why
+                    break
+        return out
 
     @staticmethod
     def _spec(r: ReplayRequest) -> RequestSpec:
@@ -362,11 +371,15 @@ class Replay(Scenario):
     def run(self, ctx: "ScenarioContext") -> None:
 
         phases = [[self._spec(r) for r in ph.requests] for ph in self.params.phases]
+        unfit = self.unfit(ctx.facts)
         start = ctx.mark()
-        ctx.take_references([s for specs in phases for s in specs],
-                            phase_name="replay-references")
+        ctx.take_references([s for i, specs in enumerate(phases) if i not in unfit
+                             for s in specs], phase_name="replay-references")
         records: dict[str, list] = {"references": list(ctx.since(start)[1])}
-        for ph, specs in zip(self.params.phases, phases):
+        for i, (ph, specs) in enumerate(zip(self.params.phases, phases)):
+            if i in unfit:
+                ctx.leave_out(ph.name, f"this engine cannot run it: {unfit[i]}", ph.concurrency)
+                continue
             ins = [(s, r.insert_after_tokens) for r, s in zip(ph.requests, specs)
                    if r.insert_into is not None]
             expect = {id(s): r.expected for r, s in zip(ph.requests, specs) if r.expected}

@@ -84,9 +84,9 @@ from ..engine_probe import seeded_samples_decision
 from ..manifest import CheckResult, Manifest
 from ..prompts import Prompt, seeded_prompts
 from ..request import RequestSpec
-from .base import ScenarioError, TableRow, register
+from .base import TableRow, register
 from .sampled_stats import DistributionRow, collector, distribution_rows
-from .shared.chat import ChatParams, ChatScenario, boundary_spec, max_prompt_len
+from .shared.chat import ChatParams, ChatScenario, boundary_spec, max_prompt_len, note_no_chat
 from .shared.lengths import boundary_lengths
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -224,7 +224,7 @@ class Sampled(ChatScenario):
         out = []
         n = (int(b) + q) if b else 32 + q
         if limit is not None:
-            n = max(PATTERN + 2, min(n, limit))
+            n = max(min(PATTERN + 2, limit), min(n, limit))  # no_room: limit >= 1
         (pat,) = seeded_prompts(p.seed, 1, PATTERN, PATTERN, 16, vocab)
         ids = (list(pat.ids) * (n // PATTERN + 1))[:n]
         why = (f"a repeated {PATTERN}-token pattern, L = " + (f"B + q = {b} + {q}" if b else
@@ -280,6 +280,12 @@ class Sampled(ChatScenario):
     # -- run --------------------------------------------------------------------------------------
     def run(self, ctx: "ScenarioContext") -> None:
         p = self.params
+        room = self.no_room(ctx.facts)
+        if room:
+            self.leave_out_phases(ctx, [(f"sampled-s{i + 1}-C{c}", c)
+                                        for i, c in enumerate(p.ladder)], room)
+            return
+        note_no_chat(ctx, p, "sampled_notes")
         self.truncate, trunc_note = self.truncation(ctx.facts)
         boundary, expect = self._boundary_specs(ctx)
         dist = self._dist_specs(ctx)
@@ -413,15 +419,14 @@ class Sampled(ChatScenario):
                       f"{r.threshold:.2g} | {r.verdict} |" for r in rows]
         return lines
 
-    def validate_against(self, facts) -> None:
+    def no_room(self, facts) -> str | None:
         """ChatScenario's max_tokens check, and dist_max_tokens against max_model_len."""
-        facts = as_facts(facts)
-        super().validate_against(facts)
-        m = facts.max_model_len
-        if m is not None and self.params.dist_max_tokens >= int(m):
-            raise ScenarioError(f"{self.source}: params.dist_max_tokens "
-                                f"{self.params.dist_max_tokens} leaves no room for a prompt: "
-                                f"max_model_len is {m}")
+        why = super().no_room(facts)
+        m = as_facts(facts).max_model_len
+        if why is None and m is not None and self.params.dist_max_tokens >= int(m):
+            why = (f"params.dist_max_tokens {self.params.dist_max_tokens} leaves no room for a "
+                   f"prompt: max_model_len is {m}")
+        return why
 
 
 def _interleave(groups: list[list[RequestSpec]]) -> list[RequestSpec]:

@@ -29,7 +29,6 @@ engine where none did (the case was not exercised); skip on an engine with k = 0
 """
 from __future__ import annotations
 
-from ..engine.facts import as_facts
 
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -40,8 +39,8 @@ from ..checks import DEFAULT_CHECKS
 from ..evidence import mark_vacuous
 from ..manifest import CheckResult
 from ..request import RequestSpec
-from .base import Params, Scenario, ScenarioError, TableRow, register
-from .shared.chat import builder
+from .base import Params, Scenario, TableRow, register
+from .shared.chat import text_prompt
 from .shared.stops import stop_for
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -141,25 +140,26 @@ class StopStrings(Scenario):
     phases = 2
     tables = {"stop_strings": StopRow}
 
-    def validate_against(self, facts) -> None:
-        """Raises ScenarioError when max_tokens leaves no room for a prompt in max_model_len."""
-        facts = as_facts(facts)
-        m = facts.max_model_len
-        if m is not None and self.params.max_tokens + 64 > int(m):
-            raise ScenarioError(f"{self.source}: params.max_tokens {self.params.max_tokens} "
-                                f"leaves no room for a prompt: max_model_len is {m}")
-
     def run(self, ctx: "ScenarioContext") -> None:
         p = self.params
-        b = builder(ctx, p)
+        names = ["stop-plain-solo", (f"stop-c{p.concurrency}", p.concurrency)]
+        m = ctx.facts.max_model_len
         plain: list[RequestSpec] = []
         for i in range(p.prompts):
-            n = max(8, p.count_to - 8 * i)
-            text = f"Count from 1 to {n}. " + " ".join(str(k) for k in range(1, n + 1))
-            prompt = b.prompt(text, f"count-to-{n}",
-                              why="the count in the prompt: drafts of several tokens are accepted")
+            prompt = self._prompt(ctx, max(8, p.count_to - 8 * i))
+            if prompt is None:
+                ctx.note("stop_strings_notes", f"prompt {i} left out: no counting prompt of 8 "
+                         f"or more numbers + max_tokens {p.max_tokens} fits max_model_len {m}",
+                         echo=True)
+                continue
+            if any(s.prompt.key == prompt.key for s in plain):
+                continue  # lowered to a count another prompt has already
             plain.append(RequestSpec(prompt, p.max_tokens, keep_chunks=True,
                                      checks={name: {} for name in DEFAULT_CHECKS}))
+        if not plain:
+            self.leave_out_phases(ctx, names, f"no counting prompt + max_tokens {p.max_tokens} "
+                                  f"fits max_model_len {m}")
+            return
         k = (ctx.facts.num_speculative_tokens or 0)
         ctx.take_references(plain)
         solo = ctx.run_phase("stop-plain-solo", 1, plain, counts_for_throughput=False)
@@ -195,9 +195,11 @@ class StopStrings(Scenario):
             # a model that does not count (random weights) gives no token text that completes
             # only at its own position: the kind tested nothing, and says so (not a usage error:
             # the rest of the suite still runs and is judged; found on the H200, issue 32)
-            mark_vacuous(ctx, solo.phase, "stop strings: none could be taken from the engine's "
-                         "solo outputs (no output token's text completes only at its position: "
-                         "a model that does not count?): nothing was stopped")
+            why = ("stop strings: none could be taken from the engine's solo outputs (no output "
+                   "token's text completes only at its position: a model that does not count, "
+                   "or outputs too short?): nothing was stopped")
+            mark_vacuous(ctx, solo.phase, why)
+            ctx.leave_out(f"stop-c{p.concurrency}", why, p.concurrency)
             return
         ctx.take_references(stops)
         load = list(stops)
@@ -222,6 +224,23 @@ class StopStrings(Scenario):
                                      "(no delta of the solo runs carried several tokens): the "
                                      "case was not exercised")
         ctx.add_phase_check(ph, res)
+
+    def _prompt(self, ctx: "ScenarioContext", n: int):
+        """The counting prompt "Count from 1 to n. 1 2 ... n" (chat-shaped where the engine has
+        a chat template), n lowered (not below 8) until it + max_tokens fits max_model_len; None
+        when even n = 8 does not fit."""
+        p = self.params
+        m = ctx.facts.max_model_len
+        while True:
+            text = f"Count from 1 to {n}. " + " ".join(str(k) for k in range(1, n + 1))
+            prompt = text_prompt(ctx, p, text, f"count-to-{n}",
+                                 why="the count in the prompt: drafts of several tokens are "
+                                     "accepted")
+            if m is None or len(prompt) + p.max_tokens <= int(m):
+                return prompt
+            if n <= 8:
+                return None
+            n = max(8, n * 3 // 4)
 
     @classmethod
     def markdown(cls, m) -> list[str]:

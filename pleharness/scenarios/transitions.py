@@ -53,7 +53,8 @@ from ..engine.facts import as_facts, query_len
 from ..engine_probe import seeded_samples_decision
 from ..prompts import Prompt, seeded_prompts
 from ..request import RequestSpec
-from .base import Params, Scenario, ScenarioError, register
+from ..evidence import mark_vacuous
+from .base import Params, Scenario, register
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..run.scenario_context import ScenarioContext
@@ -76,7 +77,42 @@ class PromptSet(Params):
     def _order(self):
         if self.min_len > self.max_len:
             raise ValueError(f"min_len ({self.min_len}) must be <= max_len ({self.max_len})")
+        if self.id_high is not None and self.id_low >= self.id_high:
+            raise ValueError(f"id_low ({self.id_low}) must be < id_high ({self.id_high})")
         return self
+
+    def fitted(self, facts, room_for: int
+               ) -> tuple[tuple[int, int, int, int] | None, list[str]]:
+        """((min_len, max_len, id_low, id_high), notes): these prompts on an engine with
+        ``facts`` (EngineFacts or a dict of values): lengths (tokens) shortened so that each
+        prompt + ``room_for`` tokens fits max_model_len, IDs below the vocabulary size (id_high
+        default: the vocabulary, or 256 when unknown); each change said in ``notes``. None (and
+        why, in ``notes``) when no prompt fits."""
+        f = as_facts(facts)
+        notes: list[str] = []
+        v = f.vocab_size
+        hi = self.id_high if self.id_high is not None else f.vocab_or()
+        if self.id_high is None and v is None:
+            notes.append(f"vocabulary size unknown: prompt IDs drawn below {hi}")
+        if v is not None and hi > int(v):
+            notes.append(f"prompts.id_high {hi} lowered to the vocabulary size {v}")
+            hi = int(v)
+        lo = self.id_low if self.id_low < hi else 0
+        if lo != self.id_low:
+            notes.append(f"prompts.id_low {self.id_low} lowered to 0: the vocabulary has {hi} IDs")
+        lo_len, hi_len = self.min_len, self.max_len
+        m = f.max_model_len
+        if m is not None:
+            limit = int(m) - room_for
+            if limit < 1:
+                return None, notes + [f"no prompt fits: {room_for} output tokens leave no room "
+                                      f"in max_model_len {m}"]
+            if hi_len > limit:
+                notes.append(f"prompt lengths {lo_len}..{hi_len} shortened to "
+                             f"{min(lo_len, limit)}..{limit}: + {room_for} output tokens must "
+                             f"fit max_model_len {m}")
+                lo_len, hi_len = min(lo_len, limit), limit
+        return (lo_len, hi_len, lo, hi), notes
 
 
 MAX_PLANNED_REQUESTS = 1_000_000  # issue 36: a typo's ladder refused before the engine starts
@@ -131,37 +167,11 @@ class Transitions(Scenario):
     summary = "concurrency ladder C4->C3->C2->C1->C2->C3->C4->C1 (repeated); every output vs its solo reference"
     Params = TransitionsParams
 
-    def _id_high(self, facts) -> int:
-        facts = as_facts(facts)
-        p = self.params.prompts
-        if p.id_high is not None:
-            return p.id_high
-        v = facts.vocab_size
-        if v is None:
-            raise ScenarioError(f"{self.source}: params.prompts.id_high is needed: the vocabulary "
-                                "size of the engine is unknown")
-        return int(v)
-
-    def validate_against(self, facts) -> None:
-        """Raises ScenarioError when the longest prompt + max_tokens (+ q - 1 for the residues)
-        exceeds max_model_len, or prompt IDs would reach past the vocabulary."""
-        facts = as_facts(facts)
+    def _room(self, facts) -> int:
+        """Output tokens a prompt must leave room for: max_tokens, plus q - 1 for the
+        max_tokens residues mod q."""
         p = self.params
-        m = facts.max_model_len
-        extra = (self._q(facts) or 1) - 1 if p.max_tokens_residues else 0
-        if m is not None and p.prompts.max_len + p.max_tokens + extra > m:
-            raise ScenarioError(
-                f"{self.source}: params.prompts.max_len + params.max_tokens = "
-                f"{p.prompts.max_len + p.max_tokens}" + (f" (+ {extra} for the max_tokens "
-                                                         "residues mod q)" if extra else "")
-                + f" exceeds max_model_len {m}")
-        hi = self._id_high(facts)
-        v = facts.vocab_size
-        if v is not None and hi > v:
-            raise ScenarioError(f"{self.source}: params.prompts.id_high {hi} exceeds the "
-                                f"vocabulary size {v}")
-        if p.prompts.id_low >= hi:
-            raise ScenarioError(f"{self.source}: params.prompts.id_low must be < id_high ({hi})")
+        return p.max_tokens + (((self._q(facts) or 1) - 1) if p.max_tokens_residues else 0)
 
     @staticmethod
     def _q(facts) -> int | None:
@@ -207,14 +217,24 @@ class Transitions(Scenario):
     def planned_phases(self) -> int:
         return len(self.params.ladder) * self.params.repeats
 
+    def phase_names(self) -> list[tuple[str, int]]:
+        """The load phases (name, concurrency), in order."""
+        p = self.params
+        return [(f"r{rep}-s{step}-C{c}", c) for rep in range(1, p.repeats + 1)
+                for step, c in enumerate(p.ladder, 1)]
+
     def run(self, ctx: "ScenarioContext") -> None:
         p = self.params
-        hi = self._id_high(ctx.facts)
-        prompts = seeded_prompts(p.prompts.seed, p.prompts.count, p.prompts.min_len,
-                                 p.prompts.max_len, p.prompts.id_low, hi)
+        fit, notes = p.prompts.fitted(ctx.facts, self._room(ctx.facts))
+        ctx.note("transitions_notes", notes, echo=True)
+        if fit is None:
+            self.leave_out_phases(ctx, self.phase_names(), notes[-1])
+            return
+        min_len, max_len, lo, hi = fit
+        prompts = seeded_prompts(p.prompts.seed, p.prompts.count, min_len, max_len, lo, hi)
         if p.warmup_requests:
-            warm = seeded_prompts(p.prompts.seed + 1, p.warmup_requests, p.prompts.min_len,
-                                  p.prompts.max_len, p.prompts.id_low, hi)
+            warm = seeded_prompts(p.prompts.seed + 1, p.warmup_requests, min_len, max_len, lo,
+                                  hi)
             ctx.run_phase("warmup", max(p.ladder),
                           [RequestSpec(w, p.max_tokens, compare=False) for w in warm],
                           role="warmup")
@@ -248,7 +268,12 @@ class Transitions(Scenario):
                         spec.note = _join(spec.note, "non-streamed")
                     specs.append(spec)
                     nxt += 1
-                ctx.run_phase(f"r{rep}-s{step}-C{c}", c, specs)
+                res = ctx.run_phase(f"r{rep}-s{step}-C{c}", c, specs)
+                mns = ctx.facts.max_num_seqs
+                if res and mns and c > int(mns):
+                    mark_vacuous(ctx, res.phase, f"C{c} is above max_num_seqs {mns}: at most "
+                                 f"{mns} of its requests were scheduled together, so the "
+                                 f"engine never ran this concurrency level")
 
 
 def _join(note: str | None, more: str) -> str:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from ...prompts import Prompt, seeded_prompts
 from ...request import RequestSpec
 from ..fuzz_features import NONE, apply, base_spec, gate, messages_prompt
-from ..shared.chat import ChatParams, builder
+from ..shared.chat import ChatParams, chat_builder
 from ..shared.inserting import run_phase_with_inserts
 from .rows import ExampleRow
 from .strategy import FuzzParams, FuzzRequest, PhaseSpecs, Schedule, Space, build_space
@@ -57,7 +57,10 @@ class FuzzExamples:
         to the template's length; without /tokenize (any error) random prompts only, said on
         the console."""
         try:
-            self._builder = builder(ctx, ChatParams())
+            b, why = chat_builder(ctx, ChatParams(instruction=INSTRUCTION))
+            if b is None:
+                raise ValueError(why)
+            self._builder = b
             space.chat_min = len(self._builder.template(INSTRUCTION))
         except Exception as exc:  # noqa: BLE001 - no /tokenize: random prompts only
             ctx.console.print(f"fuzz: chat-shaped prompts off ({exc})")

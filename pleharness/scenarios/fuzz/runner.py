@@ -22,11 +22,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...manifest.tables import ReproducerRow
-from ..base import Scenario, register
+from ..base import Scenario, ScenarioError, register
 from .example import Abort, FuzzExamples
 from .repro import failing_rows, write_repro
 from .rows import ExampleRow, FuzzSummaryRow, ShrinkStepRow
-from .strategy import FuzzParams, FuzzPhase, Schedule, Space, build_space, relabel, schedules
+from .strategy import (FuzzParams, FuzzPhase, Schedule, Space, build_space, relabel,
+                       schedules)
 
 if TYPE_CHECKING:  # pragma: no cover
     from ...run.scenario_context import ScenarioContext
@@ -46,15 +47,37 @@ class Fuzz(FuzzExamples, Scenario):
     def planned_phases(self) -> int:
         return 0  # unknown in advance
 
-    def validate_against(self, facts) -> None:
-        build_space(facts, self.params)
+    def plan(self, ctx: "ScenarioContext") -> None:
+        """The plan without an engine (:meth:`Scenario.plan`): no search (its schedules depend
+        on what hypothesis draws), the space it would draw from, as notes ``fuzz_plan``; left
+        out when no schedule fits the engine (as :meth:`run`)."""
+        p = self.params
+        try:
+            space = build_space(ctx.facts, p, ctx.engine_probe)
+        except ScenarioError as exc:
+            ctx.add_planned_phases(1)
+            ctx.leave_out("fuzz", f"no schedule fits this engine: {exc}")
+            return
+        lens = [n for n, _ in space.lengths]
+        ctx.note("fuzz_plan", [
+            f"up to {p.max_examples} schedules of 1..{space.max_phases} phases"
+            + (f", searched for at most {p.time_budget_s:g} s" if p.time_budget_s else "")
+            + f"; max_tokens {space.max_tokens}, prompts up to {space.max_len} tokens",
+            f"boundary lengths drawn: {lens[:12]}{' ...' if len(lens) > 12 else ''}",
+            f"concurrency edges: {space.concurrency_edges} (at most {space.max_concurrency})"]
+            + space.notes)
 
     def run(self, ctx: "ScenarioContext") -> None:
         """The search loop, phase by phase: search, shrink (with ``shrink``), confirm (with
         ``confirm``), then the reproducers of the minimal failing schedule and the summary."""
         p = self.params
         run_dir = Path(ctx.run_dir)
-        space = self._prepare(ctx)
+        try:
+            space = self._prepare(ctx)
+        except ScenarioError as exc:  # the engine leaves no room for a schedule: said, vacuous
+            ctx.add_planned_phases(1)
+            ctx.leave_out("fuzz", f"no schedule fits this engine: {exc}")
+            return
         db_path = Path(p.db) if p.db else run_dir / "hypothesis-db"
         examples: list[ExampleRow] = []  # also the manifest's tables of these names (_keep)
         steps: list[ShrinkStepRow] = []

@@ -1,7 +1,8 @@
-"""Exact-length chat prompts shared by the boundary, pairs, insert and fuzz scenario kinds."""
+"""Exact-length chat prompts shared by the boundary, pairs, insert, sampled, stop_strings and
+fuzz scenario kinds, and what they do on an engine that cannot make them: a model with no chat
+template, or a filler that is not one token in its vocabulary, gets token-ID prompts of the
+same lengths (no expected-text check), said once in the kind's notes; never an error."""
 from __future__ import annotations
-
-from ...engine.facts import as_facts
 
 import re
 from typing import TYPE_CHECKING, Annotated
@@ -9,9 +10,11 @@ from typing import TYPE_CHECKING, Annotated
 from pydantic import Field, field_validator
 
 from ...checks import DEFAULT_CHECKS
+from ...engine.facts import as_facts
+from ...errors import EngineError
 from ...prompts import ChatPromptBuilder, Prompt, seeded_prompts
 from ...request import RequestSpec
-from ..base import Params, Scenario, ScenarioError
+from ..base import Params, Scenario
 
 if TYPE_CHECKING:  # pragma: no cover
     from ...run.scenario_context import ScenarioContext
@@ -40,27 +43,49 @@ class ChatParams(Params):
 
 
 class ChatScenario(Scenario):
-    """Base of the kinds built on exact-length chat prompts: checks max_tokens against M."""
+    """Base of the kinds built on exact-length chat prompts."""
 
-    def validate_against(self, facts) -> None:
-        """Raises ScenarioError when max_tokens (or count_to) leaves no room for a prompt in
-        max_model_len."""
-        facts = as_facts(facts)
-        m = facts.max_model_len
-        mt = max([self.params.max_tokens] + [getattr(self.params, "count_to", 0)])
+    def no_room(self, facts) -> str | None:
+        """Why no prompt fits on this engine (``params.max_tokens`` is at least max_model_len:
+        every phase is left out), or None. ``facts``: EngineFacts or a dict of values."""
+        m = as_facts(facts).max_model_len
+        mt = self.params.max_tokens
         if m is not None and mt >= int(m):
-            raise ScenarioError(f"{self.source}: params.max_tokens (or count_to) {mt} leaves no "
-                                f"room for a prompt: max_model_len is {m}")
+            return (f"params.max_tokens {mt} leaves no room for a prompt: max_model_len is {m}")
+        return None
 
 
-def builder(ctx: "ScenarioContext", p: ChatParams) -> ChatPromptBuilder:
-    """The context's prompt builder for ``p.filler`` / ``p.tail``
-    (:meth:`pleharness.run.context.RunContext.prompt_builder`).
-    Raises ScenarioError (params.filler) when the filler is not exactly one token."""
+def chat_builder(ctx: "ScenarioContext", p) -> tuple[ChatPromptBuilder | None, str]:
+    """(the context's prompt builder for ``p.filler`` / ``p.tail``, "") when this engine makes
+    chat prompts of ``p.instruction`` (params without one: of "Hello."); (None, why not) when
+    the filler is not one token of its vocabulary or /tokenize of a message fails (a model with
+    no chat template). Never raises for either (the builder keeps a failed template: one
+    /tokenize per text)."""
     try:
-        return ctx.prompt_builder(p.filler, p.tail)
+        b = ctx.prompt_builder(p.filler, p.tail)
     except ValueError as exc:
-        raise ScenarioError(f"params.filler: {exc}") from None
+        return None, f"params.filler: {exc}"
+    except EngineError as exc:
+        return None, f"/tokenize failed: {str(exc)[:200]}"
+    text = getattr(p, "instruction", None) or "Hello."
+    try:
+        tpl = b.template(text)
+    except EngineError as exc:
+        return None, ("/tokenize of a chat message failed (a model with no chat template?): "
+                      f"{str(exc)[:200]}")
+    if p.tail > len(tpl):
+        return None, (f"params.tail {p.tail} is longer than this model's chat template of "
+                      f"{text!r} ({len(tpl)} tokens)")
+    return b, ""
+
+
+def note_no_chat(ctx: "ScenarioContext", p: ChatParams, table: str) -> None:
+    """Say once in ``table`` when this engine gets token-ID prompts instead of chat prompts
+    (:func:`chat_builder`)."""
+    b, why = chat_builder(ctx, p)
+    if b is None:
+        ctx.note(table, "chat-shaped prompts not made (token-ID prompts of the same lengths, "
+                        f"no expected-text check): {why}", echo=True)
 
 
 def boundary_spec(ctx: "ScenarioContext", p: ChatParams, length: int, why: str,
@@ -68,23 +93,37 @@ def boundary_spec(ctx: "ScenarioContext", p: ChatParams, length: int, why: str,
     """A request of exactly ``length`` prompt tokens.
 
     At least as long as the chat template: the instruction padded with filler, checked with
-    ``expected_text``. Shorter: a seeded random token-ID prompt (text checks do not apply).
+    ``expected_text``. Shorter, or on an engine without chat prompts (:func:`chat_builder`): a
+    seeded random token-ID prompt (text checks do not apply).
     """
-    b = builder(ctx, p)
+    b, no_chat = chat_builder(ctx, p)
     mt = max_tokens or p.max_tokens
     checks = {name: {} for name in DEFAULT_CHECKS}
-    if length >= len(b.template(p.instruction)):
-        try:
-            prompt = b.build(p.instruction, length, key=f"chat-len{length}", why=why)
-        except ValueError as exc:
-            raise ScenarioError(f"params.tail / params.instruction: {exc}") from None
+    if b is not None and length >= len(b.template(p.instruction)):
+        prompt = b.build(p.instruction, length, key=f"chat-len{length}", why=why)
         checks["expected_text"] = {"regex": p.expected_regex}
     else:
         vocab = ctx.facts.vocab_or()
         (raw,) = seeded_prompts(length, 1, length, length, 16, vocab)
         prompt = Prompt(key=f"raw-len{length}", ids=raw.ids,
-                        why=why + " (shorter than the chat template: random token IDs)")
+                        why=why + (" (no chat prompt on this engine: random token IDs)" if no_chat
+                                   else " (shorter than the chat template: random token IDs)"))
     return RequestSpec(prompt, mt, checks=checks, note=prompt.why)
+
+
+def text_prompt(ctx: "ScenarioContext", p: ChatParams, text: str, key: str,
+                why: str | None = None) -> Prompt:
+    """User message ``text`` as a prompt: its chat template (with ``messages``, so it can also
+    go to /v1/chat/completions) where the engine makes chat prompts, else the IDs /tokenize
+    makes of the plain text. Raises EngineError when /tokenize cannot answer at all."""
+    b, _ = chat_builder(ctx, p)
+    if b is not None:
+        try:
+            return b.prompt(text, key, why=why)
+        except EngineError:
+            pass  # this message has no template here: its plain text, as below
+    return Prompt(key=key, ids=tuple(int(t) for t in ctx.client.tokenize(prompt=text)),
+                  text=text, why=why)
 
 
 def max_prompt_len(ctx: "ScenarioContext", max_tokens: int) -> int | None:

@@ -153,3 +153,32 @@ def boundary_lengths(facts: dict, depth: int, controls: bool = True, max_len: in
     for e in extra or []:
         add(e, "requested in the scenario file", False, [])
     return [found[k] for k in sorted(found)], notes
+
+
+def fitted_range(facts, min_len: int, max_len: int, max_tokens: int) -> tuple[int, int] | None:
+    """(min_len, max_len) of prompts (tokens) shortened so that each + ``max_tokens`` fits
+    max_model_len (``facts``: EngineFacts or a dict of values; M unknown: as given); None when
+    no prompt fits."""
+    m = as_facts(facts).max_model_len
+    if m is None:
+        return min_len, max_len
+    limit = int(m) - max_tokens
+    return None if limit < 1 else (min(min_len, limit), min(max_len, limit))
+
+
+def fit_prompts(ctx, phases: list, min_len: int, max_len: int, max_tokens: int, table: str,
+                what: str = "prompts") -> tuple[int, int] | None:
+    """:func:`fitted_range` on the run's facts for a kind: the range, said in ``table`` when
+    it was shortened; None, with every phase of ``phases`` (names or (name, concurrency))
+    left out with the reason, when no prompt fits (the kind then returns)."""
+    m = ctx.facts.max_model_len
+    lens = fitted_range(ctx.facts, min_len, max_len, max_tokens)
+    if lens is None:
+        for ph in phases:
+            name, c = (ph, 1) if isinstance(ph, str) else ph
+            ctx.leave_out(name, f"params.max_tokens {max_tokens} leaves no room for a prompt: "
+                                f"max_model_len is {m}", c)
+    elif lens != (min_len, max_len):
+        ctx.note(table, f"{what} of {lens[0]}..{lens[1]} tokens (params {min_len}..{max_len} + "
+                        f"max_tokens {max_tokens} exceed max_model_len {m})", echo=True)
+    return lens
