@@ -89,10 +89,11 @@ class Judge:
                     rec.output_ids = list(c.token_ids)
                 if ph.role != "reference" and rec.id != ref.request_id:
                     diffs = measure_logprobs(spec, c, ref, self.rule.near_tie_nats)
+                    why = self.manifest.run_options.near_tie_source or "the dtype bound"
                     if diffs is not None:  # judged again at the run's measured envelope
                         rec.logprob_diffs = diffs
-                        rec.checks.append(judge_logprobs(diffs, self.rule.near_tie_nats,
-                                                         self._bound_source(), c.token_ids))
+                        rec.checks.append(judge_logprobs(diffs, self.rule.near_tie_nats, why,
+                                                         c.token_ids))
             else:
                 rec.reference_hash = ref.output_hash
                 rec.match = False
@@ -105,18 +106,12 @@ class Judge:
                 rec.checks.append(check(check_ctx, spec, c, params))
         self._epochs[rec.id] = self.cache_epoch
         if ph.role == "reference" and c.error is None and rec.output_ids is None:
-            # a solo run's tokens, also when a later (warm) run replaces it as the reference:
-            # the control's answers are compared with every solo run (pleharness.differential)
-            rec.output_ids = list(c.token_ids)
+            rec.output_ids = list(c.token_ids)  # every solo run: pleharness.differential
         if rec.match is False and c.error is None and rec.first_divergence is not None:
             self._judge(ph, rec, spec, c, self.references[spec.ref_key])
         if (ph.role == "reference" and c.error is None and self.golden is not None
                 and is_half_precision(self.rule.serving_dtype) and floor_run(spec)):
             self._solo_runs.append((rec, list(spec.prompt.ids), list(c.token_ids)))
-
-    def _bound_source(self) -> str:
-        """Where the near-tie threshold this judge applies came from (run_options)."""
-        return self.manifest.run_options.near_tie_source or "the serving dtype's bound"
 
     @property
     def _half(self) -> bool:
