@@ -40,6 +40,9 @@ def explain(
                                                  "engine.")] = DEFAULT_START_TIMEOUT_S,
     confirm_runs: Annotated[int, typer.Option(min=0, max=100, help=confirm_runs_help(
         "each repro-N.toml"))] = DEFAULT_CONFIRM_RUNS,
+    confirm_all: Annotated[bool, typer.Option(help=(
+        "Confirm every case's reproducer (default: one per distinct diagnosis, the smallest; "
+        "the others say 'same diagnosis as case N')."))] = False,
     parallel_engines: Annotated[str, typer.Option(help=(
         "Engines started side by side: the suspects' configurations (never across the two "
         "rounds) and the confirmation replays (a number, or auto: as many as fit in the GPU's "
@@ -62,4 +65,4 @@ def explain(
                 budget_s=budget_s,
                 engine_python=engine_python, start_timeout_s=start_timeout,
                 console=err_console, confirm_runs=confirm_runs,
-                parallel_engines=parse_parallel(parallel_engines))
+                parallel_engines=parse_parallel(parallel_engines), confirm_all=confirm_all)

@@ -31,20 +31,31 @@ from .report import ExplainReport, _Progress, case_report, write_repro
 from .suspects import failing_cases, suspects_for
 
 
+def _size(path: Path) -> tuple[int, int]:
+    """(requests, prompt tokens) a reproducer replays: the smaller, the cheaper to confirm."""
+    phases = load_scenario_file(str(path)).params.phases
+    return (sum(len(ph.requests) for ph in phases),
+            sum(len(r.prompt) for ph in phases for r in ph.requests))
+
+
 def confirm_repros(report: ExplainReport, m: Manifest, run_dir: Path, runs: int, *,
                    runner: Callable[[Any, Console, Console], int],
                    engine_python: str | None = None,
                    start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
                    console: Console | None = None, on_each: Any = None,
-                   side: SideBySide | None = None) -> None:
-    """Replay every case's ``repro-N.toml`` ``runs`` times, each on a freshly started engine of
-    the configuration under test (:mod:`pleharness.reproduce`); each report case gets
+                   side: SideBySide | None = None, confirm_all: bool = False) -> None:
+    """Replay the cases' ``repro-N.toml`` ``runs`` times each, every replay on a freshly started
+    engine of the configuration under test (:mod:`pleharness.reproduce`); a replayed case gets
     ``reproduction`` (the result) and ``reproduction_verdict`` ("reproduced 3/3 on fresh
-    engines", "0/3: not reproduced ..."). Cases whose reproducers replay the same schedule (the
-    cases of one phase, at its companions level) are replayed once and share the result
-    (``same_schedule_as``). Replays run under ``RUN/explain/confirm/``, ``side.n`` side by side
-    (each with ``side.add``); ``on_each()`` is called after every case. ``runner``: the run a
-    replay is (:attr:`pleharness.reproduce.ReplayTarget.runner`: the stress job's
+    engines", "0/3: not reproduced ..."). What the diagnosis needs, not every case (issue 49):
+    of the cases that share one diagnosis (their ``attribution`` line), only the smallest
+    reproducer (fewest requests, then fewest prompt tokens) is replayed and the others say
+    "same diagnosis as case N" (``confirm_all``: every case is replayed). Cases whose
+    reproducers replay the same schedule (the cases of one phase, at its companions level) are
+    replayed once and share the result (``same_schedule_as``). Replays run under
+    ``RUN/explain/confirm/``, ``side.n`` side by side (each with ``side.add``); ``on_each()`` is
+    called after every case. ``runner``: the run a replay is
+    (:attr:`pleharness.reproduce.ReplayTarget.runner`: the stress job's
     :func:`pleharness.stress.run_stress`, handed in by the command line, since a job imports no
     other job). Raises Interrupted when a replay was interrupted (SIGINT / SIGTERM)."""
     console = console or Console(stderr=True)
@@ -52,8 +63,21 @@ def confirm_repros(report: ExplainReport, m: Manifest, run_dir: Path, runs: int,
                       parallel=side.n if side else 1,
                       engine_args_add=list(side.add) if side else [])
     done: dict[str, tuple[str, Confirmation]] = {}  # schedule key -> (repro, result)
+    first: dict[str, Any] = {}  # diagnosis -> the case whose reproducer is confirmed for it
+    if not confirm_all:
+        for c in sorted(report.cases, key=lambda c: (_size(run_dir / c.repro), c.case)):
+            if c.minimal_case is not None:  # a diagnosis exists only for a reproduced case
+                first.setdefault(c.attribution, c)
     for c in report.cases:
         path = run_dir / c.repro
+        lead = first.get(c.attribution)
+        if lead is not None and lead is not c:
+            c.reproduction_verdict = (f"same diagnosis as case {lead.case} (its smaller "
+                                      "reproducer is confirmed; --confirm-all replays this one "
+                                      "too)")
+            if on_each:
+                on_each()
+            continue
         # cases of one phase share its schedule ("with its phase companions"): replayed once
         key = json.dumps([[ph.concurrency, [r.model_dump() for r in ph.requests]]
                           for ph in load_scenario_file(str(path)).params.phases],
@@ -83,14 +107,16 @@ def explain(run: Path, *, runner: Callable[[Any, Console, Console], int],
             budget_s: float = 3600.0, engine_python: str | None = None,
             start_timeout_s: float = DEFAULT_START_TIMEOUT_S, console: Console | None = None,
             confirm_runs: int = DEFAULT_CONFIRM_RUNS,
-            parallel_engines: int | None = DEFAULT_PARALLEL_ENGINES) -> ExplainReport:
+            parallel_engines: int | None = DEFAULT_PARALLEL_ENGINES,
+            confirm_all: bool = False) -> ExplainReport:
     """Explain the failing divergences of the run at ``run`` (folder or manifest); see the
     package's docstring (:mod:`pleharness.explain`). Returns the report (also written to
     ``RUN/explain/explain.json``, with ``explain.md`` and ``junit.xml``).
 
     ``runner``: the run each confirming replay is (:func:`pleharness.stress.run_stress`, which
     the command line hands in: a job imports no other job). ``confirm_runs``: replays of each
-    reproducer on fresh engines (:func:`confirm_repros`, with ``runner``; 0: skip).
+    reproducer on fresh engines (:func:`confirm_repros`, with ``runner``; 0: skip; one per
+    diagnosis unless ``confirm_all``).
     ``parallel_engines``: engines started side by side (None: auto;
     :func:`pleharness.engine.side_by_side.plan`).
 
@@ -167,7 +193,7 @@ def explain(run: Path, *, runner: Callable[[Any, Console, Console], int],
                                engine_python=engine_python,
                                start_timeout_s=start_timeout_s, console=console,
                                on_each=lambda: progress.save("confirming the reproducers"),
-                               side=side)
+                               side=side, confirm_all=confirm_all)
     except BaseException as exc:
         progress.save(_stopped(exc, report))
         raise
