@@ -20,8 +20,11 @@ answered; grouped by (prompt, max_tokens, request parameters). A key both runs h
    request, else the answer most control runs gave) is located, and classified by the one rule
    (:func:`pleharness.divergence.analyse` then :func:`~pleharness.divergence.settle`): the
    control answer's top-1/top-2 margin there against the run's near-tie threshold, which the
-   measured numerics envelope has set (:mod:`pleharness.envelope`), each side's token in the
-   other's top candidates;
+   measured numerics envelope has set (:mod:`pleharness.envelope`), raised to twice the drift
+   of this request's logprobs between the two configurations before that position
+   (:func:`_drift`). The margin is the control's, which the defect under test cannot touch, so
+   no top-candidate membership is asked (with the default two logprobs per position a
+   three-way near tie would fail it: GPU run u);
 2. where the control's own solo runs of that request disagree at or before that position, the
    control cannot vouch for one answer there: the difference is the engine's numerics (a
    warning, ``decided_by`` says so), whatever the margin;
@@ -106,6 +109,29 @@ def _at(rows: list[list[int]] | None, pos: int):
     return rows[pos] if rows is not None and pos < len(rows) else None
 
 
+DRIFT_FACTOR = 2.0  # the margin is the difference of two logprobs, each drifted by up to this
+
+
+def _drift(cref: ReferenceRecord | None, tref: ReferenceRecord | None, pos: int) -> float | None:
+    """How far the two configurations' solo references of one request already disagree on the
+    same tokens' logprobs before ``pos`` (the largest |difference| at the positions where both
+    emitted the same tokens so far, nats), or None without both logprob lists. A control that
+    computes a measurably different function there (GPU run u: without CUDA graphs and
+    torch.compile, a bf16 mixture-of-experts engine's answers drifted by nats before they
+    split) vouches for its answer only beyond that drift; a defect that flips a token without
+    moving the logprobs before it gains nothing from it."""
+    if cref is None or tref is None or not cref.token_logprobs or not tref.token_logprobs:
+        return None
+    out = 0.0
+    for i, (a, b) in enumerate(zip(cref.output_ids, tref.output_ids)):
+        if i >= pos or a != b or i >= min(len(cref.token_logprobs), len(tref.token_logprobs)):
+            break
+        x, y = cref.token_logprobs[i], tref.token_logprobs[i]
+        if x is not None and y is not None:
+            out = max(out, abs(float(x) - float(y)))
+    return out
+
+
 def _runs(ids: Iterable[str], prefix: str = "") -> str:
     ids = list(ids)
     shown = ", ".join(prefix + i for i in ids[:4]) + (f" and {len(ids) - 4} more"
@@ -177,9 +203,9 @@ def _classify(c_ids: list[int], t_ids: list[int], ctl: Answers, ans: str, under:
         ctl.reference.output_hash == ans else None
     tref = under.reference if under.reference is not None and \
         under.reference.output_hash == h else None
-    d = analyse(c_ids, t_ids, pos, cref.margins if cref else None, tie,
-                reference_top=_at(cref.top_ids, pos) if cref else None,
-                observed_top=_at(tref.top_ids, pos) if tref else None)
+    drift = _drift(cref, under.reference, pos)
+    d = analyse(c_ids, t_ids, pos, cref.margins if cref else None,
+                max(tie, round(DRIFT_FACTOR * drift, 6)) if drift is not None else tie)
     own = [first_divergence(c_ids, ids_ctl[o]) for o in ctl.runs
            if o != ans and o in ids_ctl]
     own = [q for q in own if q is not None]

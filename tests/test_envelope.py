@@ -65,6 +65,9 @@ def test_a_far_tail_prompt_position_is_no_evidence():
     assert not carries_probability(got, 1, 9, 2) and carries_probability(got, 2, 3, 2)
     d = measure_parity(got, ref, [0, 9, 3], 0.5, 2)
     assert d.tail == 1 and d.compared == 1 and d.max_nats == pytest.approx(0.15)
+    # a side that ranks it among its top candidates makes it evidence again
+    ref.prompt_ranks[1] = {9: 1, 4: 2, 5: 3}
+    assert measure_parity(got, ref, [0, 9, 3], 0.5, 2).tail == 0
     # without k every scored position counts (the old rule): the tail fails
     assert measure_parity(got, ref, [0, 9, 3], 0.5, None).over[0][0] == 1
 

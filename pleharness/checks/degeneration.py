@@ -27,6 +27,7 @@ Kind: **relative** with its own rules (below; not :mod:`pleharness.checks.relati
 judge), except the token-0 rule, which is absolute.
 """
 from ..manifest import CheckResult
+from ..parity import token_hash
 from . import register
 
 
@@ -91,6 +92,18 @@ def check(ctx, spec, c, params) -> CheckResult:
     max_zero = int(params.get("max_zero_run", 4))
     role = getattr(ctx, "phase_role", "load") if ctx is not None else "load"
     ref = ctx.references.get(spec.ref_key) if ctx is not None else None
+    if ref is None and float(getattr(spec, "temperature", 0) or 0) > 0 \
+            and getattr(spec, "seed", None) is None and "sampled_degeneration" in spec.checks:
+        # an unseeded sample has no reference to show the model's own runs: the solo samples
+        # of its prompt judge it (sampled_degeneration); ID-0 runs are still this check's
+        zrun, zstart = longest_zero_run(c.token_ids)
+        if zrun >= max_zero:
+            return CheckResult(name="degeneration", status="fail", detail=(
+                f"run of {zrun} x token ID 0 at position {zstart} (NaN logit rows argmax to 0; "
+                "never excused by a reference)"))
+        return CheckResult(name="degeneration", status="skip", detail=(
+            "an unseeded sample: its runs are judged against the solo samples of its prompt "
+            "(sampled_degeneration)"))
     golden_ref = ref is not None and ref.source == "golden"
     # a reference or warm-up run is judged only by an independent (golden) reference
     judge = ref if (role == "load" or golden_ref) else None
@@ -98,10 +111,18 @@ def check(ctx, spec, c, params) -> CheckResult:
     eos = frozenset(eos if isinstance(eos, list) else [eos] if eos is not None else [])
     ids = c.token_ids
     problems, notes = [], []
+    # the engine's own first solo run of this prompt gave this very output (it differs from the
+    # kept warm reference at a numerical flip): what the model does on that branch, alone
+    own_solo = (role == "load" and ref is not None and ref.cold_output_hash is not None
+                and ref.cold_output_hash != ref.output_hash
+                and ref.cold_output_hash == token_hash(list(ids)))
 
     def verdict(pattern: str, shown_by_judge: bool, never_excused: bool = False) -> None:
         if never_excused:
             problems.append(pattern)
+        elif own_solo:
+            notes.append(f"{pattern} (model behaviour: the engine's own first solo run of this "
+                         "prompt gave this very output)")
         elif shown_by_judge:
             if role != "load":
                 notes.append(f"{pattern} (model behaviour: the golden reference shows it too)")

@@ -173,8 +173,10 @@ def carries_probability(c, t: int, tok: int, k: int | None) -> bool:
 def measure_parity(c, ref, prompt: list[int], bound: float, k: int | None = None
                    ) -> ScoreDiffs | None:
     """The prompt-token logprob differences of ``c`` from ``ref`` (the same request alone) at
-    every position both score where the token carries probability on both sides
-    (:func:`carries_probability`; the others counted as ``tail``), positions over ``bound``
+    every position both score where the token carries probability on either side
+    (:func:`carries_probability`: a far-tail position on both sides is counted as ``tail``
+    and not compared; where one side ranks the token among its top candidates the other must
+    agree, as vLLM's ``check_logprobs_close`` has it), positions over ``bound``
     nats listed; positions the reference scores and ``c`` does not are ``missing``. None when
     either lacks prompt scores or the request failed. Never raises."""
     if c.error is not None or ref is None or ref.prompt_logprobs is None \
@@ -191,7 +193,7 @@ def measure_parity(c, ref, prompt: list[int], bound: float, k: int | None = None
             out.first_missing = t if out.first_missing is None else out.first_missing
             continue
         tok = int(prompt[t])
-        if not (carries_probability(c, t, tok, k) and carries_probability(ref, t, tok, k)):
+        if not (carries_probability(c, t, tok, k) or carries_probability(ref, t, tok, k)):
             out.tail += 1
             continue
         out.compared += 1

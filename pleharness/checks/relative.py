@@ -21,6 +21,11 @@ Two kinds of request check (``kind`` attribute of every registered check, said i
     run of a prompt), it fails too -> ``note``. Without a golden model (or for a seeded sample,
     which the greedy golden model cannot reproduce) -> ``note``, as ``degeneration`` does.
 
+  A load request whose output is the very output of the engine's own first (cold) solo run of
+  the prompt (``cold_output_hash``, which a numerical flip kept apart from the warm reference)
+  is judged by that run: model behaviour, a ``note`` (GPU run u: a bf16 MoE engine's cold run
+  and four load runs repeated one token 20 times after a 0.125-nat flip the warm run took the
+  other way).
   A judge that cannot be evaluated (no reference for a load request, a reference whose text the
   engine cannot detokenize) leaves the failure standing, with the reason.
 
@@ -37,6 +42,7 @@ from collections.abc import Callable
 from ..engine.completion import Completion
 from ..golden import GoldenError
 from ..manifest import CheckResult
+from ..parity import token_hash
 
 ABSOLUTE = "absolute"
 RELATIVE = "relative"
@@ -92,6 +98,14 @@ def judge(ctx, fn: Callable, spec, c, params, result: CheckResult) -> CheckResul
     reference/warm-up run has no golden judge: model behaviour) or ``fail`` with the reason the
     judge could not be evaluated (module docstring). Never raises."""
     role = getattr(ctx, "phase_role", "load")
+    ref = (getattr(ctx, "references", None) or {}).get(spec.ref_key)
+    if (role == "load" and ref is not None and ref.cold_output_hash is not None
+            and ref.cold_output_hash != ref.output_hash
+            and ref.cold_output_hash == token_hash(list(c.token_ids))):
+        return CheckResult(name=result.name, status="note", detail=(
+            f"{result.detail} (model behaviour: the engine's own first solo run of this prompt "
+            "gave this very output; it differs from the kept warm reference at a numerical "
+            "flip)"))
     ids, who, none_why = _judge_output(ctx, spec)
     if ids is None:
         if role == "load":

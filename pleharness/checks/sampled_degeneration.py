@@ -9,11 +9,15 @@ time before the load, by the ``sampled`` scenario kind, which passes their longe
 params):
 
 - a **run of one token** of length >= ``max_run`` (default 8), EOS excluded (``eos_token_id``
-  fact: with ``ignore_eos`` a model repeats EOS itself), longer than ``solo_run`` (the longest
-  such run among the solo samples of the prompt);
+  fact: with ``ignore_eos`` a model repeats EOS itself), more than twice ``solo_run`` (the
+  longest such run among the solo samples of the prompt);
 - a **run of one punctuation character** in the text (Unicode category P*, e.g. ``!!!!!!!!``,
-  merged tokens included) of length >= ``max_punct_run`` (default 8), longer than
+  merged tokens included) of length >= ``max_punct_run`` (default 8), more than twice
   ``solo_punct_run``.
+
+Why twice: a few solo samples under-estimate how long the model's own runs get under sampling
+(GPU run u, a clean bf16 MoE engine with sharp logits: two solo samples' longest run 7, a load
+sample's 11); the corruption this is for repeats to the end of the output.
 
 A load request (``ctx.phase_role`` load) fails on either; a reference (solo) sample is never
 judged by itself: the pattern is a ``note`` (model behaviour), as ``degeneration`` does without a
@@ -71,9 +75,9 @@ def check(ctx, spec, c, params) -> CheckResult:
     run, tok, start = longest_run(list(c.token_ids), eos_ids(ctx))
     prun, pch, pat = longest_punct_run(c.text or "")
     found = []
-    if run >= max_run and (solo_run is None or run > int(solo_run)):
+    if run >= max_run and (solo_run is None or run > 2 * int(solo_run)):
         found.append(f"run of {run} x token {tok} at position {start}")
-    if prun >= max_punct and (solo_punct is None or prun > int(solo_punct)):
+    if prun >= max_punct and (solo_punct is None or prun > 2 * int(solo_punct)):
         found.append(f"run of {prun} x {pch!r} in the text at offset {pat}")
     if not found:
         return CheckResult(name=NAME, status="pass")
