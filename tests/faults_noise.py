@@ -34,7 +34,15 @@ UNTOUCHED = ("stop", "stop_token_ids", "logit_bias", "min_tokens", "structured_o
 
 
 class Numerics(Fault):
-    """See the module docstring."""
+    """See the module docstring. The engine it sits in front of (the float32 CPU engine) is
+    served to the harness as a bfloat16 one (``/server_info``'s ``model_config.dtype``): these
+    are half-precision numerics, and the harness judges them as such."""
+
+    def server_info(self, data):
+        cfg = data.get("vllm_config") if isinstance(data.get("vllm_config"), dict) else data
+        if isinstance(cfg.get("model_config"), dict):
+            cfg["model_config"]["dtype"] = "torch.bfloat16"
+        return data
 
     def __init__(self, jitter: float = 0.9, flip_margin: float = 0.6, tail: float = 3.0):
         self.jitter, self.flip_margin, self.tail = jitter, flip_margin, tail
@@ -104,6 +112,16 @@ class Chain(Fault):
 
     def __init__(self, *faults: Fault):
         self.faults = faults
+
+    def metrics(self, text):
+        for f in self.faults:
+            text = f.metrics(text)
+        return text
+
+    def server_info(self, data):
+        for f in self.faults:
+            data = f.server_info(data)
+        return data
 
     def request(self, ctx, body):
         for f in self.faults:

@@ -17,6 +17,7 @@
 # wheels as docs/gpu-runs/issue33-35-run.sh (one call per .gpuwheels/partN; xgrammar split in two).
 #   PART=start bash docs/gpu-runs/issue47-48-run.sh            # install, start the jobs
 #   PART=wait WAIT_S=550 bash docs/gpu-runs/issue47-48-run.sh  # wait; $OUT/runs.tgz
+# STEPS=clean (the second try, after the fixes the first one called for): only the clean runs.
 set -u
 export PYTHONPATH=/tmp/site:/tmp/code VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 \
   NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -44,7 +45,7 @@ start)
   rm -rf /tmp/code; cp -r "$PWD" /tmp/code; cd /tmp/code
   mkdir -p $R; echo "set-up $(( $(date +%s) - t0 )) s"
   nvidia-smi --query-gpu=name,memory.used,driver_version --format=csv,noheader
-  PART=jobs setsid nohup bash docs/gpu-runs/issue47-48-run.sh > $R/jobs.log 2>&1 < /dev/null &
+  PART=jobs STEPS=${STEPS:-all} setsid nohup bash docs/gpu-runs/issue47-48-run.sh > $R/jobs.log 2>&1 < /dev/null &
   sleep 2; echo started ;;
 jobs)
   cd /tmp/code
@@ -60,6 +61,9 @@ jobs)
   eager=(--control-drop-arg=--compilation-config --control-engine-arg=--enforce-eager)
   step clean-pw stress "${base[@]}" --run-id clean-pw "${pw[@]}" --parallel-engines 2 &
   step clean-eager stress "${base[@]}" --run-id clean-eager "${eager[@]}" --parallel-engines 2 &
+  if [ "${STEPS:-all}" = clean ]; then  # the second try: the clean runs again, after the fixes
+    wait; echo ALL-DONE >> $R/done.txt; exit 0
+  fi
   step selftest selftest "${base[@]}" --run-id selftest --fault flip_under_load \
     --fault corrupt_warm --fault logprobs_off_under_load --fault prompt_logprobs_shifted --fault oov_id &
   PLE_FAULT_WHEN="$FAP" step planted-pw stress "${base[@]}" --engine-python $FAKE \

@@ -59,9 +59,13 @@ class FaultProxy:
                 proxy.sweep()
                 r = requests.get(proxy.upstream + self.path, timeout=30)
                 content = r.content
-                if self.path.split("?", 1)[0] == "/metrics" and r.status_code == 200 and \
+                path = self.path.split("?", 1)[0]
+                if path == "/metrics" and r.status_code == 200 and \
                         type(proxy.fault).metrics is not Fault.metrics:  # else byte for byte
                     content = proxy.fault.metrics(r.text).encode()
+                if path == "/server_info" and r.status_code == 200 and \
+                        type(proxy.fault).server_info is not Fault.server_info:
+                    content = json.dumps(proxy.fault.server_info(r.json())).encode()
                 self._send(r.status_code, content, r.headers.get("content-type", "text/plain"))
 
             def do_POST(self):

@@ -62,6 +62,10 @@ class Fault:
         """The engine's Prometheus /metrics text as the proxy serves it (default: unchanged)."""
         return text
 
+    def server_info(self, data: dict) -> dict:
+        """The engine's ``/server_info`` JSON as the proxy serves it (default: unchanged)."""
+        return data
+
     def disconnected(self, ctx: RequestCtx) -> None:
         """The client of ``ctx`` closed its connection before the answer ended (called once; the
         proxy then closes its upstream request, so the engine sees the disconnect too)."""
