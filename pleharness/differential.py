@@ -201,8 +201,6 @@ def _classify(c_ids: list[int], t_ids: list[int], ctl: Answers, ans: str, under:
     pos = first_divergence(c_ids, t_ids)
     cref = ctl.reference if ctl.reference is not None and \
         ctl.reference.output_hash == ans else None
-    tref = under.reference if under.reference is not None and \
-        under.reference.output_hash == h else None
     drift = _drift(cref, under.reference, pos)
     d = analyse(c_ids, t_ids, pos, cref.margins if cref else None,
                 max(tie, round(DRIFT_FACTOR * drift, 6)) if drift is not None else tie)

@@ -3,7 +3,6 @@ length alike passes every self-comparison; the control's answer to the same solo
 it. The control is another configuration (a dropped flag) or another build
 (--control-engine-python). The engine double (tests/fault_engine.py) forwards to the shared CPU
 engine and plants the fault only where its launch matches."""
-import os
 import stat
 import sys
 

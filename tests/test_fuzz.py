@@ -14,7 +14,6 @@ import threading
 
 import pytest
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from conftest import ROOT, load_json, run_cli
 from doubles import CorruptInserted, CorruptWhenCrowded, FakeEngine, FaultProxy

@@ -1,9 +1,7 @@
 """Issue 25: gates that cannot lie. One section per item of the issue, each with the issue's own
 inputs (the committed GPU manifests under docs/gpu-runs/, the flags it quotes)."""
 import json
-import shutil
 import sys
-from pathlib import Path
 
 import pytest
 
