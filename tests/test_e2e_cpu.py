@@ -93,10 +93,15 @@ def test_stress_default_suite_launch(tmp_path):
     assert "api both: " in out
     assert all(c["status"] == "pass" for c in checks if c["name"] in ("vocab_range", "usage"))
     # degeneration: what the model itself repeats in a reference or warm-up run is a note (it
-    # differs between machines); a load request never gets a note, and nothing fails
+    # differs between machines); a load request never gets a note, and nothing fails; an
+    # unseeded sample is left to sampled_degeneration (its solo samples judge it: GPU run u)
     for q in m["requests"]:
         for c in q["checks"]:
             if c["name"] == "degeneration":
+                if c["status"] == "skip":
+                    assert q["temperature"] > 0 and q["seed"] is None and any(
+                        x["name"] == "sampled_degeneration" for x in q["checks"]), (q, c)
+                    continue
                 assert c["status"] in ("pass", "note"), c
                 if c["status"] == "note":
                     phase = next(p for p in m["phases"] if p["name"] == q["phase"])
