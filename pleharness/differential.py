@@ -169,7 +169,7 @@ def compare_answers(main: Manifest, control: Manifest) -> dict[str, int]:
             if c_ids is None or t_ids is None:
                 counts["without_tokens"] += 1
                 continue
-            d = _classify(c_ids, t_ids, ctl, ans, under, h, ids_ctl, tie, bool(ro.strict))
+            d = _classify(c_ids, t_ids, ctl, ans, under, ids_ctl, tie, bool(ro.strict))
             counts["hard"] += d.fails
             counts["control_repeats_disagree"] += (d.decided_by or "").startswith(
                 "the control's own")
@@ -195,8 +195,8 @@ def compare_answers(main: Manifest, control: Manifest) -> dict[str, int]:
 
 
 def _classify(c_ids: list[int], t_ids: list[int], ctl: Answers, ans: str, under: Answers,
-              h: str, ids_ctl: dict[str, list[int]], tie: float, strict: bool):
-    """The divergence of answer ``h`` under test from the control's answer ``ans``
+              ids_ctl: dict[str, list[int]], tie: float, strict: bool):
+    """The divergence of an answer under test (``t_ids``) from the control's answer ``ans``
     (rule of the module docstring)."""
     pos = first_divergence(c_ids, t_ids)
     cref = ctl.reference if ctl.reference is not None and \

@@ -98,26 +98,14 @@ class PassResult:
         return dict(self.__dict__)
 
 
-def caught_by(m) -> list[str]:
+def caught_by(m, keys: set[tuple] | None = None) -> list[str]:
     """The rules that failed in manifest ``m``: ``parity`` for untolerated token differences,
-    each failed request check and phase check by name, ``request_error`` for failed requests."""
-    names = set()
-    for r in m.requests:
-        if r.parity_failed:
-            names.add("parity")
-        if r.request_error:
-            names.add("request_error")
-        names.update(c.name for c in r.failed_checks)
-    for p in m.phases:
-        names.update(c.name for c in p.checks if c.status == "fail")
-    return sorted(names)
-
-
-def own_catchers(m, keys: set[tuple]) -> list[str]:
-    """The rules of :func:`caught_by` that failed on a request of a (prompt hash, max_tokens)
-    in ``keys`` (("chat",): any chat request), or in a phase check of a phase holding one."""
+    each failed request check and phase check by name, ``request_error`` for failed requests.
+    With ``keys`` (a fault's (prompt hash, max_tokens) pairs; ("chat",): any chat request),
+    only on the requests of those and in the phase checks of the phases holding one."""
     def mine(r) -> bool:
-        return (r.prompt_hash, r.max_tokens) in keys or (("chat",) in keys and r.api == "chat")
+        return keys is None or (r.prompt_hash, r.max_tokens) in keys or (
+            ("chat",) in keys and r.api == "chat")
     names, phases = set(), set()
     for r in m.requests:
         if not mine(r):
@@ -129,7 +117,7 @@ def own_catchers(m, keys: set[tuple]) -> list[str]:
             names.add("request_error")
         names.update(c.name for c in r.failed_checks)
     for p in m.phases:
-        if p.name in phases:
+        if keys is None or p.name in phases:
             names.update(c.name for c in p.checks if c.status == "fail")
     return sorted(names)
 
@@ -143,7 +131,7 @@ def judge(name: str, fault: SelftestFault | None, code: int, m,
                      caught_by=caught_by(m) if m else [], causes=causes(m)[:5] if m else [],
                      summary=fault.summary if fault is not None else "no fault")
     if fault is not None and m is not None:
-        own = [x for x in own_catchers(m, fault.keys) if x not in clean_rules]
+        own = [x for x in caught_by(m, fault.keys) if x not in clean_rules]
         res.also_failed = [x for x in res.caught_by if x not in own]
         res.caught_by = own
     if code not in (ExitCode.OK, ExitCode.FAIL):

@@ -238,12 +238,19 @@ def parity(c, ref, prompt: list[int], threshold: float, why: str, k: int | None 
     from) wherever it carries probability (``k``: the candidates asked,
     :func:`carries_probability`). Fails naming the positions over it (a shifted, missing or
     corrupt score under load); skip when either lacks prompt scores. Never raises."""
+    return parity_measured(c, ref, prompt, threshold, why, k)[0]
+
+
+def parity_measured(c, ref, prompt: list[int], threshold: float, why: str,
+                    k: int | None = None) -> tuple[CheckResult, ScoreDiffs | None]:
+    """(:func:`parity`'s result, the measured differences it was judged on, or None where
+    nothing was measured), so that a caller keeps the differences without measuring twice."""
     if c.error is not None or ref is None or ref.prompt_logprobs is None:
         return CheckResult(name=PARITY, status="skip",
                            detail="no solo reference with prompt logprobs" if c.error is None
-                           else f"request failed: {c.error}")
+                           else f"request failed: {c.error}"), None
     if c.prompt_logprobs is None:
         return CheckResult(name=PARITY, status="fail",
-                           detail="the answer carries no prompt logprobs; the solo one does")
+                           detail="the answer carries no prompt logprobs; the solo one does"), None
     diffs = measure_parity(c, ref, prompt, threshold, k)
-    return judge_parity(diffs, len(prompt) - 1, threshold, why)
+    return judge_parity(diffs, len(prompt) - 1, threshold, why), diffs

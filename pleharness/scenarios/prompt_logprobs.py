@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 from pydantic import Field
 
 from ..checks import DEFAULT_CHECKS
-from ..checks.prompt_logprobs import NAME, PARITY, measure_parity, parity
+from ..checks.prompt_logprobs import NAME, PARITY, parity_measured
 from ..divergence import is_half_precision
 from ..prompts import seeded_prompts
 from ..request import Outcome, RequestSpec
@@ -185,8 +185,8 @@ class PromptLogprobs(Scenario):
                 return
             ids = [int(t) for t in o.spec.prompt.ids]
             ref = solo.get(o.spec.ref_key)
-            o.record.checks.append(parity(o.completion, ref, ids, threshold, why, tail_k))
-            measured = measure_parity(o.completion, ref, ids, threshold, tail_k)
+            result, measured = parity_measured(o.completion, ref, ids, threshold, why, tail_k)
+            o.record.checks.append(result)
             if measured is not None:  # judged again at the run's measured envelope
                 o.record.prompt_logprob_diffs = measured
                 diffs[id(o)] = measured.max_nats if measured.compared else None
