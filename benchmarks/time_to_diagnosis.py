@@ -17,10 +17,13 @@ its exit):
                confirmed on 3 fresh engines
   explain-N    ``explain STRESS_RUN --confirm-runs 3 --parallel-engines N --budget-s B``
 
-The compile cache: ``VLLM_CACHE_ROOT`` is ``--cache`` for every step; ``--cold`` empties it
+The compile cache: ``--compile-cache`` is ``--cache`` for every step; ``--cold`` empties it
 before the first step (so the first engine start pays for torch.compile and the later ones do
-not, as on a maintainer's machine). Writes ``--out`` (JSON: per step the wall time, the engine
-start times it measured, the verdicts) and prints a table.
+not, as on a maintainer's machine). ``--passes cold,warm`` runs the steps twice: first on an
+emptied cache, then again on the cache the first pass filled (the second job of a day).
+Writes ``--out`` (JSON: per step the wall time, the verdicts and the job's own time stamps from
+its command's start, issue 49: failing run, reproducer, diagnosis and confirmed after N s, and
+each engine start with its compile cache cold or warm) and prints a table.
 
 Example (the H200, docs/gpu-runs/issue33-run.sh):
 ``python3 benchmarks/time_to_diagnosis.py --model /tmp/dense --profile
@@ -66,14 +69,25 @@ def run_step(name: str, argv: list[str], env: dict, log: Path, limit_s: float) -
             "wall_s": round(time.monotonic() - t0, 1), "log": str(log)}
 
 
-def engine_starts(run_dir: Path) -> list[float]:
-    """ready_s of every engine a stress / fuzz run started: its own and its confirmations'."""
+def engine_starts(run_dir: Path) -> list[str]:
+    """Every engine start of a stress / fuzz run, its own (with the compile cache's state) and
+    its confirmations': ``engine 171 s (cold)``, ``replay 40 s (warm)``."""
     m = load(run_dir / "manifest.json")
-    out = [m.get("engine", {}).get("ready_s")]
+    out = [starts((m.get("timeline") or {}).get("engine_starts"))]
     for row in (m.get("tables") or {}).get("reproducers") or []:
         for r in (row.get("confirmation") or {}).get("replays") or []:
-            out.append(r.get("engine_ready_s"))
-    return [round(x, 1) for x in out if x]
+            sub = load(Path(r.get("manifest") or "/nonexistent"))
+            out.append(starts((sub.get("timeline") or {}).get("engine_starts"), "replay"))
+    return [x for xs in out for x in xs]
+
+
+def starts(rows, what: str | None = None) -> list[str]:
+    """``what ready_s s (cache)`` of each engine start of a job's timeline."""
+    return [f"{what or e.get('what')} {e.get('ready_s', 0):.0f} s ({e.get('cache') or '?'})"
+            for e in rows or []]
+
+
+STAMPS = ("failing_run_s", "reproducer_s", "diagnosis_s", "confirmed_s", "ended_s")
 
 
 def main() -> int:
@@ -85,6 +99,8 @@ def main() -> int:
     ap.add_argument("--vocab", type=int, default=793, help="the model's vocabulary size")
     ap.add_argument("--cache", default="/tmp/ttd-compile-cache", help="VLLM_CACHE_ROOT")
     ap.add_argument("--cold", action="store_true", help="empty the compile cache first")
+    ap.add_argument("--passes", default="", help="cold,warm: the steps on an emptied cache, "
+                    "then again on the filled one (implies --cold)")
     ap.add_argument("--results", default="/tmp/ttd-runs")
     ap.add_argument("--budget-s", type=float, default=600.0, help="explain's --budget-s")
     ap.add_argument("--step-limit-s", type=float, default=900.0,
@@ -93,56 +109,72 @@ def main() -> int:
     a = ap.parse_args()
     res = Path(a.results)
     res.mkdir(parents=True, exist_ok=True)
-    if a.cold:
-        shutil.rmtree(a.cache, ignore_errors=True)
-    env = {**os.environ, "VLLM_CACHE_ROOT": a.cache, "PLE_FAULT_UPSTREAM": "spawn",
+    env = {**os.environ, "PLE_FAULT_UPSTREAM": "spawn",
            "PLE_FAULT_WHEN": a.when, "PLE_FAULT_MODE": "crowded", "PLE_FAULT_VOCAB": str(a.vocab),
            "PLE_REAL_PYTHON": sys.executable, "PYTHONUNBUFFERED": "1"}
     launch = ["--engine-python", FAKE_PY, "--engine-profile", a.profile, "--model", a.model,
-              "--results-dir", str(res)]
+              "--results-dir", str(res), "--compile-cache", a.cache]
     report = {"machine": machine(), "model": a.model, "profile": a.profile, "when": a.when,
-              "cold_cache_at_start": a.cold, "steps": []}
-    stress_run = res / "ttd-stress"
-    for step in a.steps.split(","):
-        kind, _, n = step.partition("-")
-        if kind == "stress":
-            argv = ["stress", *launch, "--run-id", "ttd-stress", "--scenario", "transitions",
-                    "--ladder", "4,1", "--repeats", "1", "--confirm-runs", "0"]
-        elif kind == "fuzz":
-            argv = ["fuzz", *launch, "--run-id", f"ttd-{step}", "--time-budget", "60",
-                    "--confirm-runs", "3", "--parallel-engines", n or "1"]
-        elif kind == "explain":
-            argv = ["explain", str(stress_run), "--confirm-runs", "3", "--parallel-engines",
-                    n or "1", "--budget-s", str(a.budget_s)]
-        else:
-            raise SystemExit(f"unknown step {step!r}")
-        print(f"== {step}: {' '.join(argv)}", flush=True)
-        row = run_step(step, argv, env, res / f"{step}.console.txt", a.step_limit_s)
-        if kind in ("stress", "fuzz"):
-            rdir = res / ("ttd-stress" if kind == "stress" else f"ttd-{step}")
-            m = load(rdir / "manifest.json")
-            row.update(verdict=m.get("verdict"), engine_ready_s=engine_starts(rdir),
-                       reproducers=[r.get("verdict") for r in
-                                    (m.get("tables") or {}).get("reproducers") or []])
-            fs = ((m.get("tables") or {}).get("fuzz_summary") or [{}])[0]
-            row["fuzz_found_after_s"] = fs.get("elapsed_s") if kind == "fuzz" else None
-        else:
-            ex = load(stress_run / "explain" / "explain.json")
-            shutil.copytree(stress_run / "explain", res / f"{step}-explain", dirs_exist_ok=True)
-            row.update(status=ex.get("status"), estimate=(ex.get("estimate") or {}).get("text"),
-                       launches=[(la.get("config"), la.get("ready_s") or la.get("skipped"))
-                                 for la in ex.get("launches") or []],
-                       attribution=sorted({c.get("attribution") for c in ex.get("cases") or []}),
-                       reproduction=sorted({str(c.get("reproduction_verdict"))
-                                            for c in ex.get("cases") or []}))
-        report["steps"].append(row)
-        Path(a.out).write_text(json.dumps(report, indent=1))
-        print(json.dumps(row, indent=1), flush=True)
-    print(f"\n{'step':<12}{'exit':>6}{'wall s':>9}  engine starts / launches")
+              "cold_cache_at_start": a.cold or a.passes.startswith("cold"),
+              "passes": a.passes, "steps": []}
+    passes = [p for p in a.passes.split(",") if p] or [""]
+    for pas in passes:
+        if pas == "cold" or (a.cold and pas == passes[0]):
+            shutil.rmtree(a.cache, ignore_errors=True)
+        for step in a.steps.split(","):
+            report["steps"].append(one_step(step, pas, launch, env, res, a))
+            Path(a.out).write_text(json.dumps(report, indent=1))
+    w = 14
+    print(f"\n{'step':<{w}}{'exit':>5}{'wall s':>8}" + "".join(f"{x[:-2]:>13}" for x in STAMPS)
+          + "  engine starts")
     for r in report["steps"]:
-        print(f"{r['step']:<12}{r['exit_code']:>6}{r['wall_s']:>9}  "
-              f"{r.get('engine_ready_s') or r.get('launches')}")
+        t = r.get("timeline") or {}
+        print(f"{r['step']:<{w}}{r['exit_code']:>5}{r['wall_s']:>8}" + "".join(
+            f"{'-' if t.get(x) is None else t[x]:>13}" for x in STAMPS)
+            + f"  {', '.join(r.get('engine_starts') or [])}")
     return 0
+
+
+def one_step(step: str, pas: str, launch: list[str], env: dict, res: Path, a) -> dict:
+    """Run one step (``stress``, ``fuzz-N``, ``explain-N``) of pass ``pas`` and read back its
+    verdicts and its time stamps (issue 49)."""
+    kind, _, n = step.partition("-")
+    tag = f"{step}-{pas}" if pas else step
+    stress_run = res / (f"ttd-stress-{pas}" if pas else "ttd-stress")
+    if kind == "stress":
+        argv = ["stress", *launch, "--run-id", stress_run.name, "--scenario", "transitions",
+                "--ladder", "4,1", "--repeats", "1", "--confirm-runs", "0"]
+    elif kind == "fuzz":
+        argv = ["fuzz", *launch, "--run-id", f"ttd-{tag}", "--time-budget", "60",
+                "--confirm-runs", "3", "--parallel-engines", n or "1"]
+    elif kind == "explain":
+        argv = ["explain", str(stress_run), "--confirm-runs", "3", "--parallel-engines",
+                n or "1", "--budget-s", str(a.budget_s), "--compile-cache", a.cache]
+    else:
+        raise SystemExit(f"unknown step {step!r}")
+    print(f"== {tag}: {' '.join(argv)}", flush=True)
+    row = run_step(tag, argv, env, res / f"{tag}.console.txt", a.step_limit_s)
+    if kind in ("stress", "fuzz"):
+        rdir = stress_run if kind == "stress" else res / f"ttd-{tag}"
+        m = load(rdir / "manifest.json")
+        row.update(verdict=m.get("verdict"), engine_starts=engine_starts(rdir),
+                   timeline={k: (m.get("timeline") or {}).get(k) for k in STAMPS},
+                   reproducers=[r.get("verdict") for r in
+                                (m.get("tables") or {}).get("reproducers") or []])
+    else:
+        ex = load(stress_run / "explain" / "explain.json")
+        shutil.copytree(stress_run / "explain", res / f"{tag}-explain", dirs_exist_ok=True)
+        t = ex.get("timeline") or {}
+        row.update(status=ex.get("status"), estimate=(ex.get("estimate") or {}).get("text"),
+                   timeline={k: t.get(k) for k in STAMPS},
+                   engine_starts=starts(t.get("engine_starts")),
+                   launches=[(la.get("config"), la.get("ready_s") or la.get("skipped"))
+                             for la in ex.get("launches") or []],
+                   attribution=sorted({c.get("attribution") for c in ex.get("cases") or []}),
+                   reproduction=sorted({str(c.get("reproduction_verdict"))
+                                        for c in ex.get("cases") or []}))
+    print(json.dumps(row, indent=1), flush=True)
+    return row
 
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ REFERENCE_MODES = ("solo", "engine", "manifest", "golden")
 LAUNCH_ONLY = [("model", "--model"), ("engine_profile", "--engine-profile"), ("tp", "--tp"),
                ("engine_python", "--engine-python"), ("engine_arg", "--engine-arg"),
                ("engine_env", "--engine-env"), ("host", "--host"), ("port", "--port"),
-               ("start_timeout", "--start-timeout"),
+               ("start_timeout", "--start-timeout"), ("compile_cache", "--compile-cache"),
                ("reference_engine_arg", "--reference-engine-arg"),
                ("reference_drop_arg", "--reference-drop-arg"),
                ("control_engine_arg", "--control-engine-arg"),

@@ -36,19 +36,24 @@ import secrets
 import signal
 from pathlib import Path
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from rich.console import Console
 from rich.markup import escape
 
 from .defaults import DEFAULT_START_TIMEOUT_S
 from .engine.launch import engine_python_check
 from .engine.session import Interrupted
+from .engine.side_by_side import model_bytes
+from .engine.side_by_side import plan as plan_side_by_side
+from .environment import gpu_inventory
 from .errors import ExitCode, UsageError
 from .jobrun import Runner
 from .manifest import now_iso, write_atomic
 from .manifest.tables import ReproducerRow
-from .reproduce import ReplayTarget, confirm_run_reproducers, load_launched_run, run_config
+from .reproduce import (ReplayTarget, confirm_run_reproducers, load_launched_run, run_config,
+                        run_target)
 from .run.rundir import new_run_dir
+from .timeline import Timeline
 
 
 class ConfirmResult(BaseModel):
@@ -66,19 +71,25 @@ class ConfirmResult(BaseModel):
     status: str = "running"
     exit_code: int | None = None
     reproducers: list[ReproducerRow] = []
+    side_by_side: dict = {}  # pleharness.engine.side_by_side.SideBySide.record
+    timeline: Timeline = Field(default_factory=Timeline)  # confirmed after N s (issue 49)
 
 
 def run_confirm(run: Path, runs: int, runner: Runner, *, engine_python: str | None = None,
                 start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
-                console: Console | None = None) -> int:
+                console: Console | None = None, parallel_engines: int | None = 1,
+                compile_cache: str | None = None) -> int:
     """Confirm the reproducers of the launched run ``run`` (its folder or manifest.json):
     ``runs`` (>= 1) replays of each, on fresh engines of its configuration (``engine_python``:
     another Python with vLLM, default the run's; ``start_timeout_s``: seconds to wait for
     each engine). ``runner``: the run each replay is, ``runner(cfg, console, err_console) ->
-    exit code`` (:func:`pleharness.stress.run_stress`). Progress goes to ``console``. Returns
-    the exit code of the module docstring. Raises UsageError (exit 2) before anything starts:
-    ``runs`` < 1, an unreadable or attached run, a run with no reproducer, a reproducer file
-    that is gone, an ``engine_python`` without vLLM."""
+    exit code`` (:func:`pleharness.stress.run_stress`). ``parallel_engines``: replays started
+    side by side (None: auto; :func:`pleharness.engine.side_by_side.plan`, each with a fixed KV
+    cache size on a GPU). ``compile_cache``: the replays' ``VLLM_CACHE_ROOT`` (default: the
+    run's). Progress goes to ``console``. Returns the exit code of the module docstring. Raises
+    UsageError (exit 2) before anything starts: ``runs`` < 1, an unreadable or attached run, a
+    run with no reproducer, a reproducer file that is gone, an ``engine_python`` without vLLM,
+    more engines side by side than fit."""
     console = console or Console(stderr=True)
     if runs < 1:
         raise UsageError(f"--runs {runs}: at least one replay is needed")
@@ -90,10 +101,14 @@ def run_confirm(run: Path, runs: int, runner: Runner, *, engine_python: str | No
     missing = [r.path for r in rows if not (run_dir / r.path).is_file()]
     if missing:
         raise UsageError(f"{run}: reproducer file(s) not found: {', '.join(missing)}")
-    cfg = run_config(m, engine_python, start_timeout_s)  # 2 configuration
+    cfg = run_config(m, engine_python, start_timeout_s, compile_cache)  # 2 configuration
     problem = engine_python_check(cfg.engine.python)
     if problem:
         raise UsageError(f"--engine-python {cfg.engine.python}: {problem}")
+    target = run_target(m, engine_python, start_timeout_s, compile_cache)
+    side = plan_side_by_side(parallel_engines, gpus=gpu_inventory(),
+                             model=model_bytes(target.model_path),
+                             engine_args=target.engine_args, engine_env=target.engine_env)
     stamp = now_iso().replace(":", "").replace("-", "")[:15]  # e.g. 20261206T073550
     _, out_dir = new_run_dir(run_dir, f"confirm-{stamp}-{secrets.token_hex(2)}")
     # this job's confirmation of every row, whatever the run itself confirmed
@@ -101,7 +116,8 @@ def run_confirm(run: Path, runs: int, runner: Runner, *, engine_python: str | No
     m.tables["reproducers"] = [{k: v for k, v in r.model_dump().items() if k not in earlier}
                                for r in rows]
     result = ConfirmResult(run_id=m.run_id, run_dir=str(run_dir), runs=runs,
-                           engine_python=cfg.engine.python, started_at=now_iso())
+                           engine_python=cfg.engine.python, started_at=now_iso(),
+                           side_by_side=side.record())
     path = out_dir / "confirm.json"
 
     def save() -> None:
@@ -112,14 +128,22 @@ def run_confirm(run: Path, runs: int, runner: Runner, *, engine_python: str | No
     console.print(f"confirm {escape(m.run_id)}: {len(rows)} reproducer(s), {runs} replay(s) "
                   f"each on a freshly started engine; results in {escape(str(out_dir))}",
                   highlight=False)
+    if side.n > 1:
+        console.print(escape(side.why), highlight=False)
     other = engine_python not in (None, (m.engine.launch or {}).get("python"))
-    target = ReplayTarget(runner=runner, config=cfg,
-                          build=f"--engine-python {engine_python}" if other else None)
+    replays = ReplayTarget(runner=runner, config=cfg, parallel=side.n,
+                           engine_args_add=list(side.add),
+                           build=f"--engine-python {engine_python}" if other else None)
+
+    def on_row(row: ReproducerRow) -> None:  # confirm.json rewritten after every reproducer
+        if row.confirmation is not None and row.confirmation.reproduced:
+            result.timeline.mark("confirmed")
+        save()
 
     try:  # 3 confirmation; confirm.json rewritten after every reproducer
-        confirm_run_reproducers(m, run_dir, target, runs,
+        confirm_run_reproducers(m, run_dir, replays, runs,
                                 log=lambda line: console.print(escape(line), highlight=False),
-                                out_dir=out_dir, on_row=lambda row: save())
+                                out_dir=out_dir, on_row=on_row)
     except (Interrupted, KeyboardInterrupt) as exc:  # a replay's, or Ctrl-C between replays
         signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
         result.status = "interrupted"
@@ -130,9 +154,11 @@ def run_confirm(run: Path, runs: int, runner: Runner, *, engine_python: str | No
         result.status = "complete"
         result.exit_code = int(_exit_code(ReproducerRow.rows(m, "reproducers")))
     result.ended_at = now_iso()
+    result.timeline.mark("ended")
     save()  # 4 result
     console.print(f"confirm: status {result.status}, exit {result.exit_code}; "
                   f"{escape(str(path))}", highlight=False)
+    console.print(f"time line: {escape(result.timeline.line())}", highlight=False)
     return result.exit_code
 
 

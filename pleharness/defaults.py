@@ -9,6 +9,14 @@ DEFAULT_CONFIRM_RUNS = 3
 """Replays of each reproducer, each on a freshly started engine (``--confirm-runs`` of stress,
 fuzz and explain; :attr:`pleharness.config.ConfirmationConfig.runs`)."""
 
+DEFAULT_SHRINK_BUDGET_S = 60.0
+"""Seconds of shrinking after fuzz's first failure (``fuzz --shrink-budget``; the fuzz
+scenario's ``shrink_budget_s``). Measured on an H200 (docs/gpu-runs/2026-12-06-v-issue47-49): a
+fault that shows only with >= 2 requests in flight failed first after 12 s of search; within 30 s
+of shrinking hypothesis had a 7-request schedule, and the 270 s after that (600 s was the budget,
+hypothesis stops itself at 300 s) found nothing smaller that failed on its recheck, while the
+confirmed reproducer waited: a minute bounds the wait for a reproducer (issue 49)."""
+
 DEFAULT_PARALLEL_ENGINES = 1
 """Engines started side by side (``--parallel-engines``, whose option value is a string: a
 number or auto; :attr:`pleharness.config.ConfirmationConfig.parallel_engines`)."""

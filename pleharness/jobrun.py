@@ -52,6 +52,7 @@ from .run.context import RunContext
 from .run.rundir import new_run_dir
 from .run.sides import judge_sides
 from .scenarios import REGISTRY, Scenario, load_scenarios
+from .summary import stamp_timeline
 from .second_engine import control_variant, raise_if_second_engine_is_the_same, side_by_side_plan
 from .verdict import control_outcome, summarize, verdict, write_reports
 
@@ -334,6 +335,7 @@ class JobRun:
         m = self.manifest
         summarize(m)
         m.ended_at = now_iso()
+        stamp_timeline(m, self.run_dir, self.session.starts if self.session else [])
         m.exit_code = code
         if m.status == "running":
             m.status = "incomplete"
@@ -481,8 +483,13 @@ def confirm_reproducers(run: JobRun, eng: Engine, runner: Runner) -> None:
                       parallel=max(1, run.side.n), engine_args_add=list(run.side.add))
     if run.side.n > 1 and cfg.attach.url is None:
         run.console.print(esc(f"confirmations: {run.side.why}"), highlight=False)
+    def stamp(row) -> None:  # the first reproducer that reproduced on a fresh engine
+        if row.confirmation is not None and row.confirmation.reproduced:
+            run.manifest.timeline.mark("confirmed")
+
     rows = confirm_run_reproducers(run.manifest, run.run_dir, rt, cfg.confirmation.runs,
-                                   log=lambda x: run.console.print(esc(x), highlight=False))
+                                   log=lambda x: run.console.print(esc(x), highlight=False),
+                                   on_row=stamp)
     run.manifest.summary.reproducers = [{"path": r.path, "verdict": r.verdict} for r in rows]
     run.save()
 

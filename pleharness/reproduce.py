@@ -129,13 +129,17 @@ def load_launched_run(run: Path, job: str) -> tuple[Manifest, Path]:
 
 
 def run_target(m: Manifest, python: str | None = None,
-               start_timeout_s: float = DEFAULT_START_TIMEOUT_S) -> Target:
+               start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
+               compile_cache: str | None = None) -> Target:
     """A launched run's engine as a launch target, from its manifest's launch record (model,
     python (``python`` overrides it), tp, engine_args, env, host; the served name): a value
-    recorded as ``<redacted>`` is taken from this process's environment."""
+    recorded as ``<redacted>`` is taken from this process's environment. ``compile_cache``:
+    another ``VLLM_CACHE_ROOT`` than the run's (``--compile-cache``; ``~`` expanded)."""
     la = m.engine.launch or {}
     env = {k: (os.environ.get(k, "") if v == "<redacted>" else v)
            for k, v in (la.get("env") or {}).items()}
+    if compile_cache:
+        env["VLLM_CACHE_ROOT"] = os.path.abspath(os.path.expanduser(compile_cache))
     return Target(url=None, model_path=la["model"], served_name=m.engine.model,
                   python=python or la["python"], tp=la.get("tp", 1),
                   engine_args=list(la.get("engine_args") or []), engine_env=env,
@@ -143,12 +147,13 @@ def run_target(m: Manifest, python: str | None = None,
 
 
 def run_config(m: Manifest, python: str | None = None,
-               start_timeout_s: float = DEFAULT_START_TIMEOUT_S) -> StressConfig:
+               start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
+               compile_cache: str | None = None) -> StressConfig:
     """A launched run's configuration as far as its manifest holds it, the base of its
     reproducers' replays (explain, ``ple-harness confirm``): its launch (:func:`run_target`: the
-    launch record and the served name) as the engine group, judged as the run recorded it
-    (:func:`replay_base`, as ``stress --confirm-runs`` judges)."""
-    t = run_target(m, python, start_timeout_s)
+    launch record and the served name, ``compile_cache`` over its cache) as the engine group,
+    judged as the run recorded it (:func:`replay_base`, as ``stress --confirm-runs`` judges)."""
+    t = run_target(m, python, start_timeout_s, compile_cache)
     engine = EngineConfig(model=t.model_path, tp=t.tp, python=t.python, args=t.engine_args,
                           env=t.engine_env, served_model_name=t.served_name, host=t.host,
                           port=t.port, start_timeout_s=t.start_timeout_s)

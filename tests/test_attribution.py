@@ -372,6 +372,13 @@ def test_explain_attributes_the_divergence_to_its_flag(cpu_engine, spec_fault_ru
             assert sub["engine"]["mode"] == "launched" and sub["engine"]["command"][0] == FAKE_PY
             assert "--speculative-config" in sub["engine"]["launch"]["engine_args"]
     assert "reproduced 2/2 on fresh engines" in (run / "explain" / "explain.md").read_text()
+    # its time stamps from the command's start (issue 49): the reproducer (after the
+    # configuration under test's replays), the diagnosis, the confirmation, in that order;
+    # every engine start with its time (4 launches: under test, 3 suspects)
+    t = rep["timeline"]
+    assert 0 < t["reproducer_s"] <= t["diagnosis_s"] <= t["confirmed_s"] <= t["ended_s"], t
+    assert len(t["engine_starts"]) >= 4 and all(e["ready_s"] > 0 for e in t["engine_starts"])
+    assert "confirmed after" in (run / "explain" / "explain.md").read_text()
     # one permission rule (issue 37): every folder explain made 0700, every file 0600
     for dirpath, dirs, files in os.walk(run / "explain"):
         assert os.stat(dirpath).st_mode & 0o777 == 0o700, dirpath

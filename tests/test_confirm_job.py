@@ -172,3 +172,29 @@ def test_the_command_line_exits_2_with_the_reason(tmp_path):
     assert r.exit_code == 2 and "--runs" in r.output
     assert json.loads((d / "manifest.json").read_text())["run_id"] == "run"
     assert not list(d.glob("confirm-*"))
+
+
+def test_confirm_runs_replays_side_by_side_and_stamps_when_one_reproduced(tmp_path):
+    """issue 49: ``confirm --parallel-engines`` as the other jobs (on the CPU: N engines when
+    the memory fits), and ``confirm.json`` says when the first reproducer reproduced."""
+    d = _run(tmp_path)
+    runner = Runner(0, 1)
+    assert run_confirm(d, 2, runner, console=_quiet(), parallel_engines=2) == 1
+    res = _result(d)
+    assert res.side_by_side["parallel_engines"] == 2
+    assert res.reproducers[0].confirmation.side_by_side == 2
+    t = res.timeline
+    assert t.confirmed_s is not None and t.ended_s is not None and t.confirmed_s <= t.ended_s
+    (tmp_path / "b").mkdir()
+    d2 = _run(tmp_path / "b")
+    assert run_confirm(d2, 1, Runner(0), console=_quiet()) == 0
+    assert _result(d2).timeline.confirmed_s is None  # nothing reproduced: no time stamp
+
+
+def test_confirm_moves_the_compile_cache_and_refuses_engines_that_do_not_fit(tmp_path):
+    d = _run(tmp_path)
+    runner = Runner(0)
+    assert run_confirm(d, 1, runner, console=_quiet(), compile_cache=str(tmp_path / "cc")) == 0
+    assert runner.cfgs[0].engine.env["VLLM_CACHE_ROOT"] == str(tmp_path / "cc")
+    with pytest.raises(UsageError, match="--parallel-engines 100000"):
+        run_confirm(d, 1, Runner(), console=_quiet(), parallel_engines=100000)

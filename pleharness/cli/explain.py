@@ -13,6 +13,8 @@ from ..engine.side_by_side import parse_parallel
 from ..explain import explain as run_explain
 from ..stress import run_stress
 from . import Command, app, err_console
+from .assemble import compile_cache_dir
+from .options import COMPILE_CACHE_HELP
 
 
 @app.command(cls=Command)
@@ -49,6 +51,8 @@ def explain(
         "free memory, 1 on the CPU). Each gets a fixed KV cache size (--kv-cache-memory-bytes) "
         "and a small --gpu-memory-utilization share; more than fit: a usage error."))] = \
         str(DEFAULT_PARALLEL_ENGINES),
+    compile_cache: Annotated[Optional[str], typer.Option(
+        help=COMPILE_CACHE_HELP + " Default here: the run's.")] = None,
 ):
     """Which engine feature causes each failing divergence of a finished (launched) run.
 
@@ -65,4 +69,5 @@ def explain(
                 budget_s=budget_s,
                 engine_python=engine_python, start_timeout_s=start_timeout,
                 console=err_console, confirm_runs=confirm_runs,
-                parallel_engines=parse_parallel(parallel_engines), confirm_all=confirm_all)
+                parallel_engines=parse_parallel(parallel_engines), confirm_all=confirm_all,
+                compile_cache=compile_cache_dir(compile_cache) if compile_cache else None)

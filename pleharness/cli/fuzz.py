@@ -33,7 +33,8 @@ FUZZ_FLAGS = (
     ("max_examples", "max_examples", "Most hypothesis examples (schedules) to run."),
     ("time_budget_s", "time_budget", "Seconds after which no new example starts (shrinking a "
      "failure gets --shrink-budget more). Default: no limit."),
-    ("shrink_budget_s", "shrink_budget", "Seconds of shrinking after the first failure."),
+    ("shrink_budget_s", "shrink_budget", "Seconds of shrinking after the first failure "
+     "(default 60: a confirmed reproducer in minutes; give more for a smaller one)."),
     ("shrink", "shrink", "Shrink a failure to the smallest failing schedule (--no-shrink: stop at "
      "the first failing example and write it as the reproducer)."),
     ("seed", "seed", "Hypothesis seed: the same seed and engine facts draw the same schedules."),

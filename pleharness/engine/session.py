@@ -37,6 +37,7 @@ from ..environment import gpu_inventory
 from ..errors import EngineError, HarnessError, UsageError
 from ..model import SERVED_NAME, ensure_embedded_model
 from ..redact import redact_argv, redact_url
+from ..timeline import EngineStart, since_start
 from .client import EngineClient
 from .inflight import Timeouts
 from .fact_sources import parse_engine_args
@@ -287,6 +288,8 @@ class EngineSession:
     result in :attr:`gpu_memory`); then the old signal handlers come back.
 
     Attributes: ``servers`` (the launched engines running now, the last one the newest),
+    ``starts`` (:class:`pleharness.timeline.EngineStart` of every launch that became ready:
+    its start time and the compile cache's state),
     ``signalled`` (the signals received), ``launched`` (whether an engine was launched),
     ``gpu_memory`` (the GPU check's fields, {} when not run).
     """
@@ -306,6 +309,7 @@ class EngineSession:
         self.launched = False
         self.leftovers: list[dict] | None = None  # engines earlier harnesses left (first launch)
         self.gpu_memory: dict[str, Any] = {}
+        self.starts: list[EngineStart] = []  # every launch that became ready, in that order
         self._stack = contextlib.ExitStack()
 
     def __enter__(self) -> "EngineSession":
@@ -413,7 +417,11 @@ class EngineSession:
                 raise
         self.servers.append(server)
         self._stack.callback(stop)
-        self.console.print(f"{what} ready after {server.ready_s:.0f} s at {server.url}")
+        start = EngineStart(what=what, ready_s=round(server.ready_s or 0, 1), at_s=since_start(),
+                            **server.compile_cache)
+        self.starts.append(start)
+        self.console.print(f"{what} ready after {server.ready_s:.0f} s at {server.url}"
+                           f"{start.cache_text()}", highlight=False)
         return server
 
     def _stop(self, server: EngineServer) -> None:

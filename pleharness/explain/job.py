@@ -43,7 +43,8 @@ def confirm_repros(report: ExplainReport, m: Manifest, run_dir: Path, runs: int,
                    engine_python: str | None = None,
                    start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
                    console: Console | None = None, on_each: Any = None,
-                   side: SideBySide | None = None, confirm_all: bool = False) -> None:
+                   side: SideBySide | None = None, confirm_all: bool = False,
+                   compile_cache: str | None = None) -> None:
     """Replay the cases' ``repro-N.toml`` ``runs`` times each, every replay on a freshly started
     engine of the configuration under test (:mod:`pleharness.reproduce`); a replayed case gets
     ``reproduction`` (the result) and ``reproduction_verdict`` ("reproduced 3/3 on fresh
@@ -57,9 +58,11 @@ def confirm_repros(report: ExplainReport, m: Manifest, run_dir: Path, runs: int,
     called after every case. ``runner``: the run a replay is
     (:attr:`pleharness.reproduce.ReplayTarget.runner`: the stress job's
     :func:`pleharness.stress.run_stress`, handed in by the command line, since a job imports no
-    other job). Raises Interrupted when a replay was interrupted (SIGINT / SIGTERM)."""
+    other job). ``compile_cache``: the replays' ``VLLM_CACHE_ROOT`` (default: the run's). Raises
+    Interrupted when a replay was interrupted (SIGINT / SIGTERM)."""
     console = console or Console(stderr=True)
-    rt = ReplayTarget(runner=runner, config=run_config(m, engine_python, start_timeout_s),
+    rt = ReplayTarget(runner=runner, config=run_config(m, engine_python, start_timeout_s,
+                                                       compile_cache),
                       parallel=side.n if side else 1,
                       engine_args_add=list(side.add) if side else [])
     done: dict[str, tuple[str, Confirmation]] = {}  # schedule key -> (repro, result)
@@ -93,6 +96,8 @@ def confirm_repros(report: ExplainReport, m: Manifest, run_dir: Path, runs: int,
                       "started engine", highlight=False)
         res = replay_reproducer(path, rt, runs, path.parent / "confirm",
                                 log=lambda x: console.print(escape(x), highlight=False))
+        if res.reproduced:
+            report.timeline.mark("confirmed")
         done[key] = (c.repro, res)
         c.reproduction = res
         c.reproduction_verdict = res.verdict
@@ -108,7 +113,7 @@ def explain(run: Path, *, runner: Callable[[Any, Console, Console], int],
             start_timeout_s: float = DEFAULT_START_TIMEOUT_S, console: Console | None = None,
             confirm_runs: int = DEFAULT_CONFIRM_RUNS,
             parallel_engines: int | None = DEFAULT_PARALLEL_ENGINES,
-            confirm_all: bool = False) -> ExplainReport:
+            confirm_all: bool = False, compile_cache: str | None = None) -> ExplainReport:
     """Explain the failing divergences of the run at ``run`` (folder or manifest); see the
     package's docstring (:mod:`pleharness.explain`). Returns the report (also written to
     ``RUN/explain/explain.json``, with ``explain.md`` and ``junit.xml``).
@@ -118,7 +123,8 @@ def explain(run: Path, *, runner: Callable[[Any, Console, Console], int],
     reproducer on fresh engines (:func:`confirm_repros`, with ``runner``; 0: skip; one per
     diagnosis unless ``confirm_all``).
     ``parallel_engines``: engines started side by side (None: auto;
-    :func:`pleharness.engine.side_by_side.plan`).
+    :func:`pleharness.engine.side_by_side.plan`). ``compile_cache``: the ``VLLM_CACHE_ROOT``
+    of every launch (default: the run's, which is vLLM's default unless the run moved it).
 
     explain.json and explain.md are rewritten after every launch and every confirmation, and
     on SIGINT / SIGTERM, with ``status`` saying how far it got and every launch not reached
@@ -158,7 +164,7 @@ def explain(run: Path, *, runner: Callable[[Any, Console, Console], int],
         console.print("no failing divergences in this run: nothing to explain")
         write_atomic(out_dir / "explain.json", report.to_json())
         return report
-    target = run_target(m, engine_python, start_timeout_s)
+    target = run_target(m, engine_python, start_timeout_s, compile_cache)
     gpus = gpu_inventory()
     side = plan_side_by_side(parallel_engines, gpus=gpus, model=model_bytes(target.model_path),
                              engine_args=target.engine_args, engine_env=target.engine_env)
@@ -180,6 +186,7 @@ def explain(run: Path, *, runner: Callable[[Any, Console, Console], int],
     t0 = time.monotonic()
     try:
         with EngineSession(console, out_dir, gpus_before=gpus) as session:
+            report.timeline.engine_starts = session.starts  # the same list, as engines start
             configs = _replay_all(session, target, m, cases, report, budget_s, t0, console,
                                   progress, side, golden)
             for c in cases:
@@ -187,13 +194,16 @@ def explain(run: Path, *, runner: Callable[[Any, Console, Console], int],
                 write_repro(c, path, m.run_id)
                 report.cases.append(case_report(c, configs[1:],
                                                 str(path.relative_to(run_dir))))
+            if any(c.minimal_case is not None for c in report.cases):  # a case diagnosed
+                report.timeline.mark("diagnosis")
             if confirm_runs:
                 progress.save("confirming the reproducers")
                 confirm_repros(report, m, run_dir, confirm_runs, runner=runner,
                                engine_python=engine_python,
                                start_timeout_s=start_timeout_s, console=console,
                                on_each=lambda: progress.save("confirming the reproducers"),
-                               side=side, confirm_all=confirm_all)
+                               side=side, confirm_all=confirm_all,
+                               compile_cache=compile_cache)
     except BaseException as exc:
         progress.save(_stopped(exc, report))
         raise
@@ -203,6 +213,7 @@ def explain(run: Path, *, runner: Callable[[Any, Console, Console], int],
             if golden.error:
                 report.golden += f"; stopped: {golden.error}"
     report.elapsed_s = round(time.monotonic() - t0, 1)
+    report.timeline.mark("ended")
     progress.save("complete")
     result = report.result()
     write_atomic(out_dir / "junit.xml", to_junit(result))

@@ -258,6 +258,8 @@ def _replay_all(session: EngineSession, target: Target, m: Manifest, cases: list
         if any(sus is None for _, sus in batch):  # the reproducers exist from then on
             for c in cases:
                 write_repro(c, progress.out_dir / f"repro-{c.index}.toml", m.run_id)
+            if any(c.minimal is not None for c in cases):  # one failed again: a reproducer
+                report.timeline.mark("reproducer")
         progress.pending = configs[n:]
         progress.save(f"launch {sum(1 for la in report.launches if 'config' in la)} of "
                       f"{len(configs)} done")

@@ -13,6 +13,7 @@ from typing import Any
 from ..manifest import write_atomic
 from ..manifest.explain import CaseReport, ExplainResult, SuspectRecord
 from ..render.explain import to_markdown
+from ..timeline import Timeline
 from .suspects import Case, Suspect, _label, narrow_down
 
 
@@ -103,7 +104,9 @@ class ExplainReport:
     far it got ("launch 2 of 4 done", "interrupted (...) after 2 launch(es)");
     ``side_by_side``: :meth:`pleharness.engine.side_by_side.SideBySide.record`; ``estimate``:
     :func:`pleharness.explain_plan.estimate`; ``golden``: the golden model the replays are
-    judged with (the run's, :class:`~pleharness.explain.replay._RunGolden`), or why there is none.
+    judged with (the run's, :class:`~pleharness.explain.replay._RunGolden`), or why there is none;
+    ``timeline``: :class:`pleharness.timeline.Timeline` (the diagnosis, the reproducer, the first
+    confirmed reproducer, the engine starts).
     """
 
     run_id: str
@@ -118,6 +121,7 @@ class ExplainReport:
     side_by_side: dict[str, Any] = field(default_factory=dict)
     estimate: dict[str, Any] = field(default_factory=dict)
     golden: str = ""  # the golden model the replays are judged with (the run's), or why none
+    timeline: Timeline = field(default_factory=Timeline)  # diagnosis, confirmed after N s
 
     def result(self) -> ExplainResult:
         """The report as written (:class:`~pleharness.manifest.explain.ExplainResult`), what
@@ -127,7 +131,8 @@ class ExplainReport:
                              side_by_side=self.side_by_side, golden=self.golden,
                              cases=self.cases,
                              suspects=[SuspectRecord(**asdict(x)) for x in self.suspects],
-                             launches=self.launches, elapsed_s=self.elapsed_s)
+                             launches=self.launches, elapsed_s=self.elapsed_s,
+                             timeline=self.timeline)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object of ``explain.json``."""

@@ -27,6 +27,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from ..files import write_private
+from ..timeline import Timeline
 from .records import (CheckResult, ControlEvidence, Divergence, PhaseRecord, ReferenceRecord,
                       RequestRecord, ScoreDiffs, SetFieldsOnly, SideEvidence)
 
@@ -212,6 +213,7 @@ class Manifest(BaseModel):
     # that `ple-harness explain` can replay the case
     prompts: dict[str, list[int]] = Field(default_factory=dict)
     summary: Summary = Field(default_factory=Summary)
+    timeline: Timeline = Field(default_factory=Timeline)  # pleharness.timeline (issue 49)
     # (records file, records already in it) of the last write; not serialized
     _records_written: tuple[Path, int] | None = PrivateAttr(default=None)
     # (phase, its JSON) per phase at the last write: older phases are not serialized again

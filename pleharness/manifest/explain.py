@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, model_serializer
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
+from ..timeline import Timeline
 from .tables import Confirmation
 
 __all__ = ["CaseReport", "ExplainResult", "SuspectRecord"]
@@ -82,6 +83,7 @@ class ExplainResult(BaseModel):
     suspects: list[SuspectRecord]
     launches: list[dict[str, Any]]
     elapsed_s: float | int | None = None
+    timeline: Timeline = Field(default_factory=Timeline)  # diagnosis, confirmed after N s
 
     @model_serializer(mode="wrap")
     def _elapsed_once_known(self, handler):

@@ -75,4 +75,7 @@ def render(m: Manifest, console: Console, max_failures: int = 20,
         console.print("[bold]exercised:[/bold]")
         for line in eng:
             console.print(f"  {escape(line)}")
+    when = m.timeline.line()
+    if when:
+        console.print(f"[bold]time line:[/bold] {escape(when)}", highlight=False)
     console.print(escape(headline(m)))

@@ -99,6 +99,9 @@ def to_markdown(report: ExplainResult) -> str:
               + (f" Estimate: {report.estimate['text']}." if report.estimate else "")
               + (f" Replays judged by the run's rule; golden model: {report.golden}."
                  if report.golden else ""), ""]
+    when = report.timeline.line()
+    if when:
+        lines += [f"Time line (from the command's start): {when}.", ""]
     for text, cs in _by_diagnosis(report):
         lines.append(f"- **case{'s' if len(cs) > 1 else ''} "
                      f"{', '.join(str(c.case) for c in cs)}** (L="

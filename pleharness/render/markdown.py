@@ -11,6 +11,7 @@ from ..summary import throughput_by_concurrency
 from ..causes import causes, headline
 from ..envelope import describe as describe_envelope
 from ..scenarios import REGISTRY
+from ..timeline import mib
 from .text import engaged_lines, next_steps
 
 
@@ -35,6 +36,9 @@ def to_markdown(m: Manifest) -> str:
     lines = ["## Test plan and result", ""]
     lines.append(f"**Verdict: {(m.verdict or 'none').upper()}** (status {m.status}, exit "
                  f"{m.exit_code}). {headline(m)}.")
+    when = m.timeline.line()
+    if when:
+        lines += ["", f"Time line (from the command's start): {when}."]
     why = causes(m)
     if why:
         lines += ["", "### Why", ""] + [f"- {x}" for x in why]
@@ -98,6 +102,10 @@ def _engine_md(m: Manifest) -> list[str]:
     gpus = m.environment.get("gpus")
     if gpus:
         lines.append(f"- GPUs: {', '.join(g['name'] for g in gpus)}")
+    sized = [e for e in m.timeline.engine_starts if e.cache_bytes is not None]
+    if sized:
+        lines.append(f"- compile cache: `{sized[-1].compile_cache}`, {mib(sized[-1].cache_bytes)}"
+                     " (--compile-cache moves it; kept between jobs)")
     return lines
 
 

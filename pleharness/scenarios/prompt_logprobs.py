@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 from pydantic import Field
 
 from ..checks import DEFAULT_CHECKS
-from ..checks.prompt_logprobs import NAME, PARITY, parity_measured
+from ..checks.prompt_logprobs import NAME, parity_measured
 from ..divergence import is_half_precision
 from ..prompts import seeded_prompts
 from ..request import Outcome, RequestSpec

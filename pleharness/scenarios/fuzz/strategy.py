@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import Field
 
+from ...defaults import DEFAULT_SHRINK_BUDGET_S
 from ...engine.facts import as_facts, query_len
 from ...engine_probe import seeded_samples_decision
 from ..base import Params, ScenarioError
@@ -26,7 +27,8 @@ PROMPT_SEEDS = 4  # distinct random prompts per length (small: prompts recur, re
 class FuzzParams(Params):
     max_examples: int = Field(100, ge=1, le=1_000_000, description="hypothesis examples")
     time_budget_s: float | None = Field(None, gt=0, description="no new example after this")
-    shrink_budget_s: float = Field(600.0, gt=0, description="shrinking time after the budget")
+    shrink_budget_s: float = Field(DEFAULT_SHRINK_BUDGET_S, gt=0,
+                                   description="shrinking time after the budget")
     seed: int = Field(0, ge=0, description="hypothesis seed (reproducible search)")
     db: str | None = Field(None, description="example database folder "
                                              "(default <run>/hypothesis-db)")
