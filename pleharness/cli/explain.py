@@ -15,7 +15,10 @@ from ..stress import run_stress
 from . import Command, app, err_console
 
 
-@app.command(cls=Command)
+@app.command(cls=Command, epilog=(
+    "Example: ple-harness explain results/RUN\n\n"
+    "It prints an estimate of its engine launches first; results in RUN/explain/ "
+    "(explain.md: the diagnosis to paste into a PR). More: docs/attribution.md."))
 def explain(
     run: Annotated[Path, typer.Argument(help="Run folder (or manifest.json) of a launched run.")],
     suspect: Annotated[Optional[list[str]], typer.Option(
@@ -50,7 +53,7 @@ def explain(
         "and a small --gpu-memory-utilization share; more than fit: a usage error."))] = \
         str(DEFAULT_PARALLEL_ENGINES),
 ):
-    """Which engine feature causes each failing divergence of a finished (launched) run.
+    """Which engine feature each failing divergence of a run needs, replayed with one suspect off at a time.
 
     Replays the smallest failing case on engines that each switch one suspect off (speculative
     decoding, prefix caching, chunked prefill, CUDA graphs, ...), then the 2x2 table of two
