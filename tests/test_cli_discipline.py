@@ -516,6 +516,23 @@ def test_docs_ci_commands_name_existing_options():
     assert suites <= {p.stem for p in (ROOT / "scenarios" / "suites").glob("*.toml")}
 
 
+def test_version_names_the_commit_of_a_checkout_else_the_version_alone(monkeypatch):
+    """Issue 51 item 4: run from this checkout, --version names its git commit (what an
+    editable install runs); with no commit known (no git, a build from an sdist) the version
+    alone. The wheel's recorded commit: tests/test_wheel_install.py."""
+    import pleharness
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=12", "HEAD"],
+                          capture_output=True, text=True)
+    if head.returncode != 0:
+        pytest.skip("not a git checkout")
+    r = run_cli("--version")
+    assert r.returncode == 0
+    assert re.fullmatch(rf"ple-harness {re.escape(pleharness.__version__)} \(commit "
+                        rf"{head.stdout.strip()}(-dirty)?\)", r.stdout.strip()), r.stdout
+    monkeypatch.setattr(pleharness, "source_commit", lambda: None)
+    assert pleharness.version_line() == f"ple-harness {pleharness.__version__}"
+
+
 def test_causes_name_who_classified_a_divergence():
     from pleharness.manifest import RequestRecord
     from pleharness.causes import _failing_divergence

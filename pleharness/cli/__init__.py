@@ -25,7 +25,7 @@ import typer.rich_utils as rich_utils
 from rich.console import Console
 from rich.markup import escape
 
-from .. import __version__
+from .. import version_line
 from ..config import raise_all
 from ..errors import ExitCode, HarnessError, write_crash_log
 
@@ -114,13 +114,14 @@ err_console = Console(stderr=True, soft_wrap=True)
 
 def _version(value: bool):
     if value:
-        print(f"ple-harness {__version__}")
+        print(version_line())
         raise typer.Exit(ExitCode.OK)
 
 
 @app.callback()
-def main(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
-                                               help="Print the version and exit.")] = False):
+def main(version: Annotated[bool, typer.Option(
+        "--version", callback=_version, is_eager=True,
+        help="Print the version and the git commit it was built from, and exit.")] = False):
     """Validation and stress-test harness for patched vLLM engines."""
 
 
