@@ -30,7 +30,7 @@ less often under load than alone).
 
 False-alarm rate: at most the level tested at, by construction; measured on synthetic null
 draws (tests/test_sampled_unit.py: 300 pairs of 32 samples, rates within 3 sigma of 0.01, 0.05,
-0.2) and on the clean CPU engine (README, "Sampled requests: what was measured": 0 of 21 tests
+0.2) and on the clean CPU engine (BENCHMARKS.md, "Sampled requests: what was measured": 0 of 21 tests
 at the ``sampled`` scenario's per-test threshold 0.00033).
 
 numpy only (scipy is not a dependency). Deterministic: the permutations come from a fixed

@@ -405,26 +405,132 @@ def test_stress_help_is_grouped_and_keeps_brackets():
     assert r.returncode == 2 and "'xml' is not one of 'console', 'markdown', 'junit'" in r.stderr
 
 
-def test_readme_commands_run_as_written():
-    """Command lines in the README's set-up and common-commands blocks use .venv/bin/ple-harness
-    (setup does not put ple-harness on PATH); every one of them parses (--help with its
-    subcommand) and names only options that exist."""
-    text = (ROOT / "README.md").read_text()
-    blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
-    lines = [ln.split("#")[0].strip() for b in blocks[:3] for ln in b.splitlines()]
-    cmds = [ln for ln in lines if "ple-harness " in ln]
-    assert cmds
-    for ln in cmds:
-        assert re.search(r"(^|&& )\.venv/bin/ple-harness ", ln), ln
+def _ple_commands(markdown: str) -> list[str]:
+    """The ``ple-harness`` command lines of a Markdown text's ```bash blocks (comments cut,
+    backslash continuations joined) and of its table cells in backticks."""
+    out = []
+    for block in re.findall(r"```bash\n(.*?)```", markdown, re.S):
+        for ln in block.replace("\\\n", " ").splitlines():
+            ln = ln.split(" #")[0].strip()
+            if "ple-harness " in ln and not ln.startswith("#"):
+                out.append(ln)
+    out += [c for c in re.findall(r"\| `([^`|]*ple-harness [^`|]*)` \|", markdown)]
+    return out
+
+
+def _names_only_existing_options(cmds: list[str]) -> None:
+    """Each command line's job exists and every --option it gives is in that job's --help."""
     helps = {}
     for ln in cmds:
-        args = shlex.split(ln[ln.index(".venv/bin/ple-harness"):])[1:]
+        args = shlex.split(ln[ln.index("ple-harness "):])[1:]
         sub = args[0]
+        if sub.startswith("-"):  # an option of ple-harness itself (--version)
+            args, sub = ["", *args], ""
         if sub not in helps:
-            helps[sub] = run_cli(sub, "--help", env={"COLUMNS": "300"}).stdout
+            r = run_cli(*filter(None, [sub, "--help"]), env={"COLUMNS": "300"})
+            assert r.returncode == 0, (ln, r.stderr)
+            helps[sub] = r.stdout
         for a in args[1:]:
             if a.startswith("--"):
                 assert a.split("=")[0] in helps[sub], (ln, a)
+
+
+def test_readme_commands_run_as_written():
+    """Every command line of the README (set-up, GPU quick start, the jobs table, the CI recipe)
+    and of docs/usage.md's common commands parses: its job exists and it names only options
+    that job has. The set-up commands and docs/usage.md's use .venv/bin/ple-harness (setup.sh
+    does not put ple-harness on PATH)."""
+    readme = (ROOT / "README.md").read_text()
+    cmds = _ple_commands(readme)
+    setup = readme[readme.index("## Set up and run"):readme.index("\n## ", readme.index(
+        "## Set up and run") + 5)]
+    usage = (ROOT / "docs" / "usage.md").read_text()
+    common = _ple_commands(usage[usage.index("## Common commands"):])
+    assert len(cmds) >= 15 and len(common) >= 15, (cmds, common)
+    for ln in _ple_commands(setup) + common:
+        assert re.search(r"(^|&& )\.venv/bin/ple-harness ", ln), ln
+    _names_only_existing_options(cmds + common)
+
+
+def test_readme_jobs_table_is_the_help():
+    """Issue 51 item 2: the README's table of jobs is ``ple-harness --help``: every command, in
+    its order, with its help's first line word for word, and an example its own --help gives."""
+    import typer
+
+    from pleharness.cli import app
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## The jobs"):readme.index("\n## ", readme.index(
+        "## The jobs") + 5)]
+    rows = re.findall(r"^\| `([\w-]+)` \| (.+?) \| `(.+?)` \|$", section, re.M)
+    commands = typer.main.get_command(app).commands
+    assert [r[0] for r in rows] == list(commands), "the table lists every job, in --help's order"
+    top = run_cli("--help", env={"COLUMNS": "300"}).stdout
+    for name, line, example in rows:
+        cmd = commands[name]
+        assert cmd.help.split("\n\n")[0].strip() == line, name
+        assert line in top, name
+        assert example.startswith(f"ple-harness {name}") and example in (cmd.epilog or ""), name
+        assert example in run_cli(name, "--help", env={"COLUMNS": "300"}).stdout, name
+
+
+def _yaml_strings(node) -> list[str]:
+    """Every string value of a loaded YAML document (a job's run and script lines among them)."""
+    if isinstance(node, dict):
+        return [s for v in node.values() for s in _yaml_strings(v)]
+    if isinstance(node, list):
+        return [s for v in node for s in _yaml_strings(v)]
+    return [node] if isinstance(node, str) else []
+
+
+def test_docs_ci_commands_name_existing_options():
+    """docs/ci.md's jobs (GitHub Actions and GitLab CI): every ple-harness command of their
+    steps names a job, only options that job has and a shipped suite; the GitLab jobs run the
+    same commands (job, options, suite) as the GitHub ones, which tests/test_ci_premerge.py and
+    tests/test_ci_nightly.py run on the CPU engine."""
+    import typer
+    import yaml
+
+    from pleharness.cli import app
+    jobs = set(typer.main.get_command(app).commands)
+    text = (ROOT / "docs" / "ci.md").read_text()
+    shapes: dict[str, set] = {"github": set(), "gitlab": set()}
+    cmds = []
+    for block in re.findall(r"```yaml\n(.*?)```", text, re.S):
+        doc = yaml.safe_load(block)  # each job definition is valid YAML
+        platform = "gitlab" if "gitlab-ci" in block else "github"
+        for s in _yaml_strings(doc):
+            for ln in s.replace("\\\n", " ").splitlines():
+                m = re.search(r"ple-harness (\S+)", ln)
+                if m and m.group(1) in jobs:  # not a workflow's name ("ple-harness nightly")
+                    cmd = ln[m.start():].split(";")[0].split("||")[0].strip()
+                    cmds.append(cmd)
+                    args = shlex.split(cmd)
+                    suite = args[args.index("--suite") + 1] if "--suite" in args else None
+                    shapes[platform].add((args[1], frozenset(a for a in args if
+                                                              a.startswith("--")), suite))
+    assert len(shapes["gitlab"]) == 4 and len(shapes["github"]) == 5, shapes
+    assert shapes["gitlab"] <= shapes["github"], shapes["gitlab"] - shapes["github"]
+    _names_only_existing_options(cmds)
+    suites = {s for p in shapes.values() for _, _, s in p if s}
+    assert suites == {"premerge", "nightly"}
+    assert suites <= {p.stem for p in (ROOT / "scenarios" / "suites").glob("*.toml")}
+
+
+def test_version_names_the_commit_of_a_checkout_else_the_version_alone(monkeypatch):
+    """Issue 51 item 4: run from this checkout, --version names its git commit (what an
+    editable install runs); with no commit known (no git, a build from an sdist) the version
+    alone. The wheel's recorded commit: tests/test_wheel_install.py."""
+    import pleharness
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=12", "HEAD"],
+                          capture_output=True, text=True)
+    if head.returncode != 0:
+        pytest.skip("not a git checkout")
+    r = run_cli("--version")
+    assert r.returncode == 0
+    assert re.fullmatch(rf"ple-harness {re.escape(pleharness.__version__)} \(commit "
+                        rf"{head.stdout.strip()}(-dirty)?\)", r.stdout.strip()), r.stdout
+    monkeypatch.setattr(pleharness, "source_commit", lambda: None)
+    assert pleharness.version_line() == f"ple-harness {pleharness.__version__}"
 
 
 def test_causes_name_who_classified_a_divergence():

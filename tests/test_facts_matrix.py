@@ -240,7 +240,7 @@ def test_what_cannot_fit_is_left_out_with_its_reason(change, assume, phase, reas
 
 
 def test_the_tp4_profile_plans_the_headline_run():
-    """README's GPU quick start: `ple-harness stress --tp 4` (the default suite) on the TP 4
+    """docs/gpu-quickstart.md's GPU box: `ple-harness stress --tp 4` (the default suite) on the TP 4
     profile plans every phase, none left out; so does the embedded model launched with --tp 4
     on a GPU (its launch arguments, vLLM's GPU capture sizes)."""
     from pleharness.engine.session import EMBEDDED_ENGINE_ARGS

@@ -401,7 +401,7 @@ def test_stranding_guard_notices_non_blocking_wait_fake_driver(fake_driver):
 
 
 def test_module_entry_point_runs(tmp_path):
-    """``python -m pleharness.probe`` (README's GPU section) starts: its __main__ imported a
+    """``python -m pleharness.probe`` (docs/gpu-quickstart.md's GPU box) starts: its __main__ imported a
     ``render`` the package no longer had after the renderers moved to render/ (found in session
     14). --json to a folder is a usage error before the probe runs."""
     import subprocess

@@ -1,4 +1,5 @@
-"""Issue 25 item 6: ``pip install`` of a wheel built from this repository is the documented tool.
+"""Issue 25 item 6 and issue 51 item 4: ``pip install`` of a wheel built from this repository is
+the documented tool, and names the commit it was built from.
 
 The wheel goes into a fresh virtual environment that holds only the harness and its runtime
 dependencies (from PyPI); the engine is the existing one (``--engine-python`` = this test
@@ -7,6 +8,8 @@ its own environment. Every command runs from a folder outside the checkout, so n
 from the repository: the shipped profile is found by name from the installed package
 (``--engine-profile cpu-ngram``), fuzz imports hypothesis from the runtime dependencies, and report
 renders the run. Budgets are tiny (a two-level ladder of 8-token requests, 5 fuzz examples).
+Building and installing take about a minute (the runtime dependencies come from the package
+index), so every test here is nightly; only the one that drives an engine needs the engine.
 """
 import json
 import os
@@ -17,7 +20,7 @@ import pytest
 
 from conftest import ROOT
 
-pytestmark = [pytest.mark.engine, pytest.mark.nightly]
+pytestmark = pytest.mark.nightly
 
 
 def sh(*cmd, cwd, timeout=600, env=None):
@@ -42,6 +45,35 @@ def installed(tmp_path_factory):
     return d / "venv" / "bin" / "ple-harness", work
 
 
+def git_commit() -> str:
+    """The checkout's commit as hatch_build.py records it (12 hex digits, -dirty when a tracked
+    file differs from it)."""
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=12", "HEAD"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain",
+                            "--untracked-files=no"], capture_output=True, text=True).stdout
+    return head + ("-dirty" if dirty.strip() else "")
+
+
+def test_installed_wheel_lists_scenarios_and_names_its_commit(installed):
+    """Issue 51 item 4: from a folder outside the checkout, the installed ple-harness lists every
+    shipped scenario, plans a shipped suite on a shipped profile (both inside the wheel), and
+    --version names the commit the wheel was built from."""
+    from pleharness import __version__
+    exe, work = installed
+    r = sh(exe, "scenarios", cwd=work)
+    assert r.returncode == 0, r.stdout + r.stderr
+    listed = {ln.split(" (")[0] for ln in r.stdout.splitlines() if " (" in ln}
+    shipped = {p.stem for p in (ROOT / "scenarios").glob("*.toml")}
+    assert shipped and shipped <= listed, shipped - listed
+    r = sh(exe, "scenarios", "--check", "premerge", "--facts", "gpu-tp4-mtp.example", cwd=work)
+    assert r.returncode == 0 and "no usage error" in r.stdout, r.stdout + r.stderr
+    r = sh(exe, "--version", cwd=work)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == f"ple-harness {__version__} (commit {git_commit()})"
+
+
+@pytest.mark.engine
 def test_installed_wheel_runs_the_documented_commands(installed, request):
     exe, work = installed
     py = exe.parent / "python"

@@ -25,7 +25,7 @@ import typer.rich_utils as rich_utils
 from rich.console import Console
 from rich.markup import escape
 
-from .. import __version__
+from .. import version_line
 from ..config import raise_all
 from ..errors import ExitCode, HarnessError, write_crash_log
 
@@ -89,11 +89,16 @@ class Command(typer.core.TyperCommand):
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   context_settings={"help_option_names": ["-h", "--help"]},
-                  help="Validation and stress-test harness for patched vLLM engines: launches the "
-                       "engine, runs scenarios, compares every output's token IDs (SHA256) with a "
-                       "single-request reference, and writes a results manifest with a verdict. "
-                       "Exit codes: 0 pass, 1 parity/check/gate failure, 2 usage error, 3 engine "
-                       "failed or died, 4 internal error, 130/143 interrupted.")
+                  help="Validate a patched vLLM engine: launch it (or attach), run scenarios, "
+                       "compare every output's token IDs with the same request alone, and write "
+                       "a run folder with summary.md and a verdict.\n\n"
+                       "Start with: ple-harness stress (the embedded model on the CPU engine), or "
+                       "on a GPU: ple-harness stress --engine-profile gpu-dense-bf16.example "
+                       "--model /models/dense --engine-python /opt/vllm/bin/python",
+                  epilog="Exit codes: 0 pass, 1 parity/check/gate failure, 2 usage error "
+                         "(nothing started), 3 engine failed to start or died, 4 internal error, "
+                         "130/143 interrupted. ple-harness JOB --help: a job's options, the most "
+                         "used first, and an example. Docs: README.md, docs/.")
 def _quiet_broken_pipe(self=None) -> None:
     """A closed pipe (``ple-harness ... | head``) ends the program quietly with the shell's
     SIGPIPE convention, 141 (128 + 13), instead of rich's exit 1 (the harness's check-failure
@@ -109,13 +114,14 @@ err_console = Console(stderr=True, soft_wrap=True)
 
 def _version(value: bool):
     if value:
-        print(f"ple-harness {__version__}")
+        print(version_line())
         raise typer.Exit(ExitCode.OK)
 
 
 @app.callback()
-def main(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
-                                               help="Print the version and exit.")] = False):
+def main(version: Annotated[bool, typer.Option(
+        "--version", callback=_version, is_eager=True,
+        help="Print the version and the git commit it was built from, and exit.")] = False):
     """Validation and stress-test harness for patched vLLM engines."""
 
 
@@ -195,6 +201,7 @@ def run() -> None:
         sys.exit(ExitCode.INTERNAL)
 
 
-# the commands, in the order `ple-harness --help` lists them (each module registers its own)
-from . import (stress, fuzz, facts, report, compare, scenarios, probe, explain, confirm,  # noqa: E402,F401,I001
-               build_model, selftest)
+# the commands, in the order `ple-harness --help` lists them (each module registers its own):
+# the README's table of jobs
+from . import (stress, fuzz, confirm, explain, selftest, compare, report, facts,  # noqa: E402,F401,I001
+               scenarios, probe, build_model)

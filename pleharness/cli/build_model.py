@@ -11,7 +11,7 @@ from ..model import WEIGHTS_SHA256, ensure_embedded_model, rebuild
 from . import Command, app, err_console
 
 
-@app.command("build-model", cls=Command)
+@app.command("build-model", cls=Command, epilog="Example: ple-harness build-model --verify")
 def build_model(
     engine_python: Annotated[Optional[str], typer.Option(
         help="Python with torch, transformers and tokenizers (for --verify). Default: this "
@@ -22,7 +22,7 @@ def build_model(
                          "identical, 1 when they differ (expected on another CPU family; the "
                          "shipped weights stay authoritative).")] = False,
 ):
-    """Verify the embedded model's pinned SHA256 digests and print its path.
+    """Verify the embedded model's pinned digests and print its path (--verify: retrain and compare).
 
     The path goes to stdout, notes to stderr; with --verify, also whether its recipe reproduces
     the pinned weights on this machine."""

@@ -20,7 +20,10 @@ def _run_path(p: Path) -> Path:
     return p / "manifest.json" if p.is_dir() else p
 
 
-@app.command("compare", cls=Command)
+@app.command("compare", cls=Command, epilog=(
+    "Example: ple-harness compare results/BASE results/HEAD --min-throughput-ratio 0.95\n\n"
+    "ple-harness compare --suite premerge results/head/control-manifest.json results/head "
+    "(the pre-merge gate of docs/ci.md)"))
 def compare_cmd(
     base: Annotated[Path, typer.Argument(help="BASE run folder or manifest.")],
     head: Annotated[Path, typer.Argument(help="HEAD run folder or manifest.")],
@@ -35,7 +38,7 @@ def compare_cmd(
     suite: Annotated[Optional[str], typer.Option(
         help="Take the gates from this suite's \\[gates] (flags given here win).")] = None,
 ):
-    """Compare two runs: HEAD's own verdict, per-request token parity, throughput ratios, gates.
+    """Gate HEAD against BASE: HEAD's own verdict, token parity between them, throughput and acceptance gates.
 
     Fails when HEAD failed on its own (and says whether BASE failed too: "broken before" vs
     "broken by this change"), when either run did not complete, when they serve different

@@ -15,7 +15,8 @@ from .assemble import compile_cache_dir
 from .options import COMPILE_CACHE_HELP
 
 
-@app.command(cls=Command)
+@app.command(cls=Command, epilog=(
+    "Example: ple-harness confirm results/RUN --runs 5 --engine-python /opt/fixed/bin/python"))
 def confirm(
     run: Annotated[Path, typer.Argument(help="Run folder (or manifest.json) of a launched run "
                                         "that wrote a reproducer (e.g. a fuzz run).")],
@@ -33,8 +34,10 @@ def confirm(
     compile_cache: Annotated[Optional[str], typer.Option(
         help=COMPILE_CACHE_HELP + " Default here: the run's.")] = None,
 ):
-    """Replay the reproducers a finished run wrote (its reproducers table: fuzz's repro.toml),
-    each --runs times on a freshly started engine of the run's configuration (its launch and
+    """Replay a finished run's reproducers on fresh engines (e.g. of a patched build): do they still fail?
+
+    The reproducers are those the run wrote (its reproducers table: fuzz's repro.toml), each
+    replayed --runs times on a freshly started engine of the run's configuration (its launch and
     judging options, from its manifest), and say how often each still fails. Writes
     RUN/confirm-TIME/confirm.json (rewritten after every reproducer) and the replays' run
     folders beside it; the run's own manifest is not changed.

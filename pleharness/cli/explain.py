@@ -17,7 +17,10 @@ from .assemble import compile_cache_dir
 from .options import COMPILE_CACHE_HELP
 
 
-@app.command(cls=Command)
+@app.command(cls=Command, epilog=(
+    "Example: ple-harness explain results/RUN\n\n"
+    "It prints an estimate of its engine launches first; results in RUN/explain/ "
+    "(explain.md: the diagnosis to paste into a PR). More: docs/attribution.md."))
 def explain(
     run: Annotated[Path, typer.Argument(help="Run folder (or manifest.json) of a launched run.")],
     suspect: Annotated[Optional[list[str]], typer.Option(
@@ -54,7 +57,7 @@ def explain(
     compile_cache: Annotated[Optional[str], typer.Option(
         help=COMPILE_CACHE_HELP + " Default here: the run's.")] = None,
 ):
-    """Which engine feature causes each failing divergence of a finished (launched) run.
+    """Which engine feature each failing divergence of a run needs, replayed with one suspect off at a time.
 
     Replays the smallest failing case on engines that each switch one suspect off (speculative
     decoding, prefix caching, chunked prefill, CUDA graphs, ...), then the 2x2 table of two

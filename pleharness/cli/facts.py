@@ -18,7 +18,11 @@ from .assemble import engine_groups
 from .options import AttachOptions, EngineOptions, Pick, given, grouped, values
 
 
-@app.command(cls=Command)
+@app.command(cls=Command, epilog=(
+    "Example: ple-harness facts --url http://127.0.0.1:8000\n\n"
+    "ple-harness facts --engine-profile gpu-tp4-mtp.example --model /models/moe-mtp "
+    "--engine-python /opt/vllm/bin/python --json facts.json (then: ple-harness scenarios "
+    "--facts facts.json)"))
 @grouped
 def facts(ctx: typer.Context,
           attach: Annotated[AttachOptions, Pick(only=("url", "served_model_name",
@@ -29,8 +33,9 @@ def facts(ctx: typer.Context,
             Path(DEFAULT_RESULTS_DIR),
           json_path: Annotated[Optional[Path], typer.Option("--json", help="Also write the facts "
                                                             "as JSON to this path.")] = None):
-    """Print the engine facts (block size, chunk budget, speculative tokens, capture sizes, KV
-    capacity, dtype, ...) with their sources; launches and stops the engine unless --url."""
+    """Print the engine facts the scenarios plan on (block size, chunk budget, k, capture sizes, ...) with their sources.
+
+    Also KV capacity, dtype, max_model_len, ...; launches and stops the engine unless --url."""
     if json_path is not None:
         config.check_json_path(json_path)
     eng, att = engine_groups(values(attach, engine, results_dir=results_dir),

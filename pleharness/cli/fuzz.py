@@ -123,7 +123,10 @@ def fuzz_params(search, old_max_tokens: int | None, given_names: frozenset[str])
     return chosen
 
 
-@app.command(cls=Command)
+@app.command(cls=Command, epilog=(
+    "Example: ple-harness fuzz --max-examples 200 --seed 7\n\n"
+    "A failure is written as results/RUN/repro.toml; replay it with ple-harness stress "
+    "--scenario FILE, or ple-harness confirm results/RUN. More: docs/fuzz.md."))
 @grouped
 def fuzz(ctx: typer.Context, search: FuzzSearchOptions, run: FuzzRunOptions,
          engine: Annotated[EngineOptions, Pick(without=("host", "port"))],
@@ -132,7 +135,9 @@ def fuzz(ctx: typer.Context, search: FuzzSearchOptions, run: FuzzRunOptions,
          timeouts: Annotated[TimeoutOptions, Pick(only=("request_timeout",),
                                                   defaults={"request_timeout": 600.0})],
          output: OutputOptions):
-    """Search schedules with hypothesis (docs/fuzz.md): phases of drawn concurrency, prompts at
+    """Search schedules with hypothesis; shrink a failure to a one-file reproducer and confirm it on fresh engines.
+
+    Schedules (docs/fuzz.md): phases of drawn concurrency, prompts at
     boundary lengths, warm repeats, identical copies, max_tokens, inserts into a running streamed
     decode, seeded samples (without speculative decoding); every output must equal its
     single-request reference and pass the checks. A failure is shrunk to the smallest failing

@@ -26,7 +26,10 @@ def write_json_result(path: Path, result: dict, flag: str = "--json") -> None:
         raise UsageError(f"{flag} {str(path)!r}: cannot write: {exc.strerror or exc}") from None
 
 
-@app.command(cls=Command)
+@app.command(cls=Command, epilog=(
+    "Example: ple-harness probe --json probe.json\n\n"
+    "It needs PyTorch with CUDA: where the harness's environment has none, run "
+    "PYTHONPATH=CHECKOUT /opt/vllm/bin/python -m pleharness.probe (docs/gpu-quickstart.md)."))
 def probe(
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the result as JSON "
                                                       "to this path.")] = None,
@@ -34,7 +37,7 @@ def probe(
                                         "timings.")] = False,
     replays: Annotated[int, typer.Option(min=1, help="Self-test replays per row size.")] = 1000,
 ):
-    """GPU pre-flight probe for deferred PLE row loading (stream memops inside CUDA graphs).
+    """GPU pre-flight: can this GPU defer PLE rows inside CUDA graphs (stream memops)?
 
     Exit 0 when the probe answered (ok, fallback: synchronous, or unavailable: no GPU / no CUDA),
     1 when the self-test failed, 2 for a --json path that cannot be written.

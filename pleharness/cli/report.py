@@ -27,7 +27,9 @@ class ReportFormat(str, Enum):
     junit = "junit"
 
 
-@app.command(cls=Command)
+@app.command(cls=Command, epilog=(
+    "Example: ple-harness report results/RUN --format markdown\n\n"
+    "ple-harness report results/RUN --format junit > junit.xml"))
 def report(
     run: Annotated[Path, typer.Argument(help="Run folder or manifest.json.")],
     format: Annotated[ReportFormat, typer.Option("--format", "-f",
@@ -39,8 +41,9 @@ def report(
     exit_zero: Annotated[bool, typer.Option("--exit-zero",
         help="Exit 0 whenever the report was written, whatever the run's verdict.")] = False,
 ):
-    """Re-render a finished or interrupted run (console summary, Markdown for a PR, JUnit XML).
+    """Re-render a run: console, Markdown (summary.md) or JUnit XML; exits with the run's exit code.
 
+    Works on a finished or interrupted run.
     The report goes to stdout, notes to stderr. Exit code: the run's own recorded exit code
     (0 pass, 1 fail, 3 engine failed or died, 4 internal error, 130/143 interrupted; 1 for a run
     that recorded none, e.g. killed), so a CI step that renders the report also gates like the run

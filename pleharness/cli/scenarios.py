@@ -18,7 +18,10 @@ from ..tomlfile import read_toml
 from . import Command, app, console, err_console
 
 
-@app.command(cls=Command)
+@app.command(cls=Command, epilog=(
+    "Example: ple-harness scenarios --check premerge --facts gpu-tp4-mtp.example\n\n"
+    "ple-harness scenarios --check my-suite.toml (a file of your own, before an engine starts)\n\n"
+    "More: docs/gpu-quickstart.md (the plan on an engine's facts)."))
 def scenarios(check: Annotated[Optional[list[Path]], typer.Option(
         help="Check this scenario or suite file (a path or a shipped name; repeatable) with the "
              "same validation stress runs before any engine starts: every problem listed, "
@@ -26,7 +29,8 @@ def scenarios(check: Annotated[Optional[list[Path]], typer.Option(
         facts: Annotated[Optional[Path], typer.Option(
             help="Also plan the checked files (default: the default suite) on this engine's "
                  "facts, without starting anything: a `ple-harness facts --json` file, a run's "
-                 "manifest.json or its run folder. Prints every load phase (requests, prompt "
+                 "manifest.json or its run folder, or an engine profile (a path or a shipped "
+                 "name: its launch arguments). Prints every load phase (requests, prompt "
                  "lengths, max_tokens) and what will be left out or vacuous, and why; exit 4 "
                  "when a scenario kind would fail on that engine (a ple-harness bug).")] = None,
         no_chat_template: Annotated[bool, typer.Option(
@@ -35,8 +39,11 @@ def scenarios(check: Annotated[Optional[list[Path]], typer.Option(
         no_structured_outputs: Annotated[bool, typer.Option(
             "--no-structured-outputs", help="With --facts: plan for an engine that serves no "
                                             "structured output.")] = False):
-    """List the shipped scenarios with a one-line description each (or check files: --check;
-    plan them on an engine's facts: --facts)."""
+    """List the shipped scenarios, check scenario and suite files, or show a suite's plan on an engine's facts.
+
+    No options: each shipped scenario with a one-line description. --check FILE: the
+    validation stress runs before an engine starts. --facts: the plan (every load phase, and
+    what is left out and why) on an engine's facts, without starting anything."""
 
     if facts is not None:
         raise typer.Exit(_plan(check or [], facts, no_chat_template, no_structured_outputs))

@@ -19,7 +19,10 @@ from .options import (P_SCEN, AttachOptions, EngineOptions, OutputOptions, Pick,
                       values)
 
 
-@app.command("selftest", cls=Command)
+@app.command("selftest", cls=Command, epilog=(
+    "Example: ple-harness selftest\n\n"
+    "ple-harness selftest --engine-profile cpu-ngram --fault flip_under_load\n\n"
+    "More: docs/selftest.md."))
 @grouped
 def selftest(
     ctx: typer.Context,
@@ -36,7 +39,9 @@ def selftest(
     attach: Annotated[AttachOptions, Pick(without=("served_model_name",))] = None,
     output: OutputOptions = None,
 ):
-    """Detection power of a suite on this engine: launch the engine once (or attach with --url),
+    """Would this suite catch a broken engine here? Plants fault classes and counts catches and false alarms.
+
+    Detection power of a suite on this engine: launch the engine once (or attach with --url),
     then run the suite through an in-process fault-injection proxy once clean and once per
     planted fault class (a flipped token under load, a corrupted warm run, an out-of-vocabulary
     id, a run of token 0, a dropped streamed delta, a usage mismatch, a wrong finish_reason, a

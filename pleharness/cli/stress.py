@@ -109,14 +109,24 @@ ReferenceOpt = Annotated[str, typer.Option(rich_help_panel=P_REF,
          "it too), or 'manifest:PATH' (a previous run's references).")]
 
 
-@app.command(cls=Command)
+@app.command(cls=Command, epilog=(
+    "Examples: ple-harness stress --engine-profile cpu-ngram\n\n"
+    "ple-harness stress --engine-profile gpu-dense-bf16.example --model /models/dense "
+    "--engine-python /opt/vllm/bin/python\n\n"
+    "ple-harness stress --url http://127.0.0.1:8000 --block-size 16 --chunk-size 8192\n\n"
+    "No options: the embedded model on the CPU engine. Every run writes results/RUN/ "
+    "(summary.md first). More: docs/stress.md, docs/usage.md."))
 @grouped
-def stress(ctx: typer.Context, engine: EngineOptions, attach: AttachOptions,
-           scen: ScenarioOptions, reference: ReferenceOpt = DEFAULT_REFERENCE,
+def stress(ctx: typer.Context, engine: EngineOptions, scen: ScenarioOptions,
+           attach: AttachOptions, reference: ReferenceOpt = DEFAULT_REFERENCE,
            control: ControlOptions = None, golden: GoldenProbeOptions = None,
            ref: ReferenceOptions = None, verdict: VerdictOptions = None,
            timeouts: TimeoutOptions = None, output: OutputOptions = None):
-    """Launch (or attach to) a vLLM server and run the stress scenarios against it.
+    """Run the scenario suite against a launched (or attached) engine and judge every output: the main job.
+
+    Launches the vLLM server (or attaches with --url), runs the suite (default: transitions,
+    boundary, pairs, insert, sampled, ...), compares each output's token IDs with the same
+    request alone, runs the checks, and writes the run folder with summary.md and a verdict.
 
     Exit 0 pass, 1 parity/check failure, 2 usage error (nothing started), 3 engine failed to
     start or died, 4 internal error, 130/143 interrupted.

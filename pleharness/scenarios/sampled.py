@@ -21,7 +21,7 @@ its seed reproduces, so it is judged three ways:
     (:func:`pleharness.twosample.permutation_test`; the precedent is Model Equality Testing,
     arXiv 2410.20247). Family-wise false-alarm rate: at most ``alpha`` (default 0.001) per run,
     Bonferroni over the prompts tested and the expected-text test; the permutation p-value is
-    exact under the null. Measured on the clean CPU engine (README, "Sampled requests: what was
+    exact under the null. Measured on the clean CPU engine (BENCHMARKS.md, "Sampled requests: what was
     measured"; ``benchmarks/sampled_false_alarm.py``): 0 of 21 clean tests (cpu-ngram and the
     embedded default) at the per-test threshold, p-values spread from 0.02 to 1; a first token
     replaced under load: p = 5e-05 on both prompts. Distribution
