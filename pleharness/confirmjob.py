@@ -32,8 +32,11 @@ verdict (every one ended in an error: e.g. the engine did not start), 130 / 143 
 """
 from __future__ import annotations
 
+import contextlib
 import secrets
 import signal
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -43,12 +46,14 @@ from rich.markup import escape
 from .defaults import DEFAULT_START_TIMEOUT_S
 from .engine.launch import engine_python_check
 from .engine.session import Interrupted
-from .errors import ExitCode, UsageError
+from .errors import ExitCode, HarnessError, UsageError
 from .jobrun import Runner
 from .manifest import now_iso, write_atomic
 from .manifest.tables import ReproducerRow
-from .reproduce import ReplayTarget, confirm_run_reproducers, load_launched_run, run_config
+from .reproduce import (ReplayTarget, check_run_model, confirm_run_reproducers,
+                        load_launched_run, restore_env, run_config)
 from .run.rundir import new_run_dir
+from .scenarios import load_scenario_file
 
 
 class ConfirmResult(BaseModel):
@@ -82,18 +87,45 @@ def run_confirm(run: Path, runs: int, runner: Runner, *, engine_python: str | No
     console = console or Console(stderr=True)
     if runs < 1:
         raise UsageError(f"--runs {runs}: at least one replay is needed")
+    with _sigterm_interrupts():
+        return _confirm(run, runs, runner, engine_python, start_timeout_s, console)
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """While the job runs, SIGTERM raises Interrupted (as Ctrl-C raises KeyboardInterrupt), also
+    between two replays, when no engine session owns the signals: confirm.json then says
+    "interrupted" instead of being left "running" by a process the signal killed."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_term(signum, _frame):
+        raise Interrupted(signum)
+    old = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def _confirm(run: Path, runs: int, runner: Runner, engine_python: str | None,
+             start_timeout_s: float, console: Console) -> int:
+    """:func:`run_confirm` once its signals are set."""
     m, run_dir = load_launched_run(run, "confirm")  # 1 run
     rows = ReproducerRow.rows(m, "reproducers")
     if not rows:
         raise UsageError(f"{run}: the run wrote no reproducer (a fuzz run that found a failing "
                          "schedule writes repro.toml; explain confirms its own repro-N.toml)")
-    missing = [r.path for r in rows if not (run_dir / r.path).is_file()]
-    if missing:
-        raise UsageError(f"{run}: reproducer file(s) not found: {', '.join(missing)}")
+    check_reproducers(run, run_dir, rows)
     cfg = run_config(m, engine_python, start_timeout_s)  # 2 configuration
     problem = engine_python_check(cfg.engine.python)
     if problem:
         raise UsageError(f"--engine-python {cfg.engine.python}: {problem}")
+    check_run_model(run, cfg.engine.model)
+    for line in restore_env(m)[1]:
+        console.print(f"note: the run's engine environment value of {escape(line)} (the run "
+                      "recorded it as <redacted>)", highlight=False)
     stamp = now_iso().replace(":", "").replace("-", "")[:15]  # e.g. 20261206T073550
     _, out_dir = new_run_dir(run_dir, f"confirm-{stamp}-{secrets.token_hex(2)}")
     # this job's confirmation of every row, whatever the run itself confirmed
@@ -134,6 +166,28 @@ def run_confirm(run: Path, runs: int, runner: Runner, *, engine_python: str | No
     console.print(f"confirm: status {result.status}, exit {result.exit_code}; "
                   f"{escape(str(path))}", highlight=False)
     return result.exit_code
+
+
+def check_reproducers(run: Path, run_dir: Path, rows: list[ReproducerRow]) -> None:
+    """Every reproducer (and larger fallback) a run's table names is a file inside the run
+    folder that reads as a scenario; raises UsageError naming each one that is not, before any
+    engine starts (a replay of a broken file would only fail once its engine was up)."""
+    problems = []
+    for rel in dict.fromkeys(p for r in rows for p in (r.path, r.fallback) if p):
+        path = (run_dir / rel).resolve()
+        if Path(rel).is_absolute() or not path.is_relative_to(run_dir.resolve()):
+            problems.append(f"{rel}: outside the run folder (the reproducers table names files "
+                            "the run wrote, relative to its folder)")
+        elif not path.is_file():
+            problems.append(f"{rel}: file not found")
+        else:
+            try:
+                load_scenario_file(str(path))
+            except (HarnessError, ValueError, OSError) as exc:
+                problems.append(f"{rel}: not a replayable scenario: {exc}")
+    if problems:
+        raise UsageError(f"{run}: reproducer file(s) that cannot be replayed:\n"
+                         + "\n".join(f"  - {x}" for x in problems))
 
 
 def _exit_code(rows: list[ReproducerRow]) -> ExitCode:

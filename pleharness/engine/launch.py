@@ -427,6 +427,11 @@ def _signal_group(pgid: int, sig: int) -> None:
 def engine_python_check(python: str) -> str | None:
     """None when ``python`` exists and can import vllm, else a one-line reason."""
     if not (os.path.isfile(python) and os.access(python, os.X_OK)):
+        if os.path.isdir(python):
+            return (f"engine Python {python!r} is a folder, not a Python interpreter (e.g. "
+                    f"{os.path.join(python, 'bin', 'python')})")
+        if os.path.isfile(python):
+            return f"engine Python {python!r} is not executable (no x permission)"
         if which(python) is None:
             return f"engine Python {python!r} does not exist"
     r = subprocess.run([python, "-c", "import importlib.util as u, sys; "
