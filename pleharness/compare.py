@@ -223,6 +223,7 @@ def compare(base: Manifest, head: Manifest, min_throughput_ratio: float | None =
         res.parity_compared += 1
         _compare_prompt(res, key, bo[key], ho[key], threshold, strict)
     _parity_gate(res, bm, hm)
+    _scenario_gate(res, base, head)
     _throughput_gates(res, base, head, min_throughput_ratio, min_phase_ratio)
     _threshold_gates(res, base, head, thresholds or [])
     return res
@@ -309,6 +310,24 @@ def _parity_gate(res: Comparison, bm: str | None, hm: str | None) -> None:
         warned = sum(1 for w in res.warnings if w.startswith("parity:"))
         res.gates_passed.append(f"token parity: {res.parity_compared} prompts identical"
                                 + (f" ({warned} with near-tie warnings)" if warned else ""))
+
+
+def _scenario_gate(res: Comparison, base: Manifest, head: Manifest) -> None:
+    """HEAD must run every scenario BASE ran (by name): a change that drops one from the suite
+    would otherwise pass on the prompts left (only those issued by both runs are compared).
+    A scenario only HEAD ran is a warning."""
+    def names(m: Manifest) -> list[str]:
+        return list(dict.fromkeys(str(s.get("name") or s.get("kind")) for s in m.scenarios))
+    b, h = names(base), names(head)
+    dropped = [n for n in b if n not in h]
+    if dropped:
+        res.gate_failures.append(f"scenarios: HEAD did not run {', '.join(dropped)}, which BASE "
+                                 "ran: compare runs of the same suite")
+    elif b:
+        res.gates_passed.append(f"scenarios: HEAD ran every scenario BASE ran ({len(b)})")
+    added = [n for n in h if n not in b]
+    if added:
+        res.warnings.append(f"scenarios: only HEAD ran {', '.join(added)} (not compared)")
 
 
 def _throughput_gates(res: Comparison, base: Manifest, head: Manifest,

@@ -17,6 +17,7 @@ naming the option (or the file and key); nothing has been read or started when o
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -34,7 +35,7 @@ from .engine.inflight import Timeouts
 from .engine.session import Target, resolve_target
 from .errors import UsageError
 from .profile import load_profile
-from .redact import redact_url
+from .redact import REDACTED, SECRET_NAME, redact_argv, redact_url
 from .tomlfile import find_named
 
 DEFAULT_SCENARIOS = ["transitions", "boundary", "pairs", "insert", "sampled", "stop_strings",
@@ -51,7 +52,8 @@ LAUNCH_ONLY = [("model", "--model"), ("engine_profile", "--engine-profile"), ("t
                ("reference_drop_arg", "--reference-drop-arg"),
                ("control_engine_arg", "--control-engine-arg"),
                ("control_drop_arg", "--control-drop-arg"), ("control_profile", "--control-profile"),
-               ("control_engine_python", "--control-engine-python")]
+               ("control_engine_python", "--control-engine-python"),
+               ("parallel_engines", "--parallel-engines")]
 # attach-only fact options: (python name, flag, how a launched engine gets that value,
 # the AttachConfig.explicit_facts key)
 ATTACH_FACTS = [
@@ -100,27 +102,66 @@ def parse_ladder(text: str) -> list[int]:
     return levels
 
 
-def parse_env(items: Iterable[str]) -> dict[str, str]:
-    """['NAME=VALUE', ...] -> {NAME: VALUE}; raises UsageError naming --engine-env."""
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def parse_env(items: Iterable[str], where: str = "--engine-env") -> dict[str, str]:
+    """['NAME=VALUE', ...] -> {NAME: VALUE}; raises UsageError naming ``where``. An item without
+    ``NAME=`` is not echoed (it may be a secret given without its name), nor is a value."""
     out = {}
-    for it in items:
+    for n, it in enumerate(items, 1):
         if "=" not in it or not it.split("=", 1)[0]:
-            raise UsageError(f"--engine-env {it!r}: expected NAME=VALUE")
+            raise UsageError(f"{where} (item {n}, its text not shown: it may be a secret value "
+                             "given without its NAME=): expected NAME=VALUE")
         k, v = it.split("=", 1)
+        if not ENV_NAME.fullmatch(k):
+            raise UsageError(f"{where} {k!r}=...: not an environment variable name (letters, "
+                             "digits and _, not starting with a digit)")
         out[k] = v
     return out
 
 
+# engine flags the harness sets on every launch, each with the option that sets it instead: one
+# given again would come last on the command line and win (the harness then waits on another
+# port, asks for another model name, or holds another key)
+HARNESS_SET_FLAGS = {"--model": "the harness's --model option (or the profile's model key)",
+                     "--port": "the harness's --port option where the command has one (by "
+                               "default it picks a free port)",
+                     "--host": "the harness's --host option (or the profile's host key)",
+                     "--served-model-name": "the harness's --served-model-name option (or the "
+                                            "profile's key)",
+                     "--api-key": "--api-key-env NAME (the engine gets the key as VLLM_API_KEY "
+                                  "and the harness's requests carry it)"}
+
+
+def harness_set_flag(arg: str) -> str | None:
+    """The flag of :data:`HARNESS_SET_FLAGS` that the engine argument ``arg`` sets
+    (``--port=8000``, ``--port``, ``--served_model_name=x``), else None."""
+    name = arg.split("=", 1)[0].strip()
+    if name.startswith("--"):
+        name = "--" + name[2:].replace("_", "-")
+    return name if name in HARNESS_SET_FLAGS else None
+
+
 def engine_arg_problems(args: Iterable[str], where: str) -> list[str]:
     """Engine arguments are separate argv items: '--max-num-seqs 8' as one item never reaches
-    vLLM as intended. A flag item whose name part (before '=') holds whitespace is refused."""
+    vLLM as intended. A flag item whose name part (before '=') holds whitespace is refused, and
+    so is a flag the harness sets itself (:data:`HARNESS_SET_FLAGS`). A secret-like flag's value
+    (``--api-key``) is never echoed."""
     out = []
     for a in args:
         name = a.split("=", 1)[0]
         if a.startswith("-") and any(ch.isspace() for ch in name):
             flag, _, value = a.strip().partition(" ")
-            out.append(f"{where} {a!r}: one argument holding a space; use the = form: "
-                       f"{where} {flag}={value.strip()}")
+            value = REDACTED if SECRET_NAME.search(flag) else value.strip()
+            shown = f"{flag} {value}"
+            out.append(f"{where} {shown!r}: one argument holding a space; use the = form: "
+                       f"{where} {flag}={value}")
+        elif harness_set_flag(a):
+            flag = harness_set_flag(a)
+            shown = redact_argv([a])[0] if "=" in a else a
+            out.append(f"{where} {shown}: the harness sets {flag} itself (a second one would "
+                       f"win over it); use {HARNESS_SET_FLAGS[flag]}")
     return out
 
 
@@ -224,47 +265,6 @@ def check_control_profile(name_or_path: Path | str, warn: Callable[[str], None])
              "serves the engine under test's model with its python, tp and host; only the "
              "profile's engine_args and [env] apply")
     return path
-
-
-def check_plot_path(plot: str) -> Path:
-    """``report --plot``: a PNG file path in an existing folder; raises UsageError."""
-    p = Path(plot)
-    if not plot.strip() or p.name in ("", ".", "..") or p.is_dir():
-        raise UsageError(f"--plot {plot!r}: expected a PNG file path, e.g. --plot run.png")
-    if not p.parent.is_dir():
-        raise UsageError(f"--plot {plot!r}: folder {p.parent} does not exist")
-    return p
-
-
-def check_json_path(path: Path, flag: str = "--json") -> None:
-    """A file path that can be written: not a folder, its folder not a file. Checked before the
-    job runs (usage error, exit 2)."""
-    if str(path) in ("", ".") or path.is_dir():
-        raise UsageError(f"{flag} {str(path)!r}: is a folder; expected a file path, e.g. "
-                         f"{flag} probe.json")
-    for parent in path.parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise UsageError(f"{flag} {str(path)!r}: {parent} is not a folder")
-            break
-
-
-def check_db_folder(db: str | None) -> None:
-    """``fuzz --db``: a folder path (created when missing) where this user can write: checked
-    now, before an engine starts (a path under a regular file, under /proc or in a read-only
-    place would only fail once the search began); raises UsageError."""
-    if db is None:
-        return
-    if not db.strip() or (Path(db).exists() and not Path(db).is_dir()):
-        raise UsageError(f"--db {db!r}: expected a folder path (created when missing)")
-    p = Path(db).resolve()
-    first = next((q for q in [p, *p.parents] if q.exists()), None)
-    if first is None or not first.is_dir():
-        raise UsageError(f"--db {db!r}: {first} is not a folder, so the database folder "
-                         "cannot be created under it")
-    if str(p).startswith(("/proc/", "/sys/")) or not os.access(first, os.W_OK | os.X_OK):
-        raise UsageError(f"--db {db!r}: {first} is not writable, so the database folder "
-                         "cannot be created there")
 
 
 # -- the config groups: one per option group, built once by the command line -------------------

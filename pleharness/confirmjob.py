@@ -32,8 +32,11 @@ verdict (every one ended in an error: e.g. the engine did not start), 130 / 143 
 """
 from __future__ import annotations
 
+import contextlib
 import secrets
 import signal
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 from pydantic import BaseModel, Field
@@ -46,13 +49,14 @@ from .engine.session import Interrupted
 from .engine.side_by_side import model_bytes
 from .engine.side_by_side import plan as plan_side_by_side
 from .environment import gpu_inventory
-from .errors import ExitCode, UsageError
+from .errors import ExitCode, HarnessError, UsageError
 from .jobrun import Runner
 from .manifest import now_iso, write_atomic
 from .manifest.tables import ReproducerRow
-from .reproduce import (ReplayTarget, confirm_run_reproducers, load_launched_run, run_config,
-                        run_target)
+from .reproduce import (ReplayTarget, check_run_model, confirm_run_reproducers,
+                        load_launched_run, restore_env, run_config, run_target)
 from .run.rundir import new_run_dir
+from .scenarios import load_scenario_file
 from .timeline import Timeline
 
 
@@ -93,22 +97,51 @@ def run_confirm(run: Path, runs: int, runner: Runner, *, engine_python: str | No
     console = console or Console(stderr=True)
     if runs < 1:
         raise UsageError(f"--runs {runs}: at least one replay is needed")
+    with _sigterm_interrupts():
+        return _confirm(run, runs, runner, engine_python, start_timeout_s, console,
+                        parallel_engines, compile_cache)
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """While the job runs, SIGTERM raises Interrupted (as Ctrl-C raises KeyboardInterrupt), also
+    between two replays, when no engine session owns the signals: confirm.json then says
+    "interrupted" instead of being left "running" by a process the signal killed."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_term(signum, _frame):
+        raise Interrupted(signum)
+    old = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def _confirm(run: Path, runs: int, runner: Runner, engine_python: str | None,
+             start_timeout_s: float, console: Console, parallel_engines: int | None,
+             compile_cache: str | None) -> int:
+    """:func:`run_confirm` once its signals are set."""
     m, run_dir = load_launched_run(run, "confirm")  # 1 run
     rows = ReproducerRow.rows(m, "reproducers")
     if not rows:
         raise UsageError(f"{run}: the run wrote no reproducer (a fuzz run that found a failing "
                          "schedule writes repro.toml; explain confirms its own repro-N.toml)")
-    missing = [r.path for r in rows if not (run_dir / r.path).is_file()]
-    if missing:
-        raise UsageError(f"{run}: reproducer file(s) not found: {', '.join(missing)}")
+    check_reproducers(run, run_dir, rows)
     cfg = run_config(m, engine_python, start_timeout_s, compile_cache)  # 2 configuration
     problem = engine_python_check(cfg.engine.python)
     if problem:
         raise UsageError(f"--engine-python {cfg.engine.python}: {problem}")
+    check_run_model(run, cfg.engine.model)
     target = run_target(m, engine_python, start_timeout_s, compile_cache)
     side = plan_side_by_side(parallel_engines, gpus=gpu_inventory(),
                              model=model_bytes(target.model_path),
                              engine_args=target.engine_args, engine_env=target.engine_env)
+    for line in restore_env(m)[1]:
+        console.print(f"note: the run's engine environment value of {escape(line)} (the run "
+                      "recorded it as <redacted>)", highlight=False)
     stamp = now_iso().replace(":", "").replace("-", "")[:15]  # e.g. 20261206T073550
     _, out_dir = new_run_dir(run_dir, f"confirm-{stamp}-{secrets.token_hex(2)}")
     # this job's confirmation of every row, whatever the run itself confirmed
@@ -160,6 +193,28 @@ def run_confirm(run: Path, runs: int, runner: Runner, *, engine_python: str | No
                   f"{escape(str(path))}", highlight=False)
     console.print(f"time line: {escape(result.timeline.line())}", highlight=False)
     return result.exit_code
+
+
+def check_reproducers(run: Path, run_dir: Path, rows: list[ReproducerRow]) -> None:
+    """Every reproducer (and larger fallback) a run's table names is a file inside the run
+    folder that reads as a scenario; raises UsageError naming each one that is not, before any
+    engine starts (a replay of a broken file would only fail once its engine was up)."""
+    problems = []
+    for rel in dict.fromkeys(p for r in rows for p in (r.path, r.fallback) if p):
+        path = (run_dir / rel).resolve()
+        if Path(rel).is_absolute() or not path.is_relative_to(run_dir.resolve()):
+            problems.append(f"{rel}: outside the run folder (the reproducers table names files "
+                            "the run wrote, relative to its folder)")
+        elif not path.is_file():
+            problems.append(f"{rel}: file not found")
+        else:
+            try:
+                load_scenario_file(str(path))
+            except (HarnessError, ValueError, OSError) as exc:
+                problems.append(f"{rel}: not a replayable scenario: {exc}")
+    if problems:
+        raise UsageError(f"{run}: reproducer file(s) that cannot be replayed:\n"
+                         + "\n".join(f"  - {x}" for x in problems))
 
 
 def _exit_code(rows: list[ReproducerRow]) -> ExitCode:

@@ -20,6 +20,7 @@ from .engine.launch import redact_env
 from .files import private_dir, write_private
 from .engine.session import EngineSession, resolve_target
 from .environment import gpu_inventory
+from .errors import UsageError
 from .redact import redact_argv
 from .render.facts import render_facts
 
@@ -67,7 +68,11 @@ def run_facts(cfg: FactsConfig, console: Console) -> int:
                "sources_read": facts.notes}
         if session.gpu_memory:  # launched on GPUs: did their memory come back?
             out["gpu_memory"] = session.gpu_memory
-        private_dir(cfg.json_path.parent)
-        write_private(cfg.json_path, json.dumps(out, indent=2, default=str) + "\n")
+        try:
+            private_dir(cfg.json_path.parent)
+            write_private(cfg.json_path, json.dumps(out, indent=2, default=str) + "\n")
+        except OSError as exc:
+            raise UsageError(f"--json {str(cfg.json_path)!r}: cannot write: "
+                             f"{exc.strerror or exc}") from None
         console.print(f"facts written to {escape(str(cfg.json_path))}")
     return 0

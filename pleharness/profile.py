@@ -9,6 +9,7 @@ argument parser); ``--engine-env`` entries replace the profile's of the same nam
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -50,6 +51,10 @@ class EngineProfile(BaseModel):
     def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
         if any(not k.strip() for k in v):
             raise ValueError("an empty variable name")
+        bad = [k for k in v if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k)]
+        if bad:
+            raise ValueError(f"{bad[0]!r}: not an environment variable name (letters, digits "
+                             "and _, not starting with a digit)")
         return v
 
 

@@ -44,13 +44,15 @@ from rich.console import Console
 
 from .causes import causes
 from .config import (ConfirmationConfig, ControlConfig, EngineConfig, OutputConfig,
-                     ReferenceConfig, StressConfig, SuiteConfig, VerdictConfig)
+                     ReferenceConfig, StressConfig, SuiteConfig, VerdictConfig, find_profile)
 from .defaults import DEFAULT_START_TIMEOUT_S
 from .engine.session import Interrupted, Target
 from .engine.side_by_side import run_side_by_side
 from .errors import HarnessError, UsageError
 from .files import private_dir
 from .manifest import Manifest, load_manifest
+from .profile import load_profile
+from .redact import REDACTED
 from .manifest.tables import Confirmation, ReplayRow, ReproducerRow, ReproductionColumns
 
 
@@ -128,16 +130,72 @@ def load_launched_run(run: Path, job: str) -> tuple[Manifest, Path]:
     return m, run_dir
 
 
+def _profile_env(la: dict) -> dict[str, str]:
+    """The ``[env]`` of the engine profile a launch record names (its path as recorded, else a
+    shipped profile of that name); {} when it cannot be read."""
+    name = la.get("profile")
+    if not name:
+        return {}
+    for cand in (name, Path(name).stem):
+        try:
+            return dict(load_profile(find_profile(cand)).env)
+        except (UsageError, OSError):
+            continue
+    return {}
+
+
+def restore_env(m: Manifest) -> tuple[dict[str, str], list[str]]:
+    """A launched run's engine environment as its launch record holds it, each value recorded
+    as ``<redacted>`` (:mod:`pleharness.redact`: any variable that may hold a secret) restored
+    from this process's environment, else from the engine profile the run used. Returns (the
+    environment, one line per restored name saying where its value came from). Raises
+    UsageError naming every redacted variable neither holds: replaying without it (or with an
+    empty value) would start another configuration than the run had."""
+    la = m.engine.launch or {}
+    env, notes, missing = {}, [], []
+    profile = None
+    for k, v in (la.get("env") or {}).items():
+        if v != REDACTED:
+            env[k] = v
+        elif k in os.environ:
+            env[k] = os.environ[k]
+            notes.append(f"{k}: from this shell's environment")
+        else:
+            profile = _profile_env(la) if profile is None else profile
+            if k in profile:
+                env[k] = profile[k]
+                notes.append(f"{k}: from the run's engine profile {la.get('profile')}")
+            else:
+                missing.append(k)
+    if missing:
+        raise UsageError(
+            f"the run's engine had {', '.join(missing)} set (recorded as <redacted>: such values "
+            "are never written to run records) and neither this shell nor the run's engine "
+            "profile holds a value: set each to the run's value in this shell (e.g. "
+            f"{missing[0]}=VALUE ple-harness ...; {missing[0]}= for an empty one), so that the "
+            "replays start the configuration the run had")
+    return env, notes
+
+
+def check_run_model(run: Path, model: str | None) -> None:
+    """The run's model folder (its launch record's path) exists here; raises UsageError
+    before any engine starts (a run made on another machine names that machine's path)."""
+    if model and not Path(model).is_dir():
+        raise UsageError(f"{run}: the run's model {model} is not a model folder here (the run "
+                         "was made where it was; replays launch the run's configuration, so "
+                         "run them where the model is, or with it at the same path)")
+
+
 def run_target(m: Manifest, python: str | None = None,
                start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
                compile_cache: str | None = None) -> Target:
     """A launched run's engine as a launch target, from its manifest's launch record (model,
     python (``python`` overrides it), tp, engine_args, env, host; the served name): a value
-    recorded as ``<redacted>`` is taken from this process's environment. ``compile_cache``:
-    another ``VLLM_CACHE_ROOT`` than the run's (``--compile-cache``; ``~`` expanded)."""
+    recorded as ``<redacted>`` is restored by :func:`restore_env` (UsageError when it cannot
+    be). ``compile_cache``: another ``VLLM_CACHE_ROOT`` than the run's (``--compile-cache``;
+    ``~`` expanded)."""
     la = m.engine.launch or {}
-    env = {k: (os.environ.get(k, "") if v == "<redacted>" else v)
-           for k, v in (la.get("env") or {}).items()}
+    env, _ = restore_env(m)
     if compile_cache:
         env["VLLM_CACHE_ROOT"] = os.path.abspath(os.path.expanduser(compile_cache))
     return Target(url=None, model_path=la["model"], served_name=m.engine.model,
@@ -265,15 +323,17 @@ def _replay_once(path: Path, target: ReplayTarget, out_dir: Path, label: str,
     the result's ``replays``. Raises Interrupted when the run was interrupted (exit 130 / 143)."""
     run_id = f"{label}-{i}"
     quiet = Console(file=io.StringIO(), width=200)
+    refused = ""
     try:
         code = target.runner(replay_config(target, path, out_dir, run_id), quiet, quiet)
     except HarnessError as exc:  # a usage error before the run folder existed
-        code = exc.exit_code
+        code, refused = exc.exit_code, str(exc)
     if code in (130, 143):
         raise Interrupted(code - 128)
     rdir = out_dir / run_id
     row = ReplayRow(run=i, exit_code=code, reproduced=code == 1,
-                    manifest=str(rdir / "manifest.json"))
+                    manifest=str(rdir / "manifest.json")
+                    if (rdir / "manifest.json").exists() else None)
     try:  # read once: the error's reason, an unexercised schedule, the engine's start
         m = load_manifest(rdir, with_requests=False)
     except (ValueError, OSError):
@@ -285,7 +345,8 @@ def _replay_once(path: Path, target: ReplayTarget, out_dir: Path, label: str,
         if why:
             row.inconclusive = why
     else:
-        row.error = m.reason if m is not None else quiet.file.getvalue()[-500:]
+        row.error = (m.reason if m is not None else None) or refused or \
+            quiet.file.getvalue().strip()[-500:] or f"the replay ended with exit {code}"
     if m is not None:
         row.engine_ready_s = m.engine.ready_s
     return row

@@ -194,11 +194,16 @@ def plan_passes(cfg, faults: list[str], kinds: list[str]) -> list[tuple[str, Any
     extra: dict[str, Any] = {}
     if any(k not in own for k in wanted):
         refs = {_name(r): r for r in load_suite(FAMILY_SUITE).scenario_refs()}
-        for k in wanted:
-            if k not in own:
-                if k not in refs:
-                    raise UsageError(f"suite {FAMILY_SUITE}: no scenario {k!r} for its family")
-                extra[k] = refs[k]
+        for r in load_suite(DEFAULT_SUITE).scenario_refs():  # e.g. transitions, for a suite
+            refs.setdefault(_name(r), r)                      # that is the family suite itself
+        for f in fams:
+            for k in getattr(f, "scenarios", ()) if isinstance(f, FamilyFault) else ():
+                if k not in own and k not in refs:
+                    raise UsageError(f"--fault {f.name}: its pass needs a {k!r} scenario, which "
+                                     f"neither the suite nor {FAMILY_SUITE} or {DEFAULT_SUITE} "
+                                     "holds: add one to the suite, or leave the class out")
+                if k not in own:
+                    extra[k] = refs[k]
     clean = base + [extra[k] for k in dict.fromkeys(wanted) if k in extra]
     plan: list[tuple[str, Any, list]] = [("clean", None, clean)]
     for name, f in zip(faults, fams):
@@ -285,6 +290,9 @@ def run_selftest(cfg, faults: list[str], console: Console, err: Console,
                                    + [f"(selftest pass {name})"]))
                 res, pcode, m = _run_pass(pcfg, name, fault, eng.client, runner, clean_rules)
                 res.ran, res.family = [_name(r) for r in refs], getattr(fault, "family", "")
+                if pcode in (ExitCode.SIGINT, ExitCode.SIGTERM):  # the pass was interrupted:
+                    results.append(res)  # so is the selftest (not "complete, catches 0/0")
+                    raise Interrupted(pcode - 128)
                 if fault is None:
                     alarms = false_alarms(m) if pcode in (ExitCode.OK, ExitCode.FAIL) else alarms
                     clean_rules = list(res.caught_by)
@@ -306,7 +314,7 @@ def run_selftest(cfg, faults: list[str], console: Console, err: Console,
                     code = ExitCode.ENGINE
                     break
     except BaseException as exc:
-        save("interrupted" if isinstance(exc, Interrupted) else "failed",
+        save("interrupted" if isinstance(exc, (Interrupted, KeyboardInterrupt)) else "failed",
              false_alarms=alarms, error=str(exc)[:500])
         raise
     line = headline(results, alarms)

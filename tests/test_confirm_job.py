@@ -21,16 +21,33 @@ from pleharness.manifest import Manifest, PhaseRecord, write_manifest
 from pleharness.reproduce import NOT_STILL_FAILING
 
 
+REPRO = """kind = "replay"
+
+[[params.phases]]
+name = "p1"
+concurrency = 2
+
+[[params.phases.requests]]
+prompt = [5, 6, 7]
+max_tokens = 4
+
+[[params.phases.requests]]
+prompt = [8, 9]
+max_tokens = 4
+"""
+
+
 def _run(tmp_path: Path, *, status: str = "fail", launched: bool = True,
          reproducers: bool = True, confirmed: bool = True) -> Path:
     """A finished fuzz run's folder: a failing (or passing) fuzz phase, a repro.toml and its
     row, confirmed 2/2 by the run itself when ``confirmed``."""
     d = tmp_path / "run"
     d.mkdir()
+    (tmp_path / "tiny").mkdir(exist_ok=True)  # the run's model folder (confirm checks it is here)
     m = Manifest(run_id="run", status="complete", verdict="fail",
                  scenarios=[{"name": "fz", "kind": "fuzz"}],
                  engine={"mode": "launched", "model": "tiny",
-                         "launch": {"model": "/models/tiny", "python": sys.executable,
+                         "launch": {"model": str(tmp_path / "tiny"), "python": sys.executable,
                                     "engine_args": ["--max-num-seqs", "4"], "env": {}}}
                  if launched else {"mode": "attached", "url": "http://x"},
                  run_options={"reference": "solo", "repeat": 1, "near_tie_nats": 0.25,
@@ -47,7 +64,7 @@ def _run(tmp_path: Path, *, status: str = "fail", launched: bool = True,
                                    "verdict": row["verdict"], "replays": []}
         m.tables["reproducers"] = [row]
         m.tables["fuzz_summary"] = [{"examples": 3}]
-        (d / "repro.toml").write_text('[[scenario]]\nkind = "replay"\n')
+        (d / "repro.toml").write_text(REPRO)
     write_manifest(d / "manifest.json", m)
     return d
 
@@ -89,7 +106,8 @@ def test_confirm_replays_each_reproducer_on_the_runs_configuration(tmp_path, cod
     assert (d / "manifest.json").read_bytes() == before  # the run's own record is not changed
     for cfg in runner.cfgs:  # a replay: the run's launch, judged as the run recorded it
         assert cfg.suite.scenarios == [str(d / "repro.toml")]
-        assert cfg.engine.model == "/models/tiny" and cfg.engine.args == ["--max-num-seqs", "4"]
+        assert cfg.engine.model == str(d.parent / "tiny")
+        assert cfg.engine.args == ["--max-num-seqs", "4"]
         assert (cfg.verdict.near_tie_nats, cfg.verdict.strict, cfg.verdict.golden,
                 cfg.reference.cache_state) == (0.25, True, False, "cold")
         assert not cfg.control and cfg.confirmation.runs == 0
@@ -155,7 +173,7 @@ def test_a_missing_reproducer_file_or_python_is_a_usage_error(tmp_path):
     with pytest.raises(UsageError, match="--engine-python /no/such/python"):
         run_confirm(d, 1, Runner(), engine_python="/no/such/python", console=_quiet())
     (d / "repro.toml").unlink()
-    with pytest.raises(UsageError, match="reproducer file.s. not found: repro.toml"):
+    with pytest.raises(UsageError, match="cannot be replayed:\n  - repro.toml: file not found"):
         run_confirm(d, 1, Runner(), console=_quiet())
     with pytest.raises(UsageError, match="--runs 0"):
         run_confirm(d, 0, Runner(), console=_quiet())

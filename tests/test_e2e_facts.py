@@ -15,7 +15,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import engine_fixture, group_alive, launched_pid, load_json, run_cli
-from pleharness.engine.launch import compile_cache_reload_failure
+from pleharness.engine.compile_cache import compile_cache_reload_failure
 
 pytestmark = [pytest.mark.engine, pytest.mark.nightly]
 

@@ -311,11 +311,11 @@ def test_help_states_what_the_reference_engine_inherits():
 
 
 # -- 5. one redaction rule; run outputs 0600 / 0700 -------------------------------------------
-SECRETS = ["--engine-arg=--api-key=sk-ENGINEARG-SECRET-42",
+SECRETS = ["--engine-arg=--hf-token=sk-ENGINEARG-SECRET-42",  # (--api-key: the harness's own)
            "--engine-env", "OPENAI_API_KEY=sk-ENVKEY-SECRET-43",
            "--engine-env", "DB_URL=postgres://u:pw-SECRET-44@h/db",
            "--engine-env=PLAIN_NAME=value-SECRET-47",
-           "--control-engine-arg=--api-key", "--control-engine-arg=sk-TWO-TOKEN-SECRET-45"]
+           "--control-engine-arg=--hf-token", "--control-engine-arg=sk-TWO-TOKEN-SECRET-45"]
 
 
 def test_no_secret_reaches_any_file_or_the_console(tmp_path):
@@ -338,10 +338,10 @@ def test_no_secret_reaches_any_file_or_the_console(tmp_path):
     inv = m["invocation"]
     assert "OPENAI_API_KEY=<redacted>" in inv and "DB_URL=<redacted>" in inv
     assert "--engine-env=PLAIN_NAME=<redacted>" in inv
-    assert "--engine-arg=--api-key=<redacted>" in inv
-    assert inv[inv.index("--control-engine-arg=--api-key") + 1] == "--control-engine-arg=<redacted>"
+    assert "--engine-arg=--hf-token=<redacted>" in inv
+    assert inv[inv.index("--control-engine-arg=--hf-token") + 1] == "--control-engine-arg=<redacted>"
     assert "--engine-python" in inv and FAKE_PY in inv, "the rest stays as it was run"
-    assert "--api-key=<redacted>" in m["engine"]["launch"]["engine_args"]
+    assert "--hf-token=<redacted>" in m["engine"]["launch"]["engine_args"]
     assert "<redacted>" in (run / "launcher.log").read_text()
     summary = (run / "summary.md").read_text()
     assert "OPENAI_API_KEY=<redacted>" in summary

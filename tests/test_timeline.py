@@ -1,5 +1,5 @@
 """The jobs' time stamps and the compile cache (issue 49): ``pleharness.timeline``, what an engine
-start did to the compile cache (``pleharness.engine.launch.compile_cache_state``), a run's time
+start did to the compile cache (``pleharness.engine.compile_cache.compile_cache_state``), a run's time
 stamps from its manifest (``pleharness.summary.stamp_timeline``), and ``--compile-cache``'s bad input. The
 engine test (a cold start, then a warm one on the same cache) is in tests/test_e2e_facts.py."""
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 
 from conftest import run_cli
 from pleharness.cli.assemble import compile_cache_dir
-from pleharness.engine.launch import (compile_cache_bytes, compile_cache_reload_failure,
-                                     compile_cache_state)
+from pleharness.engine.compile_cache import (compile_cache_bytes, compile_cache_reload_failure,
+                                            compile_cache_state)
 from pleharness.errors import UsageError
 from pleharness.manifest import Manifest, PhaseRecord
 from pleharness.summary import stamp_timeline

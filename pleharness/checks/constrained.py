@@ -57,9 +57,15 @@ def constraint_problem(kind: str, spec: Any) -> str | None:
             re.compile(spec)
         except re.error as exc:
             return f"regex {spec!r} does not compile: {exc}"
+        if re.fullmatch(spec, ""):
+            return (f"regex {spec!r} matches the empty output: an engine that answered nothing "
+                    "would pass it, so it judges nothing (require at least one character)")
     elif (not isinstance(spec, (list, tuple)) or not spec
           or not all(isinstance(s, str) for s in spec) or len(set(spec)) != len(spec)):
         return "a choice constraint is a non-empty list of distinct strings"
+    elif "" in spec:
+        return ("a choice constraint's strings are not empty (an empty answer would pass it, "
+                "so it judges nothing)")
     return None
 
 

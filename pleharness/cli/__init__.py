@@ -28,6 +28,7 @@ from rich.markup import escape
 from .. import version_line
 from ..config import raise_all
 from ..errors import ExitCode, HarnessError, write_crash_log
+from ..redact import REDACTED, SECRET_NAME, redact_argv
 
 # options whose empty value has its own, more specific usage error
 EMPTY_CHECKED_ELSEWHERE = {"--url", "--results-dir", "--run-id", "--ladder", "--plot", "--suite"}
@@ -149,9 +150,26 @@ def _usage_hint(exc: Exception, argv: list[str]) -> str | None:
         return None
     for i, a in enumerate(argv[:-2]):
         if a in ENGINE_ARG_FLAGS and argv[i + 1].startswith("-") and "=" not in argv[i + 1]:
-            return (f"hint: engine arguments take the = form: {a} {argv[i + 1]}={argv[i + 2]} "
-                    f"(or {a} {argv[i + 1]} {a} {argv[i + 2]})")
+            value = REDACTED if SECRET_NAME.search(argv[i + 1]) else argv[i + 2]
+            return (f"hint: engine arguments take the = form: {a} {argv[i + 1]}={value} "
+                    f"(or {a} {argv[i + 1]} {a} {value})")
     return None
+
+
+def redacted_message(text: str, argv: list[str]) -> str:
+    """``text`` (a usage error that may quote the command line) with every secret of ``argv``
+    redacted as :func:`pleharness.redact.redact_argv` redacts it, also a value click reports as
+    an unexpected extra argument (``--engine-arg=--api-key sk-...``)."""
+    red = redact_argv(argv)
+    for i, (orig, shown) in enumerate(zip(argv, red)):
+        if orig != shown:
+            text = text.replace(orig, shown)
+            if "=" in orig:
+                text = text.replace(orig.split("=", 1)[1], REDACTED)
+        if i + 1 < len(argv) and SECRET_NAME.search(orig.rsplit("=", 1)[-1]) and \
+                orig.rsplit("=", 1)[-1].startswith("-") and "--api-key-env" not in orig:
+            text = text.replace(argv[i + 1], REDACTED)  # click's "extra argument" after it
+    return text
 
 
 def _wide_help_when_piped() -> None:
@@ -187,6 +205,8 @@ def run() -> None:
         _quiet_broken_pipe()
     except Exception as exc:  # click's usage errors (typer may bundle its own copy of click)
         if hasattr(exc, "show") and isinstance(getattr(exc, "exit_code", None), int):
+            if isinstance(getattr(exc, "message", None), str):
+                exc.message = redacted_message(exc.message, sys.argv[1:])
             exc.show()
             hint = _usage_hint(exc, sys.argv[1:])
             if hint:

@@ -14,10 +14,11 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..config import (ATTACH_FACTS, DEFAULT_SCENARIOS, AttachConfig, ConfirmationConfig,
-                      ControlConfig, EngineConfig, OutputConfig, ReferenceConfig, StressConfig,
-                      SuiteConfig, VerdictConfig, check_control_profile, engine_arg_problems,
-                      find_profile, option_problems, parse_env, parse_ladder, program, raise_all)
+from ..config import (ATTACH_FACTS, DEFAULT_SCENARIOS, ENV_NAME, AttachConfig,
+                      ConfirmationConfig, ControlConfig, EngineConfig, OutputConfig,
+                      ReferenceConfig, StressConfig, SuiteConfig, VerdictConfig,
+                      check_control_profile, engine_arg_problems, find_profile, option_problems,
+                      parse_env, parse_ladder, program, raise_all)
 from ..defaults import (DEFAULT_API, DEFAULT_ENGINE_PROBE, DEFAULT_GOLDEN, DEFAULT_HOST,
                         DEFAULT_ON_TIMEOUT, DEFAULT_PARALLEL_ENGINES, DEFAULT_RESULTS_DIR,
                         DEFAULT_START_TIMEOUT_S, DEFAULT_STRICT)
@@ -44,12 +45,7 @@ def engine_groups(o: Mapping[str, Any], given: Iterable[str]
     if o.get("dtype") is not None:
         if normalize_dtype(o["dtype"]) is None:
             raise UsageError(f"--dtype {o['dtype']!r}: expected bfloat16, float16 or float32")
-    api_key = None
-    if o.get("api_key_env"):
-        api_key = os.environ.get(o["api_key_env"])
-        if not api_key:
-            raise UsageError(f"--api-key-env {o['api_key_env']}: that environment variable is "
-                             + ("empty" if o["api_key_env"] in os.environ else "not set"))
+    api_key = api_key_from_env(o.get("api_key_env"))
     env = {**prof.env, **parse_env(o.get("engine_env") or [])}
     if o.get("compile_cache"):
         env["VLLM_CACHE_ROOT"] = compile_cache_dir(o["compile_cache"], env.get("VLLM_CACHE_ROOT"))
@@ -84,6 +80,28 @@ def compile_cache_dir(value: str, env_value: str | None = None) -> str:
     if not os.access(path, os.W_OK | os.X_OK):
         raise UsageError(f"--compile-cache {value}: not writable by this user")
     return path
+
+
+def api_key_from_env(name: str | None) -> str | None:
+    """The API key held by the environment variable ``--api-key-env`` names (None: no option).
+    Raises UsageError for a value that is no variable name (the key itself given by mistake:
+    not echoed), a variable unset or empty, or a key an HTTP header cannot carry (non-ASCII, a
+    line break or another control character; the key is never shown)."""
+    if not name:
+        return None
+    if not ENV_NAME.fullmatch(name):
+        raise UsageError("--api-key-env: expected the NAME of an environment variable that holds "
+                         "the key; the value given is no variable name (not shown: it may be "
+                         "the key itself): e.g. --api-key-env OPENAI_API_KEY")
+    key = os.environ.get(name)
+    if not key:
+        raise UsageError(f"--api-key-env {name}: that environment variable is "
+                         + ("empty" if name in os.environ else "not set"))
+    if not (key.isascii() and key.isprintable()) or key != key.strip():
+        raise UsageError(f"--api-key-env {name}: the key it holds has a non-ASCII character, a "
+                         "line break, another control character or surrounding blanks, which an "
+                         "HTTP Authorization header cannot carry (the key is not shown)")
+    return key
 
 
 def verdict_group(o: Mapping[str, Any]) -> VerdictConfig:

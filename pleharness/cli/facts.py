@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from .. import config
+from .. import files
 from ..defaults import DEFAULT_RESULTS_DIR
 from ..factsjob import FactsConfig, run_facts
 from . import Command, app, console
@@ -37,9 +37,11 @@ def facts(ctx: typer.Context,
 
     Also KV capacity, dtype, max_model_len, ...; launches and stops the engine unless --url."""
     if json_path is not None:
-        config.check_json_path(json_path)
+        files.check_json_path(json_path)
     eng, att = engine_groups(values(attach, engine, results_dir=results_dir),
                              given(attach, engine))
+    if att.url is None:  # a launched engine's log folder goes there
+        files.check_writable_folder(results_dir, "--results-dir")
     cfg = FactsConfig(url=att.url, model=eng.model, tp=eng.tp, engine_python=eng.python,
                       engine_args=eng.args, engine_env=eng.env,
                       served_model_name=eng.served_model_name, host=eng.host,

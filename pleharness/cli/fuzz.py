@@ -12,7 +12,7 @@ from typing import Annotated, Any, Optional
 import typer
 from pydantic import ValidationError
 
-from .. import config
+from .. import files
 from ..config import StressConfig
 from ..defaults import DEFAULT_CONFIRM_RUNS, DEFAULT_PARALLEL_ENGINES, confirm_runs_help
 from ..engine.inflight import Timeouts
@@ -110,7 +110,9 @@ def fuzz_params(search, old_max_tokens: int | None, given_names: frozenset[str])
         warn("fuzz --max-tokens is deprecated: use --max-drawn-tokens (the largest drawn "
              "max_tokens)")
         chosen["max_tokens"] = old_max_tokens
-    config.check_db_folder(chosen["db"])
+    if chosen["db"]:  # a quoted '~/db' (as CI YAML writes it) is the home folder, as the shell's
+        chosen["db"] = str(Path(chosen["db"]).expanduser())
+    files.check_db_folder(chosen["db"])
     flag = {param: "--" + name.replace("_", "-") for param, name, _ in FUZZ_FLAGS}
     try:
         FuzzParams(**chosen)
@@ -146,7 +148,7 @@ def fuzz(ctx: typer.Context, search: FuzzSearchOptions, run: FuzzRunOptions,
     Exit 0 no failing example, 1 a failing schedule found, 2 usage error, 3 engine failed
     to start or died, 4 internal error, 130/143 interrupted.
     """
-    groups = (engine, attach, verdict, golden, output)
+    groups = (engine, attach, verdict, golden, output, run)  # run: --parallel-engines with --url
     o = values(*groups)
     eng, att = engine_groups(o, given(*groups))
     params = fuzz_params(search, run.max_tokens_old, search.given)

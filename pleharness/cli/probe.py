@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 from rich.markup import escape
 
-from .. import config
+from .. import files
 from ..errors import ExitCode, UsageError
 from ..files import private_dir, write_private
 from ..probe import run_probe
@@ -43,7 +43,7 @@ def probe(
     1 when the self-test failed, 2 for a --json path that cannot be written.
     """
     if json_path is not None:
-        config.check_json_path(json_path)
+        files.check_json_path(json_path)
     result = run_probe(selftest=True, timings=not quick, replays=100 if quick else replays)
     render(result, console)
     if result.get("status") == "unavailable" and "PyTorch" in str(result.get("reason")):

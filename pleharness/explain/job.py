@@ -2,7 +2,9 @@
 report) and :func:`confirm_repros` (the reproducers replayed on fresh engines)."""
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -19,12 +21,14 @@ from ..engine.side_by_side import plan as plan_side_by_side
 from ..environment import gpu_inventory
 from ..errors import UsageError
 from ..explain_plan import estimate, order_first_round
-from ..files import private_dir
+from ..attribution import effective_config, unused_drops
+from ..config import harness_set_flag, raise_all
+from ..files import BusyError, exclusive_lock, private_dir
 from ..manifest import Manifest, write_atomic
 from ..manifest.tables import Confirmation
 from ..render.explain import render, to_junit
-from ..reproduce import (ReplayTarget, load_launched_run, replay_reproducer, run_config,
-                         run_target)
+from ..reproduce import (ReplayTarget, check_run_model, load_launched_run, replay_reproducer,
+                         restore_env, run_config, run_target)
 from ..scenarios import load_scenario_file
 from .replay import _replay_all, _RunGolden
 from .report import ExplainReport, _Progress, case_report, write_repro
@@ -150,75 +154,123 @@ def explain(run: Path, *, runner: Callable[[Any, Console, Console], int],
         unfinished = f"the run did not complete (status {m.status!r}{done})"
         if not cases:  # refused before any folder is made or moved
             raise UsageError(f"{run}: {unfinished}: no verdict, nothing to explain")
-    out_dir = run_dir / "explain"
-    kept = _keep_previous(out_dir)
-    if kept is not None:
-        console.print(f"the previous explain of this run is kept in {escape(str(kept))}",
-                      highlight=False)
-    private_dir(out_dir)
-    report = ExplainReport(m.run_id, tries, budget_s, include_warnings=include_warnings)
-    if unfinished:
-        console.print(f"{unfinished}: explaining the {len(cases)} failing case(s) it recorded",
-                      highlight=False)
-    if not cases:
-        console.print("no failing divergences in this run: nothing to explain")
-        write_atomic(out_dir / "explain.json", report.to_json())
-        return report
-    target = run_target(m, engine_python, start_timeout_s, compile_cache)
-    gpus = gpu_inventory()
-    side = plan_side_by_side(parallel_engines, gpus=gpus, model=model_bytes(target.model_path),
-                             engine_args=target.engine_args, engine_env=target.engine_env)
-    suspects = order_first_round(m, suspects_for(m, suspects_extra, suspects_drop,
-                                                 auto_suspects))
-    report.suspects = list(suspects)
-    report.side_by_side = side.record()
-    report.estimate = estimate(m, 1 + len(suspects), side.n, budget_s)
-    console.print(f"{len(cases)} failing case(s); {1 + len(suspects)} engine launch(es) planned: "
-                  f"the configuration under test, then without: "
-                  f"{', '.join(s.name for s in suspects) or '(no suspects)'}", highlight=False)
-    console.print(f"estimate: {report.estimate['text']}", highlight=False)
-    if side.n > 1:
-        console.print(escape(side.why), highlight=False)
-    console.print(f"explain.json and explain.md: {escape(str(out_dir))} (rewritten after every "
-                  "launch)", highlight=False)
-    progress = _Progress(report, cases, out_dir, run_dir)
-    golden, report.golden = _RunGolden.of_run(m, target, out_dir)
-    t0 = time.monotonic()
+    raise_all(suspect_problems(m, suspects_extra, suspects_drop))
+    if cases:  # what the launches need, before any folder is made or moved
+        check_run_model(run, (m.engine.launch or {}).get("model"))
+        for line in restore_env(m)[1]:
+            console.print(f"note: the run's engine environment value of {escape(line)} (the "
+                          "run recorded it as <redacted>)", highlight=False)
+    if not os.access(run_dir, os.W_OK | os.X_OK):
+        raise UsageError(f"{run}: the run folder {run_dir} is not writable (read-only or not "
+                         "yours): explain writes RUN/explain/ there; copy the run folder to a "
+                         "writable place and explain the copy")
+    held = contextlib.ExitStack()
     try:
-        with EngineSession(console, out_dir, gpus_before=gpus) as session:
-            report.timeline.engine_starts = session.starts  # the same list, as engines start
-            configs = _replay_all(session, target, m, cases, report, budget_s, t0, console,
-                                  progress, side, golden)
-            for c in cases:
-                path = out_dir / f"repro-{c.index}.toml"
-                write_repro(c, path, m.run_id)
-                report.cases.append(case_report(c, configs[1:],
-                                                str(path.relative_to(run_dir))))
-            if any(c.minimal_case is not None for c in report.cases):  # a case diagnosed
-                report.timeline.mark("diagnosis")
-            if confirm_runs:
-                progress.save("confirming the reproducers")
-                confirm_repros(report, m, run_dir, confirm_runs, runner=runner,
-                               engine_python=engine_python,
-                               start_timeout_s=start_timeout_s, console=console,
-                               on_each=lambda: progress.save("confirming the reproducers"),
-                               side=side, confirm_all=confirm_all,
-                               compile_cache=compile_cache)
-    except BaseException as exc:
-        progress.save(_stopped(exc, report))
-        raise
-    finally:
-        if golden is not None:
-            golden.close()
-            if golden.error:
-                report.golden += f"; stopped: {golden.error}"
-    report.elapsed_s = round(time.monotonic() - t0, 1)
-    report.timeline.mark("ended")
-    progress.save("complete")
-    result = report.result()
-    write_atomic(out_dir / "junit.xml", to_junit(result))
-    render(result, console)
-    return report
+        held.enter_context(exclusive_lock(run_dir / ".explain.lock"))
+    except BusyError:
+        raise UsageError(f"{run}: another explain of this run is running (it writes "
+                         f"{run_dir / 'explain'}): wait for it to end, or explain a copy of "
+                         "the run folder") from None
+    with held:
+        out_dir = run_dir / "explain"
+        kept = _keep_previous(out_dir)
+        if kept is not None:
+            console.print(f"the previous explain of this run is kept in {escape(str(kept))}",
+                          highlight=False)
+        private_dir(out_dir)
+        report = ExplainReport(m.run_id, tries, budget_s, include_warnings=include_warnings)
+        if unfinished:
+            console.print(f"{unfinished}: explaining the {len(cases)} failing case(s) it recorded",
+                          highlight=False)
+        if not cases:
+            console.print("no failing divergences in this run: nothing to explain")
+            write_atomic(out_dir / "explain.json", report.to_json())
+            return report
+        target = run_target(m, engine_python, start_timeout_s, compile_cache)
+        gpus = gpu_inventory()
+        side = plan_side_by_side(parallel_engines, gpus=gpus, model=model_bytes(target.model_path),
+                                 engine_args=target.engine_args, engine_env=target.engine_env)
+        suspects = order_first_round(m, suspects_for(m, suspects_extra, suspects_drop,
+                                                     auto_suspects))
+        report.suspects = list(suspects)
+        report.side_by_side = side.record()
+        report.estimate = estimate(m, 1 + len(suspects), side.n, budget_s)
+        console.print(f"{len(cases)} failing case(s); {1 + len(suspects)} engine launch(es) "
+                      "planned: the configuration under test, then without: "
+                      f"{', '.join(s.name for s in suspects) or '(no suspects)'}", highlight=False)
+        console.print(f"estimate: {report.estimate['text']}", highlight=False)
+        if side.n > 1:
+            console.print(escape(side.why), highlight=False)
+        console.print(f"explain.json and explain.md: {escape(str(out_dir))} (rewritten after every "
+                      "launch)", highlight=False)
+        progress = _Progress(report, cases, out_dir, run_dir)
+        golden, report.golden = _RunGolden.of_run(m, target, out_dir)
+        t0 = time.monotonic()
+        try:
+            with EngineSession(console, out_dir, gpus_before=gpus) as session:
+                report.timeline.engine_starts = session.starts  # the same list, as they start
+                configs = _replay_all(session, target, m, cases, report, budget_s, t0, console,
+                                      progress, side, golden)
+                for c in cases:
+                    path = out_dir / f"repro-{c.index}.toml"
+                    write_repro(c, path, m.run_id)
+                    report.cases.append(case_report(c, configs[1:],
+                                                    str(path.relative_to(run_dir))))
+                if any(c.minimal_case is not None for c in report.cases):  # a case diagnosed
+                    report.timeline.mark("diagnosis")
+                if confirm_runs:
+                    progress.save("confirming the reproducers")
+                    confirm_repros(report, m, run_dir, confirm_runs, runner=runner,
+                                   engine_python=engine_python,
+                                   start_timeout_s=start_timeout_s, console=console,
+                                   on_each=lambda: progress.save("confirming the reproducers"),
+                                   side=side, confirm_all=confirm_all,
+                                   compile_cache=compile_cache)
+        except BaseException as exc:
+            progress.save(_stopped(exc, report))
+            raise
+        finally:
+            if golden is not None:
+                golden.close()
+                if golden.error:
+                    report.golden += f"; stopped: {golden.error}"
+        report.elapsed_s = round(time.monotonic() - t0, 1)
+        report.timeline.mark("ended")
+        progress.save("complete")
+        result = report.result()
+        write_atomic(out_dir / "junit.xml", to_junit(result))
+        render(result, console)
+        return report
+
+
+def suspect_problems(m: Manifest, extra: Sequence[str], drops: Sequence[str]) -> list[str]:
+    """Usage-error lines for ``--suspect`` / ``--suspect-drop`` values whose control would
+    serve the configuration under test itself (its conclusion would then be about nothing): a
+    value given twice, a dropped flag the harness sets itself (``--model``: it is not among the
+    engine arguments and cannot be dropped) or one not among the run's engine arguments, and an
+    added argument the run already has. Checked before any folder is made or engine started,
+    as ``stress --control-drop-arg`` is."""
+    args = list((m.engine.launch or {}).get("engine_args") or [])
+    out = []
+    for flag, items in (("--suspect", extra), ("--suspect-drop", drops)):
+        twice = sorted({a for a in items if list(items).count(a) > 1})
+        if twice:
+            out.append(f"{flag} {', '.join(twice)}: given more than once (one control each is "
+                       "enough)")
+    for d in dict.fromkeys(drops):
+        if harness_set_flag(d):
+            out.append(f"--suspect-drop={d}: the harness sets {harness_set_flag(d)} itself on "
+                       "every launch, so it cannot be dropped (the control would be the "
+                       "configuration under test)")
+        elif unused_drops(args, [d]):
+            out.append(f"--suspect-drop={d}: not among the run's engine arguments "
+                       f"({' '.join(args) or 'none'}), so dropping it changes nothing")
+    base = effective_config(args, {})
+    for a in dict.fromkeys(extra):
+        if effective_config(args + [a], {}) == base:
+            out.append(f"--suspect={a}: the run's engine arguments already say so "
+                       f"({' '.join(args)}), so adding it changes nothing")
+    return out
 
 
 def _keep_previous(out_dir: Path) -> Path | None:

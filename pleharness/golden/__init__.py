@@ -88,8 +88,12 @@ def golden_problem(model_dir: str | Path | None) -> str | None:
     return None
 
 
+READY_TIMEOUT_S = 600.0  # loading a large model's weights on a CPU takes minutes, not hours
+
+
 class GoldenModel:
     """A lazily started transformers worker for one model folder (thread-safe; a context manager).
+    ``ready_timeout_s``: how long :meth:`start` waits for the worker's ready line.
 
     Args:
         model_dir: local Hugging Face model folder.
@@ -103,6 +107,7 @@ class GoldenModel:
         self.log_path = log_path
         self.proc: subprocess.Popen | None = None
         self.info: dict = {}
+        self.ready_timeout_s = READY_TIMEOUT_S
         self._lock = threading.Lock()
         self._cache: dict[tuple, GoldenOutput] = {}
 
@@ -126,13 +131,33 @@ class GoldenModel:
         finally:
             if self.log_path:
                 err.close()
-        line = self.proc.stdout.readline()
+        where = f" (see {self.log_path})" if self.log_path else ""
+        box: list[str] = []
+        reader = threading.Thread(target=lambda: box.append(self.proc.stdout.readline()),
+                                  name="golden-ready", daemon=True)
+        reader.start()
+        reader.join(self.ready_timeout_s)
+        if reader.is_alive():  # no ready line: stop it (its stdout closes, the reader ends)
+            self.proc.kill()
+            self.proc.wait()
+            raise GoldenError(f"golden worker printed no ready line within "
+                              f"{self.ready_timeout_s:.0f} s{where}; is {self.python} a Python "
+                              "with torch and transformers?")
+        line = box[0] if box else ""
         if not line:
             code = self.proc.wait()
-            where = f" (see {self.log_path})" if self.log_path else ""
             raise GoldenError(f"golden worker exited with code {code} before it was ready{where}; "
                               f"it needs torch and transformers in {self.python}")
-        self.info = json.loads(line)
+        try:
+            self.info = json.loads(line)
+            if not isinstance(self.info, dict) or not self.info.get("ready"):
+                raise ValueError("no ready key")
+        except ValueError:
+            self.proc.kill()
+            self.proc.wait()
+            raise GoldenError(f"golden worker printed {line.strip()[:120]!r} instead of its ready "
+                              f"line{where}; is {self.python} a Python with torch and "
+                              "transformers?") from None
 
     def _ask(self, req: dict) -> dict:
         with self._lock:

@@ -321,6 +321,9 @@ def _read_records(mpath: Path, name: str, count: int) -> list[dict]:
     if Path(name).name != name or name in (".", ".."):
         raise ValueError(f"{mpath}: requests_file {name!r} must be a file name in the run folder")
     rpath = mpath.parent / name
+    if rpath.exists() and not rpath.is_file():  # a FIFO would block the read
+        raise ValueError(f"{mpath}: its request records {rpath} are not a regular file (a FIFO "
+                         "or device): the run folder was not written by ple-harness as it is")
     try:
         lines = rpath.read_text().split("\n")[:-1]  # complete lines only (a kill mid-append)
     except OSError as exc:
@@ -347,7 +350,8 @@ def lines_beyond(path: Path) -> int:
     try:
         data = json.loads(mpath.read_text())
         name, count = data.get("requests_file"), int(data.get("requests_count") or 0)
-        if not name or "requests" in data or Path(name).name != name:
+        if not name or "requests" in data or Path(name).name != name or \
+                not (mpath.parent / name).is_file():
             return 0
         lines = (mpath.parent / name).read_text().split("\n")[:-1]
     except (OSError, ValueError, TypeError, AttributeError):
@@ -367,6 +371,8 @@ def load_manifest(path: Path, with_requests: bool = True) -> Manifest:
     path = Path(path)
     if path.is_dir():
         path = path / "manifest.json"
+    if path.exists() and not path.is_file():  # a FIFO would block the read
+        raise ValueError(f"{path}: not a regular file (a FIFO or device): not a manifest")
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as exc:

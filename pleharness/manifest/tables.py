@@ -65,12 +65,13 @@ class ReplayRow(SparseRow):
     """One replay of a reproducer (:attr:`Confirmation.replays`): its number, exit code (1: it
     failed again), its manifest, and by outcome ``failing`` (the causes, exit 1),
     ``inconclusive`` (why a pass did not exercise the schedule) or ``error`` (the run's reason);
-    ``engine_ready_s``: its engine's start, seconds."""
+    ``engine_ready_s``: its engine's start, seconds. ``manifest`` is None for a replay refused
+    before its run folder was made."""
 
     run: int
     exit_code: int
     reproduced: bool
-    manifest: str
+    manifest: str | None = None
     failing: list[str] | None = None
     inconclusive: str | None = None
     error: str | None = None

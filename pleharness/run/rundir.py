@@ -19,6 +19,12 @@ def new_run_dir(results_dir: Path, run_id: str | None = None) -> tuple[str, Path
                                or any(not c.isprintable() for c in run_id)):
         raise UsageError(f"--run-id {run_id!r}: a plain folder name is needed (no '/', no "
                          "leading '.', no control characters such as a newline)")
+    for what, text in (("results directory", str(results_dir)), ("--run-id", run_id or "")):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise UsageError(f"{what} {ascii(text)}: holds bytes that are not UTF-8 (the run's "
+                             "records name their paths in UTF-8 JSON): use a UTF-8 name") from None
     try:
         private_dir(results_dir)
     except OSError as exc:

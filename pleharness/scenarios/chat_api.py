@@ -136,8 +136,11 @@ class ChatApi(Scenario):
             comp.append(spec)
             chat.append(replace(spec, messages=msgs, note=f"conversation {i}: chat path"))
         if not comp:
+            lower = ("lower max_tokens (stress --max-tokens or the scenario's key): it alone "
+                     "leaves no room" if m is not None and p.max_tokens >= int(m) - 1
+                     else "lower max_words or max_tokens")
             self.leave_out_phases(ctx, names, f"no conversation fits max_model_len {m} with "
-                                  f"max_tokens {p.max_tokens} (lower max_words)")
+                                  f"max_tokens {p.max_tokens} ({lower})")
             return
         convs = [msgs for i, msgs in enumerate(convs)
                  if any(s.prompt.key == f"chat-api-{i}" for s in comp)]

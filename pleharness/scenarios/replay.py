@@ -145,6 +145,9 @@ class ReplayRequest(Params):
                                  'e.g. { "17" = -100.0 })')
             if not -100.0 <= b <= 100.0:
                 raise ValueError(f"logit_bias: bias {b} of token {t} is outside -100..100")
+        if any(not x for x in self.stop or ()):
+            raise ValueError("stop: an empty string (it would stop before the first token, or "
+                             "be ignored: nothing to check)")
         if any(t < 0 for t in self.stop_token_ids or ()):
             raise ValueError("stop_token_ids: token IDs are >= 0")
         if self.min_tokens is not None and self.min_tokens > self.max_tokens:

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ...manifest import CheckResult
 from ...manifest.tables import ReproducerRow
 from ..base import Scenario, ScenarioError, register
 from .example import Abort, FuzzExamples
@@ -130,6 +131,22 @@ class Fuzz(FuzzExamples, Scenario):
             ctx.console.print(f"fuzz: {state['n']} examples passed in {elapsed:.0f} s")
         ctx.set_table("fuzz_summary", [summary])
         ctx.add_planned_phases(sum(1 for ph in ctx.since(first)[0] if ph.role == "load"))
+        if state["n"] == 0:  # a search of nothing is no pass
+            self._searched_nothing(ctx, state)
+
+    @staticmethod
+    def _searched_nothing(ctx: "ScenarioContext", state: dict) -> None:
+        """Record a failing ``search`` phase (check ``examples_run``) for a search that ran no
+        example (e.g. a ``--time-budget`` that ended before the first one): it tested nothing,
+        so the run must not pass."""
+        why = (f"0 examples ran ({state['skipped']} skipped: the time budget ended the search "
+               "before the first one; give a longer --time-budget)" if state["skipped"] else
+               "0 examples ran")
+        ctx.add_planned_phases(1)
+        ph = ctx.leave_out("search", why)
+        if ph is not None:
+            ctx.add_phase_check(ph, CheckResult(name="examples_run", status="fail", detail=why))
+        ctx.console.print(f"[red]fuzz: {why}: the run tested nothing[/red]")
 
     # -- search -----------------------------------------------------------------------------------
     @staticmethod

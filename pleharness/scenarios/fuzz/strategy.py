@@ -205,6 +205,11 @@ def build_space(facts: dict, p: FuzzParams, probe: dict | None = None) -> Space:
         notes.append(why)
     feats, why_not = allowed(facts, p.features, p.chat)
     notes += why_not
+    if q > 1 and p.max_tokens < q:
+        notes.append(f"max_tokens drawn from 1..{p.max_tokens} only, below q = {q}: the "
+                     f"residues {p.max_tokens + 1}..{q - 1} mod q (an output ending inside a "
+                     f"speculative step) are not drawn; --max-drawn-tokens {q} or more covers "
+                     "them")
     return Space(q=q, lengths=lengths, max_len=max_len,
                  concurrency_edges=concurrency_edges(facts, cap), max_concurrency=cap,
                  max_phases=p.max_phases, max_tokens=p.max_tokens,
