@@ -732,7 +732,8 @@ def test_stress_and_explain_replay_a_reproducer_with_the_same_config(monkeypatch
                               "on_timeout": "continue", "reference_cache_state": "cold"})
     targets = []
     monkeypatch.setattr(jobrun, "confirm_run_reproducers",  # where confirm_reproducers finds it
-                        lambda manifest, run_dir, rt, n, log: targets.append(rt) or [])
+                        lambda manifest, run_dir, rt, n, log, on_row=None:
+                        targets.append(rt) or [])
     run = SimpleNamespace(cfg=cfg, manifest=m, session=SimpleNamespace(stop=lambda eng: None),
                           side=SideBySide(), run_dir=tmp_path, save=lambda: None,
                           console=Console(file=io.StringIO()))

@@ -68,7 +68,8 @@ class CaseReport(BaseModel):
 
 class ExplainResult(BaseModel):
     """What ``ple-harness explain`` found (``RUN/explain/explain.json``): the fields of
-    :class:`pleharness.explain.ExplainReport` as written (``elapsed_s`` absent while None)."""
+    :class:`pleharness.explain.ExplainReport` as written (``elapsed_s`` absent while None,
+    ``timeline`` while it holds nothing)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -90,4 +91,6 @@ class ExplainResult(BaseModel):
         data = handler(self)
         if data.get("elapsed_s") is None:
             data.pop("elapsed_s", None)
+        if data.get("timeline") == Timeline().model_dump():  # an explain.json of before issue 49
+            data.pop("timeline", None)
         return data
