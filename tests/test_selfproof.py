@@ -213,7 +213,11 @@ def test_builtin_classes_are_the_nine_of_the_issue_then_one_per_family():
                     "several choices": ("choices",),
                     "constrained output": ("constrained",),
                     "prompt logprobs": ("prompt_logprobs",),
-                    "emitted-token logprobs": ("transitions",)}
+                    "emitted-token logprobs": ("transitions",),
+                    "sampling parameters in one batch": ("mixed_params",),
+                    "stops with min_tokens": ("mixed_params",),
+                    "special tokens": ("mixed_params",),
+                    "LoRA adapters": ("mixed_params",)}
 
 
 def test_selftest_passes_run_the_suite_or_their_familys_scenarios():
@@ -410,7 +414,19 @@ FAMILY_RULES = {"ids_after_stop": {"stop_string"}, "stop_id_on_neighbour": {"par
                 "prompt_logprobs_shifted": {"prompt_logprobs_parity"},
                 "choice_token_changed": {"parity", "choices", "logprob_sanity"},
                 "constrained_broken_under_load": {"constrained"},
-                "logprobs_off_under_load": {"logprob_parity"}}
+                "logprobs_off_under_load": {"logprob_parity"},
+                "truncation_lost_beside_greedy": {"parity"},
+                "min_tokens_lost_under_load": {"stop_token"},
+                "special_text_skipped_under_load": {"special_tokens"},
+                "adapter_on_base_neighbour": {"parity"}}
+
+# Issue 52's classes whose requests a CPU engine with speculative decoding (the cpu-ngram
+# session engine) leaves out, with the reason: seeded top_k / top_p / min_p samples (seeds do not
+# reproduce there, top_k kills its engine core), a forced EOS (logit_bias is refused with
+# speculative decoding), a LoRA adapter (it serves none). tests/test_request_shapes.py runs them
+# on an engine without speculative decoding that serves an adapter.
+NOT_ON_NGRAM = ("truncation_lost_beside_greedy", "special_text_skipped_under_load",
+                "adapter_on_base_neighbour")
 
 
 def test_every_family_class_has_its_catching_rule():
@@ -456,7 +472,8 @@ def test_selftest_plans_core_and_family_passes_and_catches_them(cpu_engine, tmp_
 @pytest.mark.engine
 @pytest.mark.nightly
 def test_selftest_catches_every_class(cpu_engine, tmp_path):
-    rows = _selftest(cpu_engine.url, tmp_path, "all")
+    rows = _selftest(cpu_engine.url, tmp_path, "all",
+                     tuple(n for n in BUILTIN if n not in NOT_ON_NGRAM))
     assert {k for c in FAMILIES.values() for k in c.scenarios} <= set(rows["clean"]["ran"])
     assert "parity" in rows["flip_under_load"]["caught_by"]
     assert "vocab_range" in rows["oov_id"]["caught_by"]

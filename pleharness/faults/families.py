@@ -18,6 +18,7 @@ from .rules import RequestCtx, set_top, top_first, top_of
 PENALTIES = ("repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias")
 STOP_IDS = ("stop_token_ids", "min_tokens")
 LP_KEYS = ("tokens", "token_logprobs", "top_logprobs", "text_offset")
+TRUNCATION = ("top_k", "top_p", "min_p")
 
 
 def shifted(t: int) -> int:
@@ -28,10 +29,13 @@ def shifted(t: int) -> int:
 
 def is_default(body: dict) -> bool:
     """Whether a request body sets none of the per-request parameters ``mixed_params`` varies
-    (penalties, logit_bias, stop_token_ids, min_tokens, stop strings; the ``eos`` variant is the
-    request without ``ignore_eos``)."""
-    return not (any(k in body for k in (*PENALTIES, *STOP_IDS)) or body.get("stop")
-                or not body.get("ignore_eos"))
+    (penalties, logit_bias, stop_token_ids, min_tokens, stop strings, sampling: temperature > 0,
+    top_k / top_p / min_p, skip_special_tokens; the ``eos`` variant is the request without
+    ``ignore_eos``)."""
+    return not (any(k in body for k in (*PENALTIES, *STOP_IDS, *TRUNCATION,
+                                         "skip_special_tokens"))
+                or body.get("stop") or not body.get("ignore_eos")
+                or float(body.get("temperature") or 0) > 0)
 
 
 class FamilyFault(SelftestFault):
@@ -433,6 +437,126 @@ class ChoiceTokenChanged(FamilyFault):
         return chunk
 
 
+def greedy(ctx: RequestCtx) -> bool:
+    """Whether ``ctx`` is a greedy request (temperature 0 or unset)."""
+    return not float(ctx.body.get("temperature") or 0)
+
+
+class TruncationLostBesideGreedy(FamilyFault):
+    """A sampled request with ``top_k`` / ``top_p`` / ``min_p`` that arrives while a greedy
+    request is in flight is sent without them (issue 52): its row sampled from the whole
+    distribution, as when a batch's greedy neighbours' settings are applied to every row. Alone
+    it is untouched, so only its seeded sample under load differs from the same request alone.
+    ``dropped``: the numbers of the requests changed."""
+
+    name = "truncation_lost_beside_greedy"
+    family = "sampling parameters in one batch"
+    scenarios = ("mixed_params",)
+    summary = "a seeded top_k / top_p / min_p request beside a greedy one loses its truncation"
+    expect = "parity (the seeded sample vs its solo reference of the same seed)"
+
+    def __init__(self):
+        super().__init__()
+        self.dropped: list[int] = []
+
+    def request(self, ctx, body):
+        if greedy(ctx) or not any(k in body for k in TRUNCATION) \
+                or not self.beside(ctx, greedy):
+            return body
+        with self._lock:
+            self.dropped.append(ctx.number)
+        self.hit(ctx)
+        return {k: v for k, v in body.items() if k not in TRUNCATION}
+
+
+class MinTokensLostUnderLoad(FamilyFault):
+    """A request with ``min_tokens`` that arrives while another request is in flight is sent
+    without it (issue 52): EOS, its stop IDs and its stop strings end it before the floor (a
+    batch row whose min_tokens mask or stop-string hold was not set). ``dropped``: the numbers
+    of the requests changed."""
+
+    name = "min_tokens_lost_under_load"
+    family = "stops with min_tokens"
+    scenarios = ("mixed_params",)
+    summary = "a min_tokens request under load loses it: EOS / stop ID / stop string end it early"
+    expect = "stop_token (the min_tokens floor)"
+
+    def __init__(self):
+        super().__init__()
+        self.dropped: list[int] = []
+
+    def request(self, ctx, body):
+        if not body.get("min_tokens") or ctx.in_flight < 2:
+            return body
+        with self._lock:
+            self.dropped.append(ctx.number)
+        self.hit(ctx)
+        return {k: v for k, v in body.items() if k != "min_tokens"}
+
+
+class SpecialTextSkippedUnderLoad(FamilyFault):
+    """A request with ``skip_special_tokens`` false that arrives while another request is in
+    flight is sent without it (issue 52): its text drops the special tokens it asked to keep
+    (the detokenizer's per-request setting lost in a batch), its IDs unchanged. ``dropped``:
+    the numbers of the requests changed."""
+
+    name = "special_text_skipped_under_load"
+    family = "special tokens"
+    scenarios = ("mixed_params",)
+    summary = "skip_special_tokens false is dropped under load: the text loses its </s>"
+    expect = "special_tokens"
+
+    def __init__(self):
+        super().__init__()
+        self.dropped: list[int] = []
+
+    def request(self, ctx, body):
+        if body.get("skip_special_tokens") is not False or ctx.in_flight < 2:
+            return body
+        with self._lock:
+            self.dropped.append(ctx.number)
+        self.hit(ctx)
+        return {k: v for k, v in body.items() if k != "skip_special_tokens"}
+
+
+class AdapterOnBaseNeighbour(FamilyFault):
+    """A request for the base model that arrives while a request naming a LoRA adapter (another
+    ``model``) is in flight is served by that adapter (issue 52): the adapter's weights applied
+    to a neighbour's batch row, as when a batch's adapter index mapping is off by one. Alone, or
+    beside base requests only, it is untouched. ``base``: the base model's name (default: the
+    model the first request names). ``sent_to``: (request number, adapter)."""
+
+    name = "adapter_on_base_neighbour"
+    family = "LoRA adapters"
+    scenarios = ("mixed_params",)
+    summary = "a base-model request beside a LoRA request is served by the adapter"
+    expect = "parity (the base request vs its solo reference)"
+
+    def __init__(self, base: str | None = None):
+        super().__init__()
+        self.base = base
+        self.sent_to: list[tuple[int, str]] = []
+
+    def request(self, ctx, body):
+        model = body.get("model")
+        with self._lock:
+            if self.base is None:  # the base model: the one the first request names
+                self.base = model
+        if self.proxy is None or model != self.base:
+            return body
+        with self.proxy.lock:
+            others = [o.body.get("model") for o in self.proxy.active
+                      if o is not ctx and o.body.get("model") not in (None, model)]
+        if not others:
+            return body
+        with self._lock:
+            self.sent_to.append((ctx.number, others[0]))
+        self.hit(ctx)
+        return dict(body, model=others[0])
+
+
 FAMILIES: dict[str, type[FamilyFault]] = {c.name: c for c in (
     IdsAfterStop, PenaltyOnNeighbour, StopOnNeighbour, ChatFlipUnderLoad,
-    CorruptAfterDisconnect, ServeFromOriginal, FirstTokenUnderLoad, ChoiceTokenChanged)}
+    CorruptAfterDisconnect, ServeFromOriginal, FirstTokenUnderLoad, ChoiceTokenChanged,
+    TruncationLostBesideGreedy, MinTokensLostUnderLoad, SpecialTextSkippedUnderLoad,
+    AdapterOnBaseNeighbour)}
