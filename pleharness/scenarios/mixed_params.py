@@ -1,7 +1,10 @@
 """Scenario kind ``mixed_params``: requests with different per-request parameters in flight
 together - repetition / frequency / presence penalties, logit_bias, ignore_eos on and off,
-temperature 0 and > 0, stop_token_ids and min_tokens - and in the next phase without them (issue
-26 item 3, issue 35 item 5).
+temperature 0 and > 0, stop_token_ids and min_tokens; since issue 52 also seeded top_k / top_p /
+min_p samples, min_tokens holding back a stop string and a forced EOS, special tokens
+(``skip_special_tokens`` off, the EOS named as a stop ID) and a request for a LoRA adapter
+(docs/request-shapes.md) - and in the next phase without them (issue 26 item 3, issue 35 item
+5).
 
 Per-request sampling state lives in the engine's batch slots (penalty tensors, logit-bias rows,
 the EOS rule); a slot that keeps a previous request's parameters, or a batched kernel that applies
@@ -15,7 +18,17 @@ One seeded random prompt per entry of ``variants``:
    prompt's default output emits most often, taken from phase 1, so the bias changes the
    output); its own single-request reference with the same parameters (part of the reference
    key, ``RequestSpec.params``). A variant with ``temperature`` > 0 (unseeded) is a sampled
-   neighbour: not compared, checked reference-free (vocab_range, usage). ``stop_token_at``: its
+   neighbour: not compared, checked reference-free (vocab_range, usage); with a ``seed`` (and
+   ``top_k`` / ``top_p`` / ``min_p``) its prompt is the first token of its seeded prompt and it
+   is compared with its solo reference of the same seed where seeds reproduce
+   (:func:`pleharness.engine_probe.seeded_samples_decision`; left out, with the reason, on an
+   engine with speculative decoding). ``eos_bias``: a logit bias on the EOS ID, which
+   ``min_tokens`` must hold back (``ignore_eos`` off), or kept in the text
+   (``skip_special_tokens`` off, check ``special_tokens``) or stopping the request as a stop ID
+   (``stop_eos``). ``stop_string_at``: its ``stop`` is the text that completes at that position
+   of its prompt's default output (check ``stop_token``'s min_tokens floor). ``adapter``: the
+   request names the engine's first LoRA adapter (/v1/models), left out with the reason where
+   the engine serves none. ``stop_token_at``: its
    ``stop_token_ids`` is the ID its prompt's default output emits at that position, so it
    stops there (or earlier, at that ID's first occurrence), held back until ``min_tokens``
    when that is set: checked by ``stop_token`` (:mod:`pleharness.checks.stop_token`).
@@ -201,8 +214,9 @@ class MixedParams(Scenario):
     """Kind ``mixed_params``: see the module docstring (three phases; table ``mixed_params``)."""
 
     kind = "mixed_params"
-    summary = ("penalties, logit_bias, ignore_eos on/off, temperature 0/>0 in one batch, then "
-               "without: every greedy output equals its solo reference")
+    summary = ("penalties, logit_bias, ignore_eos on/off, temperature 0/>0, seeded top_k / "
+               "top_p / min_p, min_tokens with stops, special tokens, a LoRA adapter in one "
+               "batch, then without: every greedy or seeded output equals its solo reference")
     Params = MixedParamsParams
     phases = 3
     tables = {"mixed_params": MixedRow}
