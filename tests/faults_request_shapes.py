@@ -8,6 +8,11 @@
   is sent without min_tokens (EOS, stop IDs, stop strings end it early).
 - :class:`SpecialTextSkippedUnderLoad`: skip_special_tokens false is dropped under load (the
   text loses the special tokens it asked to keep).
+- :class:`AdapterOnBaseNeighbour`: a base-model request in flight beside a LoRA request gets
+  the adapter's effect (its tokens changed from then on).
+- :class:`StopMatchedPerDelta`: streamed stop strings matched in each delta's own text only: a
+  stop that straddles two deltas is missed.
 """
-from pleharness.faults.families import (MinTokensLostUnderLoad,  # noqa: F401
-                                        SpecialTextSkippedUnderLoad, TruncationLostBesideGreedy)
+from pleharness.faults.families import (AdapterOnBaseNeighbour,  # noqa: F401
+                                        MinTokensLostUnderLoad, SpecialTextSkippedUnderLoad,
+                                        StopMatchedPerDelta, TruncationLostBesideGreedy)

@@ -10,11 +10,15 @@ the embedded default serves) with a tiny LoRA adapter built here with peft (no d
 - special tokens: a forced EOS kept in the text (skip_special_tokens false) and the EOS named as
   a stop ID with ignore_eos; a double that drops skip_special_tokens under load
   (``SpecialTextSkippedUnderLoad``) fails ``special_tokens``;
-- LoRA: a request for the adapter beside base requests; a double that serves base requests by
-  the adapter in flight beside them (``AdapterOnBaseNeighbour``) fails their parity; an engine
+- LoRA: a request for the adapter beside base requests; a double that gives base requests in
+  flight beside it the adapter's effect (``AdapterOnBaseNeighbour``) fails their parity; an engine
   without adapters leaves the variant out with the reason (the session engine, cpu-ngram).
 
-The clean engine passes each, and ``ple-harness selftest`` with the four family classes
+- stops in streams (``stop_strings``): a stop string whose tokens come in two streamed deltas;
+  a double that matches stop strings in each delta's text alone (``StopMatchedPerDelta``) fails
+  exactly the streamed requests of those stops (``stop_string``).
+
+The clean engine passes each, and ``ple-harness selftest`` with the five family classes
 detects each with 0 false alarms.
 """
 import json
@@ -24,7 +28,8 @@ import pytest
 from conftest import build_lora_adapter, engine_fixture, load_json, run_cli
 from doubles import FaultProxy
 from faults_request_shapes import (AdapterOnBaseNeighbour, MinTokensLostUnderLoad,
-                                   SpecialTextSkippedUnderLoad, TruncationLostBesideGreedy)
+                                   SpecialTextSkippedUnderLoad, StopMatchedPerDelta,
+                                   TruncationLostBesideGreedy)
 
 pytestmark = pytest.mark.engine
 
@@ -149,7 +154,7 @@ def test_adapter_on_base_neighbours_fails_their_parity(lora_engine, tmp_path):
     with FaultProxy(lora_engine.url, fault) as proxy:
         fault.proxy = proxy
         r, out, m = stress(proxy.url, tmp_path, "adapter", "mixed_params")
-    assert fault.sent_to and {a for _n, a in fault.sent_to} == {"tiny-lora"}
+    assert fault.changed and fault.base == "ple-tiny-llama"
     assert r.returncode == 1 and m["verdict"] == "fail", out[-3000:]
     bad = [q for q in m["requests"] if failed(q)]
     assert bad
@@ -159,21 +164,59 @@ def test_adapter_on_base_neighbours_fails_their_parity(lora_engine, tmp_path):
     assert variant_records(m)["adapter"]["match"] is True
 
 
+def test_stop_strings_straddling_deltas_pass_clean(lora_engine, tmp_path):
+    r, out, m = stress(lora_engine.url, tmp_path, "straddle-clean", "stop_strings")
+    assert r.returncode == 0 and m["verdict"] == "pass", out[-3000:]
+    rows = m["tables"]["stop_strings"]
+    assert any(x["straddles"] for x in rows) and not all(x["straddles"] for x in rows)
+    (ph,) = [p for p in m["phases"] if p["name"].endswith("stop-c8")]
+    assert [c["status"] for c in ph["checks"] if c["name"] == "stop_straddles_deltas"] == \
+        ["pass"]
+
+
+def test_stop_matched_per_delta_fails_exactly_the_straddling_stops(lora_engine, tmp_path):
+    fault = StopMatchedPerDelta()
+    with FaultProxy(lora_engine.url, fault) as proxy:
+        fault.proxy = proxy
+        r, out, m = stress(proxy.url, tmp_path, "straddle", "stop_strings")
+    assert fault.missed
+    assert r.returncode == 1 and m["verdict"] == "fail", out[-3000:]
+    straddling = {(x["prompt_key"], x["stop"]) for x in m["tables"]["stop_strings"]
+                  if x["straddles"]}
+    bad = [q for q in m["requests"] if failed(q)]
+    assert bad
+    for q in bad:  # only requests of a straddling stop
+        assert (q["prompt_key"], q["params"]["stop"][0]) in straddling, q
+        if q["stream"] and q.get("api") != "chat":  # ran on past the stop: stop_string
+            assert failed(q, "stop_string"), q
+            assert q["finish_reason"] == "length" and q["output_len"] == q["max_tokens"]
+        else:  # stopped right, unlike its (streamed) reference: parity only
+            assert {c["name"] for c in failed(q)} == {"parity"}, q
+    streamed = {(q["prompt_key"], q["params"]["stop"][0]) for q in bad
+                if q["stream"] and q.get("api") != "chat"}
+    assert streamed == straddling
+    others = [q for q in m["requests"] if (q.get("params") or {}).get("stop")
+              and (q["prompt_key"], q["params"]["stop"][0]) not in straddling]
+    assert others and all(q["finish_reason"] == "stop" for q in others)
+
+
 def test_selftest_family_classes_of_issue_52_are_detected(lora_engine, tmp_path):
     faults = ("truncation_lost_beside_greedy", "min_tokens_lost_under_load",
-              "special_text_skipped_under_load", "adapter_on_base_neighbour")
+              "special_text_skipped_under_load", "adapter_on_base_neighbour",
+              "stop_matched_per_delta")
     args = [a for f in faults for a in ("--fault", f)]
     r = run_cli("selftest", "--url", lora_engine.url, "--results-dir", str(tmp_path),
                 "--run-id", "st", *args)
     data = json.loads((tmp_path / "st" / "selftest.json").read_text())
     assert r.returncode == 0, r.stdout[-4000:]
-    assert data["headline"] == ("this suite on this engine catches 4/4 planted fault classes; "
+    assert data["headline"] == ("this suite on this engine catches 5/5 planted fault classes; "
                                 "0 false alarms")
     rows = {p["name"]: p for p in data["passes"]}
     want = {"truncation_lost_beside_greedy": "parity", "min_tokens_lost_under_load": "stop_token",
             "special_text_skipped_under_load": "special_tokens",
-            "adapter_on_base_neighbour": "parity"}
+            "adapter_on_base_neighbour": "parity", "stop_matched_per_delta": "stop_string"}
     for name, rule in want.items():
         assert rows[name]["outcome"] == "detected" and rows[name]["fired"] > 0, rows[name]
         assert rule in rows[name]["caught_by"], rows[name]
-        assert rows[name]["ran"] == ["mixed_params"]
+        assert rows[name]["ran"] == (["stop_strings"] if name == "stop_matched_per_delta"
+                                     else ["mixed_params"])
