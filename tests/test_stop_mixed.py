@@ -34,7 +34,8 @@ def test_clean_engine_passes_stop_strings_and_mixed_params(cpu_engine, tmp_path)
     stops = m["tables"]["stop_strings"]
     assert len(stops) >= 2
     want = {(s["prompt_key"], s["stop"]): s["expected_ids"] for s in stops}
-    judged = [q for q in m["requests"] if (q.get("params") or {}).get("stop")]
+    judged = [q for q in m["requests"] if (q.get("params") or {}).get("stop")
+              and q["scenario"] == "stop_strings"]
     # each stop request: its two references, streamed and non-streamed under load, and (--api
     # both, the default: the counting prompt is its chat template) one chat twin under load
     assert len([q for q in judged if q.get("api") != "chat"]) == 4 * len(stops)
