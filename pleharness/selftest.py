@@ -31,10 +31,11 @@ tolerance), so the headline says what this suite detects on this engine. The eng
 runs in one :class:`~pleharness.engine.session.EngineSession` (stopped on every exit path, its
 GPU memory checked after a launch on GPUs: ``selftest.json``'s ``gpu_memory``).
 
-Family classes (:mod:`pleharness.faults.families` and :mod:`~pleharness.faults.scores`, issue 35
-item 8: stop strings, mixed parameters, token-level stops, chat completions, client
-disconnects, prefix-cache isolation, sampled requests, several choices, prompt logprobs,
-emitted-token logprobs) plant a fault on one request feature; the pass of such a class runs only
+Family classes (:mod:`pleharness.faults.families`, :mod:`~pleharness.faults.scores` and
+:mod:`~pleharness.faults.shapes`, issue 35 item 8 and issue 52: stop strings, mixed parameters,
+token-level stops, chat completions, client disconnects, prefix-cache isolation, sampled
+requests, several choices, prompt logprobs, emitted-token logprobs, sampling parameters in one
+batch, stops with min_tokens, special tokens, LoRA adapters, stops in streams) plant a fault on one request feature; the pass of such a class runs only
 its family's scenario (the suite's entry of that kind, else the entry of
 ``scenarios/suites/selftest-families.toml``), and the clean pass runs the suite plus every
 family scenario the suite lacks, so the false alarms are counted on all of them

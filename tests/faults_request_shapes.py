@@ -1,6 +1,6 @@
 """Fault doubles of issue 52 (the request shapes the suite did not send before), for a
 :class:`doubles.FaultProxy` in front of the real CPU engine: the selftest's family classes
-(:mod:`pleharness.faults.families`), re-exported here.
+(:mod:`pleharness.faults.shapes`), re-exported here.
 
 - :class:`TruncationLostBesideGreedy`: a seeded top_k / top_p / min_p request that arrives
   while a greedy request is in flight is sent without its truncation.
@@ -13,6 +13,6 @@
 - :class:`StopMatchedPerDelta`: streamed stop strings matched in each delta's own text only: a
   stop that straddles two deltas is missed.
 """
-from pleharness.faults.families import (AdapterOnBaseNeighbour,  # noqa: F401
-                                        MinTokensLostUnderLoad, SpecialTextSkippedUnderLoad,
-                                        StopMatchedPerDelta, TruncationLostBesideGreedy)
+from pleharness.faults.shapes import (AdapterOnBaseNeighbour,  # noqa: F401
+                                      MinTokensLostUnderLoad, SpecialTextSkippedUnderLoad,
+                                      StopMatchedPerDelta, TruncationLostBesideGreedy)
