@@ -113,7 +113,8 @@ class Variant(Params):
                 and not self.presence_penalty and self.logit_bias_top in (None, 0.0)
                 and self.ignore_eos and not self.temperature and self.stop_token_at is None
                 and self.stop_string_at is None and not self.stop_eos
-                and self.skip_special_tokens and not self.adapter):
+                and self.skip_special_tokens and not self.adapter
+                and self.eos_bias in (None, 0.0)):
             raise ValueError(f"variant {self.name!r} changes nothing from the default request"
                              + (" (min_tokens needs a stop ID to hold back: stop_token_at, or "
                                 "ignore_eos = false)" if self.min_tokens else ""))
