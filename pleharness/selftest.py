@@ -12,10 +12,12 @@ not raise failed on a request of a prompt the fault changed, or on a phase holdi
 item 4, a pass that fails for the engine's own numerics detects nothing), ``missed`` (the fault
 fired and nothing of its own failed), or ``missed (never triggered)`` (the suite never sent what
 the fault needs, e.g. no two requests in flight for ``flip_under_load`` with ``--scenario
-boundary``): never hidden. A family class whose requests this engine cannot serve, which its
-scenario left out with the reason (issue 52: no LoRA adapter, seeded or truncated samples and
-logit_bias with speculative decoding; :meth:`FamilyFault.vacuous`), is ``vacuous (reason)``:
-neither detected nor missed, named in the headline, not a failure. ``caught_by`` lists the rules that caught it; ``also_failed`` the
+boundary``): never hidden. A family class that was not detected because this engine cannot
+serve or judge what it changes, which its scenario says with the reason (issue 52: requests
+left out, no LoRA adapter, seeded or truncated samples and logit_bias with speculative
+decoding, seeded choices sent uncompared where seeds do not reproduce;
+:meth:`~pleharness.faults.builtin.SelftestFault.vacuous`), is ``vacuous (reason)``: neither
+detected nor missed, named in the headline, not a failure. ``caught_by`` lists the rules that caught it; ``also_failed`` the
 rules that failed elsewhere or that the clean pass raised too. The clean pass's failures are
 false alarms; a clean pass that fails makes the headline "clean pass failed (rules ...):
 detection power unknown for them". Exit 0 when every class is detected (or vacuous) and the clean pass has
@@ -142,11 +144,12 @@ def judge(name: str, fault: SelftestFault | None, code: int, m,
         res.outcome = f"error (exit {code})"
     elif fault is None:
         res.outcome = "clean" if code == ExitCode.OK else "false alarm"
-    elif not res.fired:
-        why = fault.vacuous(m)
-        res.outcome = f"vacuous ({why})" if why else "missed (never triggered)"
-    elif code == ExitCode.FAIL and res.caught_by:
+    elif res.fired and code == ExitCode.FAIL and res.caught_by:
         res.outcome = "detected"
+    elif (why := fault.vacuous(m)) is not None:
+        res.outcome = f"vacuous ({why})"
+    elif not res.fired:
+        res.outcome = "missed (never triggered)"
     else:
         res.outcome = "missed" + (f" (failed only on what the clean pass raised or elsewhere: "
                                   f"{', '.join(res.also_failed)})" if res.also_failed else "")

@@ -12,7 +12,10 @@
   the adapter's effect (its tokens changed from then on).
 - :class:`StopMatchedPerDelta`: streamed stop strings matched in each delta's own text only: a
   stop that straddles two deltas is missed.
+- :class:`ChoiceLogprobsSwapped`: choice 1 of a seeded request for n > 1 choices under load
+  reports choice 0's logprobs.
 """
 from pleharness.faults.shapes import (AdapterOnBaseNeighbour,  # noqa: F401
-                                      MinTokensLostUnderLoad, SpecialTextSkippedUnderLoad,
-                                      StopMatchedPerDelta, TruncationLostBesideGreedy)
+                                      ChoiceLogprobsSwapped, MinTokensLostUnderLoad,
+                                      SpecialTextSkippedUnderLoad, StopMatchedPerDelta,
+                                      TruncationLostBesideGreedy)

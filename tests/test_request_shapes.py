@@ -16,9 +16,12 @@ the embedded default serves) with a tiny LoRA adapter built here with peft (no d
 
 - stops in streams (``stop_strings``): a stop string whose tokens come in two streamed deltas;
   a double that matches stop strings in each delta's text alone (``StopMatchedPerDelta``) fails
-  exactly the streamed requests of those stops (``stop_string``).
+  exactly the streamed requests of those stops (``stop_string``);
+- several choices with seeds and logprobs (``choices``): each seeded choice's logprobs equal
+  those of the n = 1 request of its derived seed (``logprob_parity``); a double that hands
+  choice 1 choice 0's logprobs (``ChoiceLogprobsSwapped``) fails exactly those choices.
 
-The clean engine passes each, and ``ple-harness selftest`` with the five family classes
+The clean engine passes each, and ``ple-harness selftest`` with the six family classes
 detects each with 0 false alarms.
 """
 import json
@@ -27,9 +30,9 @@ import pytest
 
 from conftest import build_lora_adapter, engine_fixture, load_json, run_cli
 from doubles import FaultProxy
-from faults_request_shapes import (AdapterOnBaseNeighbour, MinTokensLostUnderLoad,
-                                   SpecialTextSkippedUnderLoad, StopMatchedPerDelta,
-                                   TruncationLostBesideGreedy)
+from faults_request_shapes import (AdapterOnBaseNeighbour, ChoiceLogprobsSwapped,
+                                   MinTokensLostUnderLoad, SpecialTextSkippedUnderLoad,
+                                   StopMatchedPerDelta, TruncationLostBesideGreedy)
 
 pytestmark = pytest.mark.engine
 
@@ -200,23 +203,44 @@ def test_stop_matched_per_delta_fails_exactly_the_straddling_stops(lora_engine, 
     assert others and all(q["finish_reason"] == "stop" for q in others)
 
 
+def test_seeded_choices_report_their_derived_seeds_logprobs(lora_engine, tmp_path):
+    r, out, m = stress(lora_engine.url, tmp_path, "choices-clean", "choices")
+    assert r.returncode == 0 and m["verdict"] == "pass", out[-3000:]
+    seeded = [q for q in m["requests"] if q.get("n") and q["seed"] and q["phase"] == "choices-c4"]
+    assert seeded and all(q["match"] for q in seeded)
+    lp = [c for q in seeded for c in q["checks"] if c["name"] == "logprob_parity"]
+    assert len(lp) == len(seeded) and {c["status"] for c in lp} == {"pass"}
+
+    fault = ChoiceLogprobsSwapped()
+    with FaultProxy(lora_engine.url, fault) as proxy:
+        r, out, m = stress(proxy.url, tmp_path, "choices-swapped", "choices")
+    assert fault.changed
+    assert r.returncode == 1 and m["verdict"] == "fail", out[-3000:]
+    bad = [q for q in m["requests"] if failed(q)]
+    assert bad
+    for q in bad:  # choice 1 of a seeded request under load: its IDs right, its logprobs not
+        assert q["choice"] == 1 and q["seed"] and q["match"] is True, q
+        assert [c["name"] for c in failed(q)] == ["logprob_parity"], q
+
+
 def test_selftest_family_classes_of_issue_52_are_detected(lora_engine, tmp_path):
     faults = ("truncation_lost_beside_greedy", "min_tokens_lost_under_load",
               "special_text_skipped_under_load", "adapter_on_base_neighbour",
-              "stop_matched_per_delta")
+              "stop_matched_per_delta", "choice_logprobs_swapped")
     args = [a for f in faults for a in ("--fault", f)]
     r = run_cli("selftest", "--url", lora_engine.url, "--results-dir", str(tmp_path),
                 "--run-id", "st", *args)
     data = json.loads((tmp_path / "st" / "selftest.json").read_text())
     assert r.returncode == 0, r.stdout[-4000:]
-    assert data["headline"] == ("this suite on this engine catches 5/5 planted fault classes; "
+    assert data["headline"] == ("this suite on this engine catches 6/6 planted fault classes; "
                                 "0 false alarms")
     rows = {p["name"]: p for p in data["passes"]}
     want = {"truncation_lost_beside_greedy": "parity", "min_tokens_lost_under_load": "stop_token",
             "special_text_skipped_under_load": "special_tokens",
-            "adapter_on_base_neighbour": "parity", "stop_matched_per_delta": "stop_string"}
+            "adapter_on_base_neighbour": "parity", "stop_matched_per_delta": "stop_string",
+            "choice_logprobs_swapped": "logprob_parity"}
+    ran = {"stop_matched_per_delta": ["stop_strings"], "choice_logprobs_swapped": ["choices"]}
     for name, rule in want.items():
         assert rows[name]["outcome"] == "detected" and rows[name]["fired"] > 0, rows[name]
         assert rule in rows[name]["caught_by"], rows[name]
-        assert rows[name]["ran"] == (["stop_strings"] if name == "stop_matched_per_delta"
-                                     else ["mixed_params"])
+        assert rows[name]["ran"] == ran.get(name, ["mixed_params"])

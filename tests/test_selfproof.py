@@ -218,7 +218,8 @@ def test_builtin_classes_are_the_nine_of_the_issue_then_one_per_family():
                     "stops with min_tokens": ("mixed_params",),
                     "special tokens": ("mixed_params",),
                     "LoRA adapters": ("mixed_params",),
-                    "stops in streams": ("stop_strings",)}
+                    "stops in streams": ("stop_strings",),
+                    "several choices with seeds and logprobs": ("choices",)}
 
 
 def test_selftest_passes_run_the_suite_or_their_familys_scenarios():
@@ -443,7 +444,8 @@ FAMILY_RULES = {"ids_after_stop": {"stop_string"}, "stop_id_on_neighbour": {"par
                 "min_tokens_lost_under_load": {"stop_token"},
                 "special_text_skipped_under_load": {"special_tokens"},
                 "adapter_on_base_neighbour": {"parity"},
-                "stop_matched_per_delta": {"stop_string"}}
+                "stop_matched_per_delta": {"stop_string"},
+                "choice_logprobs_swapped": {"logprob_parity", "logprob_sanity", "choices"}}
 
 # Issue 52's classes whose requests a CPU engine with speculative decoding (the cpu-ngram
 # session engine) leaves out, with the reason: seeded top_k / top_p / min_p samples (seeds do not
@@ -453,6 +455,9 @@ FAMILY_RULES = {"ids_after_stop": {"stop_string"}, "stop_id_on_neighbour": {"par
 # serves an adapter.
 VACUOUS_ON_NGRAM = ("truncation_lost_beside_greedy", "special_text_skipped_under_load",
                     "adapter_on_base_neighbour")
+# seeded choices go uncompared there (seeds do not reproduce): vacuous unless a reference-free
+# rule happens to see the swapped logprobs
+MAYBE_VACUOUS_ON_NGRAM = ("choice_logprobs_swapped",)
 
 
 def test_every_family_class_has_its_catching_rule():
@@ -466,13 +471,14 @@ def _selftest(url, tmp_path, run_id, faults=()):
     data = json.loads((tmp_path / run_id / "selftest.json").read_text())
     assert r.returncode == 0, r.stdout[-4000:]
     n = len(faults) or len(BUILTIN)
-    vac = [f for f in VACUOUS_ON_NGRAM if f in (faults or BUILTIN)]
+    rows = {p["name"]: p for p in data["passes"]}
+    vac = [f for f in faults or BUILTIN if f in VACUOUS_ON_NGRAM
+           or (f in MAYBE_VACUOUS_ON_NGRAM and rows[f]["outcome"].startswith("vacuous"))]
     n -= len(vac)
     assert data["headline"] == (f"this suite on this engine catches {n}/{n} planted fault "
                                 "classes; 0 false alarms" + (
                                     f"; {len(vac)} vacuous on this engine, its requests left "
                                     f"out: {', '.join(vac)}" if vac else ""))
-    rows = {p["name"]: p for p in data["passes"]}
     assert rows["clean"]["outcome"] == "clean" and rows["clean"]["exit_code"] == 0
     for name in vac:  # left out on this engine, with the reason: vacuous, not missed
         assert rows[name]["outcome"].startswith("vacuous (") and rows[name]["fired"] == 0

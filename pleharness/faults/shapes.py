@@ -1,9 +1,10 @@
 """Planted fault classes of the request shapes of issue 52 (docs/request-shapes.md): sampling
-parameters in one batch, stops with min_tokens, special tokens, LoRA adapters, stops in streams.
+parameters in one batch, stops with min_tokens, special tokens, LoRA adapters, stops in streams,
+several choices with seeds and logprobs.
 One :class:`~pleharness.faults.families.FamilyFault` per area, each acting on the requests of
 the ``mixed_params`` variants it names (:attr:`FamilyFault.variants`: where the engine cannot
-serve them, the class is vacuous, not missed) or of ``stop_strings``. :data:`SHAPES` is merged
-into :data:`pleharness.faults.FAMILIES`; the tests' doubles are these classes
+serve them, the class is vacuous, not missed) or of ``stop_strings`` / ``choices``.
+:data:`SHAPES` is merged into :data:`pleharness.faults.FAMILIES`; the tests' doubles are these classes
 (tests/faults_request_shapes.py).
 """
 from __future__ import annotations
@@ -147,7 +148,8 @@ class StopMatchedPerDelta(FamilyFault):
     ends the answer as vLLM would (the IDs through the token that completes it, the text cut
     before it, finish_reason "stop", usage to match; the completing token of a delta of several
     IDs found with the upstream's /detokenize). A stop inside one delta is therefore honoured,
-    one across deltas is missed; non-streamed requests and the chat path are untouched. ``missed``: the numbers
+    one across deltas is missed; non-streamed requests and the chat path are untouched.
+    ``missed``: the numbers
     of the requests whose stop straddled deltas and was not matched."""
 
     name = "stop_matched_per_delta"
@@ -215,6 +217,73 @@ class StopMatchedPerDelta(FamilyFault):
         return chunk
 
 
+class ChoiceLogprobsSwapped(FamilyFault):
+    """A seeded request for ``n`` > 1 choices that arrives while another request is in flight
+    gets choice ``index``'s emitted-token logprobs replaced, position by position, by choice
+    0's (the token's entry in its top_logprobs too, so each choice stays self-consistent):
+    logprob rows handed to the wrong child request (issue 52). Its IDs are right. ``changed``:
+    the numbers of the requests changed."""
+
+    name = "choice_logprobs_swapped"
+    family = "several choices with seeds and logprobs"
+    scenarios = ("choices",)
+    summary = ("choice 1 of a seeded request for n > 1 choices under load reports choice 0's "
+               "logprobs")
+    expect = "logprob_parity (the choice vs the n = 1 request of its derived seed)"
+
+    def __init__(self, index: int = 1):
+        super().__init__()
+        self.index = index
+        self.changed: list[int] = []
+
+    def vacuous(self, m) -> str | None:
+        """Why the seeded choices were not compared on this engine (``tables.choices``: every
+        seeded request sent uncompared or left out, with the reason), or None."""
+        if m is None:
+            return None
+        rows = [r for r in (m.tables.get("choices") or []) if isinstance(r, dict)
+                and str(r.get("sampling", "")).startswith("seeded")]
+        if rows and not any(r.get("compared") for r in rows):
+            return "seeded choices not compared: " + (rows[0].get("why_not") or "no reason given")
+        return None
+
+    def request(self, ctx, body):
+        if int(body.get("n") or 1) > self.index and body.get("seed") is not None \
+                and ctx.in_flight >= 2:
+            ctx.state["selected"] = True
+            ctx.state["first"] = {}
+        return body
+
+    def chunk(self, ctx, chunk):
+        if not ctx.state.get("selected"):
+            return chunk
+        first, pos = ctx.state["first"], ctx.state.setdefault("pos", {})
+        for ch in sorted(chunk.get("choices") or [], key=lambda c: c.get("index") or 0):
+            i = ch.get("index") or 0
+            lp = ch.get("logprobs") or {}
+            vals, ids = lp.get("token_logprobs"), ch.get("token_ids") or []
+            if not isinstance(vals, list):
+                continue
+            start = pos.get(i, 0)
+            pos[i] = start + len(vals)
+            for k, v in enumerate(vals):
+                p = start + k
+                if i == 0:
+                    first[p] = v
+                elif i == self.index and p in first and v is not None \
+                        and first[p] is not None and abs(first[p] - v) > 1e-6:
+                    vals[k] = first[p]
+                    tops = lp.get("top_logprobs")
+                    if isinstance(tops, list) and k < len(tops) and k < len(ids) \
+                            and isinstance(tops[k], dict):
+                        tops[k][f"token_id:{ids[k]}"] = first[p]
+                    if not ctx.state.get("hit"):
+                        with self._lock:
+                            self.changed.append(ctx.number)
+                    self.hit(ctx)
+        return chunk
+
+
 SHAPES: dict[str, type[FamilyFault]] = {c.name: c for c in (
     TruncationLostBesideGreedy, MinTokensLostUnderLoad, SpecialTextSkippedUnderLoad,
-    AdapterOnBaseNeighbour, StopMatchedPerDelta)}
+    AdapterOnBaseNeighbour, StopMatchedPerDelta, ChoiceLogprobsSwapped)}
