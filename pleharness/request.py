@@ -61,6 +61,12 @@ class RequestSpec:
     ``structured_outputs: {kind: spec}``: ``("json", schema dict)``, ``("regex", pattern)`` or
     ``("choice", (text, ...))`` (:mod:`pleharness.checks.constrained` judges the output); part
     of :attr:`params` (the reference is the solo request of the same prompt and constraint).
+    ``min_p`` (vLLM extension, 0..1: tokens below ``min_p`` times the top token's probability
+    are dropped before sampling; issue 52): part of :attr:`params` (sent, and in the reference
+    key). ``skip_special_tokens`` (vLLM extension, default true: the text leaves special
+    tokens out): off is part of :attr:`params`. ``adapter``: the LoRA adapter the request
+    names (sent as ``model``, vLLM's ``--lora-modules`` NAME; None: the base model), part of
+    :attr:`params`.
     """
 
     prompt: Prompt
@@ -92,6 +98,9 @@ class RequestSpec:
     n: int = 1
     choice: int = 0
     structured: tuple[str, Any] | None = None
+    min_p: float | None = None
+    skip_special_tokens: bool = True
+    adapter: str | None = None
 
     @property
     def params(self) -> dict[str, Any]:
@@ -113,6 +122,12 @@ class RequestSpec:
             p["stop_token_ids"] = [int(t) for t in self.stop_token_ids]
         if self.min_tokens:
             p["min_tokens"] = int(self.min_tokens)
+        if self.min_p is not None:
+            p["min_p"] = float(self.min_p)
+        if not self.skip_special_tokens:
+            p["skip_special_tokens"] = False
+        if self.adapter is not None:
+            p["model"] = self.adapter
         if self.prompt_logprobs is not None:
             p["prompt_logprobs"] = int(self.prompt_logprobs)
         if self.echo:

@@ -49,13 +49,15 @@ def embedded_model() -> Path:
 
 
 def engine_fixture(name: str, engine_args=(), env=None, profile: str | None = None,
-                   scope: str = "session", start_timeout_s: float = 600, doc: str = ""):
+                   scope: str = "session", start_timeout_s: float = 600, doc: str = "",
+                   args_at_start=None):
     """A pytest fixture that starts the real CPU vLLM engine serving the embedded model and
     yields its :class:`pleharness.engine.launch.EngineServer` (``with EngineServer(...)``: the
     whole process group is stopped on every exit path). ``profile`` (a file under profiles/)
     gives the arguments and environment, ``engine_args`` / ``env`` are added after them; the
-    engine logs go to a fresh ``name`` folder. The one way the tests start an engine: share the
-    fixtures, never start one per test."""
+    engine logs go to a fresh ``name`` folder; ``args_at_start(model, tmp_path_factory)``, when
+    given, returns more arguments made at start (e.g. a LoRA adapter built then). The one way
+    the tests start an engine: share the fixtures, never start one per test."""
     @pytest.fixture(scope=scope)
     def fixture(embedded_model, tmp_path_factory):
         from pleharness.engine.launch import EngineServer, LaunchSpec
@@ -65,8 +67,10 @@ def engine_fixture(name: str, engine_args=(), env=None, profile: str | None = No
         if profile is not None:
             prof = load_profile(ROOT / "profiles" / profile)
             args, environ = list(prof.engine_args), dict(prof.env)
+        more = list(args_at_start(embedded_model, tmp_path_factory)) if args_at_start else []
         spec = LaunchSpec(model=str(embedded_model), python=sys.executable,
-                          engine_args=args + list(engine_args), env={**environ, **(env or {})},
+                          engine_args=args + list(engine_args) + more,
+                          env={**environ, **(env or {})},
                           served_model_name=SERVED_NAME)
         with EngineServer(spec, tmp_path_factory.mktemp(name),
                           start_timeout_s=start_timeout_s) as srv:
@@ -85,6 +89,23 @@ cpu_engine_no_prefix_cache = engine_fixture(
     "cpu-engine-no-pc", ["--no-enable-prefix-caching"], profile="cpu-ngram.toml",
     scope="session", doc="The CPU engine of profiles/cpu-ngram.toml with --no-enable-prefix-caching "
     "(test_selfproof and test_evidence_order share it: one start).")
+
+
+def build_lora_adapter(model: Path, out: Path) -> Path:
+    """A rank-8 LoRA adapter of the embedded ``model`` (q, v, o projections, random weights from
+    seed 52: it changes the model's outputs), built with peft in a subprocess (no download) and
+    saved to ``out``; returns ``out``. Raises CalledProcessError when peft fails."""
+    code = ("import sys, torch\n"
+            "from transformers import LlamaForCausalLM\n"
+            "from peft import LoraConfig, get_peft_model\n"
+            "m = LlamaForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32)\n"
+            "torch.manual_seed(52)\n"
+            "cfg = LoraConfig(r=8, lora_alpha=16, target_modules=['q_proj', 'v_proj', 'o_proj'],"
+            " init_lora_weights=False, lora_dropout=0.0, bias='none')\n"
+            "get_peft_model(m, cfg).save_pretrained(sys.argv[2])\n")
+    subprocess.run([sys.executable, "-c", code, str(model), str(out)], check=True, timeout=600,
+                   capture_output=True)
+    return out
 
 
 def pytest_collection_modifyitems(config, items):

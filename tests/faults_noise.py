@@ -30,7 +30,7 @@ from doubles import Fault, set_top, top_of
 UNTOUCHED = ("stop", "stop_token_ids", "logit_bias", "min_tokens", "structured_outputs",
              "guided_json", "guided_regex", "guided_choice", "response_format",
              "repetition_penalty", "frequency_penalty", "presence_penalty", "echo", "min_p",
-             "top_k", "top_p")
+             "top_k", "top_p", "skip_special_tokens")
 
 
 class Numerics(Fault):

@@ -42,7 +42,7 @@ def test_only_positions_before_the_first_divergence_count():
 
 def test_not_applied_where_the_rule_does_not_hold():
     r = ref([5], [-0.1])
-    sampled = SimpleNamespace(temperature=1.0)
+    sampled = SimpleNamespace(temperature=1.0, seed=None)  # unseeded: no reference to equal
     assert logprob_parity(sampled, comp([5], [-3.0]), r, 0.01) is None
     assert logprob_parity(GREEDY, comp([5], None), r, 0.01) is None
     assert logprob_parity(GREEDY, comp([5], [-3.0]), ref([5], None), 0.01) is None
@@ -70,3 +70,14 @@ def test_logprobs_off_under_load_fail_by_logprob_parity(cpu_engine, tmp_path):
         assert [c["name"] for c in q["checks"] if c["status"] == "fail"] == ["logprob_parity"]
     judged = [c for q in m["requests"] for c in q["checks"] if c["name"] == "logprob_parity"]
     assert any(c["status"] == "pass" for c in judged)  # the requests alone are untouched
+
+
+def test_a_seeded_sample_reports_its_solo_runs_logprobs():
+    """Issue 52: a seeded sample (a choice of a seeded request for n choices, against the n = 1
+    request of its derived seed) is judged where its IDs equal the reference's."""
+    seeded = SimpleNamespace(temperature=1.0, seed=7)
+    r = ref([5, 6], [-0.7, -1.2])
+    assert logprob_parity(seeded, comp([5, 6], [-0.7, -1.2]), r, 0.01).status == "pass"
+    bad = logprob_parity(seeded, comp([5, 6], [-0.7, -2.5]), r, 0.01)
+    assert bad.status == "fail" and "first at output position 1" in bad.detail
+    assert logprob_parity(seeded, comp([5, 8], [-0.7, -2.5]), r, 0.01).status == "pass"

@@ -60,5 +60,5 @@ register_phase = _registrar(PHASE_REGISTRY)  # phase checks
 # the checks register themselves on import, once register and register_phase exist
 from . import (choices, constrained, counting, degeneration,  # noqa: E402,F401
                expected_text, health_after_phase, logprob_sanity, max_model_len_edge,
-               prompt_logprobs, sampled_degeneration, stop_string, stop_token, usage,
-               vocab_range)
+               prompt_logprobs, sampled_degeneration, special_tokens, stop_string, stop_token,
+               usage, vocab_range)

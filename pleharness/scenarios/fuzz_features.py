@@ -34,8 +34,10 @@ runs from the output of the request without parameters as the ``stop_strings`` k
 constrained output (``structured_outputs``, one of :data:`CONSTRAINTS`, with ``ignore_eos``
 off, check ``constrained``) only on text prompts (shapes ``chat`` / ``messages``) and only where
 the ``constrained`` kind's probe passes when the run starts (:func:`gate`); with chat-shaped
-prompts off, neither. :func:`fit` resolves the conflicts (a constraint drops stop IDs, a stop
-string and min_tokens; a stop string drops stop IDs and min_tokens). JSON-Schema constraints,
+prompts off, neither; ``skip_special_tokens`` off (issue 52, check ``special_tokens``) on any
+request but one with a stop string or a constraint. :func:`fit` resolves the conflicts (a
+constraint drops stop IDs, a stop string and min_tokens; a stop string or a constraint drops
+stop IDs, min_tokens and ``skip_special_tokens`` off). JSON-Schema constraints,
 ``top_p`` / ``top_k`` and ``n`` > 1 are not drawn (docs/fuzz.md says why).
 """
 from __future__ import annotations
@@ -46,6 +48,7 @@ from typing import Any
 
 from ..checks.constrained import NAME as CON
 from ..checks.prompt_logprobs import NAME as PLP
+from ..checks.special_tokens import NAME as SPECIAL
 from ..checks.stop_string import eos_ids
 from ..errors import EngineError
 from ..prompts import Prompt
@@ -59,7 +62,7 @@ PENALTIES = {"repetition_penalty": (1.5, 0.8), "frequency_penalty": (1.5, -1.0),
              "presence_penalty": (1.5, -1.0)}
 BIASES = (-100.0, 10.0)  # a ban of the emitted token, and a push towards it
 ALL = ("logprobs", "stop_token_ids", "min_tokens", "ignore_eos", "penalty", "logit_bias",
-       "prompt_logprobs", "messages", "echo", "stop", "structured")
+       "prompt_logprobs", "messages", "echo", "stop", "structured", "skip_special_tokens")
 TEXT_SHAPES = ("chat", "messages")  # prompts that are text (a chat template's IDs)
 ECHO_LOGPROBS = 1  # logprobs sent with a drawn echo when none is drawn (the prompt's scores)
 # a drawn constraint: an index into these (0, the shrink target, the smallest); the regexes and
@@ -85,7 +88,9 @@ class Features:
     ``stop_str_at``: a stop string (``stop``) whose text completes at this output position of
     the request without parameters (:func:`stop_string`); text prompts of shape ``chat`` only.
     ``constraint``: ``structured_outputs``, index into :data:`CONSTRAINTS`, text prompts
-    (shapes ``chat`` / ``messages``) only, ``ignore_eos`` off."""
+    (shapes ``chat`` / ``messages``) only, ``ignore_eos`` off. ``raw``: ``skip_special_tokens``
+    off (issue 52: the text keeps the special tokens among the IDs, check ``special_tokens``;
+    not with a stop string or a constraint, whose text rules leave special tokens out)."""
 
     logprobs: int | None = None
     stop_at: int | None = None
@@ -98,6 +103,7 @@ class Features:
     echo: bool = False
     stop_str_at: int | None = None
     constraint: int | None = None
+    raw: bool = False
 
     @property
     def needs_base(self) -> bool:
@@ -137,6 +143,8 @@ class Features:
             parts.append(f'stop"..."@{self.stop_str_at}')
         if self.constraint is not None:
             parts.append(f"{CONSTRAINTS[self.constraint][0]}{self.constraint}")
+        if self.raw:
+            parts.append("raw")
         return f"<{','.join(parts)}>" if parts else ""
 
 
@@ -206,7 +214,8 @@ def draw_features(draw, names: frozenset[str], max_tokens: int, stream: bool,
     sj = draw(st.integers(0, max_tokens - 1)) if shape == "chat" and on("stop") else None
     con = draw(st.integers(0, len(CONSTRAINTS) - 1)) \
         if shape in TEXT_SHAPES and on("structured") else None
-    return Features(lp, stop_at, mt, eos, pen, bias_at, bias, plp, echo, sj, con)
+    raw = on("skip_special_tokens")
+    return Features(lp, stop_at, mt, eos, pen, bias_at, bias, plp, echo, sj, con, raw)
 
 
 def fit(f: Features, max_tokens: int, stream: bool, shape: str = "random") -> Features:
@@ -226,7 +235,7 @@ def fit(f: Features, max_tokens: int, stream: bool, shape: str = "random") -> Fe
     if out.constraint is not None and shape not in TEXT_SHAPES:
         out = replace(out, constraint=None)
     if out.constraint is not None or out.stop_str_at is not None:
-        out = replace(out, stop_at=None, min_tokens=None)
+        out = replace(out, stop_at=None, min_tokens=None, raw=False)
     if out.stop_str_at is not None and out.stop_str_at >= max_tokens:
         out = replace(out, stop_str_at=max_tokens - 1)
     if stream and out.echo:
@@ -321,6 +330,8 @@ def apply(spec: "RequestSpec", f: Features, base_ids: list[int] | None,
         checks[PLP] = {}
     if f.constraint is not None:
         checks[CON] = {}
+    if f.raw:
+        checks[SPECIAL] = {}
     lp = f.logprobs if f.logprobs is not None else spec.logprobs
     if f.echo and lp is None:
         lp = ECHO_LOGPROBS
@@ -329,7 +340,7 @@ def apply(spec: "RequestSpec", f: Features, base_ids: list[int] | None,
                    prompt_logprobs=f.prompt_logprobs, checks=checks, echo=f.echo,
                    stop=(text,) if text else spec.stop,
                    structured=CONSTRAINTS[f.constraint] if f.constraint is not None
-                   else spec.structured,
+                   else spec.structured, skip_special_tokens=not f.raw,
                    note=(spec.note or "") + f" {f.tag()}" + (f" ({why})" if why else ""), **pen)
 
 
@@ -388,6 +399,8 @@ def toml_lines(spec: "RequestSpec") -> list[str]:
             lines.append(f"{name} = {json.dumps(p[name])}")
     if p.get("echo"):
         lines.append("echo = true")
+    if p.get("skip_special_tokens") is False:
+        lines.append("skip_special_tokens = false")
     if "structured_outputs" in p:
         ((kind, con),) = p["structured_outputs"].items()
         lines.append(f"structured_outputs = {{ {kind} = {_toml(con)} }}")

@@ -24,7 +24,8 @@ there: ``logprobs`` (top-k, 0..20), ``ignore_eos`` (default true), ``stop`` (str
 ``repetition_penalty`` (> 0), ``frequency_penalty`` / ``presence_penalty`` (-2..2),
 ``logit_bias`` (a table {"token ID" = bias in -100..100}), ``stop_token_ids``, ``min_tokens``
 (<= max_tokens), ``prompt_logprobs`` (0..20, non-streamed requests only), ``echo`` (with
-``logprobs``), ``messages`` (``[{ role = "user", content = "..." }]``: sent to
+``logprobs``), ``skip_special_tokens`` (false: the text keeps special tokens; check
+``special_tokens``), ``messages`` (``[{ role = "user", content = "..." }]``: sent to
 /v1/chat/completions, streamed, and compared with the /v1/completions reference of ``prompt``,
 the IDs the chat template made of them; no ``stop``, ``prompt_logprobs`` or ``echo``),
 ``structured_outputs`` (one of ``{ json = {...} }``, ``{ regex = "..." }``, ``{ choice =
@@ -34,7 +35,8 @@ output is judged against it by the run's rule, check ``control_answer``: what ``
 writes for a run whose control answered differently, issue 47). The
 stop check ``stop_token`` runs on a request with stop_token_ids, min_tokens or ignore_eos off,
 the ``prompt_logprobs`` rules on one with prompt_logprobs, ``stop_string`` on one with stop,
-``constrained`` on one with structured_outputs. A request with ``insert_into = j`` and
+``constrained`` on one with structured_outputs, ``special_tokens`` on one with
+skip_special_tokens false. A request with ``insert_into = j`` and
 ``insert_after_tokens = N`` is an *insert*: it is sent once request j of its phase (the carrier,
 streamed) has streamed N tokens (:mod:`pleharness.scenarios.shared.inserting`); ``concurrency`` then
 counts the other requests, and the inserts come on top (what ``ple-harness fuzz`` writes). Phase
@@ -130,6 +132,7 @@ class ReplayRequest(Params):
     min_tokens: int | None = Field(None, ge=1, le=1_000_000)
     prompt_logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = False
+    skip_special_tokens: bool = True
     messages: list[ChatMessage] | None = Field(None, min_length=1)
     structured_outputs: dict[str, Any] | None = Field(None, description=(
         "the output's constraint, one key: { json = {schema} }, { regex = \"...\" } or "
@@ -358,10 +361,13 @@ class Replay(Scenario):
             if r.logit_bias else None,
             stop_token_ids=tuple(r.stop_token_ids) if r.stop_token_ids else None,
             min_tokens=r.min_tokens, prompt_logprobs=r.prompt_logprobs, echo=r.echo,
+            skip_special_tokens=r.skip_special_tokens,
             messages=tuple((m.role, m.content) for m in r.messages) if r.messages else None,
             structured=_structured(r.structured_outputs))
         if (spec.stop_token_ids or spec.min_tokens or not spec.ignore_eos) and not spec.stop:
             spec.checks["stop_token"] = {}  # a stop string ends with "stop" on no stop ID
+        if not spec.skip_special_tokens:
+            spec.checks["special_tokens"] = {}
         if spec.stop:
             spec.checks["stop_string"] = {}
         if spec.prompt_logprobs is not None or spec.echo:

@@ -22,10 +22,16 @@ The stop strings are taken at run time from the engine's own output, never hard-
    and passes ``stop_string`` (text ends before the stop; IDs, logprobs, usage and
    finish_reason agree with the text; streamed deltas by their concatenations only).
 
+With ``straddle`` (default, issue 52) a third cut per prompt: a position j whose token starts a
+streamed delta, and a stop string of at least tokens j-1..j: its text begins in one delta and
+ends in the next, which an engine that searches each delta's new text alone never matches.
+
 Table ``stop_strings``: per stop request, the stop string, the cut position, the length of the
-speculative step it fell in and whether it was inside it. Phase check ``stop_inside_step`` on
-``stop-c<C>``: pass when some stop fell inside a multi-token step; a warning on a speculative
-engine where none did (the case was not exercised); skip on an engine with k = 0.
+speculative step it fell in, whether it was inside it and whether the stop straddled deltas.
+Phase check ``stop_inside_step`` on ``stop-c<C>``: pass when some stop fell inside a multi-token
+step; a warning on a speculative engine where none did (the case was not exercised); skip on an
+engine with k = 0. Phase check ``stop_straddles_deltas``: pass when some stop straddled deltas,
+a warning when none did.
 """
 from __future__ import annotations
 
@@ -41,7 +47,7 @@ from ..manifest import CheckResult
 from ..request import RequestSpec
 from .base import Params, Scenario, TableRow, register
 from .shared.chat import text_prompt
-from .shared.stops import stop_for
+from .shared.stops import stop_span
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..run.scenario_context import ScenarioContext
@@ -61,6 +67,8 @@ class StopStringsParams(Params):
     min_position: int = Field(3, ge=1, le=10_000, description="earliest cut (output position)")
     filler: str = Field(" ", min_length=1)
     tail: int = Field(4, ge=0, le=64)
+    straddle: bool = Field(True, description="a third stop string per prompt, of two or more "
+                           "tokens whose last starts a streamed delta (issue 52)")
 
     @model_validator(mode="after")
     def _cut_inside(self):
@@ -76,7 +84,8 @@ class StopStringsParams(Params):
 class StopRow(TableRow):
     """One stop request: its prompt, stop string, the output position j of the token that
     completes it, the speculative step it fell in (length, and whether j is inside it, not its
-    last token) and the number of IDs expected (j + 1)."""
+    last token), the number of IDs expected (j + 1) and whether the stop string's tokens came in
+    two or more streamed deltas of the solo run (``straddles``, issue 52)."""
 
     prompt_key: str
     stop: str
@@ -84,12 +93,39 @@ class StopRow(TableRow):
     step_len: int  # IDs of the streamed delta (one engine step when <= 1 + k)
     inside_step: bool
     expected_ids: int
+    straddles: bool = False  # the stop's tokens came in two or more streamed deltas
 
 
 def phase_of(ctx: "ScenarioContext", outcomes):
     """The phase record of the phase that returned ``outcomes`` (the PhaseResult's
     ``.phase``)."""
     return outcomes.phase
+
+
+def straddle_position(steps: list[tuple[int, int]], lo: int, hi: int,
+                      taken: list[int]) -> int | None:
+    """An output position j in [lo + 1, hi] whose token starts a streamed delta (so a stop
+    string of tokens j-1..j straddles two deltas), at least 3 from the positions ``taken``,
+    the one nearest the middle; None when there is none."""
+    js = [j for j in range(max(lo, 1), hi + 1) if steps[j][1] == 0
+          and all(abs(j - t) >= 3 for t in taken)]
+    if not js:
+        return None
+    mid = (lo + hi) / 2
+    return min(js, key=lambda j: (abs(j - mid), j))
+
+
+def straddle_check(rows: list["StopRow"]) -> CheckResult:
+    """Phase check ``stop_straddles_deltas`` (issue 52): pass when some stop string's tokens
+    came in two or more streamed deltas of its solo run (a matcher that searches each delta's
+    text alone misses it), a warning when none did (the case was not exercised)."""
+    n = sum(r.straddles for r in rows)
+    if n:
+        return CheckResult(name="stop_straddles_deltas", status="pass",
+                           detail=f"{n} of {len(rows)} stop string(s) straddled streamed deltas")
+    return CheckResult(name="stop_straddles_deltas", status="warn",
+                       detail=f"none of {len(rows)} stop string(s) straddled two streamed "
+                              "deltas: a stop matched across deltas was not exercised")
 
 
 def steps_of(chunks) -> list[tuple[int, int]]:
@@ -176,10 +212,17 @@ class StopStrings(Scenario):
             if len(steps) != len(ids):
                 continue
             hi = len(ids) - 4  # room after the cut: IDs there must not come back
-            for j in pick_positions(steps, min(p.min_position, hi), hi, k + 1):
-                s = stop_for(ctx, ids, j)
-                if s is None:
+            lo = min(p.min_position, hi)
+            cuts = [(j, 1) for j in pick_positions(steps, lo, hi, k + 1)]
+            if p.straddle:
+                j = straddle_position(steps, lo, hi, [j for j, _b in cuts])
+                if j is not None:
+                    cuts.append((j, 2))
+            for j, min_back in cuts:
+                got = stop_span(ctx, ids, j, min_back)
+                if got is None:
                     continue
+                s, back = got
                 checks = {name: {} for name in DEFAULT_CHECKS}
                 checks["stop_string"] = {"expect_len": j + 1}
                 spec = replace(o.spec, stop=(s,), checks=checks, compare=True,
@@ -189,7 +232,7 @@ class StopStrings(Scenario):
                                     step_len=steps[j][0],
                                     inside_step=2 <= steps[j][0] <= k + 1
                                     and steps[j][1] < steps[j][0] - 1,
-                                    expected_ids=j + 1))
+                                    expected_ids=j + 1, straddles=steps[j][1] < back - 1))
         self.put_table(ctx, "stop_strings", rows)
         if not stops:
             # a model that does not count (random weights) gives no token text that completes
@@ -224,6 +267,8 @@ class StopStrings(Scenario):
                                      "(no delta of the solo runs carried several tokens): the "
                                      "case was not exercised")
         ctx.add_phase_check(ph, res)
+        if p.straddle:
+            ctx.add_phase_check(ph, straddle_check(rows))
 
     def _prompt(self, ctx: "ScenarioContext", n: int):
         """The counting prompt "Count from 1 to n. 1 2 ... n" (chat-shaped where the engine has
@@ -249,4 +294,5 @@ class StopStrings(Scenario):
             ("prompt", "prompt_key"), ("stop", lambda r: f"`{r.stop!r}`"),
             ("position", "position"), ("step", "step_len"),
             ("inside step", lambda r: "yes" if r.inside_step else "no"),
+            ("straddles deltas", lambda r: "yes" if r.straddles else "no"),
             ("IDs expected", "expected_ids")])
