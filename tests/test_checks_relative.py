@@ -78,7 +78,8 @@ def test_every_check_says_its_kind():
                      "counting": "relative", "degeneration": "relative",
                      "stop_string": "absolute", "sampled_degeneration": "relative",
                      "stop_token": "absolute", "prompt_logprobs": "absolute",
-                     "choices": "absolute", "constrained": "absolute"}
+                     "choices": "absolute", "constrained": "absolute",
+                     "special_tokens": "absolute"}
     for n, f in {**REGISTRY, **PHASE_REGISTRY}.items():
         import sys
         assert f"Kind: **{f.kind}**" in sys.modules[f.__module__].__doc__, n
