@@ -59,6 +59,23 @@ def test_special_tokens_kept_or_skipped_as_asked():
     assert special_check(Ctx(), stop, comp([10, 1], " 1"), {}).status == "skip"
 
 
+def test_the_id_that_ended_the_output_is_not_in_its_text():
+    """vLLM leaves the text of a stop-terminating ID out (found by a clean fuzz run on the real
+    CPU engine: an answer ended by EOS with skip_special_tokens false has no '</s>' at its end;
+    the check had asked for one)."""
+    keep = RequestSpec(P, 4, skip_special_tokens=False, ignore_eos=False)
+    assert special_check(Ctx(), keep, comp([10, 1], " 1", "stop"), {}).status == "pass"
+    assert special_check(Ctx(), keep, comp([10, 1], " 1</s>", "stop"), {}).status == "fail"
+    # an EOS inside the output (ignore_eos) keeps its text; the one named in stop_token_ids
+    # that ended it does not
+    forced = RequestSpec(P, 4, skip_special_tokens=False, ignore_eos=True, stop_token_ids=(1,))
+    assert special_check(Ctx(), forced, comp([1, 10, 1], "</s> 1", "stop"), {}).status == "pass"
+    assert special_check(Ctx(), forced, comp([1, 10, 1], " 1", "stop"), {}).status == "fail"
+    # cut by max_tokens at an EOS of ignore_eos: it is an ordinary token, kept
+    ign = RequestSpec(P, 2, skip_special_tokens=False, ignore_eos=True)
+    assert special_check(Ctx(), ign, comp([10, 1], " 1</s>", "length"), {}).status == "pass"
+
+
 def test_min_tokens_holds_a_stop_string_back():
     s = RequestSpec(P, 8, stop=(" 2",), min_tokens=3)
     ok = stop_token_check(Ctx(), s, comp([10, 11, 12, 13, 11], " 1 2 3 4", "stop"), {})

@@ -14,6 +14,10 @@ of the IDs, which keeps special tokens (EOS decodes to ``</s>``), and ``E`` the 
   ``E`` left out and holds the EOS text as often as that does (usually never: a server that
   kept them fails).
 
+The ID that ended the output (an EOS ID without ``ignore_eos``, or an ID of
+``stop_token_ids``, with finish_reason ``stop``) is never in the text (vLLM's detokenizer leaves
+a stop-terminating ID out): ``D`` is taken of the IDs before it.
+
 "Ends with", not "equals": with random token-ID prompts vLLM's incremental detokenizer may put
 text of the prompt's tail into the first delta (docs/stop-and-mixed.md; seen here: a
 ``skip_special_tokens`` false answer led by the prompt's last words), so what comes before the
@@ -35,6 +39,20 @@ from .stop_string import eos_ids
 NAME = "special_tokens"
 
 
+def stopped_by_last_id(spec, c, ids: list[int], eos: frozenset) -> bool:
+    """Whether the output's last ID ended it (finish_reason ``stop`` with the last ID an EOS ID
+    without ``ignore_eos``, or one of ``stop_token_ids``): vLLM's detokenizer leaves the text of
+    that ID out (``stop_terminated``, vllm/v1/engine/detokenizer.py), whatever
+    ``skip_special_tokens`` says (measured on the real CPU engine: an answer ended by EOS with
+    ``skip_special_tokens`` false has no ``</s>`` at its end)."""
+    if not ids or getattr(c, "finish_reason", None) != "stop":
+        return False
+    stops = set(getattr(spec, "stop_token_ids", None) or [])
+    if not getattr(spec, "ignore_eos", False):
+        stops |= set(eos)
+    return ids[-1] in stops
+
+
 @register(NAME)
 def check(ctx, spec, c, params) -> CheckResult:
     """The rule of the module docstring for completion ``c`` of ``spec``
@@ -53,8 +71,9 @@ def check(ctx, spec, c, params) -> CheckResult:
             "the engine's EOS ID is unknown (fact eos_token_id)" if not eos else
             f"no EOS ID ({sorted(eos)}) in the {len(ids)} IDs: nothing special to keep or drop"))
     keep = not getattr(spec, "skip_special_tokens", True)
+    shown = ids[:-1] if stopped_by_last_id(spec, c, ids, eos) else ids
     try:
-        want = ctx.detokenize(ids if keep else [i for i in ids if i not in eos])
+        want = ctx.detokenize(shown if keep else [i for i in shown if i not in eos])
         marks = {ctx.detokenize([e]) for e in eos} - {""}
     except EngineError as exc:
         return CheckResult(name=NAME, status="skip", detail=f"/detokenize failed: {exc}")
