@@ -60,7 +60,11 @@ wait)
   cat $R/done.txt; for f in $R/*.console.txt; do echo "== $f"; tail -4 "$f" | cut -c1-400; done
   echo "== bench"; grep -E "^== |\"exit_code\"|\"wall_s\"|_s\":" $T/bench.log | tail -40
   nvidia-smi --query-gpu=memory.used --format=csv,noheader
-  tar czf "$OUT/runs.tgz" --exclude='*engine*.log' --exclude='*requests.jsonl' -C /tmp runs
+  # the clean runs' requests.jsonl carry the logprobs a cross-configuration envelope needs
+  # (run v left them out and could not measure it): kept unless the archive gets too big
+  tar czf "$OUT/runs.tgz" --exclude='*engine*.log' -C /tmp runs
+  [ "$(stat -c %s "$OUT/runs.tgz")" -lt 16000000 ] || tar czf "$OUT/runs.tgz" \
+    --exclude='*engine*.log' --exclude='*requests.jsonl' -C /tmp runs
   mkdir -p $T/keep; cp $T/*.json $T/*.log $T/*.console.txt $T/keep/ 2>/dev/null
   for d in $T/ttd-*; do [ -d "$d" ] || continue; n=$(basename $d); mkdir -p $T/keep/$n
     cp $d/manifest.json $d/summary.md $d/repro*.toml $T/keep/$n/ 2>/dev/null; done
