@@ -114,8 +114,8 @@ def measure(main: Manifest, control: Manifest | None, numerics_from: str | None 
         src = envelope_of_run(numerics_from)
         out.update({k: src.get(k) for k in ("logprob_nats", "logprob_positions",
                                             "logprob_requests", "flip_margin_nats", "flips")})
-        out["logprob_source"] = (f"--numerics-from {numerics_from} (its "
-                                 f"{src.get('logprob_source') or 'measurement'})")
+        out["logprob_source"] = (f"--numerics-from {numerics_from} (measured there on "
+                                 f"{src.get('logprob_source') or 'its own run'})")
         out["flip_source"] = f"--numerics-from {numerics_from}"
         return out
     else:

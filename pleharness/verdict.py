@@ -72,7 +72,7 @@ def write_reports(m: Manifest, run_dir: Path) -> None:
     """``summary.md`` and ``junit.xml`` in ``run_dir`` from ``m``; a failure to write them is
     recorded in ``summary.report_error``, never raised (the manifest stands on its own)."""
     try:
-        write_atomic(run_dir / "summary.md", to_markdown(m))
+        write_atomic(run_dir / "summary.md", to_markdown(m, str(run_dir)))
         write_atomic(run_dir / "junit.xml", to_junit(m))
     except Exception as exc:  # noqa: BLE001 - reports never hide the manifest
         m.summary.report_error = str(exc)

@@ -616,3 +616,24 @@ def test_stress_option_defaults_are_the_config_groups_defaults(monkeypatch):
                   "confirmation"):
         assert getattr(built, group) == getattr(base, group), group
     assert (built.output.results_dir, built.output.run_id) == (base.output.results_dir, None)
+
+
+def test_a_selftest_pass_says_how_to_reproduce_it_and_where_its_engine_log_is(tmp_path):
+    """Found by a new user (fresh-clone run): a selftest pass's summary.md pointed at the fault
+    proxy for the engine log, at results/<pass> for the tokens (the pass lives in the selftest's
+    folder) and gave a reproduce command with the pass marker as an argument (exit 2)."""
+    from pleharness.manifest import Manifest
+    from pleharness.render.text import next_steps, reproduce_command
+    m = Manifest(run_id="01-flip_under_load",
+                 invocation=["ple-harness", "selftest", "--results-dir", "res",
+                             "(selftest pass flip_under_load)"],
+                 engine={"mode": "attached", "url": "http://127.0.0.1:40643"})
+    assert reproduce_command(m) == "ple-harness selftest --results-dir res --fault flip_under_load"
+    m.invocation = ["ple-harness", "selftest", "--fault", "flip_under_load",
+                    "(selftest pass flip_under_load)"]
+    assert reproduce_command(m) == "ple-harness selftest --fault flip_under_load"
+    m.invocation = ["ple-harness", "selftest", "(selftest pass clean)"]
+    assert reproduce_command(m) == "ple-harness selftest"
+    d = str(tmp_path / "res" / "sid" / "01-flip_under_load")
+    (log,) = [t for t, _ in next_steps(m, d) if t.startswith("engine log")]
+    assert log.startswith(f"engine log: {d}/../engine.log") and "40643" not in log

@@ -6,6 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from ..config import DEFAULT_SCENARIOS
 from ..defaults import (DEFAULT_API, DEFAULT_CONFIRM_RUNS, DEFAULT_LOGPROBS,
                         DEFAULT_PARALLEL_ENGINES, DEFAULT_REFERENCE,
                         DEFAULT_REFERENCE_CACHE_STATE, DEFAULT_SUITE_REPEATS, confirm_runs_help)
@@ -24,8 +25,7 @@ class ScenarioOptions:
 
     scenario: Annotated[Optional[list[str]], typer.Option(rich_help_panel=P_SCEN,
         help="Scenario name (shipped, see `ple-harness scenarios`) or TOML path; repeatable. "
-             "Default: transitions, boundary, pairs, insert, sampled, stop_strings, mixed_params, "
-             "disconnects, prefix_isolation.")] = None
+             f"Default: {', '.join(DEFAULT_SCENARIOS)}.")] = None
     suite: Annotated[Optional[str], typer.Option(rich_help_panel=P_SCEN,
         help="A suite file (name in scenarios/suites/ or path): scenarios with parameters, "
              "repeats and compare gates, e.g. nightly or premerge.")] = None

@@ -30,7 +30,7 @@ def _side(d) -> str:
     return d.corrupt_side
 
 
-def to_markdown(m: Manifest) -> str:
+def to_markdown(m: Manifest, run_dir: str | None = None) -> str:
     """The "Test plan and result" section a maintainer pastes into a PR: the verdict and its
     causes first, then next steps (logs, tokens, the reproduce command), then the tables."""
     lines = ["## Test plan and result", ""]
@@ -43,7 +43,7 @@ def to_markdown(m: Manifest) -> str:
     if why:
         lines += ["", "### Why", ""] + [f"- {x}" for x in why]
     lines += ["", "### Next steps", ""]
-    for text, cmd in next_steps(m):
+    for text, cmd in next_steps(m, run_dir):
         lines.append(f"- {text}")
         if cmd:
             lines += ["", "  ```bash", f"  {cmd}", "  ```"]

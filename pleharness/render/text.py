@@ -54,6 +54,9 @@ def next_steps(m: Manifest, run_dir: str | None = None) -> list[tuple[str, str |
         steps.append((f"engine log: {d}/{m.engine.engine_log}"
                       + (f" (launcher: {d}/{m.engine.launcher_log})"
                          if m.engine.launcher_log else ""), None))
+    elif m.engine.mode == "attached" and selftest_pass(m) is not None:
+        steps.append((f"engine log: {d}/../engine.log (the selftest's engine; each pass "
+                      "reached it through a fault proxy)", None))
     elif m.engine.mode == "attached":
         steps.append((f"engine log: the attached engine's own log ({m.engine.url})", None))
     if any(r.match is False or r.divergence for r in m.requests):
@@ -84,15 +87,30 @@ def verdict_line(m: Manifest) -> str:
     return f"{(m.verdict or 'none').upper()} (status {m.status}, exit {m.exit_code})"
 
 
+def selftest_pass(m: Manifest) -> str | None:
+    """The fault class of a selftest pass's run (its invocation ends with the marker
+    ``(selftest pass NAME)``, :mod:`pleharness.selftest`), else None."""
+    last = m.invocation[-1] if m.invocation else ""
+    if last.startswith("(selftest pass ") and last.endswith(")"):
+        return last[len("(selftest pass "):-1]
+    return None
+
+
 def reproduce_command(m: Manifest) -> str:
     """The recorded invocation as a shell command that starts a new run: ``--run-id`` is dropped
     (the old folder exists, and a new run may not reuse it). For an attached run (``--url``) the
-    engine at that URL must be running again; :func:`next_steps` says so."""
+    engine at that URL must be running again; :func:`next_steps` says so. A selftest pass's run
+    is reproduced by its selftest with that pass's ``--fault`` (the pass marker dropped)."""
     if not m.invocation:
         return "(not recorded)"
+    inv = list(m.invocation)
+    name = selftest_pass(m)
+    if name is not None:  # a selftest pass: the selftest that plants its fault
+        inv = inv[:-1] + ([] if name == "clean" or any(
+            a == name and b == "--fault" for b, a in zip(inv, inv[1:])) else ["--fault", name])
     out: list[str] = []
     skip = False
-    for a in m.invocation:
+    for a in inv:
         if skip:
             skip = False
         elif a == "--run-id":
