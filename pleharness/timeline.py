@@ -59,6 +59,14 @@ class EngineStart(BaseModel):
     cache_bytes: int | None = None
     cache_reload_failure: str | None = None
 
+    @classmethod
+    def measured(cls, what: str, ready_s: float | None, **cache) -> "EngineStart":
+        """The start of ``what`` that became ready after ``ready_s`` seconds, now: ``ready_s``
+        kept to the millisecond (an engine double is ready in tens of milliseconds, which a
+        rounding to tenths would call 0 s), ``at_s`` from :func:`since_start`; ``cache``: the
+        compile-cache fields of :class:`EngineStart`."""
+        return cls(what=what, ready_s=round(ready_s or 0, 3), at_s=since_start(), **cache)
+
     def text(self) -> str:
         """``engine 31 s (compile cache cold: 12.0 MiB written)``."""
         return f"{self.what} {self.ready_s:.0f} s{self.cache_text()}"

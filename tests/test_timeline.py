@@ -126,3 +126,10 @@ def test_the_engines_own_reason_for_compiling_again_is_kept():
                     cache_reload_failure="no attribute 'finalize_loading'")
     assert e.text() == ("engine 40 s (compile cache cold: 1.0 MiB written; its cached graph did "
                         "not load: no attribute 'finalize_loading')")
+
+
+def test_an_engine_start_keeps_its_ready_time_to_the_millisecond():
+    # CI failure of stop 54: an engine double ready in 40 ms was recorded as ready after 0.0 s
+    s = EngineStart.measured("engine", 0.0404, cache="warm")
+    assert s.ready_s == 0.04 and s.cache == "warm" and 0 <= s.at_s <= since_start()
+    assert EngineStart.measured("engine", None).ready_s == 0

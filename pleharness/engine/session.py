@@ -37,7 +37,7 @@ from ..environment import gpu_inventory
 from ..errors import EngineError, HarnessError, UsageError
 from ..model import SERVED_NAME, ensure_embedded_model
 from ..redact import redact_argv, redact_url
-from ..timeline import EngineStart, since_start
+from ..timeline import EngineStart
 from .client import EngineClient
 from .inflight import Timeouts
 from .fact_sources import parse_engine_args
@@ -417,8 +417,7 @@ class EngineSession:
                 raise
         self.servers.append(server)
         self._stack.callback(stop)
-        start = EngineStart(what=what, ready_s=round(server.ready_s or 0, 1), at_s=since_start(),
-                            **server.compile_cache)
+        start = EngineStart.measured(what, server.ready_s, **server.compile_cache)
         self.starts.append(start)
         self.console.print(f"{what} ready after {server.ready_s:.0f} s at {server.url}"
                            f"{start.cache_text()}", highlight=False)

@@ -301,7 +301,7 @@ def _replay_batch(session: EngineSession, target: Target, batch: list[tuple[int,
             todo = [c for c in cases if sus is None or _applies(sus, c, suspects)]
             rp = _Replayer.for_run(eng.client, m, report.include_warnings, golden)
             report.launches.append({"config": label, "command": redact_argv(eng.server.command),
-                                    "ready_s": round(eng.server.ready_s or 0, 1)})
+                                    "ready_s": round(eng.server.ready_s or 0, 3)})
             for c in todo:
                 if sus is None:
                     for name, level in c.levels.items():
