@@ -26,7 +26,9 @@ with a statistic that needs no kernel:
   any distribution; no chi-square asymptotics (which small counts would break) are used.
 
 :func:`fisher_less` is the one-sided Fisher exact test for a 2 x 2 table (expected text answered
-less often under load than alone).
+less often under load than alone); :func:`stratified_more` its stratified form over prompts (an
+event, e.g. a degenerate sample, more often under load than alone, each prompt with its own
+rate).
 
 False-alarm rate: at most the level tested at, by construction; measured on synthetic null
 draws (tests/test_sampled_unit.py: 300 pairs of 32 samples, rates within 3 sigma of 0.01, 0.05,
@@ -146,3 +148,34 @@ def fisher_less(pass_solo: int, n_solo: int, pass_load: int, n_load: int) -> flo
     lo = max(0, k - n_solo)
     return min(1.0, sum(comb(k, x) * comb(n - k, n_load - x)
                         for x in range(lo, pass_load + 1)) / denom)
+
+
+def stratified_more(strata: Sequence[tuple[int, int, int, int]]) -> float:
+    """One-sided exact p-value that an event happens *more* often under load than alone, over
+    strata with their own base rates (one stratum per prompt: a model repeats itself on some
+    prompts far more often than on others). ``strata``: rows ``(event_solo, n_solo,
+    event_load, n_load)``.
+
+    The exact conditional test of conditional independence in 2 x 2 x K tables (Birch 1964;
+    Agresti, *Categorical Data Analysis*, exact inference for 2 x 2 x K tables): given each
+    stratum's totals, the events on its load side X_s are hypergeometric (d_s events among
+    n_solo + n_load samples, n_load of them drawn as load); the statistic is the sum of X_s and
+    ``p = P(sum X_s >= observed)`` from the exact convolution of the strata's distributions.
+    Under the null (solo and load samples of one prompt exchangeable, as a healthy engine
+    draws them: see the module docstring) ``P(p <= alpha) <= alpha`` for any rates and sizes.
+    A stratum with an empty side or no event adds a constant. 1.0 when there is no stratum.
+    Raises ValueError for counts out of range."""
+    dist = np.array([1.0])
+    observed = 0
+    for e_solo, n_solo, e_load, n_load in strata:
+        if not (0 <= e_solo <= n_solo and 0 <= e_load <= n_load):
+            raise ValueError("stratified_more: counts out of range")
+        n, d = n_solo + n_load, e_solo + e_load
+        lo, hi = max(0, d - n_solo), min(d, n_load)
+        denom = comb(n, n_load)
+        pmf = np.zeros(hi + 1)
+        for x in range(lo, hi + 1):
+            pmf[x] = comb(d, x) * comb(n - d, n_load - x) / denom
+        dist = np.convolve(dist, pmf)
+        observed += e_load
+    return float(min(1.0, dist[observed:].sum()))

@@ -11,6 +11,7 @@ from pleharness.parity import token_hash
 from pleharness.prompts import Prompt
 from pleharness.request import RequestSpec
 from pleharness.run.sides import _margins_at
+from pleharness.scenarios.sampled_stats import degeneration_row
 
 from test_differential import GOOD, constant_defect
 
@@ -53,13 +54,26 @@ def test_an_unseeded_sample_is_left_to_sampled_degeneration_but_a_zero_run_still
     assert DEGEN(Ctx(), s, Completion(token_ids=[5] + [0] * 10), {}).status == "fail"
 
 
-def test_sampled_degeneration_needs_twice_the_solo_samples_longest_run():
-    c = Completion(token_ids=[9] * 4 + [528] * 11 + [3], text="")
-    assert sampled_degeneration(Ctx(), spec(temperature=1.0), c,
-                                {"solo_run": 7, "solo_punct_run": 0}).status == "pass"
-    c = Completion(token_ids=[528] * 16, text="")
-    assert sampled_degeneration(Ctx(), spec(temperature=1.0), c,
-                                {"solo_run": 7, "solo_punct_run": 0}).status == "fail"
+def test_sampled_degeneration_judges_a_prompt_the_model_loops_on_by_rate():
+    """GPU run v (H200): 3 of the 4 load samples of one chat prompt repeated token 331 9-15
+    times where its 2 solo samples did not; the run beside it, same engine, saw none. Each such
+    sample is a warning on its request; the rate over the prompt's samples is not significant
+    (p = 0.2), so no failure. The same pattern on every load sample of nine prompts is."""
+    c = Completion(token_ids=[9] * 4 + [331] * 12, text="")
+    out = sampled_degeneration(Ctx(), spec(temperature=1.0), c, {})
+    assert out.status == "warn" and "run of 12 x token 331" in out.detail
+    assert "judged by rate" in out.detail
+    one = {("chat-len20", 16): {"solo": [2, 0], "load": [4, 3], "runs": [
+        ("r00243", "run of 9 x token 331 at position 7")]}}
+    row = degeneration_row(one, 0.001 / 4)
+    assert row.verdict == "pass" and row.p_value == 0.2 and "3/4 samples under load" in row.detail
+    many = {(f"len{i}", 16): {"solo": [4, 0], "load": [4, 4], "runs": [(f"r{i}", "run")]}
+            for i in range(9)}
+    row = degeneration_row(many, 0.001 / 4)
+    assert row.verdict == "fail" and row.p_value < 1e-15 and "r0 (run)" in row.detail
+    # no prompt with samples on both sides: nothing to judge by
+    assert degeneration_row({("x", 16): {"solo": [0, 0], "load": [4, 4], "runs": []}},
+                            0.001) is None
 
 
 def test_the_differential_threshold_follows_the_requests_own_drift():

@@ -12,7 +12,7 @@ from pleharness.engine.facts import as_facts
 from pleharness.prompts import Prompt
 from pleharness.request import RequestSpec
 from pleharness.scenarios import ScenarioError, load_scenario_file
-from pleharness.twosample import fisher_less, permutation_test
+from pleharness.twosample import fisher_less, permutation_test, stratified_more
 
 P = np.array([0.45, 0.2, 0.1, 0.1, 0.05, 0.05, 0.03, 0.02])
 
@@ -63,6 +63,31 @@ def test_fisher_less_is_one_sided_and_exact():
         fisher_less(3, 2, 0, 1)
 
 
+def test_stratified_more_is_exact_one_sided_and_fisher_with_one_stratum():
+    # one stratum: Fisher's exact test on the complement
+    assert stratified_more([(1, 10, 6, 10)]) == pytest.approx(fisher_less(9, 10, 4, 10))
+    # 3 of 4 load samples vs 0 of 2 alone: P(X >= 3) = C(3,3) C(3,1) / C(6,4)... = 4/20
+    assert stratified_more([(0, 2, 3, 4)]) == pytest.approx(0.2)
+    assert stratified_more([(2, 4, 0, 4)]) == 1.0  # fewer under load: no evidence
+    assert stratified_more([]) == 1.0
+    # strata add up: nine prompts, each 4/4 under load vs 0/4 alone
+    assert stratified_more([(0, 4, 4, 4)] * 9) == pytest.approx((1 / 70) ** 9)
+    with pytest.raises(ValueError):
+        stratified_more([(3, 2, 0, 1)])
+
+
+def test_stratified_more_false_alarm_rate_is_at_most_alpha_under_the_null():
+    # prompts with very different rates (a model that loops on some prompts), solo and load
+    # drawn alike: the p-value is super-uniform
+    rng = np.random.default_rng(11)
+    rates = [0.02, 0.1, 0.5, 0.8, 0.05, 0.3]
+    ps = np.array([stratified_more([(int(rng.binomial(4, r)), 4, int(rng.binomial(4, r)), 4)
+                                    for r in rates]) for _ in range(2000)])
+    for alpha in (0.01, 0.05, 0.2):
+        assert np.mean(ps <= alpha) <= alpha + 3 * np.sqrt(alpha * (1 - alpha) / 2000)
+    assert np.mean(ps <= 0.5) > 0.2
+
+
 def _ctx(role="load"):
     return SimpleNamespace(phase_role=role, facts=as_facts({"eos_token_id": 1}), references={})
 
@@ -74,17 +99,17 @@ def _spec():
 def test_sampled_degeneration_rules():
     check = REGISTRY["sampled_degeneration"]
     bang = Completion(token_ids=[30, 31] + [6] * 10, text="ab" + "!" * 10)
-    # no solo sample shows it: a load request fails, naming both rules
-    r = check(_ctx(), _spec(), bang, {"solo_run": 1, "solo_punct_run": 0, "solo_samples": 32})
-    assert r.status == "fail" and "run of 10 x token 6" in r.detail and "'!'" in r.detail
-    # a solo sample as long excuses it; a reference (solo) sample is a note, never a failure
-    assert check(_ctx(), _spec(), bang, {"solo_run": 10, "solo_punct_run": 10}).status == "pass"
+    # a load sample with the pattern is a warning naming both rules (the rate decides); a
+    # solo sample's is a note (model behaviour, counted in the solo rate)
+    r = check(_ctx(), _spec(), bang, {})
+    assert r.status == "warn" and "run of 10 x token 6" in r.detail and "'!'" in r.detail
     assert check(_ctx("reference"), _spec(), bang, {}).status == "note"
+    assert check(_ctx(), _spec(), bang, {"max_run": 11, "max_punct_run": 11}).status == "pass"
     # EOS runs (ignore_eos) and short runs pass; a failed request is skipped
     eos = Completion(token_ids=[1] * 12, text="")
-    assert check(_ctx(), _spec(), eos, {"solo_run": 0, "solo_punct_run": 0}).status == "pass"
+    assert check(_ctx(), _spec(), eos, {}).status == "pass"
     ok = Completion(token_ids=[30, 6, 6, 31], text="a!!b")
-    assert check(_ctx(), _spec(), ok, {"solo_run": 0, "solo_punct_run": 0}).status == "pass"
+    assert check(_ctx(), _spec(), ok, {}).status == "pass"
     assert check(_ctx(), _spec(), Completion(error="http"), {}).status == "skip"
     assert longest_punct_run("duct!!!!!...") == (5, "!", 4)
 

@@ -1,29 +1,30 @@
-"""Check ``sampled_degeneration``: a sampled output (temperature > 0) has no run of one token and
-no run of one punctuation character longer than every solo sample of the same prompt shows.
+"""Check ``sampled_degeneration``: a sampled output (temperature > 0) with a run of one token or a
+run of one punctuation character, judged by how often the prompt's samples show one under load
+against alone.
 
 The seeds' 804-token bug under production sampling with speculative decoding answered
 ``duct!!!!!!!!!!!!!!!!!!!!!!!``; the maintainers' acceptance test was "no invalid token IDs or
 repeated punctuation" (issue 26). A sampled request has no single-request reference to compare
-its IDs with, so the judge is the engine's own solo samples of the same prompt (drawn one at a
-time before the load, by the ``sampled`` scenario kind, which passes their longest runs in the
-params):
+its IDs with, and a model repeats itself by its own nature: on a clean bf16 mixture-of-experts
+engine with sharp logits (GPU run v, H200, vLLM 0.26) 3 of the 4 load samples of one chat prompt
+repeated one token 9-15 times where its 2 solo samples did not, and the same prompt's load
+samples did not in the run beside it. A single sample decides nothing; a rate does.
 
-- a **run of one token** of length >= ``max_run`` (default 8), EOS excluded (``eos_token_id``
-  fact: with ``ignore_eos`` a model repeats EOS itself), more than twice ``solo_run`` (the
-  longest such run among the solo samples of the prompt);
-- a **run of one punctuation character** in the text (Unicode category P*, e.g. ``!!!!!!!!``,
-  merged tokens included) of length >= ``max_punct_run`` (default 8), more than twice
-  ``solo_punct_run``.
+**The pattern** (:func:`pattern`) of one output: a run of one token of length >= ``max_run``
+(default 8), EOS excluded (``eos_token_id`` fact: with ``ignore_eos`` a model repeats EOS
+itself), or a run of one punctuation character in the text (Unicode category P*, e.g.
+``!!!!!!!!``, merged tokens included) of length >= ``max_punct_run`` (default 8).
 
-Why twice: a few solo samples under-estimate how long the model's own runs get under sampling
-(GPU run u, a clean bf16 MoE engine with sharp logits: two solo samples' longest run 7, a load
-sample's 11); the corruption this is for repeats to the end of the output.
-
-A load request (``ctx.phase_role`` load) fails on either; a reference (solo) sample is never
-judged by itself: the pattern is a ``note`` (model behaviour), as ``degeneration`` does without a
-golden reference. ``solo_run`` / ``solo_punct_run`` absent: no solo samples to excuse the
-pattern, so a load request fails on it. Token ID 0 runs (a NaN row's signature) are the
-``degeneration`` check's rule, out-of-range IDs ``vocab_range``'s.
+**Per request**: pass without the pattern; with it, a ``note`` on a solo sample (model
+behaviour) and a ``warn`` on a load sample, which the rate judges. **The rate**: the ``sampled``
+kind's phase check ``sampled_degeneration`` (:func:`pleharness.scenarios.sampled_stats.degeneration_row`)
+fails when the load samples show the pattern more often than the solo samples of the same
+prompts, by the exact stratified test :func:`pleharness.twosample.stratified_more` at the
+kind's family-wise ``alpha``: a corruption that fires under load on many samples (the seeds'
+bug) is red; a prompt the model loops on alone and under load alike is not. A load-only pattern
+on one sample of one prompt is not significant by itself (it stays a warning on that request).
+Token ID 0 runs (a NaN row's signature) are the ``degeneration`` check's rule and always fail;
+out-of-range IDs are ``vocab_range``'s.
 
 Kind: **relative** with its own rules (the judge is the solo samples, not a single reference).
 """
@@ -59,35 +60,35 @@ def eos_ids(ctx) -> frozenset:
     return frozenset(eos if isinstance(eos, list) else [eos] if eos is not None else [])
 
 
+def pattern(token_ids: list[int], text: str, eos: frozenset, max_run: int = 8,
+            max_punct_run: int = 8) -> list[str]:
+    """The degeneration patterns of one output (module docstring), each as a phrase ("run of 9 x
+    token 331 at position 7", "run of 14 x '!' in the text at offset 2"); [] when none."""
+    run, tok, start = longest_run(list(token_ids), eos)
+    prun, pch, pat = longest_punct_run(text or "")
+    found = []
+    if run >= max_run:
+        found.append(f"run of {run} x token {tok} at position {start}")
+    if prun >= max_punct_run:
+        found.append(f"run of {prun} x {pch!r} in the text at offset {pat}")
+    return found
+
+
 @register(NAME, kind="relative", own_rules=True)
 def check(ctx, spec, c, params) -> CheckResult:
-    """Pass, note or fail for one sampled output (module docstring). ``params``: ``max_run``,
-    ``max_punct_run``, ``solo_run``, ``solo_punct_run`` (ints; the last two from the solo
-    samples), ``solo_samples`` (how many, for the detail). Skipped for a failed request.
-    Never raises."""
+    """Pass, note (a solo sample) or warn (a load sample) for one sampled output (module
+    docstring: the rate over the prompt's samples decides). ``params``: ``max_run``,
+    ``max_punct_run`` (ints). Skipped for a failed request. Never raises."""
     if c.error is not None:
         return CheckResult(name=NAME, status="skip", detail="request failed")
-    max_run = int(params.get("max_run", 8))
-    max_punct = int(params.get("max_punct_run", 8))
-    solo_run, solo_punct = params.get("solo_run"), params.get("solo_punct_run")
-    n_solo = params.get("solo_samples")
-    role = getattr(ctx, "phase_role", "load") if ctx is not None else "load"
-    run, tok, start = longest_run(list(c.token_ids), eos_ids(ctx))
-    prun, pch, pat = longest_punct_run(c.text or "")
-    found = []
-    if run >= max_run and (solo_run is None or run > 2 * int(solo_run)):
-        found.append(f"run of {run} x token {tok} at position {start}")
-    if prun >= max_punct and (solo_punct is None or prun > 2 * int(solo_punct)):
-        found.append(f"run of {prun} x {pch!r} in the text at offset {pat}")
+    found = pattern(c.token_ids, c.text or "", eos_ids(ctx), int(params.get("max_run", 8)),
+                    int(params.get("max_punct_run", 8)))
     if not found:
         return CheckResult(name=NAME, status="pass")
+    role = getattr(ctx, "phase_role", "load") if ctx is not None else "load"
     if role != "load":
         return CheckResult(name=NAME, status="note", detail="; ".join(found) + (
-            f" (model behaviour in a {role} sample; it raises the bar for the load samples of "
-            "this prompt)"))
-    if solo_run is None and solo_punct is None:
-        judge = "no solo samples of this prompt to excuse it"
-    else:
-        judge = (f"longer than in any of the {n_solo or 'solo'} solo samples of this prompt "
-                 f"(longest run {solo_run}, longest punctuation run {solo_punct})")
-    return CheckResult(name=NAME, status="fail", detail="; ".join(found) + f": {judge}")
+            f" (model behaviour in a {role} sample; it counts in its prompt's solo rate)"))
+    return CheckResult(name=NAME, status="warn", detail="; ".join(found) + (
+        " (a sample: judged by rate against its prompt's solo samples, phase check "
+        f"{NAME})"))

@@ -10,7 +10,8 @@ its seed reproduces, so it is judged three ways:
 (a) **reference-free**, every sampled request: ``vocab_range``, ``usage``, ``logprob_sanity``
     (finite, <= 0, the emitted token listed: no top-1 rule, it is a sample), ``degeneration``
     (a run of token 0 always fails) and ``sampled_degeneration`` (a run of one token or of one
-    punctuation character, ``!!!!!!!!``, longer than any solo sample of the prompt shows,
+    punctuation character, ``!!!!!!!!``, judged by rate: the phase check fails when the load
+    samples show one significantly more often than the solo samples of the same prompts,
     :mod:`pleharness.checks.sampled_degeneration`); expected text ("Reply with OK." on the
     chat-shaped lengths) by rate: each sample's match is recorded, and the phase check
     ``sampled_expected_text`` fails when the load samples match significantly less often than
@@ -105,7 +106,7 @@ class SampledParams(ChatParams):
     top_p: float = Field(0.95, gt=0.0, le=1.0)
     top_k: int = Field(20, ge=-1, description="0 or -1: off (vLLM: 0 disables, -1 accepted)")
     ladder: list[int] = Field(default_factory=lambda: [4, 1, 2, 3])
-    solo_samples: int = Field(2, ge=0, le=1000, description="solo samples per boundary length")
+    solo_samples: int = Field(4, ge=0, le=1000, description="solo samples per boundary length")
     samples: int = Field(32, ge=2, le=100_000, description="per distribution prompt and side")
     positions: int = Field(4, ge=1, le=1000, description="output positions the test compares")
     dist_max_tokens: int = Field(8, ge=1, le=1_000_000)
@@ -295,11 +296,11 @@ class Sampled(ChatScenario):
         solo_specs = [s for s, _ in dist for _ in range(p.samples)]
         solo_specs += [s for s in boundary for _ in range(p.solo_samples)]
         for s in solo_specs:
-            s.checks[SAMPLED_DEGENERATION] = self._degen_params({})
+            s.checks[SAMPLED_DEGENERATION] = self._degen_params()
         matches: dict[str, list[int]] = {"solo": [0, 0], "load": [0, 0]}
         samples: dict[tuple, dict[str, list[list[int]]]] = {}
-        solo_longest: dict[str, list[int]] = {}
-        collect = collector(expect, eos_ids(ctx), samples, matches, solo_longest)
+        degenerate: dict[tuple, dict] = {}
+        collect = collector(expect, eos_ids(ctx), samples, matches, degenerate)
 
         ctx.run_phase("sampled-solo", 1, solo_specs, role="reference",
                       counts_for_throughput=False, on_outcome=collect("solo"))
@@ -313,8 +314,8 @@ class Sampled(ChatScenario):
                 share[loaded[j % len(loaded)]].append(s)
         last = None
         for i, c in enumerate(p.ladder):
-            groups = [[self._load_spec(s, solo_longest) for s in boundary],
-                      [self._load_spec(s, solo_longest) for s in share.get(i, [])], list(seeded)]
+            groups = [[self._load_spec(s) for s in boundary],
+                      [self._load_spec(s) for s in share.get(i, [])], list(seeded)]
             specs = _interleave(groups)
             for j, s in enumerate(specs):
                 if j % 2 == 1:  # both deliveries: the checks run on streamed and JSON answers
@@ -326,7 +327,7 @@ class Sampled(ChatScenario):
                 last = outs.phase
         if last is None:  # no load phase ran (a reference engine's pass takes references only)
             return
-        self._judge(ctx, last, dist, samples, matches)
+        self._judge(ctx, last, dist, samples, matches, degenerate)
 
     def _seeded(self, ctx: "ScenarioContext", trunc_note: str) -> list[RequestSpec]:
         """The seeded one-token samples sent in every ladder phase (each must equal its solo
@@ -375,24 +376,23 @@ class Sampled(ChatScenario):
         self.put_table(ctx, "sampled_seeds", ctx_rows)
         return seeded
 
-    def _degen_params(self, longest: dict) -> dict:
+    def _degen_params(self) -> dict:
         p = self.params
-        return {"max_run": p.max_run, "max_punct_run": p.max_punct_run, **longest}
+        return {"max_run": p.max_run, "max_punct_run": p.max_punct_run}
 
-    def _load_spec(self, s: RequestSpec, solo_longest: dict) -> RequestSpec:
+    def _load_spec(self, s: RequestSpec) -> RequestSpec:
         new = replace(s, checks={k: dict(v) for k, v in s.checks.items()})
-        lr = solo_longest.get(s.prompt.key)
-        new.checks[SAMPLED_DEGENERATION] = self._degen_params(
-            {} if lr is None else {"solo_run": lr[0], "solo_punct_run": lr[1],
-                                   "solo_samples": lr[2]})
+        new.checks[SAMPLED_DEGENERATION] = self._degen_params()
         return new
 
-    def _judge(self, ctx, ph, dist, samples, matches) -> None:
-        """(b) and the expected-text rate: one phase check each on the last ladder phase."""
-        rows = distribution_rows(self.params, dist, samples, matches)
+    def _judge(self, ctx, ph, dist, samples, matches, degenerate) -> None:
+        """(b), the expected-text rate and the degeneration rate: one phase check each on the
+        last ladder phase."""
+        rows = distribution_rows(self.params, dist, samples, matches, degenerate)
         self.put_table(ctx, "sampled_distribution", rows)
         for r in rows:
-            name = "sampled_distribution" if r.test == "first_tokens" else "sampled_expected_text"
+            name = {"first_tokens": "sampled_distribution", "expected_text":
+                    "sampled_expected_text"}.get(r.test, SAMPLED_DEGENERATION)
             ctx.add_phase_check(ph, CheckResult(
                 name=name, status=r.verdict, detail=f"prompt {r.prompt_key}: {r.detail}"),
                 reason=f"{name}: prompt {r.prompt_key}: samples under load differ from solo "
