@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from .differential import threshold_text
 from .manifest import Manifest, RequestRecord
 from .run.judge import side_sentence
 
@@ -45,7 +46,7 @@ def headline(m: Manifest) -> str:
     if diff.get("differ"):
         line += (f"; control answers: {diff['differ']} solo answer(s) under test differ from "
                  f"the control's ({diff.get('hard', 0)} hard) of {diff['compared']} request(s) "
-                 "both ran alone")
+                 "both ran alone" + threshold_text(diff))
     elif diff.get("compared"):
         line += (f"; control answers: all {diff['compared']} solo greedy request(s) both ran "
                  "answered alike")

@@ -20,9 +20,15 @@ answered; grouped by (prompt, max_tokens, request parameters). A key both runs h
    request, else the answer most control runs gave) is located, and classified by the one rule
    (:func:`pleharness.divergence.analyse` then :func:`~pleharness.divergence.settle`): the
    control answer's top-1/top-2 margin there against the run's near-tie threshold, which the
-   measured numerics envelope has set (:mod:`pleharness.envelope`), raised to twice the drift
-   of this request's logprobs between the two configurations before that position
-   (:func:`_drift`). The margin is the control's, which the defect under test cannot touch, so
+   measured numerics envelope has set (:mod:`pleharness.envelope`), raised to the
+   configurations' own difference: ``CROSS_FACTOR`` x the cross-configuration envelope
+   (:func:`cross_envelope`: how far the two configurations' top-1/top-2 margins differ at the
+   positions of the requests they answered alike), and twice the drift of this request's
+   logprobs between the two configurations before that position (:func:`_drift`). The
+   threshold is what the control's answers can decide: a control that computes another function
+   (without CUDA graphs and torch.compile, a bf16 mixture-of-experts engine's answers split from
+   the compiled engine's at control margins up to 5.6 nats: GPU runs u and v) vouches for its
+   answer only beyond the margins its own difference moves. The margin is the control's, which the defect under test cannot touch, so
    no top-candidate membership is asked (with the default two logprobs per position a
    three-way near tie would fail it: GPU run u);
 2. where the control's own solo runs of that request disagree at or before that position, the
@@ -44,6 +50,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from .divergence import DEFAULT_NEAR_TIE_NATS, analyse, first_divergence
 from .manifest import CheckResult, Manifest, ReferenceRecord, RequestRecord
@@ -110,6 +117,38 @@ def _at(rows: list[list[int]] | None, pos: int):
 
 
 DRIFT_FACTOR = 2.0  # the margin is the difference of two logprobs, each drifted by up to this
+# The cross-configuration envelope is measured on the requests the two configurations answered
+# alike, which are the ones the difference did not flip: the largest move there understates the
+# moves where answers split (a request with a large move at a small margin flipped and left the
+# sample). Doubling it is that allowance, the same as for a logprob drift; what a flip needs is
+# a margin move at least as large as the control's margin at the split.
+CROSS_FACTOR = 2.0
+
+
+def cross_envelope(mine: dict[tuple, Answers], theirs: dict[tuple, Answers]
+                   ) -> tuple[float | None, int, int]:
+    """(largest |difference| in nats, positions, requests) of the top-1/top-2 margins of the
+    two configurations' solo references at every output position of the requests both answered
+    alike (same output tokens; both references with margins: ``--logprobs`` >= 2). None when
+    no such position. Evidence the defect under test cannot widen by changing an answer: a
+    request whose answer it changed is not in it (a defect that moves margins without
+    changing any token of a request would: docs/references.md, "Which control")."""
+    top, n, reqs = None, 0, 0
+    for key, under in mine.items():
+        ctl = theirs.get(key)
+        tr, cr = under.reference, ctl.reference if ctl is not None else None
+        if tr is None or cr is None or tr.output_hash != cr.output_hash \
+                or not tr.margins or not cr.margins:
+            continue
+        got = False
+        for a, b in zip(tr.margins, cr.margins):
+            if a is not None and b is not None:
+                d = abs(float(a) - float(b))
+                top = d if top is None else max(top, d)
+                n += 1
+                got = True
+        reqs += got
+    return (None if top is None else round(top, 6)), n, reqs
 
 
 def _drift(cref: ReferenceRecord | None, tref: ReferenceRecord | None, pos: int) -> float | None:
@@ -139,20 +178,27 @@ def _runs(ids: Iterable[str], prefix: str = "") -> str:
     return f"run{'s' if len(ids) > 1 else ''} {shown}"
 
 
-def compare_answers(main: Manifest, control: Manifest) -> dict[str, int]:
+def compare_answers(main: Manifest, control: Manifest) -> dict[str, Any]:
     """Compare the solo greedy answers of ``main`` and its ``control`` run (module docstring);
     every difference is recorded on the earliest run under test that gave it (``differential``,
     check ``control_answer``: fail when hard, warn otherwise), the phases touched finished
     again, and the counts returned and kept in ``summary.differential``: requests
     ``compared``, ``differ`` (answers under test no control run gave), ``hard``,
     ``control_repeats_disagree`` (differences the control's own disagreement excused),
-    ``without_tokens`` (a difference whose tokens neither run kept: not classified)."""
+    ``without_tokens`` (a difference whose tokens neither run kept: not classified), and the
+    cross-configuration envelope (:func:`cross_envelope`): ``envelope_nats`` (None: not
+    measured), ``envelope_positions``, ``envelope_requests``, and ``threshold_nats``, the
+    smallest control margin a difference must reach to be hard (before a request's drift)."""
     ro = main.run_options
     tie = float(ro.near_tie_nats if ro.near_tie_nats is not None else DEFAULT_NEAR_TIE_NATS)
     mine, theirs = solo_answers(main), solo_answers(control)
     ids_main, ids_ctl = _ids(main), _ids(control)
+    env, env_n, env_reqs = cross_envelope(mine, theirs)
+    if env is not None and ro.near_tie_source != "--near-tie-nats":
+        tie = max(tie, round(CROSS_FACTOR * env, 6))
     counts = {"compared": 0, "differ": 0, "hard": 0, "control_repeats_disagree": 0,
-              "without_tokens": 0}
+              "without_tokens": 0, "envelope_nats": env, "envelope_positions": env_n,
+              "envelope_requests": env_reqs, "threshold_nats": tie}
     changed: set[str] = set()
     for key, under in mine.items():
         ctl = theirs.get(key)
@@ -216,3 +262,16 @@ def _classify(c_ids: list[int], t_ids: list[int], ctl: Answers, ans: str, under:
     if strict and not d.fails:
         d.fails, d.decided_by = True, d.decided_by + "; strict"
     return d
+
+
+def threshold_text(diff: dict[str, Any]) -> str:
+    """`` (hard above 1.5 nats: 2 x the configurations' largest margin difference 0.75 nats on
+    5120 positions of 60 requests answered alike)`` for ``summary.differential``; "" when the
+    envelope was not measured."""
+    env = diff.get("envelope_nats")
+    if env is None:
+        return ""
+    return (f" (hard above {diff['threshold_nats']:g} nats of control margin; the "
+            f"configurations' margins differ by up to {env:g} nats on "
+            f"{diff['envelope_positions']} positions of {diff['envelope_requests']} request(s) "
+            f"answered alike, x {CROSS_FACTOR:g})")

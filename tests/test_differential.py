@@ -56,7 +56,8 @@ def test_a_defect_that_corrupts_every_run_alike_fails_by_the_controls_answer():
     assert all(ph.status == "pass" for ph in main.phases)  # every self-comparison holds
     counts = compare_answers(main, ctl)
     assert counts == {"compared": 2, "differ": 1, "hard": 1, "control_repeats_disagree": 0,
-                      "without_tokens": 0}
+                      "without_tokens": 0, "envelope_nats": 0.0, "envelope_positions": 6,
+                      "envelope_requests": 1, "threshold_nats": 0.5}
     r1 = main.requests[0]
     d = r1.differential
     assert d.position == 2 and d.cls == "hard" and d.fails and d.margin_nats == 4.75
@@ -107,3 +108,24 @@ def test_only_solo_greedy_compared_runs_are_answers():
                        run("d", "boundary-repeat", 1, BAD, api="chat"),
                        run("e", "boundary-repeat", 1, BAD, n=2, choice=0)], [])
     assert solo_answers(m) == {}
+
+
+def test_a_control_whose_margins_differ_decides_only_beyond_twice_that_difference():
+    """An eager control (GPU run v): the configurations answer p4 alike, but their margins
+    differ there by up to 2.5 nats; p3's answers split at a control margin of 4.75: within
+    2 x 2.5, the engine's numerics (a warning). A control that computes the same function
+    (margins alike) decides the same split as hard."""
+    main, ctl = constant_defect()
+    ctl.references[1].margins = [3.0, 2.0, 4.75, 1.0, 1.0, 3.5]  # p4: up to 2.5 nats apart
+    counts = compare_answers(main, ctl)
+    assert counts["envelope_nats"] == 2.5 and counts["threshold_nats"] == 5.0
+    assert counts["differ"] == 1 and counts["hard"] == 0
+    d = main.requests[0].differential
+    assert d.cls == "near_tie" and d.threshold_nats == 5.0 and not d.fails
+    from pleharness.differential import threshold_text
+    assert "hard above 5 nats" in threshold_text(counts) and "up to 2.5 nats" in threshold_text(counts)
+    # the run's --near-tie-nats, given explicitly, stays the threshold
+    main, ctl = constant_defect()
+    ctl.references[1].margins = [3.0, 2.0, 4.75, 1.0, 1.0, 3.5]
+    main.run_options.near_tie_source = "--near-tie-nats"
+    assert compare_answers(main, ctl)["hard"] == 1
