@@ -14,11 +14,36 @@ PREFIX_QUERIES = "vllm:prefix_cache_queries"
 PREEMPTIONS = "vllm:num_preemptions"
 
 
+def samples_named(text: str, keep) -> str:
+    """``text`` with only the sample lines whose metric name ``keep(name)`` accepts (comment
+    lines kept): vLLM's /metrics is mostly histogram buckets, which no reader here needs, and
+    prometheus_client's parser spends its time on their labels (the harness scrapes before and
+    after every phase, beside the engine under test)."""
+    out = []
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            out.append(line)
+            continue
+        end = len(line)
+        for ch in "{ ":
+            i = line.find(ch)
+            if i != -1:
+                end = min(end, i)
+        if keep(line[:end]):
+            out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def is_total(name: str) -> bool:
+    """True for a counter sample name (``*_total``)."""
+    return name.endswith("_total")
+
+
 def info_labels(text: str, name: str) -> dict[str, str]:
     """Labels of the first sample of the info-style gauge ``name`` (e.g.
     ``vllm:cache_config_info``), without ``engine``; {} when absent or unparsable."""
     try:
-        for fam in text_string_to_metric_families(text):
+        for fam in text_string_to_metric_families(samples_named(text, name.__eq__)):
             for s in fam.samples:
                 if s.name == name:
                     return {k: v for k, v in s.labels.items() if k != "engine"}
@@ -30,7 +55,7 @@ def info_labels(text: str, name: str) -> dict[str, str]:
 def parse_counters(text: str) -> dict[str, float]:
     """Sum of every ``*_total`` sample per metric name (labels summed), keyed without ``_total``."""
     out: dict[str, float] = {}
-    for fam in text_string_to_metric_families(text):
+    for fam in text_string_to_metric_families(samples_named(text, is_total)):
         for s in fam.samples:
             if s.name.endswith("_total"):
                 key = s.name[: -len("_total")]
@@ -69,6 +94,7 @@ def snapshot(client) -> dict[str, float] | None:
     if text is None:
         return None
     try:
+        text = samples_named(text, is_total)
         out = parse_counters(text)
         for fam in text_string_to_metric_families(text):
             for s in fam.samples:
@@ -92,7 +118,7 @@ def gauge(text: str | None, name: str) -> float | None:
         return None
     found, total = False, 0.0
     try:
-        for fam in text_string_to_metric_families(text):
+        for fam in text_string_to_metric_families(samples_named(text, name.__eq__)):
             for s in fam.samples:
                 if s.name == name:
                     found, total = True, total + float(s.value)
@@ -109,7 +135,7 @@ def by_label(text: str | None, name: str, label: str) -> dict[str, float]:
     if not text:
         return out
     try:
-        for fam in text_string_to_metric_families(text):
+        for fam in text_string_to_metric_families(samples_named(text, (name + "_total").__eq__)):
             for s in fam.samples:
                 if s.name == name + "_total" and label in s.labels:
                     v = s.labels[label]
