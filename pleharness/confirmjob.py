@@ -18,9 +18,9 @@ Its phases, in order:
    do), ``--engine-python`` overriding its Python;
 3. confirmation: every reproducer whose failure still fails the run (one its control run
    explains is not replayed) replayed ``--runs`` times, each replay a ``stress`` run of the
-   reproducer (``runner``, handed in by the command line: a job imports no other job), its
-   folder under ``RUN/confirm-<time>-<random>/``
-   (:func:`pleharness.reproduce.confirm_run_reproducers`);
+   reproducer (:func:`pleharness.pipeline.run_stress`, imported one floor down: a job imports
+   no other job), its folder under ``RUN/confirm-<time>-<random>/``
+   (:func:`pleharness.pipeline.confirm_run_reproducers`);
 4. result: ``confirm.json`` there (:class:`ConfirmResult`, rewritten after every reproducer, so
    an interrupted job keeps what it learned) and the exit code.
 
@@ -50,11 +50,11 @@ from .engine.side_by_side import model_bytes
 from .engine.side_by_side import plan as plan_side_by_side
 from .environment import gpu_inventory
 from .errors import ExitCode, HarnessError, UsageError
-from .jobrun import Runner
 from .manifest import now_iso, write_atomic
 from .manifest.tables import ReproducerRow
-from .reproduce import (ReplayTarget, check_run_model, confirm_run_reproducers,
-                        load_launched_run, restore_env, run_config, run_target)
+from .pipeline import confirm_run_reproducers
+from .reproduce import (ReplayTarget, check_run_model, load_launched_run, restore_env,
+                        run_config, run_target)
 from .run.rundir import new_run_dir
 from .scenarios import load_scenario_file
 from .timeline import Timeline
@@ -79,27 +79,27 @@ class ConfirmResult(BaseModel):
     timeline: Timeline = Field(default_factory=Timeline)  # confirmed after N s (issue 49)
 
 
-def run_confirm(run: Path, runs: int, runner: Runner, *, engine_python: str | None = None,
+def run_confirm(run: Path, runs: int, *, engine_python: str | None = None,
                 start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
                 console: Console | None = None, parallel_engines: int | None = 1,
                 compile_cache: str | None = None) -> int:
     """Confirm the reproducers of the launched run ``run`` (its folder or manifest.json):
     ``runs`` (>= 1) replays of each, on fresh engines of its configuration (``engine_python``:
     another Python with vLLM, default the run's; ``start_timeout_s``: seconds to wait for
-    each engine). ``runner``: the run each replay is, ``runner(cfg, console, err_console) ->
-    exit code`` (:func:`pleharness.stress.run_stress`). ``parallel_engines``: replays started
-    side by side (None: auto; :func:`pleharness.engine.side_by_side.plan`, each with a fixed KV
-    cache size on a GPU). ``compile_cache``: the replays' ``VLLM_CACHE_ROOT`` (default: the
-    run's). Progress goes to ``console``. Returns the exit code of the module docstring. Raises
-    UsageError (exit 2) before anything starts: ``runs`` < 1, an unreadable or attached run, a
+    each engine); each replay is a ``stress`` run (:func:`pleharness.pipeline.run_stress`).
+    ``parallel_engines``: replays started side by side (None: auto;
+    :func:`pleharness.engine.side_by_side.plan`, each with a fixed KV cache size on a GPU).
+    ``compile_cache``: the replays' ``VLLM_CACHE_ROOT`` (default: the run's). Progress goes to
+    ``console``. Returns the exit code of the module docstring. Raises UsageError (exit 2)
+    before anything starts: ``runs`` < 1, an unreadable or attached run, a
     run with no reproducer, a reproducer file that is gone, an ``engine_python`` without vLLM,
     more engines side by side than fit."""
     console = console or Console(stderr=True)
     if runs < 1:
         raise UsageError(f"--runs {runs}: at least one replay is needed")
     with _sigterm_interrupts():
-        return _confirm(run, runs, runner, engine_python, start_timeout_s, console,
-                        parallel_engines, compile_cache)
+        return _confirm(run, runs, engine_python, start_timeout_s, console, parallel_engines,
+                        compile_cache)
 
 
 @contextlib.contextmanager
@@ -120,9 +120,8 @@ def _sigterm_interrupts() -> Iterator[None]:
         signal.signal(signal.SIGTERM, old)
 
 
-def _confirm(run: Path, runs: int, runner: Runner, engine_python: str | None,
-             start_timeout_s: float, console: Console, parallel_engines: int | None,
-             compile_cache: str | None) -> int:
+def _confirm(run: Path, runs: int, engine_python: str | None, start_timeout_s: float,
+             console: Console, parallel_engines: int | None, compile_cache: str | None) -> int:
     """:func:`run_confirm` once its signals are set."""
     m, run_dir = load_launched_run(run, "confirm")  # 1 run
     rows = ReproducerRow.rows(m, "reproducers")
@@ -164,8 +163,7 @@ def _confirm(run: Path, runs: int, runner: Runner, engine_python: str | None,
     if side.n > 1:
         console.print(escape(side.why), highlight=False)
     other = engine_python not in (None, (m.engine.launch or {}).get("python"))
-    replays = ReplayTarget(runner=runner, config=cfg, parallel=side.n,
-                           engine_args_add=list(side.add),
+    replays = ReplayTarget(config=cfg, parallel=side.n, engine_args_add=list(side.add),
                            build=f"--engine-python {engine_python}" if other else None)
 
     def on_row(row: ReproducerRow) -> None:  # confirm.json rewritten after every reproducer

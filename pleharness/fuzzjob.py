@@ -2,7 +2,7 @@
 reproducer, confirm the reproducer on fresh engines, verdict (docs/fuzz.md).
 
 :func:`run_fuzz` reads as its list of phases, the way hypothesis' runner does (issue 34), each a
-step of :mod:`pleharness.jobrun` or the ``fuzz`` kind's runner
+step of :mod:`pleharness.jobrun`, of :mod:`pleharness.pipeline` or the ``fuzz`` kind's runner
 (:mod:`pleharness.scenarios.fuzz.runner`), in the frame every job's run goes through
 (:func:`pleharness.jobrun.run_job`):
 
@@ -14,7 +14,8 @@ step of :mod:`pleharness.jobrun` or the ``fuzz`` kind's runner
    minimal schedule in this engine process, and the reproducer written (``repro.toml``);
 3. sides: which side of each divergence is wrong, the tables from the final verdicts;
 4. confirmation: the reproducer replayed ``--confirm-runs`` times, each on a freshly started
-   engine of the same configuration (:mod:`pleharness.reproduce`; an attached engine: on it);
+   engine of the same configuration (:func:`pleharness.pipeline.confirm_reproducers`, each
+   replay a ``stress`` run; an attached engine: on it);
 5. verdict: exit 1 when a failing schedule was found.
 
 The ``fuzz`` kind is also a scenario of any suite (``stress --scenario fuzz``, the nightly
@@ -29,25 +30,22 @@ from typing import Any
 from rich.console import Console
 
 from .config import StressConfig, SuiteConfig
-from .jobrun import (JobInput, JobRun, Runner, check_input, conclude, confirm_reproducers,
-                     engine_under_test, evidence_step, open_session, run_job, sides_step,
-                     suite_step)
+from .jobrun import (JobInput, JobRun, check_input, conclude, engine_under_test, evidence_step,
+                     open_session, run_job, sides_step, suite_step)
+from .pipeline import confirm_reproducers
 
 
-def run_fuzz(cfg: StressConfig, params: dict[str, Any], runner: Runner,
-             console: Console | None = None, err_console: Console | None = None) -> int:
+def run_fuzz(cfg: StressConfig, params: dict[str, Any], console: Console | None = None,
+             err_console: Console | None = None) -> int:
     """Run the fuzz job on ``cfg``'s engine with the ``fuzz`` kind's ``params`` (FuzzParams
     fields by name, checked by the kind: UsageError) as its one scenario; returns the exit code
     (0 no failing example, 1 a failing schedule found, 3 the engine failed, 4 internal error;
-    :mod:`pleharness.errors`). ``runner``: the run each confirming replay is, ``runner(cfg,
-    console, err_console) -> exit code`` (:func:`pleharness.stress.run_stress`, handed in by
-    the command line: a job imports no other job). ``cfg.suite`` is replaced by the search.
+    :mod:`pleharness.errors`). Each confirming replay is a ``stress`` run
+    (:func:`pleharness.pipeline.confirm_reproducers`). ``cfg.suite`` is replaced by the search.
     Raises UsageError (exit 2) for bad options or input, before anything starts."""
     console = console or Console(stderr=False)
     cfg = fuzz_config(cfg, params)
-    return run_job(cfg, check_input(cfg, console),
-                   lambda run, stack, inputs: _phases(run, stack, inputs, runner),
-                   console, err_console)
+    return run_job(cfg, check_input(cfg, console), _phases, console, err_console)
 
 
 def fuzz_config(cfg: StressConfig, params: dict[str, Any]) -> StressConfig:
@@ -56,7 +54,7 @@ def fuzz_config(cfg: StressConfig, params: dict[str, Any]) -> StressConfig:
     return replace(cfg, suite=SuiteConfig(scenarios=[("fuzz", dict(params))]))
 
 
-def _phases(run: JobRun, stack: contextlib.ExitStack, inputs: JobInput, runner: Runner) -> int:
+def _phases(run: JobRun, stack: contextlib.ExitStack, inputs: JobInput) -> int:
     """The phases of the module docstring, in order; returns the exit code."""
     open_session(run, stack)
     eng = engine_under_test(run, inputs.scenarios, inputs.target)  # 1 engine
@@ -64,5 +62,5 @@ def _phases(run: JobRun, stack: contextlib.ExitStack, inputs: JobInput, runner: 
     evidence_step(run, control=None)  # 3 sides: the envelope (--numerics-from), then sides
     sides_step(run, inputs.scenarios, control=None)
     if run.cfg.confirmation.runs and run.manifest.tables.get("reproducers"):  # 4 confirmation
-        confirm_reproducers(run, eng, runner)
+        confirm_reproducers(run, eng)
     return conclude(run)  # 5 verdict

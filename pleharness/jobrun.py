@@ -4,16 +4,17 @@ the run's folder, manifest and outcome (:class:`JobRun`), the frame every run go
 reports on every exit path), and the steps the jobs compose in their own order: the engine
 session (:func:`open_session`), the engine under test and a control engine beside it
 (:func:`start_engines`), the suite on it with the golden model and the engine probe
-(:func:`suite_step`), which side of each divergence is wrong (:func:`sides_step`), the
-reproducers confirmed on fresh engines (:func:`confirm_reproducers`) and the verdict
-(:func:`conclude`).
+(:func:`suite_step`), which side of each divergence is wrong (:func:`sides_step`) and the
+verdict (:func:`conclude`).
 
-Two jobs compose them (issue 34: a job calls the run layer, never another job's module): the
-``stress`` job (:mod:`pleharness.stress`: references, engines, suite, control, sides,
-confirmation, verdict) and the ``fuzz`` job (:mod:`pleharness.fuzzjob`: engine, search, sides,
-confirmation, verdict). The passes on each engine are :mod:`pleharness.passes`, the second
-engines' launch :mod:`pleharness.second_engine`, the summary, verdict and reports
-:mod:`pleharness.verdict`.
+Two compose them (issue 34: a job calls the run layer, never another job's module): the
+pipeline of a ``stress`` run (:mod:`pleharness.pipeline`: references, engines, suite, control,
+sides, confirmation, verdict; the ``stress`` job :mod:`pleharness.stress` is its
+:func:`~pleharness.pipeline.run_stress`) and the ``fuzz`` job (:mod:`pleharness.fuzzjob`:
+engine, search, sides, confirmation, verdict). The confirmation step, whose replays are
+``stress`` runs, is :func:`pleharness.pipeline.confirm_reproducers`. The passes on each engine
+are :mod:`pleharness.passes`, the second engines' launch :mod:`pleharness.second_engine`, the
+summary, verdict and reports :mod:`pleharness.verdict`.
 """
 from __future__ import annotations
 
@@ -23,7 +24,6 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -46,7 +46,6 @@ from .passes import engine_context, progress_bar, run_suite
 from .probe import capability_summary
 from .redact import redact_url
 from .render import render
-from .reproduce import ReplayTarget, confirm_run_reproducers, replay_base
 from .request import params_key
 from .run.context import RunContext
 from .run.rundir import new_run_dir
@@ -55,9 +54,6 @@ from .scenarios import REGISTRY, Scenario, load_scenarios
 from .summary import stamp_timeline
 from .second_engine import control_variant, raise_if_second_engine_is_the_same, side_by_side_plan
 from .verdict import control_outcome, summarize, verdict, write_reports
-
-#: a job's runner, ``runner(cfg, console, err_console) -> exit code`` (a replay's run)
-Runner = Callable[[Any, Console, Console], int]
 
 
 def esc(x) -> str:
@@ -465,32 +461,3 @@ def start_engines(run: JobRun, scenarios: list[Scenario], target: Target
     if isinstance(eng, BaseException):
         raise eng  # the session's close stops the control engine too
     return eng, ctl
-
-
-def confirm_reproducers(run: JobRun, eng: Engine, runner: Runner) -> None:
-    """Replay every reproducer the suite wrote (``tables["reproducers"]``) ``--confirm-runs``
-    times, each on a freshly started engine of the run's configuration (the engine under test is
-    stopped first: one engine at a time), or on the attached engine when there is no launch
-    (:mod:`pleharness.reproduce`). The rates land in the table's rows and in
-    ``summary.reproducers``. It runs after the control run, whose engine is stopped by then:
-    every engine of the side-by-side plan is free for the confirmations. ``runner``: the run a
-    replay is (:func:`pleharness.stress.run_stress`, handed in: a job imports no other job)."""
-    cfg = run.cfg
-    assert run.session is not None
-    run.session.stop(eng)
-    # the run's own config, judged as the run recorded it; each replay swaps in its reproducer
-    rt = ReplayTarget(runner=runner, config=replay_base(cfg, run.manifest.run_options),
-                      parallel=max(1, run.side.n), engine_args_add=list(run.side.add))
-    if run.side.n > 1 and cfg.attach.url is None:
-        run.console.print(esc(f"confirmations: {run.side.why}"), highlight=False)
-    def stamp(row) -> None:  # the first reproducer that reproduced on a fresh engine
-        if row.confirmation is not None and row.confirmation.reproduced:
-            run.manifest.timeline.mark("confirmed")
-
-    rows = confirm_run_reproducers(run.manifest, run.run_dir, rt, cfg.confirmation.runs,
-                                   log=lambda x: run.console.print(esc(x), highlight=False),
-                                   on_row=stamp)
-    run.manifest.summary.reproducers = [{"path": r.path, "verdict": r.verdict} for r in rows]
-    run.save()
-
-

@@ -14,7 +14,9 @@ error that counts as neither. A passing replay whose inserts did not reach the e
 their carrier ran (phase check ``inserts_landed``) did not exercise the schedule: it is
 *inconclusive*, left out of the rate and replaced by another replay (up to N more).
 
-Each replay is a whole ``stress`` run, so its engine lives in that run's
+Each replay is a whole ``stress`` run (:func:`pleharness.pipeline.replay_reproducer`, which runs
+:func:`pleharness.pipeline.run_stress`; this module holds what a replay is and how its result
+reads, and imports no step of a run), so its engine lives in that run's
 :class:`~pleharness.engine.session.EngineSession` (launched, waited for, stopped with its process
 group on every exit path); a replay interrupted by SIGINT / SIGTERM ends the confirmation with
 :class:`~pleharness.engine.session.Interrupted`, which the caller's own session reports.
@@ -33,27 +35,20 @@ reports; its JSON)::
 """
 from __future__ import annotations
 
-import io
 import os
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-
-from .causes import causes
 from .config import (ConfirmationConfig, ControlConfig, EngineConfig, OutputConfig,
                      ReferenceConfig, StressConfig, SuiteConfig, VerdictConfig, find_profile)
 from .defaults import DEFAULT_START_TIMEOUT_S
-from .engine.session import Interrupted, Target
-from .engine.side_by_side import run_side_by_side
-from .errors import HarnessError, UsageError
-from .files import private_dir
+from .engine.session import Target
+from .errors import UsageError
 from .manifest import Manifest, load_manifest
 from .profile import load_profile
 from .redact import REDACTED
-from .manifest.tables import Confirmation, ReplayRow, ReproducerRow, ReproductionColumns
+from .manifest.tables import ReproducerRow
 
 
 @dataclass
@@ -63,14 +58,12 @@ class ReplayTarget:
     config with the reproducer as its suite (:func:`replay_config`): a fresh launch of its
     engine group every time, or its attached engine (``attach.url``), the same one every time.
 
-    ``runner``: the run a replay is, ``runner(cfg, console, err_console) -> exit code``
-    (:func:`pleharness.stress.run_stress`, handed in by the job that confirms: this module
-    stays below the jobs and imports none). ``parallel``: replays side by side
+    A replay is a :func:`pleharness.pipeline.run_stress` of that config
+    (:func:`pleharness.pipeline.replay_reproducer`). ``parallel``: replays side by side
     (:mod:`pleharness.engine.side_by_side`); ``engine_args_add``: arguments added to each
     replay's launch (e.g. a fixed KV cache size). ``build``: set when the replays run on another
     build of the engine than the run's (``confirm --engine-python``), named in the verdicts."""
 
-    runner: Callable[[Any, Console, Console], int]
     config: StressConfig
     parallel: int = 1
     engine_args_add: list[str] = field(default_factory=list)
@@ -258,111 +251,6 @@ def rate_verdict(reproduced: int, runs: int, errors: int = 0, fresh: bool = True
     return f"0/{runs}: not reproduced {where}, timing-dependent{err}"
 
 
-def _failing_lines(run_dir: Path) -> list[str]:
-    """The causes of a replay run's failure (its report's 'Why' lines), at most 4."""
-    try:
-        return causes(load_manifest(run_dir))[:4]
-    except (ValueError, OSError) as exc:
-        return [f"(manifest unreadable: {exc})"]
-
-
-def replay_reproducer(path: Path, target: ReplayTarget, runs: int, out_dir: Path,
-                      log: Callable[[str], Any] = print,
-                      label: str | None = None) -> Confirmation:
-    """Replay the scenario file ``path`` ``runs`` times (each a ``stress`` run under
-    ``out_dir/<label>-<i>/``, on a fresh engine unless attached); returns the result of the
-    module docstring. ``log`` gets one line per replay. Up to ``target.parallel`` replays run
-    side by side, each on its own engine (:mod:`pleharness.engine.side_by_side`; one at a time
-    when attached or on a fixed ``--port``). Never raises for a replay that fails or errs (that
-    is the result); raises ValueError for ``runs`` < 1 and
-    :class:`~pleharness.engine.session.Interrupted` when a replay was interrupted (exit 130 /
-    143, or a signal while side-by-side replays ran: their engines are killed first)."""
-    if runs < 1:
-        raise ValueError("runs must be >= 1")
-    label = label or Path(path).stem
-    private_dir(out_dir)
-    par = 1 if (not target.fresh or target.config.engine.port) else max(1, target.parallel)
-    replays: list[ReplayRow] = []
-    i = 0
-    # an inconclusive replay (it passed without exercising its inserts) is replaced by another,
-    # up to ``runs`` extra replays in all
-    while True:
-        want = runs - sum(1 for r in replays if not r.inconclusive)
-        if want <= 0 or i >= 2 * runs:
-            break
-        wave = list(range(i + 1, i + 1 + min(want, par, 2 * runs - i)))
-        i = wave[-1]
-        rows = run_side_by_side([(lambda k=k: _replay_once(path, target, out_dir, label, k))
-                                 for k in wave], par)
-        for k, row in zip(wave, rows):
-            if isinstance(row, BaseException):
-                raise row
-            replays.append(row)
-            code = row.exit_code
-            what = "reproduced" if code == 1 else \
-                f"inconclusive ({row.inconclusive}): another replay" \
-                if row.inconclusive else "passed (not reproduced)" if code == 0 else \
-                f"error (exit {code}): {row.error}"
-            log(f"  replay {k} ({runs} wanted) of {Path(path).name} "
-                f"{'on a fresh engine' if target.fresh else 'on the same engine'}"
-                + (f", {len(wave)} side by side" if len(wave) > 1 else "") + f": {what}")
-    counted = [r for r in replays if not r.inconclusive]
-    n = sum(r.reproduced for r in counted)
-    errors = sum(1 for r in counted if r.exit_code not in (0, 1))
-    left_out = len(replays) - len(counted)
-    return Confirmation(runs=len(counted), reproduced=n, errors=errors, inconclusive=left_out,
-                        fresh_engine=target.fresh, rate=f"{n}/{len(counted)}",
-                        verdict=rate_verdict(n, len(counted), errors, target.fresh, left_out,
-                                             target.build),
-                        side_by_side=par, replays=replays)
-
-
-def _replay_once(path: Path, target: ReplayTarget, out_dir: Path, label: str,
-                 i: int) -> ReplayRow:
-    """Replay ``path`` once as the ``stress`` run ``<label>-<i>`` under ``out_dir``: its row of
-    the result's ``replays``. Raises Interrupted when the run was interrupted (exit 130 / 143)."""
-    run_id = f"{label}-{i}"
-    quiet = Console(file=io.StringIO(), width=200)
-    refused = ""
-    try:
-        code = target.runner(replay_config(target, path, out_dir, run_id), quiet, quiet)
-    except HarnessError as exc:  # a usage error before the run folder existed
-        code, refused = exc.exit_code, str(exc)
-    if code in (130, 143):
-        raise Interrupted(code - 128)
-    rdir = out_dir / run_id
-    row = ReplayRow(run=i, exit_code=code, reproduced=code == 1,
-                    manifest=str(rdir / "manifest.json")
-                    if (rdir / "manifest.json").exists() else None)
-    try:  # read once: the error's reason, an unexercised schedule, the engine's start
-        m = load_manifest(rdir, with_requests=False)
-    except (ValueError, OSError):
-        m = None
-    if code == 1:
-        row.failing = _failing_lines(rdir)
-    elif code == 0:
-        why = _not_exercised(m) if m is not None else None
-        if why:
-            row.inconclusive = why
-    else:
-        row.error = (m.reason if m is not None else None) or refused or \
-            quiet.file.getvalue().strip()[-500:] or f"the replay ended with exit {code}"
-    if m is not None:
-        row.engine_ready_s = m.engine.ready_s
-    return row
-
-
-def _not_exercised(m) -> str | None:
-    """Why a passing replay's manifest ``m`` did not exercise its schedule (a phase check
-    ``inserts_landed`` that warned: :func:`pleharness.scenarios.shared.inserting.landing_check`),
-    else None."""
-    for ph in m.phases:
-        for c in ph.checks:
-            if c.name == "inserts_landed" and c.status != "pass":
-                return f"phase {ph.name}: {c.detail}"
-    return None
-
-
 def still_failing(manifest, row: ReproducerRow) -> bool:
     """Whether the failure a reproducer row stands for still fails the run after the final
     judgement (control run, sides): a load phase of a scenario of the row's ``source`` kind
@@ -381,67 +269,3 @@ def still_failing(manifest, row: ReproducerRow) -> bool:
 
 NOT_STILL_FAILING = ("not confirmed: the final judgement (control run, sides) no longer fails "
                      "what it reproduces")
-
-
-def confirm_run_reproducers(manifest, run_dir: Path, target: ReplayTarget, runs: int,
-                            log: Callable[[str], Any] = print,
-                            out_dir: Path | None = None,
-                            on_row: Callable[[ReproducerRow], Any] | None = None
-                            ) -> list[ReproducerRow]:
-    """Confirm every reproducer a run wrote (``manifest.tables["reproducers"]``:
-    :class:`~pleharness.manifest.tables.ReproducerRow`, ``path`` relative to ``run_dir``,
-    ``source``, and optionally ``fallback``: a larger failing schedule to try when the
-    reproducer reproduces 0 times). Each row gets ``confirmation`` (the result of
-    :func:`replay_reproducer`), and ``fallback_confirmation`` when the fallback was tried; the
-    row's ``verdict`` is the line the reports show. A row whose failure no longer fails the run
-    (:func:`still_failing`) is not replayed: its verdict says so. The replays' run folders go
-    under ``out_dir`` (default ``run_dir/confirm``). ``on_row`` is called with each row once
-    its verdict is in the manifest (e.g. to save what is known so far). Returns the rows."""
-    out_dir = out_dir or run_dir / "confirm"
-    rows = ReproducerRow.rows(manifest, "reproducers")
-    for i, row in enumerate(rows):
-        if row.confirmation is not None:
-            continue
-        if not still_failing(manifest, row):
-            row.verdict = NOT_STILL_FAILING
-            manifest.tables["reproducers"][i] = row.model_dump()
-            log(f"{row.path}: {row.verdict}")
-            if on_row is not None:
-                on_row(row)
-            continue
-        path = run_dir / row.path
-        log(f"confirming {row.path}: {runs} replay(s) "
-            f"{'each on a freshly started engine' if target.fresh else 'on the attached engine'}")
-        res = replay_reproducer(path, target, runs, out_dir, log)
-        row.confirmation = res
-        row.verdict = res.verdict
-        if res.reproduced == 0 and row.fallback:
-            fb = run_dir / row.fallback
-            log(f"  {row.path} did not reproduce: trying the larger failing schedule "
-                f"{row.fallback}")
-            fres = replay_reproducer(fb, target, runs, out_dir, log)
-            row.fallback_confirmation = fres
-            row.verdict = (f"{res.verdict}: here is the larger failing schedule {row.fallback}"
-                           + (f" ({row.fallback_schedule})" if row.fallback_schedule else "")
-                           + f", {fres.verdict}")
-        manifest.tables["reproducers"][i] = row.model_dump()
-        log(f"{row.path}: {row.verdict}")
-        _summary_reproduction(manifest, row, res, target.fresh)
-        if on_row is not None:
-            on_row(row)
-    return rows
-
-
-def _summary_reproduction(manifest, row: ReproducerRow, res: Confirmation, fresh: bool) -> None:
-    """The reproduction columns (:class:`~pleharness.manifest.tables.ReproductionColumns`) of
-    the first row of ``row``'s summary table (e.g. fuzz_summary: confirmed = failed on a fresh
-    engine); nothing when it names none or the table is empty. Any table a kind names works:
-    the row keeps its other columns as they are."""
-    table = manifest.tables.get(row.summary_table or "") or []
-    if not table:
-        return
-    fb = row.fallback_confirmation
-    table[0] = ReproductionColumns(
-        confirmed=res.reproduced > 0, reproduction=row.verdict, reproduction_rate=res.rate,
-        larger_reproduction_rate=fb.rate if fb is not None else None,
-        confirmed_on_fresh_engine=fresh).merged_into(table[0])

@@ -54,7 +54,7 @@ from __future__ import annotations
 import io
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -73,6 +73,7 @@ from .faults.proxy import FaultProxy
 from .faults.rules import Fault
 from .files import write_private
 from .manifest import load_manifest
+from .pipeline import run_stress
 from .run.rundir import new_run_dir
 from .scenarios import load_scenario_file, load_scenarios
 from .suites import load_suite
@@ -236,17 +237,16 @@ def _overrides_for(refs: list, overrides: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_selftest(cfg, faults: list[str], console: Console, err: Console,
-                 selftest_id: str | None = None, *,
-                 runner: Callable[[Any, Console, Console], int]) -> int:
+                 selftest_id: str | None = None) -> int:
     """Run the clean pass and one pass per fault class in ``faults`` (names of
     :data:`BUILTIN`) against one engine, with ``cfg`` (a :class:`pleharness.config.StressConfig`:
-    the engine, scenarios and options of every pass). ``runner``: the run each pass is,
-    ``runner(cfg, console, err_console) -> exit code`` (:func:`pleharness.stress.run_stress`,
-    handed in by the command line: a job imports no other job). Writes ``selftest.json`` (the
-    rows and the headline) in the selftest folder first, after every pass and at the end
-    (``status``: running | complete | engine_failed, with ``error`` and ``root_cause`` |
-    interrupted | failed), and prints a table. Returns the exit code (module docstring).
-    Raises UsageError for an unknown fault class or bad options, before anything starts."""
+    the engine, scenarios and options of every pass). Each pass is a ``stress`` run
+    (:func:`pleharness.pipeline.run_stress`, one floor down: a job imports no other job). Writes
+    ``selftest.json`` (the rows and the headline) in the selftest folder first, after every pass
+    and at the end (``status``: running | complete | engine_failed, with ``error`` and
+    ``root_cause`` | interrupted | failed), and prints a table. Returns the exit code (module
+    docstring). Raises UsageError for an unknown fault class or bad options, before anything
+    starts."""
     unknown = [f for f in faults if f not in BUILTIN]
     if unknown:
         raise UsageError(f"--fault {unknown[0]!r}: not a built-in fault class (known: "
@@ -300,7 +300,7 @@ def run_selftest(cfg, faults: list[str], console: Console, err: Console,
                     output=replace(cfg.output, results_dir=sdir, run_id=f"{i:02d}-{name}",
                                    invocation=cfg.output.invocation
                                    + [f"(selftest pass {name})"]))
-                res, pcode, m = _run_pass(pcfg, name, fault, eng.client, runner, clean_rules)
+                res, pcode, m = _run_pass(pcfg, name, fault, eng.client, clean_rules)
                 res.ran, res.family = [_name(r) for r in refs], getattr(fault, "family", "")
                 if pcode in (ExitCode.SIGINT, ExitCode.SIGTERM):  # the pass was interrupted:
                     results.append(res)  # so is the selftest (not "complete, catches 0/0")
@@ -346,18 +346,17 @@ def run_selftest(cfg, faults: list[str], console: Console, err: Console,
 
 
 def _run_pass(pcfg, name: str, fault: SelftestFault | None, client,
-              runner: Callable[[Any, Console, Console], int],
               clean_rules: Sequence[str] = ()) -> tuple:
-    """One pass: the ``stress`` run ``pcfg`` (``runner``: the stress job's ``run_stress``) through a fault
-    proxy in front of ``client``'s engine planting ``fault`` (None: the clean pass). Returns
-    (its :class:`PassResult`, its exit code, its manifest or None). Raises UsageError naming the
-    pass."""
+    """One pass: the ``stress`` run ``pcfg`` (:func:`pleharness.pipeline.run_stress`) through a
+    fault proxy in front of ``client``'s engine planting ``fault`` (None: the clean pass).
+    Returns (its :class:`PassResult`, its exit code, its manifest or None). Raises UsageError
+    naming the pass."""
     t0 = time.monotonic()
     with FaultProxy(client.base_url, fault or Fault()) as proxy:
         pcfg = replace(pcfg, attach=replace(pcfg.attach, url=proxy.url))
         quiet = Console(file=io.StringIO(), width=200)
         try:
-            pcode = runner(pcfg, quiet, quiet)
+            pcode = run_stress(pcfg, quiet, quiet)
         except UsageError as exc:
             raise UsageError(f"selftest pass {name}: {exc}") from None
     _close_pass_clients(keep=client)

@@ -674,10 +674,9 @@ def test_explain_and_stress_replay_at_the_runs_threshold(monkeypatch):
     """Issue 34: explain's confirmations judge a reproducer with the run's own near-tie
     threshold and rules, as stress --confirm-runs does (both through
     reproduce.judging_options); explain used to replay at the dtype's default."""
-    from pleharness import reproduce
+    from pleharness import pipeline, reproduce
     from pleharness.explain import ExplainReport, confirm_repros
     from pleharness.explain import job as explain_job
-    from pleharness.stress import run_stress
     built = []
 
     class Capture(reproduce.ReplayTarget):
@@ -689,10 +688,13 @@ def test_explain_and_stress_replay_at_the_runs_threshold(monkeypatch):
                  engine={"mode": "launched", "launch": {"model": "m", "python": "p"}},
                  run_options={"near_tie_nats": 0.37, "strict": True, "golden": False,
                               "reference_cache_state": "cold"})
-    confirm_repros(ExplainReport(run_id="t", tries=1, budget_s=1.0), m, Path("."), 3,
-                   runner=run_stress)
+    confirm_repros(ExplainReport(run_id="t", tries=1, budget_s=1.0), m, Path("."), 3)
     (rt,) = built
-    assert rt.runner is run_stress  # handed in: neither reproduce nor explain imports a job
+    # the replay is imported, not handed in: explain confirms with the pipeline's replay, a
+    # stress run of pleharness.pipeline (one floor down; neither reproduce nor explain imports
+    # a job), and the target carries no run of its own
+    assert explain_job.replay_reproducer is pipeline.replay_reproducer
+    assert not hasattr(rt, "runner")
     v, ref = rt.config.verdict, rt.config.reference
     assert (v.near_tie_nats, v.strict, v.golden, ref.cache_state) == (0.37, True, False, "cold")
     assert (rt.config.engine.model, rt.config.engine.python) == ("m", "p")  # the run's launch
@@ -712,7 +714,7 @@ def test_stress_and_explain_replay_a_reproducer_with_the_same_config(monkeypatch
     from rich.console import Console
     from typer.testing import CliRunner
 
-    from pleharness import jobrun, reproduce, stress
+    from pleharness import pipeline, reproduce
     from pleharness.cli import app
     from pleharness.engine.side_by_side import SideBySide
     from pleharness.explain import ExplainReport, confirm_repros
@@ -731,21 +733,20 @@ def test_stress_and_explain_replay_a_reproducer_with_the_same_config(monkeypatch
                               "near_tie_nats": 0.3, "golden": False, "strict": True,
                               "on_timeout": "continue", "reference_cache_state": "cold"})
     targets = []
-    monkeypatch.setattr(jobrun, "confirm_run_reproducers",  # where confirm_reproducers finds it
+    monkeypatch.setattr(pipeline, "confirm_run_reproducers",  # where confirm_reproducers finds it
                         lambda manifest, run_dir, rt, n, log, on_row=None:
                         targets.append(rt) or [])
     run = SimpleNamespace(cfg=cfg, manifest=m, session=SimpleNamespace(stop=lambda eng: None),
                           side=SideBySide(), run_dir=tmp_path, save=lambda: None,
                           console=Console(file=io.StringIO()))
-    jobrun.confirm_reproducers(run, None, stress.run_stress)
+    pipeline.confirm_reproducers(run, None)
 
     class Capture(reproduce.ReplayTarget):
         def __init__(self, **kw):
             super().__init__(**kw)
             targets.append(self)
     monkeypatch.setattr(explain_job, "ReplayTarget", Capture)  # where confirm_repros finds it
-    confirm_repros(ExplainReport(run_id="t", tries=1, budget_s=1.0), m, tmp_path, 3,
-                   runner=stress.run_stress)
+    confirm_repros(ExplainReport(run_id="t", tries=1, budget_s=1.0), m, tmp_path, 3)
     by_stress, by_explain = (reproduce.replay_config(rt, tmp_path / "repro.toml", tmp_path, "r-1")
                              for rt in targets)
     for c in (by_stress, by_explain):

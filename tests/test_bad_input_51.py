@@ -31,7 +31,9 @@ from pleharness.files import (BusyError, check_db_folder, check_json_path, check
 from pleharness.manifest import Manifest, load_manifest
 from pleharness.manifest.tables import ReproducerRow
 from pleharness.profile import EngineProfile
-from pleharness.reproduce import ReplayTarget, replay_reproducer, restore_env
+from pleharness import pipeline
+from pleharness.pipeline import replay_reproducer
+from pleharness.reproduce import ReplayTarget, restore_env
 from pleharness.run.rundir import new_run_dir
 from pleharness.tomlfile import find_named
 
@@ -195,12 +197,13 @@ def test_confirm_checks_the_reproducers_before_any_engine(tmp_path):
     assert "/etc/passwd: outside the run folder" in text  # CF26
 
 
-def test_a_refused_replay_keeps_its_reason(tmp_path):
+def test_a_refused_replay_keeps_its_reason(tmp_path, monkeypatch):
     def runner(cfg, console, err):
         raise UsageError("model path /tmp/dense does not exist")
+    monkeypatch.setattr(pipeline, "run_stress", runner)  # the run a replay is
     m = _launched(model=str(tmp_path))
     from pleharness.reproduce import run_config
-    target = ReplayTarget(runner=runner, config=run_config(m))
+    target = ReplayTarget(config=run_config(m))
     res = replay_reproducer(tmp_path / "repro.toml", target, 1, tmp_path / "out", log=lambda x: 0)
     (row,) = res.replays
     assert row.error == "model path /tmp/dense does not exist" and row.manifest is None
@@ -307,14 +310,17 @@ def test_report_exit_zero_note(tmp_path):
     assert r.returncode == 0 and "exit 0 (--exit-zero" in r.stderr, r.stderr
 
 
-def test_selftest_interrupted_in_a_pass_says_interrupted(tmp_path):
+def test_selftest_interrupted_in_a_pass_says_interrupted(tmp_path, monkeypatch):
     """SI07: a pass that ended 130 (SIGINT) leaves selftest.json "interrupted", not "complete,
     catches 0/0"."""
     from rich.console import Console
 
     from pleharness.config import AttachConfig, OutputConfig, StressConfig, SuiteConfig
+    from pleharness import selftest
     from pleharness.selftest import run_selftest
     quiet = Console(file=open(os.devnull, "w"))
+    # each pass is the pipeline's run_stress, imported by selftest: a pass interrupted (130)
+    monkeypatch.setattr(selftest, "run_stress", lambda c, a, b: 130)
     with FakeEngine() as eng:
         cfg = StressConfig(attach=AttachConfig(url=eng.url, explicit_facts={
             "block_size": 32, "max_num_batched_tokens": 256, "num_speculative_tokens": 0,
@@ -322,8 +328,7 @@ def test_selftest_interrupted_in_a_pass_says_interrupted(tmp_path):
             suite=SuiteConfig(scenarios=["determinism"]),
             output=OutputConfig(results_dir=tmp_path, run_id=None, invocation=["x"]))
         with pytest.raises(Interrupted):
-            run_selftest(cfg, ["oov_id"], quiet, quiet, "si07",
-                         runner=lambda c, a, b: 130)
+            run_selftest(cfg, ["oov_id"], quiet, quiet, "si07")
     data = json.loads((tmp_path / "si07" / "selftest.json").read_text())
     assert data["status"] == "interrupted" and "headline" not in data
 

@@ -178,8 +178,8 @@ def test_internal_error_during_a_run_exits_4_and_leaves_a_manifest(tmp_path, mon
         if job == "stress":
             code = stress.run_stress(cfg, out, err)
         else:
-            code = fuzzjob.run_fuzz(cfg, {"max_examples": 2, "seed": 1}, runner=stress.run_stress,
-                                    console=out, err_console=err)
+            code = fuzzjob.run_fuzz(cfg, {"max_examples": 2, "seed": 1}, console=out,
+                                    err_console=err)
         err.file.close()
     assert code == 4
     m = load_json(tmp_path / "crash" / "manifest.json")

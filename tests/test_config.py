@@ -38,7 +38,7 @@ def stress_cfg(monkeypatch):
     monkeypatch.setattr("pleharness.cli.stress.run_stress",
                         lambda cfg, console=None, err_console=None: seen.append(cfg) or 0)
     monkeypatch.setattr("pleharness.cli.fuzz.run_fuzz",
-                        lambda cfg, params, runner, console=None, err_console=None:
+                        lambda cfg, params, console=None, err_console=None:
                         seen.append(fuzz_config(cfg, params)) or 0)
     return seen
 

@@ -14,6 +14,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from conftest import run_cli
+from pleharness import pipeline
 from pleharness.cli import app
 from pleharness.confirmjob import ConfirmResult, run_confirm
 from pleharness.errors import UsageError
@@ -70,8 +71,9 @@ def _run(tmp_path: Path, *, status: str = "fail", launched: bool = True,
 
 
 class Runner:
-    """A replay runner standing in for ``run_stress``: the configs it got, and the exit codes
-    it returns in turn (no engine: the job's logic, not the engine, is under test here)."""
+    """A stand-in for :func:`pleharness.pipeline.run_stress`, the run each replay is: the
+    configs it got, and the exit codes it returns in turn (no engine: the job's logic, not the
+    engine, is under test here)."""
 
     def __init__(self, *codes: int):
         self.codes, self.cfgs = list(codes), []
@@ -86,6 +88,14 @@ class Runner:
         return code
 
 
+def _replays(monkeypatch, *codes: int) -> Runner:
+    """A :class:`Runner` in place of ``run_stress`` where the confirmation calls it: the
+    pipeline's own (the job imports it; nothing is handed in)."""
+    runner = Runner(*codes)
+    monkeypatch.setattr(pipeline, "run_stress", runner)
+    return runner
+
+
 def _quiet() -> Console:
     return Console(file=open("/dev/null", "w"))
 
@@ -97,12 +107,12 @@ def _result(run_dir: Path) -> ConfirmResult:
 
 @pytest.mark.parametrize("codes, exit_code, rate", [((1, 1), 1, "2/2"), ((0, 0), 0, "0/2"),
                                                     ((1, 0), 1, "1/2"), ((3, 3), 3, "0/2")])
-def test_confirm_replays_each_reproducer_on_the_runs_configuration(tmp_path, codes, exit_code,
-                                                                   rate):
+def test_confirm_replays_each_reproducer_on_the_runs_configuration(tmp_path, monkeypatch, codes,
+                                                                   exit_code, rate):
     d = _run(tmp_path)
     before = (d / "manifest.json").read_bytes()
-    runner = Runner(*codes)
-    assert run_confirm(d, 2, runner, console=_quiet()) == exit_code
+    runner = _replays(monkeypatch, *codes)
+    assert run_confirm(d, 2, console=_quiet()) == exit_code
     assert (d / "manifest.json").read_bytes() == before  # the run's own record is not changed
     for cfg in runner.cfgs:  # a replay: the run's launch, judged as the run recorded it
         assert cfg.suite.scenarios == [str(d / "repro.toml")]
@@ -121,38 +131,40 @@ def test_confirm_replays_each_reproducer_on_the_runs_configuration(tmp_path, cod
         [next(d.glob("confirm-*"))] * 2  # the replays' folders beside confirm.json
 
 
-def test_confirm_takes_another_engine_python(tmp_path):
+def test_confirm_takes_another_engine_python(tmp_path, monkeypatch):
     d = _run(tmp_path)
     other = str(Path(sys.executable).parent / "python3")  # another launcher than the run's
-    runner = Runner(0)
-    assert run_confirm(d, 1, runner, engine_python=other, console=_quiet()) == 0
+    runner = _replays(monkeypatch, 0)
+    assert run_confirm(d, 1, engine_python=other, console=_quiet()) == 0
     assert runner.cfgs[0].engine.python == other == _result(d).engine_python
     # not reproduced on another build is that build's result, not a timing-dependent failure
     assert _result(d).reproducers[0].verdict == \
         f"0/1: not reproduced on fresh engines of --engine-python {other}"
 
 
-def test_an_interrupted_confirmation_keeps_what_it_learned(tmp_path):
+def test_an_interrupted_confirmation_keeps_what_it_learned(tmp_path, monkeypatch):
     d = _run(tmp_path)
-    assert run_confirm(d, 2, Runner(1, 130), console=_quiet()) == 130  # a replay interrupted
+    _replays(monkeypatch, 1, 130)
+    assert run_confirm(d, 2, console=_quiet()) == 130  # a replay interrupted
     res = _result(d)
     assert (res.status, res.exit_code) == ("interrupted", 130) and res.ended_at
 
 
-def test_ctrl_c_between_replays_keeps_what_it_learned(tmp_path):
+def test_ctrl_c_between_replays_keeps_what_it_learned(tmp_path, monkeypatch):
     d = _run(tmp_path)
 
     def runner(cfg, console, err):  # Ctrl-C outside any replay's engine session
         raise KeyboardInterrupt
-    assert run_confirm(d, 2, runner, console=_quiet()) == 130
+    monkeypatch.setattr(pipeline, "run_stress", runner)
+    assert run_confirm(d, 2, console=_quiet()) == 130
     res = _result(d)
     assert (res.status, res.exit_code) == ("interrupted", 130) and res.ended_at
 
 
-def test_a_reproducer_the_run_no_longer_fails_is_not_replayed(tmp_path):
+def test_a_reproducer_the_run_no_longer_fails_is_not_replayed(tmp_path, monkeypatch):
     d = _run(tmp_path, status="pass")  # e.g. the control run explained it
-    runner = Runner()
-    assert run_confirm(d, 2, runner, console=_quiet()) == 0
+    runner = _replays(monkeypatch)
+    assert run_confirm(d, 2, console=_quiet()) == 0
     assert runner.cfgs == [] and _result(d).reproducers[0].verdict == NOT_STILL_FAILING
 
 
@@ -160,24 +172,25 @@ def test_a_reproducer_the_run_no_longer_fails_is_not_replayed(tmp_path):
     ({"reproducers": False}, "the run wrote no reproducer"),
     ({"launched": False}, "confirm relaunches the engine"),
 ])
-def test_bad_input_is_a_usage_error_before_anything_starts(tmp_path, kw, message):
+def test_bad_input_is_a_usage_error_before_anything_starts(tmp_path, monkeypatch, kw, message):
     d = _run(tmp_path, **kw)
-    runner = Runner()
+    runner = _replays(monkeypatch)
     with pytest.raises(UsageError, match=message):
-        run_confirm(d, 2, runner, console=_quiet())
+        run_confirm(d, 2, console=_quiet())
     assert runner.cfgs == [] and not list(d.glob("confirm-*"))
 
 
-def test_a_missing_reproducer_file_or_python_is_a_usage_error(tmp_path):
+def test_a_missing_reproducer_file_or_python_is_a_usage_error(tmp_path, monkeypatch):
     d = _run(tmp_path)
+    runner = _replays(monkeypatch)
     with pytest.raises(UsageError, match="--engine-python /no/such/python"):
-        run_confirm(d, 1, Runner(), engine_python="/no/such/python", console=_quiet())
+        run_confirm(d, 1, engine_python="/no/such/python", console=_quiet())
     (d / "repro.toml").unlink()
     with pytest.raises(UsageError, match="cannot be replayed:\n  - repro.toml: file not found"):
-        run_confirm(d, 1, Runner(), console=_quiet())
+        run_confirm(d, 1, console=_quiet())
     with pytest.raises(UsageError, match="--runs 0"):
-        run_confirm(d, 0, Runner(), console=_quiet())
-    assert not list(d.glob("confirm-*"))
+        run_confirm(d, 0, console=_quiet())
+    assert runner.cfgs == [] and not list(d.glob("confirm-*"))
 
 
 def test_the_command_line_exits_2_with_the_reason(tmp_path):
@@ -192,12 +205,12 @@ def test_the_command_line_exits_2_with_the_reason(tmp_path):
     assert not list(d.glob("confirm-*"))
 
 
-def test_confirm_runs_replays_side_by_side_and_stamps_when_one_reproduced(tmp_path):
+def test_confirm_runs_replays_side_by_side_and_stamps_when_one_reproduced(tmp_path, monkeypatch):
     """issue 49: ``confirm --parallel-engines`` as the other jobs (on the CPU: N engines when
     the memory fits), and ``confirm.json`` says when the first reproducer reproduced."""
     d = _run(tmp_path)
-    runner = Runner(0, 1)
-    assert run_confirm(d, 2, runner, console=_quiet(), parallel_engines=2) == 1
+    _replays(monkeypatch, 0, 1)
+    assert run_confirm(d, 2, console=_quiet(), parallel_engines=2) == 1
     res = _result(d)
     assert res.side_by_side["parallel_engines"] == 2
     assert res.reproducers[0].confirmation.side_by_side == 2
@@ -205,14 +218,17 @@ def test_confirm_runs_replays_side_by_side_and_stamps_when_one_reproduced(tmp_pa
     assert t.confirmed_s is not None and t.ended_s is not None and t.confirmed_s <= t.ended_s
     (tmp_path / "b").mkdir()
     d2 = _run(tmp_path / "b")
-    assert run_confirm(d2, 1, Runner(0), console=_quiet()) == 0
+    _replays(monkeypatch, 0)
+    assert run_confirm(d2, 1, console=_quiet()) == 0
     assert _result(d2).timeline.confirmed_s is None  # nothing reproduced: no time stamp
 
 
-def test_confirm_moves_the_compile_cache_and_refuses_engines_that_do_not_fit(tmp_path):
+def test_confirm_moves_the_compile_cache_and_refuses_engines_that_do_not_fit(tmp_path, monkeypatch):
     d = _run(tmp_path)
-    runner = Runner(0)
-    assert run_confirm(d, 1, runner, console=_quiet(), compile_cache=str(tmp_path / "cc")) == 0
+    runner = _replays(monkeypatch, 0)
+    assert run_confirm(d, 1, console=_quiet(), compile_cache=str(tmp_path / "cc")) == 0
     assert runner.cfgs[0].engine.env["VLLM_CACHE_ROOT"] == str(tmp_path / "cc")
+    runner = _replays(monkeypatch)
     with pytest.raises(UsageError, match="--parallel-engines 100000"):
-        run_confirm(d, 1, Runner(), console=_quiet(), parallel_engines=100000)
+        run_confirm(d, 1, console=_quiet(), parallel_engines=100000)
+    assert runner.cfgs == []

@@ -6,7 +6,7 @@ from __future__ import annotations
 import inspect
 from pathlib import Path
 
-from pleharness import fuzzjob, jobrun, reproduce, stress
+from pleharness import fuzzjob, jobrun, pipeline, reproduce
 from pleharness.config import AttachConfig, StressConfig
 from pleharness.manifest import Manifest, PhaseRecord, RequestRecord
 from pleharness.manifest.tables import ReproducerRow
@@ -36,18 +36,19 @@ def test_still_failing_looks_at_the_rows_own_scenarios():
                                    ReproducerRow(source="other", path="x.toml"))
 
 
-def test_an_excused_failure_is_not_replayed(tmp_path: Path):
+def test_an_excused_failure_is_not_replayed(tmp_path: Path, monkeypatch):
     m = _manifest("pass", False)  # e.g. the control run reproduced it: attributed, now passing
     replays = []
 
     def runner(cfg, console, err):  # never reached: no fresh engine is spent
         replays.append(cfg)
         return 1
+    monkeypatch.setattr(pipeline, "run_stress", runner)  # the run each replay would be
 
     lines: list[str] = []
-    rows = reproduce.confirm_run_reproducers(
+    rows = pipeline.confirm_run_reproducers(
         m, tmp_path, reproduce.ReplayTarget(
-            runner=runner, config=StressConfig(attach=AttachConfig(url="http://x"))), 3,
+            config=StressConfig(attach=AttachConfig(url="http://x"))), 3,
         log=lines.append)
     assert replays == []
     assert rows[0].verdict == reproduce.NOT_STILL_FAILING
@@ -58,7 +59,7 @@ def test_an_excused_failure_is_not_replayed(tmp_path: Path):
 
 
 def test_the_jobs_confirm_after_control_and_sides():
-    src = inspect.getsource(stress._steps)
+    src = inspect.getsource(pipeline._steps)  # the stress run's steps
     body = src[src.index('"""', src.index('"""') + 3):]  # the code after the docstring
     order = [body.index(s) for s in ("suite_step(", "control_pass(", "sides_step(",
                                      "confirm_reproducers(", "conclude(")]

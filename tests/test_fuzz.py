@@ -671,13 +671,13 @@ def test_reproduction_verdicts_and_report_lines():
 def test_an_insert_that_reached_the_engine_after_its_carrier_ended_did_not_land(tmp_path):
     """InsertTrigger.not_landed: an insert sent while the carrier ran landed only when its first
     token (streamed) or its answer (not streamed) came before the carrier's last token; a passing
-    replay that warns so is inconclusive (reproduce._not_exercised)."""
+    replay that warns so is inconclusive (pipeline._not_exercised)."""
     from types import SimpleNamespace as NS
 
     from pleharness.engine.completion import Completion
     from pleharness.manifest import (CheckResult, Manifest, PhaseRecord, load_manifest,
                                      write_manifest)
-    from pleharness.reproduce import _not_exercised
+    from pleharness.pipeline import _not_exercised
     from pleharness.request import RequestSpec
     from pleharness.scenarios.replay import prompt_of
     from pleharness.scenarios.shared.inserting import InsertTrigger, Sent

@@ -80,9 +80,10 @@ FLOORS: dict[str, int] = {
     # 6 what a run is made of: scenario kinds, and how a divergence is attributed
     "scenarios": 6, "causes": 6, "attribution": 6, "envelope": 6, "differential": 6,
     # 7 reading and writing runs: comparison, renderers, suites, configuration, confirmation, the
-    # second engines and the passes of a stress run, its verdict
+    # second engines and the passes of a stress run, its verdict; the pipeline: the steps of a
+    # stress run and the replays that confirm its reproducers, each a stress run of its own
     "compare": 7, "suites": 7, "render": 7, "config": 7, "reproduce": 7, "verdict": 7,
-    "second_engine": 7, "passes": 7, "jobrun": 7, "planning": 7,
+    "second_engine": 7, "passes": 7, "jobrun": 7, "planning": 7, "pipeline": 7,
     # 8 the jobs
     "stress": 8, "fuzzjob": 8, "confirmjob": 8, "explain": 8, "selftest": 8, "factsjob": 8,
     # 9 the command line
@@ -135,6 +136,18 @@ def test_the_floor_rule_catches_an_upward_import_and_a_job_calling_a_job():
         "pleharness.engine.client -> pleharness.run.context (floor 2 -> 5)",
         "pleharness.explain -> pleharness.stress (floor 8 -> 8)"]
     assert floor_problems({"pleharness.nowhere": set()}) == ["pleharness.nowhere: no floor in FLOORS"]
+
+
+def test_the_stress_run_is_imported_where_it_is_needed():
+    """Issue 50: the jobs that run a stress run (a reproducer's replay, a selftest pass) import
+    it from the pipeline, one floor down, instead of getting it handed down from the command
+    line, so that the floors above see the dependency."""
+    g = import_graph()
+    assert "pleharness.pipeline" in g["pleharness.stress"]
+    for job in ("fuzzjob", "confirmjob", "explain.job", "selftest"):
+        assert "pleharness.pipeline" in g[f"pleharness.{job}"], job
+    assert "pleharness.pipeline" not in g["pleharness.reproduce"]  # the pure parts stay below
+    assert "pleharness.pipeline" not in g["pleharness.jobrun"]
 
 
 def test_docs_extending_draws_the_same_floors():

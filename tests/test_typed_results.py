@@ -142,18 +142,18 @@ def test_a_summary_row_that_takes_a_reproduction_declares_its_columns_in_order()
 def test_the_confirmation_writes_its_columns_into_any_kinds_summary_table():
     """A reproducer of another kind, naming its own summary table: the columns are written into
     that table's first row, its other columns kept as they were (no per-kind lookup)."""
-    from pleharness import reproduce
+    from pleharness import pipeline
     from pleharness.manifest import Manifest
     m = Manifest(run_id="t", tables={"other_summary": [{"found": 3, "confirmed": None}]})
     row = ReproducerRow(source="other", path="repro.toml", summary_table="other_summary",
                         verdict="2/3: reproduced")
     res = Confirmation(runs=3, reproduced=2, errors=0, inconclusive=0, fresh_engine=True,
                        rate="2/3", verdict="2/3", side_by_side=1, replays=[])
-    reproduce._summary_reproduction(m, row, res, fresh=True)
+    pipeline._summary_reproduction(m, row, res, fresh=True)
     assert m.tables["other_summary"] == [{
         "found": 3, "confirmed": True, "reproduction": "2/3: reproduced",
         "reproduction_rate": "2/3", "larger_reproduction_rate": None,
         "confirmed_on_fresh_engine": True}]
     m.tables["other_summary"] = []  # an empty table: nothing written, nothing raised
-    reproduce._summary_reproduction(m, row, res, fresh=True)
+    pipeline._summary_reproduction(m, row, res, fresh=True)
     assert m.tables["other_summary"] == []

@@ -9,7 +9,6 @@ import typer
 from ..confirmjob import run_confirm
 from ..defaults import DEFAULT_CONFIRM_RUNS, DEFAULT_START_TIMEOUT_S
 from ..engine.side_by_side import parse_parallel
-from ..stress import run_stress
 from . import Command, app, err_console
 from .assemble import compile_cache_dir
 from .options import COMPILE_CACHE_HELP
@@ -46,6 +45,6 @@ def confirm(
     replay ended in an error (e.g. the engine did not start), 130/143 interrupted.
     """
     raise typer.Exit(run_confirm(
-        run, runs, runner=run_stress, engine_python=engine_python, start_timeout_s=start_timeout,
+        run, runs, engine_python=engine_python, start_timeout_s=start_timeout,
         console=err_console, parallel_engines=parse_parallel(parallel_engines),
         compile_cache=compile_cache_dir(compile_cache) if compile_cache else None))

@@ -11,7 +11,6 @@ from ..defaults import (DEFAULT_CONFIRM_RUNS, DEFAULT_PARALLEL_ENGINES, DEFAULT_
                         confirm_runs_help)
 from ..engine.side_by_side import parse_parallel
 from ..explain import explain as run_explain
-from ..stress import run_stress
 from . import Command, app, err_console
 from .assemble import compile_cache_dir
 from .options import COMPILE_CACHE_HELP
@@ -66,8 +65,7 @@ def explain(
     RUN/explain/ (table, diagnosis, JUnit, reproducers). Exit 0 when done (the table is the result), 2 usage error, 3 engine
     failure."""
     config.raise_all(config.engine_arg_problems(list(suspect or []), "--suspect"))
-    run_explain(run, runner=run_stress, suspects_extra=list(suspect or []),
-                suspects_drop=list(suspect_drop or []),
+    run_explain(run, suspects_extra=list(suspect or []), suspects_drop=list(suspect_drop or []),
                 auto_suspects=auto_suspects, include_warnings=include_warnings, tries=tries,
                 budget_s=budget_s,
                 engine_python=engine_python, start_timeout_s=start_timeout,

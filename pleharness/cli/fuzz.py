@@ -19,7 +19,6 @@ from ..engine.inflight import Timeouts
 from ..errors import UsageError
 from ..fuzzjob import run_fuzz
 from ..scenarios.fuzz.strategy import FuzzParams
-from ..stress import run_stress
 from . import Command, app, console, err_console, warn
 from .assemble import confirmation_group, engine_groups, output_group, verdict_group
 from .options import (PARALLEL_ENGINES_HELP, AttachOptions, EngineOptions, GoldenProbeOptions,
@@ -155,5 +154,4 @@ def fuzz(ctx: typer.Context, search: FuzzSearchOptions, run: FuzzRunOptions,
     cfg = StressConfig(engine=eng, attach=att, verdict=verdict_group(o),
                        timeouts=Timeouts(total_s=timeouts.request_timeout),
                        output=output_group(o), confirmation=confirmation_group(values(run), ()))
-    raise typer.Exit(run_fuzz(cfg, params, runner=run_stress, console=console,
-                              err_console=err_console))
+    raise typer.Exit(run_fuzz(cfg, params, console=console, err_console=err_console))

@@ -11,7 +11,6 @@ from ..config import StressConfig, SuiteConfig, VerdictConfig
 from ..errors import UsageError
 from ..faults import BUILTIN
 from ..selftest import DEFAULT_SUITE, run_selftest
-from ..stress import run_stress
 from ..suites import load_suite
 from . import Command, app, console, err_console
 from .assemble import engine_groups, output_group
@@ -76,4 +75,4 @@ def selftest(
                        verdict=VerdictConfig(golden=False),
                        output=replace(output_group(o), run_id=None))
     raise typer.Exit(run_selftest(cfg, list(fault or BUILTIN), console, err_console,
-                                  selftest_id=output.run_id, runner=run_stress))
+                                  selftest_id=output.run_id))

@@ -6,7 +6,7 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +27,9 @@ from ..files import BusyError, exclusive_lock, private_dir
 from ..manifest import Manifest, write_atomic
 from ..manifest.tables import Confirmation
 from ..render.explain import render, to_junit
-from ..reproduce import (ReplayTarget, check_run_model, load_launched_run, replay_reproducer,
-                         restore_env, run_config, run_target)
+from ..pipeline import replay_reproducer
+from ..reproduce import (ReplayTarget, check_run_model, load_launched_run, restore_env, run_config,
+                         run_target)
 from ..scenarios import load_scenario_file
 from .replay import _replay_all, _RunGolden
 from .report import ExplainReport, _Progress, case_report, write_repro
@@ -43,30 +44,26 @@ def _size(path: Path) -> tuple[int, int]:
 
 
 def confirm_repros(report: ExplainReport, m: Manifest, run_dir: Path, runs: int, *,
-                   runner: Callable[[Any, Console, Console], int],
                    engine_python: str | None = None,
                    start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
                    console: Console | None = None, on_each: Any = None,
                    side: SideBySide | None = None, confirm_all: bool = False,
                    compile_cache: str | None = None) -> None:
     """Replay the cases' ``repro-N.toml`` ``runs`` times each, every replay on a freshly started
-    engine of the configuration under test (:mod:`pleharness.reproduce`); a replayed case gets
-    ``reproduction`` (the result) and ``reproduction_verdict`` ("reproduced 3/3 on fresh
-    engines", "0/3: not reproduced ..."). What the diagnosis needs, not every case (issue 49):
-    of the cases that share one diagnosis (their ``attribution`` line), only the smallest
-    reproducer (fewest requests, then fewest prompt tokens) is replayed and the others say
-    "same diagnosis as case N" (``confirm_all``: every case is replayed). Cases whose
-    reproducers replay the same schedule (the cases of one phase, at its companions level) are
-    replayed once and share the result (``same_schedule_as``). Replays run under
-    ``RUN/explain/confirm/``, ``side.n`` side by side (each with ``side.add``); ``on_each()`` is
-    called after every case. ``runner``: the run a replay is
-    (:attr:`pleharness.reproduce.ReplayTarget.runner`: the stress job's
-    :func:`pleharness.stress.run_stress`, handed in by the command line, since a job imports no
-    other job). ``compile_cache``: the replays' ``VLLM_CACHE_ROOT`` (default: the run's). Raises
-    Interrupted when a replay was interrupted (SIGINT / SIGTERM)."""
+    engine of the configuration under test (:func:`pleharness.pipeline.replay_reproducer`, each
+    replay a ``stress`` run); a replayed case gets ``reproduction`` (the result) and
+    ``reproduction_verdict`` ("reproduced 3/3 on fresh engines", "0/3: not reproduced ...").
+    What the diagnosis needs, not every case (issue 49): of the cases that share one diagnosis
+    (their ``attribution`` line), only the smallest reproducer (fewest requests, then fewest
+    prompt tokens) is replayed and the others say "same diagnosis as case N" (``confirm_all``:
+    every case is replayed). Cases whose reproducers replay the same schedule (the cases of one
+    phase, at its companions level) are replayed once and share the result
+    (``same_schedule_as``). Replays run under ``RUN/explain/confirm/``, ``side.n`` side by side
+    (each with ``side.add``); ``on_each()`` is called after every case. ``compile_cache``: the
+    replays' ``VLLM_CACHE_ROOT`` (default: the run's). Raises Interrupted when a replay was
+    interrupted (SIGINT / SIGTERM)."""
     console = console or Console(stderr=True)
-    rt = ReplayTarget(runner=runner, config=run_config(m, engine_python, start_timeout_s,
-                                                       compile_cache),
+    rt = ReplayTarget(config=run_config(m, engine_python, start_timeout_s, compile_cache),
                       parallel=side.n if side else 1,
                       engine_args_add=list(side.add) if side else [])
     done: dict[str, tuple[str, Confirmation]] = {}  # schedule key -> (repro, result)
@@ -110,8 +107,7 @@ def confirm_repros(report: ExplainReport, m: Manifest, run_dir: Path, runs: int,
             on_each()
 
 
-def explain(run: Path, *, runner: Callable[[Any, Console, Console], int],
-            suspects_extra: Sequence[str] = (), suspects_drop: Sequence[str] = (),
+def explain(run: Path, *, suspects_extra: Sequence[str] = (), suspects_drop: Sequence[str] = (),
             auto_suspects: bool = True, include_warnings: bool = False, tries: int = 3,
             budget_s: float = 3600.0, engine_python: str | None = None,
             start_timeout_s: float = DEFAULT_START_TIMEOUT_S, console: Console | None = None,
@@ -122,10 +118,9 @@ def explain(run: Path, *, runner: Callable[[Any, Console, Console], int],
     package's docstring (:mod:`pleharness.explain`). Returns the report (also written to
     ``RUN/explain/explain.json``, with ``explain.md`` and ``junit.xml``).
 
-    ``runner``: the run each confirming replay is (:func:`pleharness.stress.run_stress`, which
-    the command line hands in: a job imports no other job). ``confirm_runs``: replays of each
-    reproducer on fresh engines (:func:`confirm_repros`, with ``runner``; 0: skip; one per
-    diagnosis unless ``confirm_all``).
+    ``confirm_runs``: replays of each reproducer on fresh engines (:func:`confirm_repros`, each
+    replay a ``stress`` run of :mod:`pleharness.pipeline`; 0: skip; one per diagnosis unless
+    ``confirm_all``).
     ``parallel_engines``: engines started side by side (None: auto;
     :func:`pleharness.engine.side_by_side.plan`). ``compile_cache``: the ``VLLM_CACHE_ROOT``
     of every launch (default: the run's, which is vLLM's default unless the run moved it).
@@ -220,7 +215,7 @@ def explain(run: Path, *, runner: Callable[[Any, Console, Console], int],
                     report.timeline.mark("diagnosis")
                 if confirm_runs:
                     progress.save("confirming the reproducers")
-                    confirm_repros(report, m, run_dir, confirm_runs, runner=runner,
+                    confirm_repros(report, m, run_dir, confirm_runs,
                                    engine_python=engine_python,
                                    start_timeout_s=start_timeout_s, console=console,
                                    on_each=lambda: progress.save("confirming the reproducers"),
