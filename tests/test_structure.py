@@ -150,6 +150,43 @@ def test_the_stress_run_is_imported_where_it_is_needed():
     assert "pleharness.pipeline" not in g["pleharness.jobrun"]
 
 
+def runner_parameters(src: str, name: str) -> list[str]:
+    """'name:line: function' for each function, lambda or dataclass-style field of ``src`` that
+    takes a parameter named ``runner`` (a run handed in as a callback)."""
+    out = []
+    for node in ast.walk(ast.parse(src, name)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            a = node.args
+            params = [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg]
+            if any(p is not None and p.arg == "runner" for p in params):
+                out.append((node.lineno, getattr(node, "name", "lambda")))
+        elif isinstance(node, ast.ClassDef):
+            for stmt in node.body:  # a dataclass's field is a parameter of its __init__
+                if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) \
+                        and stmt.target.id == "runner":
+                    out.append((stmt.lineno, f"{node.name}.runner"))
+    return [f"{name}:{line}: {what}" for line, what in sorted(out)]
+
+
+def test_no_function_takes_a_runner():
+    """Issue 50: no run is handed down as a ``runner`` callback (the floors test cannot see
+    such a dependency); a job imports the steps it runs from :mod:`pleharness.pipeline`."""
+    problems = []
+    for path in sorted(PKG.rglob("*.py")):
+        problems += runner_parameters(path.read_text(), str(path.relative_to(PKG.parent)))
+    assert not problems, "parameters named runner:\n" + "\n".join(problems)
+
+
+def test_the_runner_rule_names_the_file_and_line():
+    src = ("def f(cfg, runner):\n    pass\n"
+           "def g(*, runner=None):\n    pass\n"
+           "h = lambda runner: 0\n"
+           "class T:\n    runner: int\n    config: int\n"
+           "def ok(run, scenario_runner):\n    runner = 1\n")
+    assert runner_parameters(src, "m.py") == ["m.py:1: f", "m.py:3: g", "m.py:5: lambda",
+                                              "m.py:7: T.runner"]
+
+
 def test_docs_extending_draws_the_same_floors():
     """docs/extending.md's floor table names every FLOORS entry on its floor (and no other)."""
     import re
