@@ -1,8 +1,9 @@
 """The passes of a stress run, each on one engine: the run context of an engine
 (:func:`engine_context`), the suite on it (:func:`run_suite`), the reference pass on a reference
 engine (:func:`reference_pass`, ``--reference engine``) and the control pass on a control engine
-(:func:`control_pass`, ``--control``). The jobs (:mod:`pleharness.stress`,
-:mod:`pleharness.fuzzjob`) run them in their order of steps (:mod:`pleharness.jobrun`); the second engines' launch is :mod:`pleharness.second_engine`."""
+(:func:`control_pass`, ``--control``). The steps of a stress run (:mod:`pleharness.pipeline`)
+and the ``fuzz`` job (:mod:`pleharness.fuzzjob`) run them in their order of steps
+(:mod:`pleharness.jobrun`); the second engines' launch is :mod:`pleharness.second_engine`."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -40,7 +40,7 @@ def stamp_timeline(m: Manifest, run_dir: Path, starts: Sequence[EngineStart]) ->
     e.g. by the control's answers; none when the verdict is not fail); ``reproducer`` (the first
     reproducer file of its reproducers table, under ``run_dir``, written: its modification
     time); ``ended``. ``confirmed`` is stamped as it happens
-    (:func:`pleharness.jobrun.confirm_reproducers`)."""
+    (:func:`pleharness.pipeline.confirm_reproducers`)."""
     t = m.timeline
     t.engine_starts = list(starts)
     if m.verdict == "fail":

@@ -77,7 +77,7 @@ class _Section(SetFieldsOnly):
 
 
 class EngineRecord(_Section):
-    """``manifest.engine``: the engine under test as the run saw it (:mod:`pleharness.stress`,
+    """``manifest.engine``: the engine under test as the run saw it (:mod:`pleharness.pipeline`,
     :mod:`pleharness.engine.session`)."""
 
     mode: str | None = None  # launched | attached

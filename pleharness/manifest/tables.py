@@ -79,7 +79,7 @@ class ReplayRow(SparseRow):
 
 
 class Confirmation(SparseRow):
-    """The confirmation of one reproducer (:func:`pleharness.reproduce.replay_reproducer`):
+    """The confirmation of one reproducer (:func:`pleharness.pipeline.replay_reproducer`):
     ``runs`` counted replays (the inconclusive ones left out), how many ``reproduced`` and
     ended in ``errors``, ``fresh_engine`` (False when attached), ``rate`` ("3/3"), the one-line
     ``verdict``, ``side_by_side`` (replays at once) and each of the ``replays``.
@@ -100,7 +100,7 @@ class Confirmation(SparseRow):
 
 class ReproductionColumns(SparseRow):
     """The columns a reproducer's confirmation
-    (:func:`pleharness.reproduce.confirm_run_reproducers`) writes into the first row of the
+    (:func:`pleharness.pipeline.confirm_run_reproducers`) writes into the first row of the
     summary table the reproducer names
     (``ReproducerRow.summary_table``, e.g. ``fuzz_summary``): ``confirmed`` (it failed on at
     least one replay), ``reproduction`` (the reproducer's verdict line), ``reproduction_rate`` and

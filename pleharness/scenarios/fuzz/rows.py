@@ -27,7 +27,7 @@ class FuzzSummaryRow(SparseRow):
     until known. ``smallest_unconfirmed`` / ``repro_larger``: set when the smallest failing
     schedule did not fail on every recheck / a larger fallback reproducer was written; the
     ``reproduction*`` and ``confirmed*`` columns: set by the confirmation on fresh engines
-    (:func:`pleharness.reproduce.confirm_run_reproducers`), the fields of
+    (:func:`pleharness.pipeline.confirm_run_reproducers`), the fields of
     :class:`~pleharness.manifest.tables.ReproductionColumns`, declared here in its order."""
 
     examples_run: int
