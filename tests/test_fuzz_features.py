@@ -7,7 +7,7 @@ test_engine_fuzz_finds_a_stop_token_fault)."""
 from dataclasses import replace
 
 import pytest
-from hypothesis import find, given, settings
+from hypothesis import Phase, find, given, settings
 from hypothesis.errors import NoSuchExample
 
 from pleharness.request import RequestSpec
@@ -22,7 +22,8 @@ from pleharness.scenarios.replay import Replay, prompt_of
 
 FACTS = {"num_speculative_tokens": 3, "block_size": 32, "max_num_batched_tokens": 256,
          "max_model_len": 1024, "max_num_seqs": 8, "vocab_size": 793}
-OK = settings(database=None, max_examples=2000)  # found within a few dozen: stops when found
+OK = settings(database=None, max_examples=2000,  # found within a few dozen: stops when found,
+              phases=[Phase.generate])  # without shrinking it (only that one exists is asked)
 NEVER = settings(database=None, max_examples=300)  # a NoSuchExample search runs every example
 
 
@@ -104,7 +105,8 @@ def test_features_shrink_towards_absent():
     together), so the request count is not asserted; usually it is C1[1+1<stop@0>]."""
     got = find(schedules(K0), lambda s: any(r.features.stop_at is not None
                                             for r in members(s)),
-               settings=settings(OK, derandomize=True))  # the same search on every machine
+               settings=settings(OK, derandomize=True,  # the same search on every machine
+                                 phases=list(Phase)))  # shrinking is what this test is about
     rs = members(got)
     assert any(r.features == Features(stop_at=0) for r in rs), got.summary()
     assert all(not r.features or r.features == Features(stop_at=0) for r in rs), got.summary()

@@ -223,6 +223,7 @@ def test_seeded_choices_report_their_derived_seeds_logprobs(lora_engine, tmp_pat
         assert [c["name"] for c in failed(q)] == ["logprob_parity"], q
 
 
+@pytest.mark.nightly  # 70 s: each class's fault is caught by its rule in its own engine test above
 def test_selftest_family_classes_of_issue_52_are_detected(lora_engine, tmp_path):
     faults = ("truncation_lost_beside_greedy", "min_tokens_lost_under_load",
               "special_text_skipped_under_load", "adapter_on_base_neighbour",
