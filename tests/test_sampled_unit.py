@@ -145,7 +145,8 @@ def test_truncation_is_left_out_only_with_spec_decode_on_a_cpu_engine():
     assert sc.truncation({"num_speculative_tokens": 3, "device_type": "cpu"})[0] is False
     assert sc.truncation({"num_speculative_tokens": 0, "device_type": "cpu"}) == (True, "")
     assert sc.truncation({"num_speculative_tokens": 3, "device_type": "cuda"}) == (True, "")
-    assert sc.truncation({"num_speculative_tokens": 3})[0] is True  # unknown device: sent
+    sent, why = sc.truncation({"num_speculative_tokens": 3})  # unknown device: sent, and said
+    assert sent is True and "unknown device" in why and "truncation_with_spec_decode = off" in why
     on = load_scenario_file("sampled", {"truncation_with_spec_decode": "on"})
     assert on.truncation({"num_speculative_tokens": 3, "device_type": "cpu"})[0] is True
 

