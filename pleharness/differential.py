@@ -223,7 +223,8 @@ def compare_answers(main: Manifest, control: Manifest) -> dict[str, Any]:
             cref = ctl.reference if ctl.reference is not None and \
                 ctl.reference.output_hash == ans else None
             rec.control_answer = {"run": "control:" + ctl.runs[ans][0], "output_ids": c_ids,
-                                  "margins": cref.margins if cref else None}
+                                  "margins": cref.margins if cref else None,
+                                  "threshold_nats": d.threshold_nats}
             rec.checks = [c for c in rec.checks if c.name != NAME]
             rec.checks.append(CheckResult(
                 name=NAME, status="fail" if d.fails else "warn",

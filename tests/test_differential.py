@@ -129,3 +129,26 @@ def test_a_control_whose_margins_differ_decides_only_beyond_twice_that_differenc
     ctl.references[1].margins = [3.0, 2.0, 4.75, 1.0, 1.0, 3.5]
     main.run_options.near_tie_source = "--near-tie-nats"
     assert compare_answers(main, ctl)["hard"] == 1
+
+
+def test_the_controls_answer_carries_the_threshold_its_replays_are_judged_by():
+    """explain replays a differential case against the control's answer: at the threshold that
+    judged the difference in the run (the configurations' envelope), not below it, in its own
+    replays (explain_rule) and in the reproducer file's (ExpectedAnswer.threshold_nats)."""
+    from pleharness.divergence import compare_outputs
+    from pleharness.explain.replay import expected_rule
+    from pleharness.run.judge import Rule
+    from pleharness.scenarios.replay import ExpectedAnswer
+    main, ctl = constant_defect()
+    ctl.references[1].margins = [3.0, 2.0, 4.75, 1.0, 1.0, 3.5]  # envelope 2.5: threshold 5
+    compare_answers(main, ctl)
+    ans = main.requests[0].control_answer
+    assert ans["threshold_nats"] == 5.0
+    rule = expected_rule(Rule(0.5), ans)
+    assert rule.near_tie_nats == 5.0 and expected_rule(Rule(0.5), None).near_tie_nats == 0.5
+    assert expected_rule(Rule(6.0), ans).near_tie_nats == 6.0  # never lowered
+    # the split at the control's margin 4.75: a warning at the run's threshold, hard below it
+    assert not compare_outputs(GOOD, BAD, rule, ans["margins"]).fails
+    assert compare_outputs(GOOD, BAD, Rule(0.5), ans["margins"]).fails
+    e = ExpectedAnswer(ids=GOOD, margins=[3.0, 2.0, 4.75], threshold_nats=5.0)
+    assert e.threshold_nats == 5.0 and ExpectedAnswer(ids=GOOD).threshold_nats is None

@@ -132,6 +132,7 @@ class _Replayer:
         conc, reqs = level
         refs = ([(list(expected["output_ids"]), expected.get("margins"))] if expected
                 else [self._solo(ids, mt) for ids, mt in reqs])
+        rule = expected_rule(self.rule, expected)
         seen = []
         for t in range(1, tries + 1):
             async def one(r, cl=self.client, lp=self.logprobs):
@@ -142,7 +143,7 @@ class _Replayer:
                 if c.error is not None:
                     continue
                 d = compare_outputs(
-                    ref, c.token_ids, self.rule, ref_margins,
+                    ref, c.token_ids, rule, ref_margins,
                     golden_at=self.golden.evidence(ids, ref, c.token_ids) if self.golden else None,
                     golden_floor=self.golden.floor if self.golden else None)
                 if d is not None and (d.fails or self.count_warnings):
@@ -154,6 +155,18 @@ class _Replayer:
             if seen:
                 break
         return {"fails": bool(seen), "tries": t, "divergent": seen[:8]}
+
+
+def expected_rule(rule: Rule, expected: dict[str, Any] | None) -> Rule:
+    """The rule a differential case's replays are judged by: ``rule`` with its near-tie
+    threshold raised to the one that judged the difference in the run (``threshold_nats`` of
+    the control's answer: the run's envelope between the two configurations,
+    :mod:`pleharness.differential`), so a replay calls hard only what the run could; ``rule``
+    itself for any other case."""
+    t = (expected or {}).get("threshold_nats")
+    if t is None or t <= rule.near_tie_nats:
+        return rule
+    return replace(rule, near_tie_nats=float(t))
 
 
 def _applies(sus: Suspect, case: Case, first: Sequence[Suspect]) -> bool:

@@ -46,6 +46,8 @@ def write_repro(case: Case, path: Path, run_id: str) -> None:
                 lines += ["", "[params.phases.requests.expected]",
                           f"ids = {json.dumps(list(e['output_ids']))}",
                           f"source = {json.dumps('the explained run ' + str(e.get('run')))}"]
+                if e.get("threshold_nats") is not None:
+                    lines.append(f"threshold_nats = {float(e['threshold_nats'])!r}")
                 if e.get("margins"):  # TOML has no null: nan stands for "unknown"
                     lines.append("margins = [" + ", ".join(
                         "nan" if m is None else repr(float(m)) for m in e["margins"]) + "]")

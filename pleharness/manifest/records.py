@@ -205,7 +205,8 @@ class RequestRecord(BaseModel):
     # a solo greedy run whose answer differs from the control engine's answer to the same
     # request (issue 47: :mod:`pleharness.differential`); check ``control_answer``
     differential: Divergence | None = None
-    # the control's answer that ``differential`` differs from: {"run", "output_ids", "margins"}
+    # the control's answer that ``differential`` differs from: {"run", "output_ids", "margins",
+    # "threshold_nats": the control margin a difference had to reach to be hard}
     # (explain replays the request against it)
     control_answer: dict[str, Any] | None = None
 

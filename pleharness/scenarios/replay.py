@@ -94,11 +94,14 @@ class ExpectedAnswer(Params):
     request alone, greedy (issue 47: a defect that corrupts every run alike is seen only
     against it): its token IDs, its top-1/top-2 margins (nats, per position; None where
     unknown) and where it came from. The replay judges the output against it by the run's
-    rule (:func:`pleharness.divergence.compare_outputs`): check ``control_answer``."""
+    rule (:func:`pleharness.divergence.compare_outputs`), its near-tie threshold raised to
+    ``threshold_nats`` (the control margin a difference had to reach to be hard in the run it
+    came from: that run's envelope between the two configurations): check ``control_answer``."""
 
     ids: list[int] = Field(min_length=1)
     margins: list[float | None] | None = None
     source: str = ""
+    threshold_nats: float | None = Field(None, ge=0)
 
     @model_validator(mode="after")
     def _unknown(self):
@@ -431,8 +434,8 @@ def _against_expected(ctx: "ScenarioContext", o, expected: dict) -> None:
     e = expected.get(id(o.spec))
     if e is None or o.completion.error is not None or o.spec.temperature:
         return
-    d = compare_outputs(e.ids, o.completion.token_ids, Rule(ctx.near_tie_nats, ctx.strict),
-                        e.margins)
+    tie = max(ctx.near_tie_nats, e.threshold_nats or 0.0)
+    d = compare_outputs(e.ids, o.completion.token_ids, Rule(tie, ctx.strict), e.margins)
     if d is None:
         o.record.checks.append(CheckResult(name=CONTROL_ANSWER, status="pass",
                                            detail=f"equals the answer of {e.source or 'the file'}"))
