@@ -64,7 +64,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from .causes import causes
-from .engine.inflight import _LoopThread
+from .engine.inflight import LoopThread
 from .engine.session import EngineSession, Interrupted
 from .environment import gpu_inventory
 from .errors import EngineError, ExitCode, UsageError
@@ -373,7 +373,7 @@ def _close_pass_clients(keep) -> None:
     passes in one process leave no unclosed aiohttp session behind; ``keep``: the selftest's own
     client of the engine."""
     own = getattr(keep, "_lt", None)
-    for lt in list(_LoopThread.live):
+    for lt in list(LoopThread.live):
         if lt is not own:
             lt.close()
 

@@ -109,13 +109,13 @@ def test_sentinel_or_positive_prompt_logprob_fails():
 
 def echo_completion(tokens, tops, prompt_len=4):
     """A streamed echo answer as the client reads it: logprobs over prompt + output."""
-    from pleharness.engine.completion import _take_logprobs
+    from pleharness.engine.completion import take_logprobs
     c = Completion(token_ids=[5, 6], logprobs=[], token_logprobs=[], echo_ids=[])
     lp = {"tokens": [f"token_id:{t}" for t in tokens],
           "token_logprobs": [None if top is None else top.get(f"token_id:{t}")
                              for t, top in zip(tokens, tops)],
           "top_logprobs": tops}
-    _take_logprobs({"logprobs": lp}, c)
+    take_logprobs({"logprobs": lp}, c)
     split_echo(c, prompt_len)
     return c
 

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .client import EngineClient
-from .completion import Completion, _Active, _fail, _take_logprobs
-from .streaming import _json_answer
+from .completion import ActiveRequest, Completion, record_failure, take_logprobs
+from .streaming import json_answer
 
 GREEDY_AS = {"temperature": 1.0, "top_k": 1}  # how greedy choices go on the wire (docstring)
 
@@ -79,12 +79,12 @@ async def acomplete_choices(client: EngineClient, prompt_ids: Sequence[int], max
                              token_logprobs=[] if logprobs is not None else None,
                              streamed=stream, index=i, n=n) for i in range(n)]
     agg = Completion(streamed=stream)
-    a = _Active()
+    a = ActiveRequest()
     if stream:
         body["stream_options"]["continuous_usage_stats"] = True
         many = []
         for o in outs:
-            part = _Active()
+            part = ActiveRequest()
             part.t0 = a.t0
             many.append((o, part, []))
         await client._watched(a, client._stream(body, agg, a, None, many=many))
@@ -103,8 +103,8 @@ async def acomplete_choices(client: EngineClient, prompt_ids: Sequence[int], max
         if agg.error is not None:
             o.error, o.error_detail = agg.error, agg.error_detail
         elif o.finish_reason is None:
-            _fail(o, "protocol", f"no choice {o.index} of {n} in the answer (or it never "
-                  f"finished) after {len(o.token_ids)} tokens")
+            record_failure(o, "protocol", f"no choice {o.index} of {n} in the answer (or it never "
+                           f"finished) after {len(o.token_ids)} tokens")
         if o.latency_s is None:
             o.latency_s = end
         if not stream:
@@ -121,7 +121,7 @@ async def _plain(client: EngineClient, body: dict, agg: Completion,
     if resp is None:
         return
     try:
-        got = await _json_answer(resp, agg)
+        got = await json_answer(resp, agg)
         if got is None:
             return
         data, raw = got
@@ -133,8 +133,8 @@ async def _plain(client: EngineClient, body: dict, agg: Completion,
         for ch in choices:
             i = ch.get("index") if isinstance(ch, dict) else None
             if type(i) is not int or not 0 <= i < len(outs) or i in seen:
-                return _fail(agg, "protocol", f"choice index {i!r} outside 0..{len(outs) - 1} "
-                             f"or given twice: {raw[:200]!r}")
+                return record_failure(agg, "protocol", f"choice index {i!r} outside "
+                                      f"0..{len(outs) - 1} or given twice: {raw[:200]!r}")
             seen.add(i)
             _take_plain_choice(ch, outs[i])
     finally:
@@ -144,12 +144,13 @@ async def _plain(client: EngineClient, body: dict, agg: Completion,
 def _take_plain_choice(ch: dict, o: ChoiceCompletion) -> None:
     ids = ch.get("token_ids")
     if ids is None:
-        return _fail(o, "protocol", "choice without token_ids (return_token_ids unsupported?)")
+        return record_failure(o, "protocol",
+                              "choice without token_ids (return_token_ids unsupported?)")
     o.token_ids = [int(t) for t in ids]
     o.text = ch.get("text") or ""
     if ch.get("prompt_token_ids") is not None:
         o.prompt_token_ids = list(ch["prompt_token_ids"])
-    _take_logprobs(ch, o)
+    take_logprobs(ch, o)
     o.finish_reason = ch.get("finish_reason")
 
 

@@ -29,12 +29,12 @@ import requests
 from ..errors import EngineError, UsageError
 from ..redact import redact_url
 from . import prompt_logprobs as prompt_scores
-from .completion import CHAT_PATH, Completion, _Active, _fail
-from .inflight import Timeouts, _InFlight, _LoopThread
-from .streaming import _Transport
+from .completion import CHAT_PATH, ActiveRequest, Completion, record_failure
+from .inflight import InFlight, LoopThread, Timeouts
+from .streaming import Transport
 
 
-class EngineClient(_InFlight, _Transport):
+class EngineClient(InFlight, Transport):
     """Client for one engine base URL.
 
     Completions run on one asyncio event loop per client (a daemon thread, started on first use)
@@ -59,9 +59,9 @@ class EngineClient(_InFlight, _Transport):
         self.api_key = api_key
         self.timeouts = timeouts or Timeouts()
         self._local = threading.local()
-        self._active: set[_Active] = set()
+        self._active: set[ActiveRequest] = set()
         self._lock = threading.Lock()
-        self._lt: _LoopThread | None = None
+        self._lt: LoopThread | None = None
         self._monitor: asyncio.Task | None = None
         # proxies are resolved once (the environment is not scanned per request)
         scheme = self.base_url.split(":", 1)[0].lower()
@@ -261,7 +261,7 @@ class EngineClient(_InFlight, _Transport):
         echo = prompt_scores.asks_echo(body)
         if echo:
             out.echo_ids = []
-        a = _Active()
+        a = ActiveRequest()
         await self._watched(a, self._stream(body, out, a, on_token, abandon_after_tokens)
                             if stream else self._plain(body, out, a, on_token))
         if a.reason is not None:  # cut off by the monitor (timeout) or by abort_all
@@ -309,7 +309,7 @@ class EngineClient(_InFlight, _Transport):
         out = Completion(logprobs=[] if logprobs is not None else None,
                          token_logprobs=[] if logprobs is not None else None, streamed=True,
                          chunks=[] if keep_chunks else None)
-        a = _Active()
+        a = ActiveRequest()
         await self._watched(a, self._stream(body, out, a, on_token, path=CHAT_PATH))
         if a.reason is not None:
             out.error, out.error_detail = a.reason
@@ -339,10 +339,10 @@ class EngineClient(_InFlight, _Transport):
                           stop=stop, extra=extra)
         body["stream_options"]["continuous_usage_stats"] = True
         agg = Completion(streamed=True)
-        a = _Active()
+        a = ActiveRequest()
         many = []
         for _ in prompts:
-            part = _Active()
+            part = ActiveRequest()
             part.t0 = a.t0
             many.append((Completion(logprobs=[] if logprobs is not None else None,
                                     token_logprobs=[] if logprobs is not None else None),
@@ -358,8 +358,8 @@ class EngineClient(_InFlight, _Transport):
             if agg.error is not None:
                 out.error, out.error_detail = agg.error, agg.error_detail
             elif out.finish_reason is None:
-                _fail(out, "protocol", f"the stream ended without a finish_reason for this "
-                      f"prompt after {len(out.token_ids)} tokens")
+                record_failure(out, "protocol", "the stream ended without a finish_reason for "
+                               f"this prompt after {len(out.token_ids)} tokens")
             if out.latency_s is None:
                 out.latency_s = end
             outs.append(out)

@@ -1,7 +1,8 @@
 """A completion's answer: the :class:`Completion` it is read into, the per-request timing record
-(:class:`_Active`, which the client's monitor watches too) and the reading of one answer's parts
-into a Completion: an SSE line of a streamed completions or chat answer (:func:`_take_line`), its
-choices, logprobs, and a chat chunk in the completions chunk's shape (:func:`_from_chat`).
+(:class:`ActiveRequest`, which the client's monitor watches too) and the reading of one answer's
+parts into a Completion: an SSE line of a streamed completions or chat answer
+(:func:`take_line`), its choices, logprobs, and a chat chunk in the completions chunk's shape
+(:func:`_from_chat`).
 
 What reads the answers off the wire is :mod:`.streaming`; the client that ties it together is
 :class:`pleharness.engine.client.EngineClient`.
@@ -15,14 +16,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 try:  # orjson: JSON decoding of the SSE events went from 25 % to 7.5 % of the client's profile
-    from orjson import dumps as _orjson_dumps, loads as _loads  # lazy: optional orjson
+    from orjson import dumps as _orjson_dumps, loads as json_loads  # lazy: optional orjson
 
-    def _dumps(obj: Any) -> str:
+    def json_dumps(obj: Any) -> str:
+        """``obj`` as JSON text."""
         return _orjson_dumps(obj).decode()
 except ImportError:  # pragma: no cover - orjson is a dependency; the standard library works too
-    from json import loads as _loads  # lazy: optional orjson
+    from json import loads as json_loads  # lazy: optional orjson
 
-    _dumps = json.dumps
+    json_dumps = json.dumps
 
 from . import prompt_logprobs as prompt_scores
 
@@ -82,7 +84,7 @@ class Completion:
     echo_ids: list[int] | None = None
 
 
-class _Active:
+class ActiveRequest:
     """One request in flight, watched by the client's monitor (on the client's event loop)."""
 
     __slots__ = ("t0", "last", "tokens", "task", "reason")
@@ -95,37 +97,38 @@ class _Active:
         self.reason: tuple[str, str] | None = None  # (error kind, detail) when cut off
 
 
-_DONE, _STOP = object(), object()  # _take_line: [DONE] seen / the request failed (recorded)
+# take_line's answers: [DONE] seen / the request failed (recorded)
+STREAM_DONE, STREAM_FAILED = object(), object()
 CHAT_PATH = "/v1/chat/completions"  # EngineClient.achat
 
 
-def _take_line(raw: bytes, now: float, out: Completion, a: _Active, on_token,
-               texts: list[str], many: list | None = None, chat: bool = False):
+def take_line(raw: bytes, now: float, out: Completion, a: ActiveRequest, on_token,
+              texts: list[str], many: list | None = None, chat: bool = False):
     """One SSE line of a streamed completion arrived at ``now`` (monotonic s) taken into
     ``out`` (usage, then each choice by :func:`_take_choice`; with ``many``, see
-    :meth:`EngineClient._stream`). Returns ``_DONE`` for ``data: [DONE]``, ``_STOP`` when the
-    line failed the request (recorded by :func:`_fail`), else None (also for a line that is not
-    a ``data:`` event)."""
+    :meth:`EngineClient._stream`). Returns ``STREAM_DONE`` for ``data: [DONE]``,
+    ``STREAM_FAILED`` when the line failed the request (recorded by :func:`record_failure`), else
+    None (also for a line that is not a ``data:`` event)."""
     if raw[:5] != b"data:":
         return None
     payload = raw[5:].strip()
     if payload == b"[DONE]":
-        return _DONE
+        return STREAM_DONE
     try:
-        chunk = _loads(payload)
+        chunk = json_loads(payload)
     except ValueError:
-        _fail(out, "protocol", f"malformed stream chunk after "
-              f"{len(out.token_ids)} tokens: {_show(payload)}")
-        return _STOP
+        record_failure(out, "protocol", f"malformed stream chunk after "
+                       f"{len(out.token_ids)} tokens: {_show(payload)}")
+        return STREAM_FAILED
     if type(chunk) is not dict:
-        _fail(out, "protocol", f"unexpected stream chunk: {_show(payload)}")
-        return _STOP
+        record_failure(out, "protocol", f"unexpected stream chunk: {_show(payload)}")
+        return STREAM_FAILED
     if chat:
         chunk = _from_chat(chunk, out)
     choices = chunk.get("choices")
     if "error" in chunk and not choices:
-        _fail(out, "http", f"error in stream: {str(chunk['error'])[:300]}")
-        return _STOP
+        record_failure(out, "http", f"error in stream: {str(chunk['error'])[:300]}")
+        return STREAM_FAILED
     usage = chunk.get("usage")
     if many is not None and choices:
         return _take_many(choices, usage, payload, now, out, a, many)
@@ -134,26 +137,26 @@ def _take_line(raw: bytes, now: float, out: Completion, a: _Active, on_token,
         out.completion_tokens = usage.get("completion_tokens")
     for choice in choices or ():
         if _take_choice(choice, payload, now, out, a, on_token, texts):
-            return _STOP
+            return STREAM_FAILED
     return None
 
 
 def _take_many(choices: list, usage: dict | None, payload: bytes, now: float, out: Completion,
-               a: _Active, many: list):
+               a: ActiveRequest, many: list):
     """The choices of one chunk of a batched-prompt stream, each taken into its prompt's
     Completion (``many[index]``) with the chunk's (continuous, per-prompt) usage; ``a`` (the
-    one request the monitor watches) gets the arrival. Returns ``_STOP`` (``out`` failed) for a
-    choice index outside the prompts, else None."""
+    one request the monitor watches) gets the arrival. Returns ``STREAM_FAILED`` (``out`` failed)
+    for a choice index outside the prompts, else None."""
     for choice in choices:
         i = choice.get("index") if isinstance(choice, dict) else None
         if type(i) is not int or not 0 <= i < len(many):
-            _fail(out, "protocol", f"stream choice index {i!r} outside the {len(many)} "
-                  f"prompts: {_show(payload)}")
-            return _STOP
+            record_failure(out, "protocol", f"stream choice index {i!r} outside the {len(many)} "
+                           f"prompts: {_show(payload)}")
+            return STREAM_FAILED
         o, part, texts = many[i]
         if _take_choice(choice, payload, now, o, part, None, texts):
             out.error, out.error_detail = o.error, o.error_detail
-            return _STOP
+            return STREAM_FAILED
         if usage and len(choices) == 1:
             o.prompt_tokens = usage.get("prompt_tokens")
             o.completion_tokens = usage.get("completion_tokens")
@@ -163,7 +166,7 @@ def _take_many(choices: list, usage: dict | None, payload: bytes, now: float, ou
     return None
 
 
-def _take_choice(choice: dict, payload: bytes, now: float, out: Completion, a: _Active,
+def _take_choice(choice: dict, payload: bytes, now: float, out: Completion, a: ActiveRequest,
                  on_token, texts: list[str]) -> bool:
     """One stream choice taken into ``out``: its token IDs (the first sets TTFT = ``now`` -
     ``a.t0``, each later one an ITL of ``now`` - ``a.last``, the previous arrival with tokens;
@@ -175,8 +178,8 @@ def _take_choice(choice: dict, payload: bytes, now: float, out: Completion, a: _
     text = choice.get("text") or ""
     if ids is None:
         if text or choice.get("finish_reason") is None:
-            _fail(out, "protocol", "stream chunk without token_ids (return_token_ids "
-                  f"unsupported?): {_show(payload)}")
+            record_failure(out, "protocol", "stream chunk without token_ids (return_token_ids "
+                           f"unsupported?): {_show(payload)}")
             return True
         ids = ()
     if ids:
@@ -194,7 +197,7 @@ def _take_choice(choice: dict, payload: bytes, now: float, out: Completion, a: _
     if out.chunks is not None and (ids or text):
         out.chunks.append(([int(i) for i in ids], text))
     if out.logprobs is not None:
-        _take_logprobs(choice, out)
+        take_logprobs(choice, out)
     if choice.get("finish_reason") is not None:
         out.finish_reason = choice["finish_reason"]
     return False
@@ -236,7 +239,7 @@ def _from_chat(chunk: dict, out: Completion) -> dict:
             "choices": choices}
 
 
-def _take_logprobs(choice: dict, out: Completion) -> None:
+def take_logprobs(choice: dict, out: Completion) -> None:
     """Append a choice's ``logprobs`` (top candidates and the emitted tokens' logprobs)."""
     lp = choice.get("logprobs")
     if not lp or out.logprobs is None:
@@ -267,6 +270,7 @@ def _parse_top(top: dict | None) -> dict[int, float]:
     return out
 
 
-def _fail(out: Completion, kind: str, detail: str) -> None:
+def record_failure(out: Completion, kind: str, detail: str) -> None:
+    """Record in ``out`` that the request failed: the error ``kind`` and its ``detail``."""
     out.error = kind
     out.error_detail = detail

@@ -1,8 +1,8 @@
 """The client's requests in flight: its event loop (one daemon thread per client), the watchdog
-that enforces the :class:`Timeouts` and cuts requests off (:meth:`_InFlight.abort_all`), and
-batches run with a fixed number in flight (:meth:`_InFlight.run_batch`, :class:`Batch`).
+that enforces the :class:`Timeouts` and cuts requests off (:meth:`InFlight.abort_all`), and
+batches run with a fixed number in flight (:meth:`InFlight.run_batch`, :class:`Batch`).
 
-:class:`_InFlight` is a mixin of :class:`pleharness.engine.client.EngineClient`, which sets the
+:class:`InFlight` is a mixin of :class:`pleharness.engine.client.EngineClient`, which sets the
 attributes it uses (``timeouts``, ``_lock``, ``_active``, ``_lt``, ``_monitor``).
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ import aiohttp
 
 from ..defaults import (DEFAULT_BETWEEN_TOKENS_TIMEOUT_S, DEFAULT_CONNECT_TIMEOUT_S,
                         DEFAULT_FIRST_TOKEN_TIMEOUT_S, DEFAULT_REQUEST_TIMEOUT_S)
-from .completion import Completion, _Active
+from .completion import Completion, ActiveRequest
 
 
 @dataclass
@@ -72,12 +72,12 @@ class Batch:
             self.pool.shutdown(wait=False, cancel_futures=True)
 
 
-class _LoopThread:
+class LoopThread:
     """An event loop running in a daemon thread, with the aiohttp session made on it. Holds no
     reference to its client, so a client that is dropped without ``close()`` is finalized and
     its loop closed; the ones left are closed at exit (no "Unclosed client session" warnings)."""
 
-    live: "set[_LoopThread]" = set()
+    live: "set[LoopThread]" = set()
 
     def __init__(self):
         self.loop = asyncio.new_event_loop()
@@ -85,10 +85,10 @@ class _LoopThread:
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True,
                                        name="ple-client-loop")
         self.thread.start()
-        _LoopThread.live.add(self)
+        LoopThread.live.add(self)
 
     def close(self) -> None:
-        _LoopThread.live.discard(self)
+        LoopThread.live.discard(self)
         loop = self.loop
         if loop.is_closed() or not self.thread.is_alive():
             return
@@ -117,11 +117,11 @@ class _LoopThread:
 
 @atexit.register
 def _close_all() -> None:
-    for lt in list(_LoopThread.live):
+    for lt in list(LoopThread.live):
         lt.close()
 
 
-class _InFlight:
+class InFlight:
     """The event loop, the watchdog and the batches of an :class:`~.client.EngineClient`."""
 
     # -- event loop ------------------------------------------------------------------------------
@@ -130,7 +130,7 @@ class _InFlight:
         """The client's event loop (started on first use, in daemon thread ``ple-client-loop``)."""
         with self._lock:
             if self._lt is None:
-                self._lt = _LoopThread()
+                self._lt = LoopThread()
                 weakref.finalize(self, self._lt.close)
             return self._lt.loop
 
@@ -157,17 +157,17 @@ class _InFlight:
             lt.close()
 
     # -- in-flight requests (on the loop) --------------------------------------------------------
-    def _watch(self, a: _Active) -> None:
+    def _watch(self, a: ActiveRequest) -> None:
         with self._lock:
             self._active.add(a)
         if self._monitor is None:
             self._monitor = asyncio.get_running_loop().create_task(self._monitor_loop())
 
-    def _unwatch(self, a: _Active) -> None:
+    def _unwatch(self, a: ActiveRequest) -> None:
         with self._lock:
             self._active.discard(a)
 
-    def _cut(self, a: _Active, kind: str, detail: str) -> None:
+    def _cut(self, a: ActiveRequest, kind: str, detail: str) -> None:
         """Cut request ``a`` off (on the loop): its error becomes (kind, detail)."""
         if a.reason is None and a in self._active:
             a.reason = (kind, detail)
@@ -214,7 +214,7 @@ class _InFlight:
                 pass
         return len(active)
 
-    async def _watched(self, a: _Active, coro) -> None:
+    async def _watched(self, a: ActiveRequest, coro) -> None:
         """Run request ``coro`` as ``a``'s task, watched by the monitor (timeouts, abort_all):
         a cut-off request returns with ``a.reason`` set; CancelledError only when the caller's
         own task is cancelled (the request's task is cancelled with it)."""

@@ -289,7 +289,7 @@ class EngineServer:
         proc = self.proc
         if proc is not None:
             pgid = proc.pid  # start_new_session: the group id is the leader's pid
-            _signal_group(pgid, signal.SIGTERM)
+            signal_group(pgid, signal.SIGTERM)
             try:
                 proc.wait(timeout=grace)
             except subprocess.TimeoutExpired:
@@ -298,7 +298,7 @@ class EngineServer:
             deadline = time.monotonic() + grace
             while _group_alive(pgid) and time.monotonic() < deadline:
                 time.sleep(0.2)
-            _signal_group(pgid, signal.SIGKILL)
+            signal_group(pgid, signal.SIGKILL)
             try:
                 proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
@@ -417,10 +417,11 @@ def cancel_threads(threads: set[int], undo: bool = False) -> None:
         _cancelled.update(threads)
         mine = [s for s in _live if s.owner in threads and s.proc is not None]
     for srv in mine:
-        _signal_group(srv.proc.pid, signal.SIGKILL)
+        signal_group(srv.proc.pid, signal.SIGKILL)
 
 
-def _signal_group(pgid: int, sig: int) -> None:
+def signal_group(pgid: int, sig: int) -> None:
+    """Send ``sig`` to process group ``pgid``; a group that is gone (or not ours) is no error."""
     try:
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):

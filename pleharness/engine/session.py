@@ -42,7 +42,7 @@ from .client import EngineClient
 from .inflight import Timeouts
 from .fact_sources import parse_engine_args
 from .facts import EngineFacts, gather_facts
-from .launch import EngineServer, LaunchSpec, _signal_group, engine_python_check, redact_env
+from .launch import EngineServer, LaunchSpec, engine_python_check, redact_env, signal_group
 from .registry import leftover_engines, leftover_text
 
 # Engine arguments added when the embedded model is launched: block size 32 is valid on the CPU
@@ -331,7 +331,7 @@ class EngineSession:
         if len(self.signalled) > 1:  # a second Ctrl-C / SIGTERM: kill now, skip the grace
             for srv in self.servers:
                 if srv.proc is not None:
-                    _signal_group(srv.proc.pid, signal.SIGKILL)
+                    signal_group(srv.proc.pid, signal.SIGKILL)
             return
         raise Interrupted(signum)
 

@@ -3,7 +3,7 @@ or chat request, the streamed (SSE) answer read event by event as it arrives (to
 for TTFT and ITL) and the non-streamed answer read whole. Each part of an answer is taken into its
 :class:`~.completion.Completion` by :mod:`.completion`.
 
-:class:`_Transport` is a mixin of :class:`pleharness.engine.client.EngineClient`, which sets the
+:class:`Transport` is a mixin of :class:`pleharness.engine.client.EngineClient`, which sets the
 attributes it uses (``base_url``, ``api_key``, ``timeouts``, ``_lt``, ``_proxy``).
 """
 from __future__ import annotations
@@ -13,11 +13,11 @@ import time
 import aiohttp
 
 from . import prompt_logprobs as prompt_scores
-from .completion import (_DONE, _STOP, CHAT_PATH, Completion, _Active, _dumps, _fail, _loads,
-                         _take_line, _take_logprobs)
+from .completion import (CHAT_PATH, STREAM_DONE, STREAM_FAILED, ActiveRequest, Completion,
+                         json_dumps, json_loads, record_failure, take_line, take_logprobs)
 
 
-class _Transport:
+class Transport:
     """The connection pool and the reading of one completion's answer, for an
     :class:`~.client.EngineClient`."""
 
@@ -39,7 +39,7 @@ class _Transport:
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=t.connect_s,
                                               sock_read=max(t.first_token_s,
                                                             t.between_tokens_s) * 1.5 + 1),
-                json_serialize=_dumps, trust_env=False)
+                json_serialize=json_dumps, trust_env=False)
         return lt.http
 
     async def _post(self, body: dict, out: Completion, path: str = "/v1/completions"
@@ -54,22 +54,22 @@ class _Transport:
             resp = await self._session_async().post(self.base_url + path, json=body,
                                                     proxy=self._proxy)
         except TimeoutError as exc:
-            _fail(out, "timeout", f"no response: {_text(exc)}")
+            record_failure(out, "timeout", f"no response: {_text(exc)}")
             return None
         except (aiohttp.ClientError, OSError) as exc:
-            _fail(out, "connection", _text(exc, 300))
+            record_failure(out, "connection", _text(exc, 300))
             return None
         out.http_status = resp.status
         return resp
 
-    async def _stream(self, body: dict, out: Completion, a: _Active, on_token,
+    async def _stream(self, body: dict, out: Completion, a: ActiveRequest, on_token,
                       abandon_after: int | None = None, many: list | None = None,
                       path: str = "/v1/completions") -> None:
         """A streamed completion (SSE ``data:`` events, each read as it arrives): token IDs,
         TTFT and ITL (seconds, from ``a.t0``) into ``out``; ``abandon_after``: close the stream
         after that many tokens (0: before the first), the request recorded as ``abandoned``.
         ``many``: a batched prompt (:meth:`acomplete_many`): each choice goes to
-        ``many[index]`` = (Completion, its _Active, its texts); ``out`` gets the failures and
+        ``many[index]`` = (Completion, its ActiveRequest, its texts); ``out`` gets the failures and
         the final, summed usage. ``path``: :data:`CHAT_PATH` reads chat chunks
         (:func:`_from_chat`)."""
         out.started_at = time.time()
@@ -82,8 +82,8 @@ class _Transport:
         try:
             if resp.status != 200:
                 raw = await resp.read()
-                return _fail(out, "http", f"HTTP {resp.status}: "
-                             f"{raw[:300].decode('utf-8', errors='replace')}")
+                return record_failure(out, "http", f"HTTP {resp.status}: "
+                                      f"{raw[:300].decode('utf-8', errors='replace')}")
             if abandon_after == 0:  # the engine has the request; walk away before any token
                 return _abandon(resp, out, "before the first token")
             done = False
@@ -103,10 +103,10 @@ class _Transport:
                     lines = data.split(b"\n")
                     buf = lines.pop()
                 for raw in lines:
-                    got = _take_line(raw, now, out, a, on_token, texts, many, chat)
-                    if got is _STOP:
+                    got = take_line(raw, now, out, a, on_token, texts, many, chat)
+                    if got is STREAM_FAILED:
                         return
-                    if got is _DONE:
+                    if got is STREAM_DONE:
                         done = True  # read on to the end of the body so the connection is reused
                 if abandon_after is not None and len(ids_out) >= abandon_after and not done \
                         and out.finish_reason is None:
@@ -114,20 +114,20 @@ class _Transport:
                 if not data:
                     break
             if not done:
-                return _fail(out, "protocol", f"stream ended without [DONE] after "
-                             f"{len(ids_out)} tokens")
+                return record_failure(out, "protocol", f"stream ended without [DONE] after "
+                                      f"{len(ids_out)} tokens")
         except TimeoutError as exc:
-            return _fail(out, "timeout", f"{exc.__class__.__name__} after {len(ids_out)} tokens: "
-                         f"{_text(exc)}")
+            return record_failure(out, "timeout", f"{exc.__class__.__name__} after "
+                                  f"{len(ids_out)} tokens: {_text(exc)}")
         except (aiohttp.ClientError, OSError) as exc:
             kind = "timeout" if "timed out" in str(exc).lower() else "connection"
-            return _fail(out, kind, f"{exc.__class__.__name__} after {len(ids_out)} tokens: "
-                         f"{_text(exc)}")
+            return record_failure(out, kind, f"{exc.__class__.__name__} after "
+                                  f"{len(ids_out)} tokens: {_text(exc)}")
         finally:
             out.text = "".join(texts)
             resp.release()  # back to the pool when the body was read to its end, else closed
 
-    async def _plain(self, body: dict, out: Completion, a: _Active, on_token) -> None:
+    async def _plain(self, body: dict, out: Completion, a: ActiveRequest, on_token) -> None:
         """A non-streamed completion: one JSON body with choices[0] and usage."""
         out.started_at = time.time()
         # the monitor's first-token timeout covers the whole answer here (no token arrives
@@ -136,13 +136,13 @@ class _Transport:
         if resp is None:
             return
         try:
-            got = await _json_answer(resp, out)
+            got = await json_answer(resp, out)
             if got is None:
                 return
             data, raw = got
             choice = data["choices"][0]
             if not isinstance(choice, dict):
-                return _fail(out, "protocol", f"response without choices: {raw[:200]!r}")
+                return record_failure(out, "protocol", f"response without choices: {raw[:200]!r}")
             usage = data.get("usage") or {}
             out.prompt_tokens = usage.get("prompt_tokens")
             out.completion_tokens = usage.get("completion_tokens")
@@ -150,14 +150,14 @@ class _Transport:
                 out.prompt_token_ids = list(choice["prompt_token_ids"])
             ids = choice.get("token_ids")
             if ids is None:
-                return _fail(out, "protocol", "response without token_ids (return_token_ids "
-                             f"unsupported?): {raw[:200]!r}")
+                return record_failure(out, "protocol", "response without token_ids "
+                                      f"(return_token_ids unsupported?): {raw[:200]!r}")
             out.token_ids = [int(i) for i in ids]
             a.tokens = len(out.token_ids)
             out.text = choice.get("text") or ""
             if out.chunks is not None:
                 out.chunks.append((list(out.token_ids), out.text))
-            _take_logprobs(choice, out)
+            take_logprobs(choice, out)
             prompt_scores.take_prompt_logprobs(choice, out)
             out.finish_reason = choice.get("finish_reason")
             if on_token is not None and out.token_ids:
@@ -166,28 +166,28 @@ class _Transport:
             resp.release()
 
 
-async def _json_answer(resp: aiohttp.ClientResponse,
-                       out: Completion) -> tuple[dict, bytes] | None:
+async def json_answer(resp: aiohttp.ClientResponse,
+                      out: Completion) -> tuple[dict, bytes] | None:
     """A non-streamed answer read whole: (its JSON object, whose ``choices`` is a non-empty
     list; the raw body), or None after recording in ``out`` why not (HTTP status, a transport
     error or timeout while reading, malformed JSON, no choices). The caller releases ``resp``."""
     try:
         raw = await resp.read()
     except TimeoutError as exc:
-        return _fail(out, "timeout", f"{exc.__class__.__name__}: {_text(exc)}")
+        return record_failure(out, "timeout", f"{exc.__class__.__name__}: {_text(exc)}")
     except (aiohttp.ClientError, OSError) as exc:
         kind = "timeout" if "timed out" in str(exc).lower() else "connection"
-        return _fail(out, kind, f"{exc.__class__.__name__}: {_text(exc)}")
+        return record_failure(out, kind, f"{exc.__class__.__name__}: {_text(exc)}")
     if resp.status != 200:
-        return _fail(out, "http", f"HTTP {resp.status}: "
-                     f"{raw[:300].decode('utf-8', errors='replace')}")
+        return record_failure(out, "http", f"HTTP {resp.status}: "
+                              f"{raw[:300].decode('utf-8', errors='replace')}")
     try:
-        data = _loads(raw)
+        data = json_loads(raw)
     except ValueError:
-        return _fail(out, "protocol", f"malformed JSON response: {raw[:200]!r}")
+        return record_failure(out, "protocol", f"malformed JSON response: {raw[:200]!r}")
     choices = data.get("choices") if isinstance(data, dict) else None
     if not isinstance(choices, list) or not choices:
-        return _fail(out, "protocol", f"response without choices: {raw[:200]!r}")
+        return record_failure(out, "protocol", f"response without choices: {raw[:200]!r}")
     return data, raw
 
 
@@ -201,4 +201,4 @@ def _abandon(resp: aiohttp.ClientResponse, out: Completion, when: str) -> None:
     """Close ``resp``'s connection (the server sees the client disconnect) and record the request
     as ``abandoned`` by the client ``when`` (e.g. "after 4 tokens")."""
     resp.close()
-    _fail(out, "abandoned", f"client closed the stream {when} (a planned disconnect)")
+    record_failure(out, "abandoned", f"client closed the stream {when} (a planned disconnect)")
