@@ -643,7 +643,7 @@ def test_explain_replays_are_judged_with_the_runs_golden_model(tmp_path, embedde
     """Issue 33 (the H200 benchmark): explain judges its replays with the run's golden model and
     measured floor, as the run judged itself; a run without one gets none, said why."""
     from pleharness.engine.session import Target
-    from pleharness.explain.replay import _Replayer, _RunGolden
+    from pleharness.explain.replay import _Replayer, RunGolden
     target = Target(url=None, model_path=str(embedded_model), served_name="m",
                     python=sys.executable)
     floor = {"informative": True, "tolerance_nats": 0.3}
@@ -651,7 +651,7 @@ def test_explain_replays_are_judged_with_the_runs_golden_model(tmp_path, embedde
         "serving_dtype": "bfloat16", "golden": True, "golden_model": str(embedded_model),
         "golden_classifier": f"transformers float32 on {embedded_model} (python x)",
         "golden_tolerance": floor})
-    golden, note = _RunGolden.of_run(m, target, tmp_path)
+    golden, note = RunGolden.of_run(m, target, tmp_path)
     assert golden is not None and golden.floor == floor and str(embedded_model) in note
     rp = _Replayer.for_run(None, m, False, golden)
     assert rp.golden is golden and rp.rule.serving_dtype == "bfloat16"
@@ -666,7 +666,7 @@ def test_explain_replays_are_judged_with_the_runs_golden_model(tmp_path, embedde
     assert ev(3) is None  # past the end of an output
     off = Manifest(run_id="n", run_options={"golden": False,
                                             "golden_classifier": "off (--no-golden)"})
-    none, why = _RunGolden.of_run(off, target, tmp_path)
+    none, why = RunGolden.of_run(off, target, tmp_path)
     assert none is None and "off (--no-golden)" in why
 
 

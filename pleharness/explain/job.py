@@ -31,8 +31,8 @@ from ..pipeline import replay_reproducer
 from ..reproduce import (ReplayTarget, check_run_model, load_launched_run, restore_env, run_config,
                          run_target)
 from ..scenarios import load_scenario_file
-from .replay import _replay_all, _RunGolden
-from .report import ExplainReport, _Progress, case_report, write_repro
+from .replay import RunGolden, replay_all
+from .report import ExplainProgress, ExplainReport, case_report, write_repro
 from .suspects import failing_cases, suspects_for
 
 
@@ -198,14 +198,14 @@ def explain(run: Path, *, suspects_extra: Sequence[str] = (), suspects_drop: Seq
             console.print(escape(side.why), highlight=False)
         console.print(f"explain.json and explain.md: {escape(str(out_dir))} (rewritten after every "
                       "launch)", highlight=False)
-        progress = _Progress(report, cases, out_dir, run_dir)
-        golden, report.golden = _RunGolden.of_run(m, target, out_dir)
+        progress = ExplainProgress(report, cases, out_dir, run_dir)
+        golden, report.golden = RunGolden.of_run(m, target, out_dir)
         t0 = time.monotonic()
         try:
             with EngineSession(console, out_dir, gpus_before=gpus) as session:
                 report.timeline.engine_starts = session.starts  # the same list, as they start
-                configs = _replay_all(session, target, m, cases, report, budget_s, t0, console,
-                                      progress, side, golden)
+                configs = replay_all(session, target, m, cases, report, budget_s, t0, console,
+                                     progress, side, golden)
                 for c in cases:
                     path = out_dir / f"repro-{c.index}.toml"
                     write_repro(c, path, m.run_id)

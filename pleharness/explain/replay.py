@@ -23,12 +23,12 @@ from ..manifest import Manifest
 from ..parity import token_hash
 from ..redact import redact_argv
 from ..run.judge import Rule, compare_outputs
-from .report import ExplainReport, _Progress, write_repro
-from .suspects import (Case, Suspect, _facts, _label, follow_ups, narrow_down, rederive_length,
-                       resize_prompt)
+from .report import ExplainProgress, ExplainReport, write_repro
+from .suspects import (Case, Suspect, follow_ups, manifest_facts, narrow_down, rederive_length,
+                       resize_prompt, suspect_label)
 
 
-class _RunGolden:
+class RunGolden:
     """The explained run's golden model, used as the run's judge used it, so that a replay
     fails exactly where the run did. Seen on the H200 (docs/gpu-runs/2026-12-03-o-issue33): on a
     random-weight bf16 model, a planted fault at a position whose engine margin was 0.004 nats
@@ -45,7 +45,7 @@ class _RunGolden:
         self.error: str | None = None
 
     @classmethod
-    def of_run(cls, m: Manifest, target: Target, out_dir: Path) -> tuple["_RunGolden | None", str]:
+    def of_run(cls, m: Manifest, target: Target, out_dir: Path) -> tuple["RunGolden | None", str]:
         """The run's golden model (its folder from ``run_options.golden_model``, else the
         launched model; the engine's Python), or None where the run had none; and what
         explain.json says about it."""
@@ -88,11 +88,11 @@ class _Replayer:
     compare_outputs`: the near-tie threshold, ``--strict`` and logprobs the run used, from its
     ``run_options``), so a replay fails exactly where the run it explains would: a hard
     divergence fails, a near tie only when ``count_warnings`` (``--include-warnings``). With
-    ``golden`` (:class:`_RunGolden`), its golden model and measured half-precision floor weigh
+    ``golden`` (:class:`RunGolden`), its golden model and measured half-precision floor weigh
     in exactly as they did in the run (:func:`pleharness.divergence.settle`)."""
 
     def __init__(self, client: EngineClient, rule: Rule = Rule(), logprobs: int | None = 2,
-                 count_warnings: bool = False, golden: "_RunGolden | None" = None):
+                 count_warnings: bool = False, golden: "RunGolden | None" = None):
         self.client = client
         self.rule = rule
         self.logprobs = logprobs
@@ -102,7 +102,7 @@ class _Replayer:
 
     @classmethod
     def for_run(cls, client: EngineClient, m: Manifest, count_warnings: bool,
-                golden: "_RunGolden | None" = None) -> "_Replayer":
+                golden: "RunGolden | None" = None) -> "_Replayer":
         """The replayer of run ``m``: its near-tie threshold, strictness, logprobs, serving
         dtype, and (``golden``) its golden model and measured golden floor."""
         ro = m.run_options
@@ -196,7 +196,7 @@ def _replay_suspect(rp: "_Replayer", sus: Suspect, c: Case, m: Manifest,
     out = {**res, "vanishes": not res["fails"]}
     if not sus.setting or c.prompt_len is None:
         return out
-    new = rederive_length(_facts(m), c.prompt_len, sus.setting["fact"], sus.setting["to"])
+    new = rederive_length(manifest_facts(m), c.prompt_len, sus.setting["fact"], sus.setting["to"])
     out.update(length=c.prompt_len, new_length=c.prompt_len if new is None else new[0],
                formula=None if new is None else new[1])
     if new is None or new[0] == c.prompt_len:
@@ -211,10 +211,10 @@ def _replay_suspect(rp: "_Replayer", sus: Suspect, c: Case, m: Manifest,
     return out
 
 
-def _replay_all(session: EngineSession, target: Target, m: Manifest, cases: list[Case],
-                report: ExplainReport, budget_s: float, t0: float, console: Console,
-                progress: "_Progress", side: SideBySide,
-                golden: _RunGolden | None = None) -> list[Suspect | None]:
+def replay_all(session: EngineSession, target: Target, m: Manifest, cases: list[Case],
+               report: ExplainReport, budget_s: float, t0: float, console: Console,
+               progress: "ExplainProgress", side: SideBySide,
+               golden: RunGolden | None = None) -> list[Suspect | None]:
     """Every configuration in turn (under test, the first round's suspects, then the second
     round's, :func:`follow_ups`), each on its own engine in ``session``, ``side.n`` engines
     started side by side (never across the two rounds); the cases that apply to it replayed
@@ -252,12 +252,12 @@ def _replay_all(session: EngineSession, target: Target, m: Manifest, cases: list
                 imp = implied_by(sus, todo, suspects)
                 if imp is not None:
                     why = f"implied: {imp.change} already removes it"
-                    report.launches.append({"config": _label(sus), "skipped": why})
+                    report.launches.append({"config": suspect_label(sus), "skipped": why})
                     for c in todo:
                         c.results[sus.name] = {"skipped": why}
                     continue
             if time.monotonic() - t0 > budget_s:
-                report.launches.append({"config": _label(sus), "skipped": "budget"})
+                report.launches.append({"config": suspect_label(sus), "skipped": "budget"})
                 for c in cases:
                     if sus is not None and _applies(sus, c, suspects):
                         c.results[sus.name] = {"skipped": "budget"}
@@ -283,12 +283,12 @@ def _replay_all(session: EngineSession, target: Target, m: Manifest, cases: list
 def _replay_batch(session: EngineSession, target: Target, batch: list[tuple[int, Suspect | None]],
                   total: int, cases: list[Case], suspects: list[Suspect], m: Manifest,
                   report: ExplainReport, console: Console, side: SideBySide,
-                  golden: _RunGolden | None = None) -> None:
+                  golden: RunGolden | None = None) -> None:
     """Start the engines of ``batch`` ((launch number, suspect)) side by side, then replay on
     each in order and stop it. A suspect's engine that fails to start is recorded (the launch
     and each case's result); the configuration under test failing raises EngineError."""
     for i, sus in batch:
-        console.print(f"[{i}/{total}] launching the engine {escape(_label(sus))} ...",
+        console.print(f"[{i}/{total}] launching the engine {escape(suspect_label(sus))} ...",
                       highlight=False)
 
     def starter(i: int, sus: Suspect | None):
@@ -299,7 +299,7 @@ def _replay_batch(session: EngineSession, target: Target, batch: list[tuple[int,
 
     started = run_side_by_side([starter(i, sus) for i, sus in batch], side.n)
     for (i, sus), eng in zip(batch, started):
-        label = _label(sus)
+        label = suspect_label(sus)
         if isinstance(eng, BaseException):
             if sus is None or not isinstance(eng, EngineError):
                 session.stop_all()

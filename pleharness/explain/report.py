@@ -1,7 +1,8 @@
 """explain's reporting room: the report (:class:`ExplainReport`, written as ``explain.json``
 through :class:`~pleharness.manifest.explain.ExplainResult`), its cases,
 the reproducers (``repro-N.toml``) and the rewriting of explain.json / explain.md as explain
-goes (:class:`_Progress`). The renderings themselves are in :mod:`pleharness.render.explain`."""
+goes (:class:`ExplainProgress`). The renderings themselves are in
+:mod:`pleharness.render.explain`."""
 from __future__ import annotations
 
 import json
@@ -14,7 +15,7 @@ from ..manifest import write_atomic
 from ..manifest.explain import CaseReport, ExplainResult, SuspectRecord
 from ..render.explain import to_markdown
 from ..timeline import Timeline
-from .suspects import Case, Suspect, _label, narrow_down
+from .suspects import Case, Suspect, narrow_down, suspect_label
 
 
 def write_repro(case: Case, path: Path, run_id: str) -> None:
@@ -106,7 +107,7 @@ class ExplainReport:
     far it got ("launch 2 of 4 done", "interrupted (...) after 2 launch(es)");
     ``side_by_side``: :meth:`pleharness.engine.side_by_side.SideBySide.record`; ``estimate``:
     :func:`pleharness.explain_plan.estimate`; ``golden``: the golden model the replays are
-    judged with (the run's, :class:`~pleharness.explain.replay._RunGolden`), or why there is none;
+    judged with (the run's, :class:`~pleharness.explain.replay.RunGolden`), or why there is none;
     ``timeline``: :class:`pleharness.timeline.Timeline` (the diagnosis, the reproducer, the first
     confirmed reproducer, the engine starts).
     """
@@ -145,7 +146,7 @@ class ExplainReport:
         return json.dumps(self.to_dict(), indent=1)
 
 
-class _Progress:
+class ExplainProgress:
     """Writes explain.json and explain.md as explain goes (issue 33: a stopped explain keeps what
     it learned). Before the diagnosis is final, the cases are reported from their working
     state, with every configuration not reached yet ``{"skipped": "not tested yet"}`` in their
@@ -172,8 +173,8 @@ class _Progress:
                                                if s.name not in c.results}}
                 cases.append(cr)
             seen = {la["config"] for la in rep.launches}
-            launches = [*rep.launches, *({"config": _label(s), "skipped": "not tested yet"}
-                                         for s in self.pending if _label(s) not in seen)]
+            launches = [*rep.launches, *({"config": suspect_label(s), "skipped": "not tested yet"}
+                                         for s in self.pending if suspect_label(s) not in seen)]
             shown = replace(rep, cases=cases, launches=launches)
         write_atomic(self.out_dir / "explain.json", shown.to_json())
         write_atomic(self.out_dir / "explain.md", to_markdown(shown.result()))

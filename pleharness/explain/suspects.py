@@ -94,7 +94,8 @@ class Case:
         return narrow_down(self, suspects)["summary"]
 
 
-def _facts(m: Manifest) -> dict[str, Any]:
+def manifest_facts(m: Manifest) -> dict[str, Any]:
+    """The run's engine facts, as its manifest recorded them."""
     return m.fact_values()
 
 
@@ -116,7 +117,7 @@ def suspects_for(m: Manifest, extra: Sequence[str] = (), drops: Sequence[str] = 
     (``auto``), then one per ``extra`` engine argument (appended) and one per ``drops`` flag
     (removed with its value). Related suspects say so: FULL CUDA graphs (PIECEWISE) is
     ``within`` CUDA graphs (``--enforce-eager``)."""
-    f = _facts(m)
+    f = manifest_facts(m)
     args = list((m.engine.launch or {}).get("engine_args") or [])
     out = []
     if not auto:
@@ -157,7 +158,7 @@ def numeric_variants(m: Manifest, feature: str) -> list[Suspect]:
     ``--speculative-config`` JSON rewritten); chunked prefill: max_num_batched_tokens C / 2
     (when >= 16) and 2 C; prefix caching: block size B / 2 (when >= 16, else 2 B). Values come
     from the run's facts; a setting that cannot be read gives no variants."""
-    f = _facts(m)
+    f = manifest_facts(m)
     args = list((m.engine.launch or {}).get("engine_args") or [])
     out = []
 
@@ -457,7 +458,7 @@ def _alike_outputs(m: Manifest, r0) -> list[str]:
     return outs + ([r0.reference_hash] if r0.reference_hash and r0.concurrency > 1 else [])
 
 
-def _label(sus: Suspect | None) -> str:
+def suspect_label(sus: Suspect | None) -> str:
     """A configuration's name in the launches and on the console."""
     return ("under test" if sus is None else sus.name if sus.combines else
             f"with {sus.change}" if sus.setting else f"without {sus.name}")
