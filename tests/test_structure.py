@@ -61,6 +61,45 @@ def test_no_import_cycle():
         raise AssertionError(f"import cycle: {' -> '.join(exc.args[1])}") from None
 
 
+# -- private names stay in their module (issue 50): a name with one leading underscore is private
+# to the module that defines it; no other module of the package imports it
+def private_imports(src: str, name: str) -> list[str]:
+    """'name:line: module.name' for each import in ``src`` that takes a private name (one leading
+    underscore; dunder names are public) from a pleharness module (a relative import, or one of
+    ``pleharness.``); ``from __future__`` and the package's outside imports are left alone."""
+    out = []
+    for node in ast.walk(ast.parse(src, name)):
+        if not isinstance(node, ast.ImportFrom) or node.module == "__future__":
+            continue
+        mod = node.module or ""
+        if not node.level and mod != "pleharness" and not mod.startswith("pleharness."):
+            continue
+        for a in node.names:
+            if a.name.startswith("_") and not a.name.startswith("__"):
+                where = "." * node.level + (f"{mod}." if mod else "")
+                out.append(f"{name}:{node.lineno}: {where}{a.name}")
+    return out
+
+
+def test_no_module_imports_a_private_name_of_another():
+    problems = []
+    for path in sorted(PKG.rglob("*.py")):
+        problems += private_imports(path.read_text(), str(path.relative_to(PKG.parent)))
+    assert not problems, "private names imported from another module (make them public):\n" + \
+        "\n".join(problems)
+
+
+def test_the_private_import_rule_names_the_module_and_name():
+    src = ("from __future__ import annotations\n"
+           "from .x import _y, z, __version__\n"
+           "from ..engine.client import EngineClient as _EngineClient\n"
+           "from pleharness.run import _judge as judge\n"
+           "from os import _exit\n"
+           "def f():\n    from . import _inner  # lazy: a test\n")
+    assert private_imports(src, "m.py") == [
+        "m.py:2: .x._y", "m.py:4: pleharness.run._judge", "m.py:7: ._inner"]
+
+
 # -- the floors (issue 34): a module imports only its own floor and those below it ------------
 # Each entry: a module or package of pleharness (the longest matching prefix decides), its floor.
 # docs/extending.md draws the same table. The job floor is special: a job never imports another
