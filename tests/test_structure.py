@@ -81,10 +81,14 @@ def private_imports(src: str, name: str) -> list[str]:
     return out
 
 
+def package_problems(rule) -> list[str]:
+    """``rule(source, name)`` over every module of the package, its problems in file order."""
+    return [p for path in sorted(PKG.rglob("*.py"))
+            for p in rule(path.read_text(), str(path.relative_to(PKG.parent)))]
+
+
 def test_no_module_imports_a_private_name_of_another():
-    problems = []
-    for path in sorted(PKG.rglob("*.py")):
-        problems += private_imports(path.read_text(), str(path.relative_to(PKG.parent)))
+    problems = package_problems(private_imports)
     assert not problems, "private names imported from another module (make them public):\n" + \
         "\n".join(problems)
 
@@ -302,10 +306,7 @@ def unexplained_lazy_imports(src: str, name: str) -> list[str]:
 
 
 def test_every_lazy_import_says_why():
-    problems = []
-    for path in sorted(PKG.rglob("*.py")):
-        problems += unexplained_lazy_imports(path.read_text(),
-                                             str(path.relative_to(PKG.parent)))
+    problems = package_problems(unexplained_lazy_imports)
     assert not problems, "indented imports without a '# lazy: <why>' comment:\n" + \
         "\n".join(problems)
 
