@@ -13,6 +13,10 @@
 #      planted-pw     boundary + transitions, a fault keyed to FULL_AND_PIECEWISE that changes
 #                     token 5 of every run of the q-length prompt: red by the control's answers
 #      planted-eager  the same against the eager control: what that control can decide
+#      long-pw        default suite on the same engine with max_model_len 20480 (vLLM's default
+#                     chunk budget of 8192 tokens: C+q, 2C, 2C+q prompts chunked; profile
+#                     docs/gpu-runs/moe-ngram-k2-20480.toml), control PIECEWISE      want exit 0
+#      selftest       clean pass + 5 planted classes on the engine under test   want clean, detected
 #   B. issue 49, after A (no engine beside it): benchmarks/time_to_diagnosis.py --steps fuzz-3 on
 #      the filled compile cache, the fault planted in every engine: fuzz's confirmed reproducer
 #      with the 60-s default --shrink-budget (run v: 435 s with a 600-s budget).
@@ -41,6 +45,11 @@ jobs)
   eager=(--control-drop-arg=--compilation-config --control-engine-arg=--enforce-eager)
   planted=(--engine-python $FAKE --scenario boundary --scenario transitions)
   step clean-pw stress "${base[@]}" --run-id clean-pw "${pw[@]}" &
+  long=("${base[@]}"); long[1]=docs/gpu-runs/moe-ngram-k2-20480.toml
+  step long-pw stress "${long[@]}" --run-id long-pw "${pw[@]}" &
+  step selftest selftest --engine-profile $PROFILE --model /tmp/moe --results-dir $R \
+    --compile-cache /tmp/cc --run-id selftest --fault flip_under_load --fault corrupt_warm \
+    --fault logprobs_off_under_load --fault prompt_logprobs_shifted --fault oov_id &
   step clean-eager stress "${base[@]}" --run-id clean-eager "${eager[@]}" &
   PLE_FAULT_WHEN="$FAP" step planted-pw stress "${base[@]}" --run-id planted-pw "${planted[@]}" "${pw[@]}" &
   PLE_FAULT_WHEN="$FAP" step planted-eager stress "${base[@]}" --run-id planted-eager "${planted[@]}" "${eager[@]}" &
