@@ -20,7 +20,7 @@
 #   B. issue 49, after A (no engine beside it): benchmarks/time_to_diagnosis.py --steps fuzz-3 on
 #      the filled compile cache, the fault planted in every engine: fuzz's confirmed reproducer
 #      with the 60-s default --shrink-budget (run v: 435 s with a 600-s budget).
-#   PART=start bash docs/gpu-runs/issue47-49-w-run.sh             # install, start A then B
+#   [B=0] PART=start bash docs/gpu-runs/issue47-49-w-run.sh       # install, start A then B
 #   PART=wait WAIT_S=550 bash docs/gpu-runs/issue47-49-w-run.sh   # wait for UNTIL (A-DONE); $OUT
 set -u
 . docs/gpu-runs/gpu-common.sh
@@ -55,6 +55,7 @@ jobs)
   PLE_FAULT_WHEN="$FAP" step planted-eager stress "${base[@]}" --run-id planted-eager "${planted[@]}" "${eager[@]}" &
   wait
   echo A-DONE >> $R/done.txt
+  [ "${B:-1}" = 1 ] || exit 0  # B=0 at start: A only (too little device time for B)
   python3 benchmarks/time_to_diagnosis.py --model /tmp/moe --profile $PROFILE --cache /tmp/cc \
     --steps fuzz-3 --results $T --out $T/time_to_diagnosis.json --step-limit-s 560 > $T/bench.log 2>&1
   echo B-DONE >> $R/done.txt ;;
