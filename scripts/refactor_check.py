@@ -14,7 +14,9 @@ Usage::
   two while ``--speculative-config`` is a launch argument (deterministic: ``PLE_FAULT_MODE=load``),
   the control dropping that flag;
 - ``spec/explain``: ``ple-harness explain`` of that run (3 tries, 1 confirmation);
-- ``fuzz``: fuzz on the same double (always corrupt), with a reproducer confirmed once.
+- ``fuzz``: fuzz on the same double (always corrupt), with a reproducer confirmed once;
+- ``selftest``: ``ple-harness selftest`` attached to that engine (the clean pass and two planted
+  classes, flip_under_load and oov_id).
 
 ``compare`` runs ``scripts/compare_manifests.py`` on each manifest and on explain.json (the
 same left-out fields: timings, ids, paths) and exits 1 when any differs.
@@ -30,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FAKE_PY = str(ROOT / "tests" / "fakepy" / "python")
 PROFILE = "profiles/cpu-ngram.toml"
 FILES = ["default/manifest.json", "spec/manifest.json", "spec/control-manifest.json",
-         "spec/explain/explain.json", "fuzz/manifest.json"]
+         "spec/explain/explain.json", "fuzz/manifest.json", "selftest/selftest.json"]
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> int:
@@ -65,6 +67,8 @@ def run(out: Path) -> None:
             "8", "--max-phases", "2", "--max-concurrency", "2", "--max-inserts", "0",
             "--no-golden", "--confirm-runs", "1", "--no-features",
             env={**env, "PLE_FAULT_WHEN": "always"})
+        cli("selftest", "--url", srv.url, "--results-dir", str(out), "--run-id", "selftest",
+            "--fault", "flip_under_load", "--fault", "oov_id")
 
 
 def compare(before: Path, after: Path) -> int:
