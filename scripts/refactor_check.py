@@ -64,8 +64,8 @@ def run(out: Path) -> None:
             env={**env, "PLE_FAULT_WHEN": "--speculative-config"})
         cli("fuzz", "--engine-python", FAKE_PY, "--engine-profile", PROFILE, "--results-dir",
             str(out), "--run-id", "fuzz", "--max-examples", "8", "--seed", "1",
-            "--max-drawn-tokens", "8", "--max-phases", "2", "--max-concurrency", "2", "--max-inserts", "0",
-            "--no-golden", "--confirm-runs", "1", "--no-features",
+            "--max-drawn-tokens", "8", "--max-phases", "2", "--max-concurrency", "2",
+            "--max-inserts", "0", "--no-golden", "--confirm-runs", "1", "--no-features",
             env={**env, "PLE_FAULT_WHEN": "always"})
         cli("selftest", "--url", srv.url, "--results-dir", str(out), "--run-id", "selftest",
             "--fault", "flip_under_load", "--fault", "oov_id")
