@@ -21,6 +21,7 @@
 #      the filled compile cache, the fault planted in every engine: fuzz's confirmed reproducer
 #      with the 60-s default --shrink-budget (run v: 435 s with a 600-s budget).
 #   [B=0] PART=start bash docs/gpu-runs/issue47-49-w-run.sh       # install, start A then B
+#     (B=0: A without planted-eager, and no B: for little device time)
 #   PART=wait WAIT_S=550 bash docs/gpu-runs/issue47-49-w-run.sh   # wait for UNTIL (A-DONE); $OUT
 set -u
 . docs/gpu-runs/gpu-common.sh
@@ -52,7 +53,7 @@ jobs)
     --fault logprobs_off_under_load --fault prompt_logprobs_shifted --fault oov_id &
   step clean-eager stress "${base[@]}" --run-id clean-eager "${eager[@]}" &
   PLE_FAULT_WHEN="$FAP" step planted-pw stress "${base[@]}" --run-id planted-pw "${planted[@]}" "${pw[@]}" &
-  PLE_FAULT_WHEN="$FAP" step planted-eager stress "${base[@]}" --run-id planted-eager "${planted[@]}" "${eager[@]}" &
+  [ "${B:-1}" = 1 ] && PLE_FAULT_WHEN="$FAP" step planted-eager stress "${base[@]}" --run-id planted-eager "${planted[@]}" "${eager[@]}" &
   wait
   echo A-DONE >> $R/done.txt
   [ "${B:-1}" = 1 ] || exit 0  # B=0 at start: A only (too little device time for B)
