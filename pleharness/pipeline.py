@@ -82,19 +82,27 @@ def _steps(run: JobRun, stack: contextlib.ExitStack, inputs: JobInput) -> int:
     cfg, scenarios, target = run.cfg, inputs.scenarios, inputs.target
     open_session(run, stack)
     references = inputs.references
-    if cfg.reference_mode == "engine":  # 1 references
-        references = reference_pass(run, scenarios, target)
-    eng, control_eng = start_engines(run, scenarios, target)  # 2 engines
-    suite_step(run, stack, inputs, eng, references)  # 3 suite
+    if cfg.reference_mode == "engine":
+        with run.step("references"):  # 1
+            references = reference_pass(run, scenarios, target)
+    with run.step("engines"):  # 2
+        eng, control_eng = start_engines(run, scenarios, target)
+    with run.step("suite"):  # 3
+        suite_step(run, stack, inputs, eng, references)
     control = None
-    if cfg.control:  # 4 control
-        run.session.stop(eng)  # the control suite runs alone, as the suite did
-        control = control_pass(run, scenarios, eng.facts, target, started=control_eng)
-    evidence_step(run, control)  # 5 evidence
-    sides_step(run, scenarios, control)  # 6 sides
-    if cfg.confirmation.runs and run.manifest.tables.get("reproducers"):  # 7 confirmation
-        confirm_reproducers(run, eng)
-    return conclude(run)  # 8 verdict
+    if cfg.control:
+        with run.step("control"):  # 4
+            run.session.stop(eng)  # the control suite runs alone, as the suite did
+            control = control_pass(run, scenarios, eng.facts, target, started=control_eng)
+    with run.step("evidence"):  # 5
+        evidence_step(run, control)
+    with run.step("sides"):  # 6
+        sides_step(run, scenarios, control)
+    if cfg.confirmation.runs and run.manifest.tables.get("reproducers"):
+        with run.step("confirmation"):  # 7
+            confirm_reproducers(run, eng)
+    with run.step("verdict"):  # 8
+        return conclude(run)
 
 
 def confirm_reproducers(run: JobRun, eng: Engine) -> None:
