@@ -66,7 +66,8 @@ class ConfirmResult(BaseModel):
     (``runs``), the engine's Python, the job's record (``job``:
     :class:`~pleharness.jobrecord.JobRecord`, the steps run, configuration, confirmation,
     result) and from it ``status`` (running, complete, interrupted, failed), ``exit_code``
-    (None while running), ``started_at`` and ``ended_at``, and the ``reproducers`` rows of the
+    (None while running; status failed with exit 3 when no replay ran to a verdict),
+    ``started_at`` and ``ended_at``, and the ``reproducers`` rows of the
     run, each with this job's ``confirmation`` and ``verdict`` (:class:`ReproducerRow`)."""
 
     run_id: str
@@ -174,7 +175,12 @@ def _confirm(run: Path, runs: int, engine_python: str | None, start_timeout_s: f
             with frame.step("result"):  # 4
                 code = _exit_code(ReproducerRow.rows(m, "reproducers"))
                 box["result"].timeline.mark("ended")
-            frame.complete(code)
+            if code == ExitCode.ENGINE:  # nothing was confirmed: the job failed (its engines)
+                frame.complete(code, "failed", "no replay of any reproducer ran to a verdict "
+                               "(each ended in an error, e.g. its engine did not start: see "
+                               "the replays' manifests)")
+            else:
+                frame.complete(code)
     except (Interrupted, KeyboardInterrupt):  # a replay's, or Ctrl-C between replays
         if "path" not in box:
             raise

@@ -246,8 +246,9 @@ def run_selftest(cfg, faults: list[str], console: Console, err: Console,
     ``selftest.json`` (the rows and the headline) in the selftest folder first, after every pass
     and at the end, with the job's record (``job``: :class:`~pleharness.jobrecord.JobRecord`,
     the steps engine, passes, verdict) and from it ``status`` (running | complete |
-    interrupted | failed, the last with ``error``; an engine that did not start also with
-    ``root_cause`` and ``engine_log``) and ``exit_code``, and prints a table. Returns the exit code (module
+    interrupted | failed, with ``error``; an engine that did not start also with
+    ``root_cause`` and ``engine_log`` | engine_died: the engine died during the passes) and
+    ``exit_code``, and prints a table. Returns the exit code (module
     docstring). Raises UsageError for an unknown fault class or bad options, before anything
     starts."""
     unknown = [f for f in faults if f not in BUILTIN]
@@ -285,7 +286,7 @@ def run_selftest(cfg, faults: list[str], console: Console, err: Console,
     frame = JobFrame("selftest", save, crash_dir=sdir, on_error=failed)
     try:
         with frame:
-            code = _passes(cfg, plan, target, sdir, frame, results, extra, console)
+            code, why = _passes(cfg, plan, target, sdir, frame, results, extra, console)
             with frame.step("verdict"):
                 alarms = extra.get("false_alarms", 0)
                 line = headline(results, alarms)
@@ -296,7 +297,11 @@ def run_selftest(cfg, faults: list[str], console: Console, err: Console,
                 if code == ExitCode.OK and not ok:
                     code = ExitCode.FAIL
                 extra["headline"] = line
-            frame.complete(code)
+            if code in (ExitCode.OK, ExitCode.FAIL):
+                frame.complete(code)
+            else:  # the passes were cut short: the engine died, or a pass ended in an error
+                frame.complete(code, "engine_died" if code == ExitCode.ENGINE else "failed",
+                               why)
     except EngineError as exc:  # the engine did not start: its record, no traceback
         err.print(f"[red]error:[/red] {escape(str(exc))}")
         console.print(f"selftest.json: {escape(str(sdir / 'selftest.json'))}")
@@ -307,14 +312,15 @@ def run_selftest(cfg, faults: list[str], console: Console, err: Console,
 
 
 def _passes(cfg, plan: list, target, sdir: Path, frame: JobFrame, results: list[PassResult],
-            extra: dict[str, Any], console: Console) -> int:
+            extra: dict[str, Any], console: Console) -> tuple[int, str | None]:
     """The selftest's steps on its engine, in one engine session (stopped on every exit path):
     ``engine`` (start or attach it), ``passes`` (the clean pass, then one per class, each
     judged and added to ``results``, ``extra["false_alarms"]`` updated, the record saved after
-    each; a pass that ended in an error or an engine that died ends them). Returns the exit
-    code so far (0, or that of the pass that ended them). Raises EngineError when the engine
-    does not start; Interrupted when a pass was interrupted."""
-    code = ExitCode.OK
+    each; a pass that ended in an error or an engine that died ends them). Returns (the exit
+    code so far: 0, or that of the pass that ended them; why they ended early, or None).
+    Raises EngineError when the engine does not start; Interrupted when a pass was
+    interrupted."""
+    code, why = ExitCode.OK, None
     extra["false_alarms"] = 0
     with EngineSession(console, sdir, timeouts=cfg.timeouts,
                        explicit_facts=cfg.attach.explicit_facts,
@@ -361,13 +367,14 @@ def _passes(cfg, plan: list, target, sdir: Path, frame: JobFrame, results: list[
                               + f" [{res.wall_s:.0f} s]")
                 if res.outcome.startswith("error"):
                     code = ExitCode.ENGINE if pcode == ExitCode.ENGINE else pcode
+                    why = f"pass {name} ended in an {res.outcome}"
                     break
                 if eng.server is not None and not eng.server.alive():
-                    code = ExitCode.ENGINE
+                    code, why = ExitCode.ENGINE, f"the engine died during pass {name}"
                     break
     if session.gpu_memory:  # a launched engine on GPUs: did their memory come back?
         extra["gpu_memory"] = session.gpu_memory
-    return code
+    return code, why
 
 
 def _run_pass(pcfg, name: str, fault: SelftestFault | None, client,
