@@ -78,12 +78,13 @@ def run_job(cfg: StressConfig, inputs: JobInput,
             console: Console, err_console: Console | None = None, job: str = "stress") -> int:
     """The frame of a ``stress`` or ``fuzz`` run: create the run folder and manifest
     (:meth:`JobRun.begin`), run the job's ``steps(run, stack, inputs) -> exit code`` with
-    ``stack`` closing every engine and restoring the signal handlers, in the job frame (:class:`~pleharness.jobrecord.JobFrame`:
-    every exception mapped to a status and an exit code in one place,
-    :func:`~pleharness.jobrecord.job_outcome`, printed by :meth:`JobRun.fail`; 4 for an internal
-    error, its traceback in ``<run>/harness-error.log``), then write the final manifest (with
-    the ``job`` record, ``job`` its name: stress or fuzz) and reports and print the verdict on
-    every exit path. Returns the exit code (:mod:`pleharness.errors`)."""
+    ``stack`` closing every engine and restoring the signal handlers, in the job frame
+    (:class:`~pleharness.jobrecord.JobFrame`: every exception mapped to a status and an exit
+    code in one place, :func:`~pleharness.jobrecord.job_outcome`, printed by
+    :meth:`JobRun.fail`; 4 for an internal error, its traceback in ``<run>/harness-error.log``),
+    then write the final manifest (with the ``job`` record, ``job`` its name: stress or fuzz)
+    and reports and print the verdict on every exit path. Returns the exit code
+    (:mod:`pleharness.errors`)."""
     run = JobRun.begin(cfg, inputs.scenarios, inputs.target, console,
                        err_console or Console(stderr=True), job=job)
     run.side = inputs.side
