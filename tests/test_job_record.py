@@ -246,3 +246,26 @@ def test_the_frame_saves_each_step_and_keeps_or_raises_the_error():
         with JobFrame("facts", lambda r: None) as frame:
             raise RuntimeError("x")
     assert (frame.record.status, frame.record.exit_code) == ("failed", 4)
+
+
+def test_a_complete_run_records_its_steps_and_its_verdict(tmp_path):
+    """On the way that works, the record says complete with the job's exit code and every step
+    it ran, and the manifest's own top-level fields are the record's."""
+    from pleharness.factsjob import FactsConfig, run_facts
+    from pleharness.pipeline import run_stress
+    with FakeEngine() as eng:
+        code = run_stress(_cfg(eng.url, tmp_path, "ok"), _quiet(), _quiet())
+        facts = FactsConfig(url=eng.url, log_dir=tmp_path / "facts",
+                            json_path=tmp_path / "facts.json", explicit=dict(FACTS))
+        assert run_facts(facts, _quiet()) == 0
+    m = json.loads((tmp_path / "ok" / "manifest.json").read_text())
+    rec = m["job"]
+    assert (rec["job"], rec["status"], rec["exit_code"]) == ("stress", "complete", code)
+    assert rec["steps_done"] == ["engines", "suite", "evidence", "sides", "verdict"]
+    assert {k: rec[k] for k in ("status", "exit_code", "reason", "root_cause", "started_at",
+                                "ended_at")} == \
+        {k: m[k] for k in ("status", "exit_code", "reason", "root_cause", "started_at",
+                           "ended_at")}
+    rec = json.loads((tmp_path / "facts.json").read_text())["job"]
+    assert (rec["status"], rec["exit_code"], rec["steps_done"]) == ("complete", 0,
+                                                                    ["engine", "report"])
