@@ -3,8 +3,9 @@ reproducer, confirm the reproducer on fresh engines, verdict (docs/fuzz.md).
 
 :func:`run_fuzz` reads as its list of phases, the way hypothesis' runner does (issue 34), each a
 step of :mod:`pleharness.jobrun`, of :mod:`pleharness.pipeline` or the ``fuzz`` kind's runner
-(:mod:`pleharness.scenarios.fuzz.runner`), in the frame every job's run goes through
-(:func:`pleharness.jobrun.run_job`):
+(:mod:`pleharness.scenarios.fuzz.runner`), in the frame of a stress or fuzz run
+(:func:`pleharness.jobrun.run_job`, in the job frame :class:`pleharness.jobrecord.JobFrame`:
+the manifest's ``job`` record names the steps done):
 
 1. engine: start or attach the engine under test, its facts (the search space is drawn from
    them) and the engine probe (whether seeded samples may be drawn);

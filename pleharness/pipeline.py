@@ -2,8 +2,9 @@
 run's reproducers as ``stress`` runs of their own.
 
 :func:`run_stress` checks the options and input (:func:`pleharness.jobrun.check_input`), then
-runs the named steps of :func:`_steps` in the frame every job's run goes through
-(:func:`pleharness.jobrun.run_job`: the run folder and manifest, every engine, the signals and
+runs the named steps of :func:`_steps` in the frame of a stress or fuzz run
+(:func:`pleharness.jobrun.run_job`, in the job frame :class:`pleharness.jobrecord.JobFrame`
+that every job runs in: the run folder and manifest, every engine, the signals and
 the GPU-memory check owned by one :class:`~pleharness.engine.session.EngineSession`, every
 exception mapped to a manifest status and an exit code in one place): references (on a
 reference engine if asked), engines (the engine under test), suite, control (the engine under
@@ -63,7 +64,8 @@ def run_stress(cfg: StressConfig, console: Console | None = None,
 
 def _steps(run: JobRun, stack: contextlib.ExitStack, inputs: JobInput) -> int:
     """The steps of a run, in this order, every engine in the run's session (closed with
-    ``stack``); returns the exit code.
+    ``stack``), each a named step of the job frame (``run.step``: its name lands in the
+    manifest's ``job.steps_done``); returns the exit code.
 
     1. references: taken on a reference engine (``--reference engine``; in the other modes the
        suite takes them, or they came from a manifest)
