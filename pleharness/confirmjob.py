@@ -50,6 +50,7 @@ from .engine.side_by_side import model_bytes
 from .engine.side_by_side import plan as plan_side_by_side
 from .environment import gpu_inventory
 from .errors import ExitCode, HarnessError, UsageError
+from .jobrecord import JobFrame, JobRecord
 from .manifest import now_iso, write_atomic
 from .manifest.tables import ReproducerRow
 from .pipeline import confirm_run_reproducers
@@ -62,9 +63,12 @@ from .timeline import Timeline
 
 class ConfirmResult(BaseModel):
     """``confirm.json``: the confirmed ``run`` (its id and folder), the replays per reproducer
-    (``runs``), the engine's Python, the job's ``status`` (running, complete, interrupted),
-    its ``exit_code`` (None while running) and the ``reproducers`` rows of the run, each with
-    this job's ``confirmation`` and ``verdict`` (:class:`ReproducerRow`)."""
+    (``runs``), the engine's Python, the job's record (``job``:
+    :class:`~pleharness.jobrecord.JobRecord`, the steps run, configuration, confirmation,
+    result) and from it ``status`` (running, complete, interrupted, failed), ``exit_code``
+    (None while running; status failed with exit 3 when no replay ran to a verdict),
+    ``started_at`` and ``ended_at``, and the ``reproducers`` rows of the
+    run, each with this job's ``confirmation`` and ``verdict`` (:class:`ReproducerRow`)."""
 
     run_id: str
     run_dir: str
@@ -74,6 +78,7 @@ class ConfirmResult(BaseModel):
     ended_at: str | None = None
     status: str = "running"
     exit_code: int | None = None
+    job: JobRecord | None = None  # the job's record (pleharness.jobrecord): status, exit code ...
     reproducers: list[ReproducerRow] = []
     side_by_side: dict = {}  # pleharness.engine.side_by_side.SideBySide.record
     timeline: Timeline = Field(default_factory=Timeline)  # confirmed after N s (issue 49)
@@ -122,14 +127,82 @@ def _sigterm_interrupts() -> Iterator[None]:
 
 def _confirm(run: Path, runs: int, engine_python: str | None, start_timeout_s: float,
              console: Console, parallel_engines: int | None, compile_cache: str | None) -> int:
-    """:func:`run_confirm` once its signals are set."""
-    m, run_dir = load_launched_run(run, "confirm")  # 1 run
-    rows = ReproducerRow.rows(m, "reproducers")
-    if not rows:
-        raise UsageError(f"{run}: the run wrote no reproducer (a fuzz run that found a failing "
-                         "schedule writes repro.toml; explain confirms its own repro-N.toml)")
-    check_reproducers(run, run_dir, rows)
-    cfg = run_config(m, engine_python, start_timeout_s, compile_cache)  # 2 configuration
+    """:func:`run_confirm` once its signals are set: the phases of the module docstring, each a
+    step of the job frame (:class:`~pleharness.jobrecord.JobFrame`), whose record
+    ``confirm.json`` embeds (``job``) once its folder exists."""
+    box: dict = {}  # the result and its file, once the job's folder exists
+
+    def save(_record: JobRecord | None = None) -> None:
+        if "result" in box:
+            result, m = box["result"], box["manifest"]
+            rec = result.job = frame.record
+            result.status, result.exit_code = rec.status, rec.exit_code
+            result.started_at, result.ended_at = rec.started_at, rec.ended_at
+            result.reproducers = ReproducerRow.rows(m, "reproducers")
+            write_atomic(box["path"], result.model_dump_json(indent=2, exclude_none=True) + "\n")
+
+    def ended(_exc: BaseException, _record: JobRecord) -> None:
+        if "result" in box:
+            box["result"].timeline.mark("ended")
+
+    frame = JobFrame("confirm", save, on_error=ended)
+    try:
+        with frame:
+            with frame.step("run"):  # 1
+                m, run_dir = load_launched_run(run, "confirm")
+                rows = ReproducerRow.rows(m, "reproducers")
+                if not rows:
+                    raise UsageError(f"{run}: the run wrote no reproducer (a fuzz run that found "
+                                     "a failing schedule writes repro.toml; explain confirms its "
+                                     "own repro-N.toml)")
+                check_reproducers(run, run_dir, rows)
+            with frame.step("configuration"):  # 2
+                replays = _configuration(m, run, run_dir, rows, runs, engine_python,
+                                         start_timeout_s, compile_cache, parallel_engines,
+                                         console, box, frame)
+            path = box["path"]
+
+            def on_row(row: ReproducerRow) -> None:  # confirm.json rewritten after every one
+                if row.confirmation is not None and row.confirmation.reproduced:
+                    box["result"].timeline.mark("confirmed")
+                save()
+
+            with frame.step("confirmation"):  # 3
+                confirm_run_reproducers(m, run_dir, replays, runs,
+                                        log=lambda line: console.print(escape(line),
+                                                                       highlight=False),
+                                        out_dir=path.parent, on_row=on_row)
+            with frame.step("result"):  # 4
+                code = _exit_code(ReproducerRow.rows(m, "reproducers"))
+                box["result"].timeline.mark("ended")
+            if code == ExitCode.ENGINE:  # nothing was confirmed: the job failed (its engines)
+                frame.complete(code, "failed", "no replay of any reproducer ran to a verdict "
+                               "(each ended in an error, e.g. its engine did not start: see "
+                               "the replays' manifests)")
+            else:
+                frame.complete(code)
+    except (Interrupted, KeyboardInterrupt):  # a replay's, or Ctrl-C between replays
+        if "path" not in box:
+            raise
+        console.print(f"[red]{escape(frame.record.reason or 'interrupted')}[/red]: "
+                      f"what was confirmed so far is in {escape(str(box['path']))}")
+    result = box["result"]
+    console.print(f"confirm: status {result.status}, exit {result.exit_code}; "
+                  f"{escape(str(box['path']))}", highlight=False)
+    console.print(f"time line: {escape(result.timeline.line())}", highlight=False)
+    return int(result.exit_code)
+
+
+def _configuration(m, run: Path, run_dir: Path, rows: list[ReproducerRow], runs: int,
+                   engine_python: str | None, start_timeout_s: float,
+                   compile_cache: str | None, parallel_engines: int | None, console: Console,
+                   box: dict, frame: JobFrame) -> ReplayTarget:
+    """Phase 2: the run's configuration (``--engine-python`` over its Python), checked, the
+    side-by-side plan, then the job's folder ``RUN/confirm-<time>-<random>/`` and its
+    ``confirm.json`` (into ``box``: ``result``, ``manifest``, ``path``; the frame's traceback
+    folder set to it). Returns the replays' target. Raises UsageError for an engine Python
+    without vLLM, a model that is gone, more engines side by side than fit."""
+    cfg = run_config(m, engine_python, start_timeout_s, compile_cache)
     problem = engine_python_check(cfg.engine.python)
     if problem:
         raise UsageError(f"--engine-python {cfg.engine.python}: {problem}")
@@ -147,50 +220,18 @@ def _confirm(run: Path, runs: int, engine_python: str | None, start_timeout_s: f
     earlier = ("confirmation", "fallback_confirmation", "verdict")
     m.tables["reproducers"] = [{k: v for k, v in r.model_dump().items() if k not in earlier}
                                for r in rows]
-    result = ConfirmResult(run_id=m.run_id, run_dir=str(run_dir), runs=runs,
-                           engine_python=cfg.engine.python, started_at=now_iso(),
-                           side_by_side=side.record())
-    path = out_dir / "confirm.json"
-
-    def save() -> None:
-        result.reproducers = ReproducerRow.rows(m, "reproducers")
-        write_atomic(path, result.model_dump_json(indent=2, exclude_none=True) + "\n")
-
-    save()
+    box.update(manifest=m, path=out_dir / "confirm.json", result=ConfirmResult(
+        run_id=m.run_id, run_dir=str(run_dir), runs=runs, engine_python=cfg.engine.python,
+        started_at=frame.record.started_at, side_by_side=side.record()))
+    frame.crash_dir = out_dir
     console.print(f"confirm {escape(m.run_id)}: {len(rows)} reproducer(s), {runs} replay(s) "
                   f"each on a freshly started engine; results in {escape(str(out_dir))}",
                   highlight=False)
     if side.n > 1:
         console.print(escape(side.why), highlight=False)
     other = engine_python not in (None, (m.engine.launch or {}).get("python"))
-    replays = ReplayTarget(config=cfg, parallel=side.n, engine_args_add=list(side.add),
-                           build=f"--engine-python {engine_python}" if other else None)
-
-    def on_row(row: ReproducerRow) -> None:  # confirm.json rewritten after every reproducer
-        if row.confirmation is not None and row.confirmation.reproduced:
-            result.timeline.mark("confirmed")
-        save()
-
-    try:  # 3 confirmation; confirm.json rewritten after every reproducer
-        confirm_run_reproducers(m, run_dir, replays, runs,
-                                log=lambda line: console.print(escape(line), highlight=False),
-                                out_dir=out_dir, on_row=on_row)
-    except (Interrupted, KeyboardInterrupt) as exc:  # a replay's, or Ctrl-C between replays
-        signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
-        result.status = "interrupted"
-        result.exit_code = 128 + signum
-        console.print(f"[red]interrupted by {signal.Signals(signum).name}[/red]: "
-                      f"what was confirmed so far is in {escape(str(path))}")
-    else:
-        result.status = "complete"
-        result.exit_code = int(_exit_code(ReproducerRow.rows(m, "reproducers")))
-    result.ended_at = now_iso()
-    result.timeline.mark("ended")
-    save()  # 4 result
-    console.print(f"confirm: status {result.status}, exit {result.exit_code}; "
-                  f"{escape(str(path))}", highlight=False)
-    console.print(f"time line: {escape(result.timeline.line())}", highlight=False)
-    return result.exit_code
+    return ReplayTarget(config=cfg, parallel=side.n, engine_args_add=list(side.add),
+                        build=f"--engine-python {engine_python}" if other else None)
 
 
 def check_reproducers(run: Path, run_dir: Path, rows: list[ReproducerRow]) -> None:

@@ -9,6 +9,7 @@ engine failed to start or died; 4 an internal harness error (a bug, traceback in
 from __future__ import annotations
 
 import os
+import signal
 import tempfile
 from enum import IntEnum
 from pathlib import Path
@@ -88,3 +89,17 @@ class RequestTimeoutAbort(HarnessError):
     (exit 1: the run fails, incomplete)."""
 
     exit_code = ExitCode.FAIL
+
+
+class Interrupted(HarnessError):
+    """SIGINT or SIGTERM arrived while the job owned the signals (an engine session, or a job's
+    own SIGTERM handler); the exit code is 128 + the signal number (130, 143).
+
+    Attributes:
+        signum: the signal's number.
+    """
+
+    def __init__(self, signum: int):
+        super().__init__(f"interrupted by {signal.Signals(signum).name}")
+        self.signum = signum
+        self.exit_code = 128 + signum

@@ -3,8 +3,9 @@ reproducer, confirm the reproducer on fresh engines, verdict (docs/fuzz.md).
 
 :func:`run_fuzz` reads as its list of phases, the way hypothesis' runner does (issue 34), each a
 step of :mod:`pleharness.jobrun`, of :mod:`pleharness.pipeline` or the ``fuzz`` kind's runner
-(:mod:`pleharness.scenarios.fuzz.runner`), in the frame every job's run goes through
-(:func:`pleharness.jobrun.run_job`):
+(:mod:`pleharness.scenarios.fuzz.runner`), in the frame of a stress or fuzz run
+(:func:`pleharness.jobrun.run_job`, in the job frame :class:`pleharness.jobrecord.JobFrame`:
+the manifest's ``job`` record names the steps done):
 
 1. engine: start or attach the engine under test, its facts (the search space is drawn from
    them) and the engine probe (whether seeded samples may be drawn);
@@ -45,7 +46,8 @@ def run_fuzz(cfg: StressConfig, params: dict[str, Any], console: Console | None 
     Raises UsageError (exit 2) for bad options or input, before anything starts."""
     console = console or Console(stderr=False)
     cfg = fuzz_config(cfg, params)
-    return run_job(cfg, check_input(cfg, console), _phases, console, err_console)
+    return run_job(cfg, check_input(cfg, console), _phases, console, err_console,
+                   job="fuzz")
 
 
 def fuzz_config(cfg: StressConfig, params: dict[str, Any]) -> StressConfig:
@@ -57,10 +59,15 @@ def fuzz_config(cfg: StressConfig, params: dict[str, Any]) -> StressConfig:
 def _phases(run: JobRun, stack: contextlib.ExitStack, inputs: JobInput) -> int:
     """The phases of the module docstring, in order; returns the exit code."""
     open_session(run, stack)
-    eng = engine_under_test(run, inputs.scenarios, inputs.target)  # 1 engine
-    suite_step(run, stack, inputs, eng, references={})  # 2 search (and shrink, recheck)
-    evidence_step(run, control=None)  # 3 sides: the envelope (--numerics-from), then sides
-    sides_step(run, inputs.scenarios, control=None)
-    if run.cfg.confirmation.runs and run.manifest.tables.get("reproducers"):  # 4 confirmation
-        confirm_reproducers(run, eng)
-    return conclude(run)  # 5 verdict
+    with run.step("engine"):  # 1
+        eng = engine_under_test(run, inputs.scenarios, inputs.target)
+    with run.step("search"):  # 2 (and shrink, recheck)
+        suite_step(run, stack, inputs, eng, references={})
+    with run.step("sides"):  # 3: the envelope (--numerics-from), then sides
+        evidence_step(run, control=None)
+        sides_step(run, inputs.scenarios, control=None)
+    if run.cfg.confirmation.runs and run.manifest.tables.get("reproducers"):
+        with run.step("confirmation"):  # 4
+            confirm_reproducers(run, eng)
+    with run.step("verdict"):  # 5
+        return conclude(run)

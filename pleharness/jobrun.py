@@ -19,8 +19,6 @@ summary, verdict and reports :mod:`pleharness.verdict`.
 from __future__ import annotations
 
 import contextlib
-import signal
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,15 +28,16 @@ from rich.markup import escape
 
 from .config import StressConfig
 from .differential import compare_answers
-from .engine.session import Engine, EngineSession, Interrupted, Target, launch_record
+from .engine.session import Engine, EngineSession, Target, launch_record
 from .engine.side_by_side import SideBySide, run_side_by_side
 from .engine_probe import run_probe
 from .envelope import apply as apply_envelope
 from .envelope import describe as describe_envelope
 from .environment import environment_info, harness_info
-from .errors import (EngineError, ExitCode, HarnessError, RequestTimeoutAbort, UsageError,
-                     write_crash_log)
+from .errors import (EngineError, ExitCode, HarnessError, Interrupted, RequestTimeoutAbort,
+                     UsageError)
 from .golden import GoldenModel, golden_problem
+from .jobrecord import JobFrame, JobRecord
 from .manifest import (Manifest, RunOptionsRecord, Summary, load_manifest, now_iso,
                        write_manifest)
 from .model import model_digest
@@ -76,23 +75,26 @@ class JobInput:
 
 def run_job(cfg: StressConfig, inputs: JobInput,
             steps: Callable[[JobRun, contextlib.ExitStack, JobInput], int],
-            console: Console, err_console: Console | None = None) -> int:
-    """The frame of every job's run: create the run folder and manifest (:meth:`JobRun.begin`),
-    run the job's ``steps(run, stack, inputs) -> exit code`` with ``stack`` closing every engine
-    and restoring the signal handlers, map any exception to the manifest's status and an exit
-    code in one place (:meth:`JobRun.fail`; 4 for an internal error, its traceback in
-    ``<run>/harness-error.log``), then write the final manifest and reports and print the
-    verdict on every exit path. Returns the exit code (:mod:`pleharness.errors`)."""
+            console: Console, err_console: Console | None = None, job: str = "stress") -> int:
+    """The frame of a ``stress`` or ``fuzz`` run: create the run folder and manifest
+    (:meth:`JobRun.begin`), run the job's ``steps(run, stack, inputs) -> exit code`` with
+    ``stack`` closing every engine and restoring the signal handlers, in the job frame
+    (:class:`~pleharness.jobrecord.JobFrame`: every exception mapped to a status and an exit
+    code in one place, :func:`~pleharness.jobrecord.job_outcome`, printed by
+    :meth:`JobRun.fail`; 4 for an internal error, its traceback in ``<run>/harness-error.log``),
+    then write the final manifest (with the ``job`` record, ``job`` its name: stress or fuzz)
+    and reports and print the verdict on every exit path. Returns the exit code
+    (:mod:`pleharness.errors`)."""
     run = JobRun.begin(cfg, inputs.scenarios, inputs.target, console,
-                       err_console or Console(stderr=True))
+                       err_console or Console(stderr=True), job=job)
     run.side = inputs.side
     code = ExitCode.FAIL
     try:
         with contextlib.ExitStack() as stack:  # closing it stops engines, restores handlers
-            try:
+            with run.frame:
                 code = steps(run, stack, inputs)
-            except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - mapped in one place
-                code = run.fail(exc)
+            if run.frame.error is not None:
+                code = run.frame.record.exit_code
     finally:
         if run.session is not None:  # the GPU check ran when the session closed
             run.manifest.environment.update(run.session.gpu_memory)
@@ -246,6 +248,7 @@ class JobRun:
     session: EngineSession | None = None
     ready: bool = False
     side: SideBySide = field(default_factory=SideBySide)  # engines side by side (confirmations)
+    frame: JobFrame = field(init=False)  # the job frame: its record lands in the manifest
 
     @property
     def mpath(self) -> Path:
@@ -253,8 +256,9 @@ class JobRun:
 
     @classmethod
     def begin(cls, cfg: StressConfig, scenarios: list[Scenario], target: Target,
-              console: Console, err: Console) -> "JobRun":
-        """Create the run folder and write the first manifest (status running)."""
+              console: Console, err: Console, job: str = "stress") -> "JobRun":
+        """Create the run folder and write the first manifest (status running), with the job
+        frame (:class:`~pleharness.jobrecord.JobFrame` of ``job``) whose record it embeds."""
         run_id, run_dir = new_run_dir(Path(cfg.output.results_dir), cfg.output.run_id)
         manifest = Manifest(run_id=run_id, harness=harness_info(), invocation=cfg.output.invocation,
                             scenarios=[s.definition() for s in scenarios])
@@ -274,6 +278,10 @@ class JobRun:
             strict=cfg.verdict.strict, on_timeout=cfg.verdict.on_timeout,
             reference_cache_state=cfg.reference.cache_state)
         run = cls(cfg, console, err, run_dir, manifest)
+        run.frame = JobFrame(job, run.save_record, crash_dir=run_dir,
+                             engine_ready=lambda: run.ready, on_error=run.fail, reraise=False)
+        run.frame.record.started_at = manifest.started_at
+        manifest.job = run.frame.record
         run.save()
         console.print(f"run {run_id}: results in {esc(run_dir)}")
         return run
@@ -288,46 +296,51 @@ class JobRun:
         return self.session.start(target, **kw)
 
     # -- outcome ----------------------------------------------------------------------------------
-    def fail(self, exc: BaseException) -> int:
-        """The one mapping from an exception to the manifest's status, verdict and reason and
-        the exit code (returned); prints the error line to stderr."""
+    def step(self, name: str):
+        """One named step of the job (:meth:`~pleharness.jobrecord.JobFrame.step`): its name
+        lands in the record's ``steps_done`` once it ends without an exception."""
+        return self.frame.step(name)
+
+    def save_record(self, record: JobRecord) -> None:
+        """The frame's writer: the record into the manifest (``job``), the manifest saved."""
+        self.manifest.job = record
+        self.save()
+
+    def fail(self, exc: BaseException, record: JobRecord) -> None:
+        """The frame's ``on_error``: the exception's outcome (``record``, mapped by
+        :func:`~pleharness.jobrecord.job_outcome`) into the manifest's status, verdict, reason
+        and root cause (the engine's, when the error named none), and its error line on
+        stderr."""
         servers = self.session.servers if self.session is not None else []
         m, srv = self.manifest, (servers[-1] if servers else None)
-        if isinstance(exc, Interrupted):
-            m.status, m.verdict, code = "interrupted", "error", 128 + exc.signum
-            m.reason = f"interrupted by {signal.Signals(exc.signum).name}"
-        elif isinstance(exc, KeyboardInterrupt):
-            m.status, m.verdict, m.reason, code = "interrupted", "error", "SIGINT", 130
-        elif isinstance(exc, RequestTimeoutAbort):
-            m.status, m.verdict, m.reason, code = "incomplete", "fail", str(exc), ExitCode.FAIL
+        if isinstance(exc, UsageError):  # e.g. a usage error that needed the engine's facts
+            record.reason = (f"usage error (exit {exc.exit_code}; found once the engine's facts "
+                             f"were known): {exc}")
+        if isinstance(exc, EngineError):
+            record.root_cause = record.root_cause or (srv.root_cause() if srv else None)
+            m.log_tail = srv.log_tail(20) if srv else []
+        m.status, m.reason, m.root_cause = record.status, record.reason, record.root_cause
+        m.verdict = "fail" if isinstance(exc, RequestTimeoutAbort) else "error"
+        if isinstance(exc, (Interrupted, KeyboardInterrupt)):
+            return
+        if isinstance(exc, RequestTimeoutAbort):
             self.err.print(f"[red]aborted:[/red] {esc(exc)}")
         elif isinstance(exc, EngineError):
-            m.status, m.verdict, code = ("engine_died" if self.ready else "failed"), "error", \
-                ExitCode.ENGINE
-            m.reason = str(exc.args[0]) if exc.args else str(exc)
-            m.root_cause = exc.root_cause or (srv.root_cause() if srv else None)
-            m.log_tail = srv.log_tail(20) if srv else []
             self.err.print(f"[red]engine error:[/red] {esc(m.reason)}")
             if m.root_cause:
                 self.err.print(f"root cause: {esc(m.root_cause)}")
             if srv:
                 self.err.print(f"engine log: {esc(srv.log_path)}")
-        elif isinstance(exc, HarnessError):  # e.g. a usage error that needed the engine's facts
-            m.status, m.verdict, code = "failed", "error", exc.exit_code
-            m.reason = (f"usage error (exit {exc.exit_code}; found once the engine's facts "
-                        f"were known): {exc}" if isinstance(exc, UsageError) else str(exc))
+        elif isinstance(exc, HarnessError):
             self.err.print(f"[red]error:[/red] {esc(exc)}")
         else:  # a harness bug still leaves an honest manifest
-            log = write_crash_log(traceback.format_exc(), self.run_dir)
-            m.status, m.verdict, code = "failed", "error", ExitCode.INTERNAL
-            m.reason = (f"internal harness error: {exc.__class__.__name__}: {exc} "
-                        f"(traceback in {Path(log).name})")
+            log = self.run_dir / "harness-error.log"
             self.err.print(f"[red]internal error:[/red] {esc(exc.__class__.__name__)}: "
                            f"{esc(exc)} (a ple-harness bug; traceback in {esc(log)})")
-        return code
 
     def finish(self, code: int) -> None:
-        """Summarize, write the final manifest, summary.md and junit.xml (on every exit path)."""
+        """Summarize, write the final manifest (its ``job`` record from its status, exit code,
+        reason, root cause and times), summary.md and junit.xml (on every exit path)."""
         m = self.manifest
         summarize(m)
         m.ended_at = now_iso()
@@ -335,6 +348,9 @@ class JobRun:
         m.exit_code = code
         if m.status == "running":
             m.status = "incomplete"
+        self.frame.record = m.job = self.frame.record.model_copy(update=dict(
+            status=m.status, exit_code=code, reason=m.reason, root_cause=m.root_cause,
+            started_at=m.started_at, ended_at=m.ended_at))
         self.save()
         write_reports(m, self.run_dir)
 

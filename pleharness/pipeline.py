@@ -2,8 +2,9 @@
 run's reproducers as ``stress`` runs of their own.
 
 :func:`run_stress` checks the options and input (:func:`pleharness.jobrun.check_input`), then
-runs the named steps of :func:`_steps` in the frame every job's run goes through
-(:func:`pleharness.jobrun.run_job`: the run folder and manifest, every engine, the signals and
+runs the named steps of :func:`_steps` in the frame of a stress or fuzz run
+(:func:`pleharness.jobrun.run_job`, in the job frame :class:`pleharness.jobrecord.JobFrame`
+that every job runs in: the run folder and manifest, every engine, the signals and
 the GPU-memory check owned by one :class:`~pleharness.engine.session.EngineSession`, every
 exception mapped to a manifest status and an exit code in one place): references (on a
 reference engine if asked), engines (the engine under test), suite, control (the engine under
@@ -63,7 +64,8 @@ def run_stress(cfg: StressConfig, console: Console | None = None,
 
 def _steps(run: JobRun, stack: contextlib.ExitStack, inputs: JobInput) -> int:
     """The steps of a run, in this order, every engine in the run's session (closed with
-    ``stack``); returns the exit code.
+    ``stack``), each a named step of the job frame (``run.step``: its name lands in the
+    manifest's ``job.steps_done``); returns the exit code.
 
     1. references: taken on a reference engine (``--reference engine``; in the other modes the
        suite takes them, or they came from a manifest)
@@ -82,19 +84,27 @@ def _steps(run: JobRun, stack: contextlib.ExitStack, inputs: JobInput) -> int:
     cfg, scenarios, target = run.cfg, inputs.scenarios, inputs.target
     open_session(run, stack)
     references = inputs.references
-    if cfg.reference_mode == "engine":  # 1 references
-        references = reference_pass(run, scenarios, target)
-    eng, control_eng = start_engines(run, scenarios, target)  # 2 engines
-    suite_step(run, stack, inputs, eng, references)  # 3 suite
+    if cfg.reference_mode == "engine":
+        with run.step("references"):  # 1
+            references = reference_pass(run, scenarios, target)
+    with run.step("engines"):  # 2
+        eng, control_eng = start_engines(run, scenarios, target)
+    with run.step("suite"):  # 3
+        suite_step(run, stack, inputs, eng, references)
     control = None
-    if cfg.control:  # 4 control
-        run.session.stop(eng)  # the control suite runs alone, as the suite did
-        control = control_pass(run, scenarios, eng.facts, target, started=control_eng)
-    evidence_step(run, control)  # 5 evidence
-    sides_step(run, scenarios, control)  # 6 sides
-    if cfg.confirmation.runs and run.manifest.tables.get("reproducers"):  # 7 confirmation
-        confirm_reproducers(run, eng)
-    return conclude(run)  # 8 verdict
+    if cfg.control:
+        with run.step("control"):  # 4
+            run.session.stop(eng)  # the control suite runs alone, as the suite did
+            control = control_pass(run, scenarios, eng.facts, target, started=control_eng)
+    with run.step("evidence"):  # 5
+        evidence_step(run, control)
+    with run.step("sides"):  # 6
+        sides_step(run, scenarios, control)
+    if cfg.confirmation.runs and run.manifest.tables.get("reproducers"):
+        with run.step("confirmation"):  # 7
+            confirm_reproducers(run, eng)
+    with run.step("verdict"):  # 8
+        return conclude(run)
 
 
 def confirm_reproducers(run: JobRun, eng: Engine) -> None:

@@ -72,6 +72,7 @@ from .faults import BUILTIN, FamilyFault, SelftestFault
 from .faults.proxy import FaultProxy
 from .faults.rules import Fault
 from .files import write_private
+from .jobrecord import JobFrame, JobRecord
 from .manifest import load_manifest
 from .pipeline import run_stress
 from .run.rundir import new_run_dir
@@ -243,8 +244,11 @@ def run_selftest(cfg, faults: list[str], console: Console, err: Console,
     the engine, scenarios and options of every pass). Each pass is a ``stress`` run
     (:func:`pleharness.pipeline.run_stress`, one floor down: a job imports no other job). Writes
     ``selftest.json`` (the rows and the headline) in the selftest folder first, after every pass
-    and at the end (``status``: running | complete | engine_failed, with ``error`` and
-    ``root_cause`` | interrupted | failed), and prints a table. Returns the exit code (module
+    and at the end, with the job's record (``job``: :class:`~pleharness.jobrecord.JobRecord`,
+    the steps engine, passes, verdict) and from it ``status`` (running | complete |
+    interrupted | failed, with ``error``; an engine that did not start also with
+    ``root_cause`` and ``engine_log`` | engine_died: the engine died during the passes) and
+    ``exit_code``, and prints a table. Returns the exit code (module
     docstring). Raises UsageError for an unknown fault class or bad options, before anything
     starts."""
     unknown = [f for f in faults if f not in BUILTIN]
@@ -262,31 +266,71 @@ def run_selftest(cfg, faults: list[str], console: Console, err: Console,
     console.print(f"selftest {sid}: {len(faults)} fault classes + 1 clean pass; results in "
                   f"{escape(str(sdir))}")
     results: list[PassResult] = []
-    alarms = 0
-    code = ExitCode.OK
+    extra: dict[str, Any] = {}  # false_alarms, then headline, gpu_memory; error, root_cause
     scen = [s if isinstance(s, str) else s[0] for s in cfg.suite.scenarios]
 
-    def save(status: str, **extra: Any) -> None:
+    def save(rec: JobRecord) -> None:
         """selftest.json now: written first, after every pass, and at the end (issue 37)."""
-        out = {"selftest_id": sid, "status": status, "scenarios": scen,
+        out = {"selftest_id": sid, "status": rec.status, "scenarios": scen,
                "passes": [r.as_dict() for r in results], **extra}
+        if rec.exit_code is not None:
+            out["exit_code"] = rec.exit_code
+        out["job"] = rec.model_dump()
         write_private(sdir / "selftest.json", json.dumps(out, indent=2))
-    save("running")
+
+    def failed(exc: BaseException, rec: JobRecord) -> None:
+        extra["error"] = str(exc)[:500]
+        if isinstance(exc, EngineError):
+            extra.update(root_cause=rec.root_cause, engine_log=exc.log_path)
+
+    frame = JobFrame("selftest", save, crash_dir=sdir, on_error=failed)
     try:
-        with EngineSession(console, sdir, timeouts=cfg.timeouts,
-                           explicit_facts=cfg.attach.explicit_facts,
-                           gpus_before=gpu_inventory() if cfg.attach.url is None else None,
-                           gpu_tolerance_mib=cfg.engine.gpu_memory_tolerance_mib) as session:
-            try:
-                eng = session.start(target, gather=False)
-            except EngineError as exc:
-                err.print(f"[red]error:[/red] {escape(str(exc))}")
-                save("engine_failed", exit_code=ExitCode.ENGINE, error=str(exc),
-                     root_cause=exc.root_cause, engine_log=exc.log_path)
-                console.print(f"selftest.json: {escape(str(sdir / 'selftest.json'))}")
-                return ExitCode.ENGINE
-            facts = dict(cfg.attach.explicit_facts)
-            envelope, clean_dir, clean_rules = None, "self", []
+        with frame:
+            code, why = _passes(cfg, plan, target, sdir, frame, results, extra, console)
+            with frame.step("verdict"):
+                alarms = extra.get("false_alarms", 0)
+                line = headline(results, alarms)
+                ok = code == ExitCode.OK and alarms == 0 and all(
+                    r.outcome == "detected" or r.outcome.startswith("vacuous")
+                    for r in results if r.name != "clean") and \
+                    len(results) == len(faults) + 1
+                if code == ExitCode.OK and not ok:
+                    code = ExitCode.FAIL
+                extra["headline"] = line
+            if code in (ExitCode.OK, ExitCode.FAIL):
+                frame.complete(code)
+            else:  # the passes were cut short: the engine died, or a pass ended in an error
+                frame.complete(code, "engine_died" if code == ExitCode.ENGINE else "failed",
+                               why)
+    except EngineError as exc:  # the engine did not start: its record, no traceback
+        err.print(f"[red]error:[/red] {escape(str(exc))}")
+        console.print(f"selftest.json: {escape(str(sdir / 'selftest.json'))}")
+        return int(frame.record.exit_code)
+    render(results, line, console)
+    console.print(f"selftest.json: {escape(str(sdir / 'selftest.json'))}")
+    return int(code)
+
+
+def _passes(cfg, plan: list, target, sdir: Path, frame: JobFrame, results: list[PassResult],
+            extra: dict[str, Any], console: Console) -> tuple[int, str | None]:
+    """The selftest's steps on its engine, in one engine session (stopped on every exit path):
+    ``engine`` (start or attach it), ``passes`` (the clean pass, then one per class, each
+    judged and added to ``results``, ``extra["false_alarms"]`` updated, the record saved after
+    each; a pass that ended in an error or an engine that died ends them). Returns (the exit
+    code so far: 0, or that of the pass that ended them; why they ended early, or None).
+    Raises EngineError when the engine does not start; Interrupted when a pass was
+    interrupted."""
+    code, why = ExitCode.OK, None
+    extra["false_alarms"] = 0
+    with EngineSession(console, sdir, timeouts=cfg.timeouts,
+                       explicit_facts=cfg.attach.explicit_facts,
+                       gpus_before=gpu_inventory() if cfg.attach.url is None else None,
+                       gpu_tolerance_mib=cfg.engine.gpu_memory_tolerance_mib) as session:
+        with frame.step("engine"):
+            eng = session.start(target, gather=False)
+        facts = dict(cfg.attach.explicit_facts)
+        envelope, clean_dir, clean_rules = None, "self", []
+        with frame.step("passes"):
             for i, (name, fault, refs) in enumerate(plan):
                 if fault is not None:
                     fault.calibrate(envelope)  # sized to the clean pass's measured numerics
@@ -306,14 +350,16 @@ def run_selftest(cfg, faults: list[str], console: Console, err: Console,
                     results.append(res)  # so is the selftest (not "complete, catches 0/0")
                     raise Interrupted(pcode - 128)
                 if fault is None:
-                    alarms = false_alarms(m) if pcode in (ExitCode.OK, ExitCode.FAIL) else alarms
+                    if pcode in (ExitCode.OK, ExitCode.FAIL):
+                        extra["false_alarms"] = false_alarms(m)
                     clean_rules = list(res.caught_by)
                     envelope = m.run_options.numerics_envelope if m is not None else None
                     measured = (envelope or {}).get("measured") or {}
                     clean_dir = res.run_dir if measured.get("logprob_nats") is not None \
                         or measured.get("flip_margin_nats") is not None else None
                 results.append(res)
-                save("running", false_alarms=alarms)
+                frame.save(frame.record)
+                alarms = extra["false_alarms"]
                 console.print(f"  {name}: {res.outcome}"
                               + (f" (fired on {res.fired} request(s); caught by "
                                  f"{', '.join(res.caught_by) or '-'})" if fault is not None else
@@ -321,28 +367,14 @@ def run_selftest(cfg, faults: list[str], console: Console, err: Console,
                               + f" [{res.wall_s:.0f} s]")
                 if res.outcome.startswith("error"):
                     code = ExitCode.ENGINE if pcode == ExitCode.ENGINE else pcode
+                    why = f"pass {name} ended in an {res.outcome}"
                     break
                 if eng.server is not None and not eng.server.alive():
-                    code = ExitCode.ENGINE
+                    code, why = ExitCode.ENGINE, f"the engine died during pass {name}"
                     break
-    except BaseException as exc:
-        save("interrupted" if isinstance(exc, (Interrupted, KeyboardInterrupt)) else "failed",
-             false_alarms=alarms, error=str(exc)[:500])
-        raise
-    line = headline(results, alarms)
-    ok = code == ExitCode.OK and alarms == 0 and all(
-        r.outcome == "detected" or r.outcome.startswith("vacuous")
-        for r in results if r.name != "clean") and \
-        len(results) == len(faults) + 1
-    if code == ExitCode.OK and not ok:
-        code = ExitCode.FAIL
-    extra: dict[str, Any] = {"headline": line, "false_alarms": alarms, "exit_code": code}
     if session.gpu_memory:  # a launched engine on GPUs: did their memory come back?
         extra["gpu_memory"] = session.gpu_memory
-    save("complete", **extra)
-    render(results, line, console)
-    console.print(f"selftest.json: {escape(str(sdir / 'selftest.json'))}")
-    return code
+    return code, why
 
 
 def _run_pass(pcfg, name: str, fault: SelftestFault | None, client,

@@ -14,13 +14,19 @@ job's :class:`Timeline` lands in its JSON (``manifest.json``'s ``timeline``, ``e
 from __future__ import annotations
 
 import time
-from datetime import datetime
+from datetime import datetime, timezone
 
 from pydantic import BaseModel, Field
 
 #: wall-clock time (epoch seconds) the command started: the package's first import
 COMMAND_STARTED: float = time.time()
 _STARTED_MONOTONIC: float = time.monotonic()
+
+
+def now_iso() -> str:
+    """The time now as an ISO 8601 text in UTC, to the millisecond (every ``started_at`` and
+    ``ended_at`` of the harness's files, e.g. ``2026-12-07T04:00:00.123+00:00``)."""
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
 
 def since_start() -> float:

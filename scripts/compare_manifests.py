@@ -29,7 +29,7 @@ from typing import Any
 # dotted-path patterns (regular expressions on the whole path) left out of the comparison
 IGNORED = [
     r".*_s", r".*_at", r".*_s_median", r".*tok_per_s", r".*throughput.*",
-    r"run_id", r"invocation(\..*)?", r"harness\.git_commit", r"exit_code_?",
+    r"run_id", r"invocation(\..*)?", r"harness\.git_commit", r"(job\.)?exit_code_?",
     r"engine\.(url|command|launch\.python|ready_s)(\..*)?",
     r"engine\.(reference_engine|control_engine)\.(command|ready_s|launch\.python)(\..*)?",
     r"environment\.(platform|harness_python|engine_python)",

@@ -467,6 +467,8 @@ def test_explain_stopped_after_its_second_launch_keeps_what_it_learned(cpu_engin
     assert "explain.json and explain.md:" in err and "rewritten after every launch" in err
     rep = json.loads(path.read_text())
     assert rep["status"].startswith("interrupted"), rep["status"]
+    assert (rep["job"]["status"], rep["job"]["exit_code"], rep["job"]["steps_done"]) == (
+        "interrupted", 143, ["plan"])  # the job record (issue 50): stopped in its launches
     launched = [la for la in rep["launches"] if la.get("command")]
     not_yet = [la for la in rep["launches"] if la.get("skipped") == "not tested yet"]
     assert len(launched) >= 2 and launched[0]["config"] == "under test"

@@ -122,7 +122,11 @@ def test_confirm_replays_each_reproducer_on_the_runs_configuration(tmp_path, mon
                 cfg.reference.cache_state) == (0.25, True, False, "cold")
         assert not cfg.control and cfg.confirmation.runs == 0
     res = _result(d)
-    assert (res.status, res.exit_code, res.runs, res.run_id) == ("complete", exit_code, 2, "run")
+    # no replay ran to a verdict (each ended in an error): the job failed, exit 3 (issue 50)
+    status = "failed" if exit_code == 3 else "complete"
+    assert (res.status, res.exit_code, res.runs, res.run_id) == (status, exit_code, 2, "run")
+    assert (res.job.status, res.job.exit_code) == (status, exit_code)
+    assert res.job.steps_done == ["run", "configuration", "confirmation", "result"]
     (row,) = res.reproducers
     # this job's own confirmation, not the run's earlier "reproduced 2/2"
     assert row.confirmation.rate == rate and row.confirmation.fresh_engine

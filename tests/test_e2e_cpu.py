@@ -202,6 +202,9 @@ def test_engine_start_failure_gives_root_cause(tmp_path, embedded_model):
     m = load_json(tmp_path / "bad" / "manifest.json")
     assert m["status"] == "failed" and m["verdict"] == "error" and m["exit_code"] == 3
     assert "No common block size for 16" in m["root_cause"]
+    job = m["job"]  # the job record (issue 50): the same words and root cause, no step done
+    assert (job["status"], job["exit_code"], job["steps_done"]) == ("failed", 3, [])
+    assert job["root_cause"] == m["root_cause"] and job["reason"] == m["reason"]
     assert not group_alive(launched_pid(tmp_path / "bad"))
 
 

@@ -54,6 +54,9 @@ def test_attached_facts_and_kv_pressure(small_kv_engine, tmp_path):
     r = run_cli("facts", "--url", url, "--json", str(tmp_path / "facts.json"), timeout=300)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     facts = load_json(tmp_path / "facts.json")["facts"]
+    job = load_json(tmp_path / "facts.json")["job"]  # the job record (issue 50)
+    assert (job["status"], job["exit_code"], job["steps_done"]) == ("complete", 0,
+                                                                    ["engine", "report"])
     assert facts["block_size"]["value"] == said["block_size"]
     assert facts["block_size"]["source"].startswith("/metrics")
     assert facts["max_num_batched_tokens"] == {"value": 256, "source":

@@ -75,6 +75,8 @@ def test_engine_killed_mid_run(tmp_path):
     m = json.loads((run_dir / "manifest.json").read_text())
     assert proc.returncode == 3, out[-3000:]
     assert m["status"] == "engine_died" and m["verdict"] == "error" and m["exit_code"] == 3
+    job = m["job"]  # the job record (issue 50): the same words, the steps done before it died
+    assert (job["status"], job["exit_code"], job["steps_done"]) == ("engine_died", 3, ["engines"])
     assert m["summary"]["phases_completed"] < m["summary"]["phases_planned"] == 32
     assert m["log_tail"], "the manifest keeps the last lines of engine.log"
     assert "engine error" in out
@@ -91,6 +93,8 @@ def test_sigint_interrupts_cleanly(tmp_path):
     m = json.loads((run_dir / "manifest.json").read_text())
     assert m["status"] == "interrupted" and m["reason"] == "interrupted by SIGINT"
     assert m["exit_code"] == 130 and m["ended_at"]
+    assert (m["job"]["status"], m["job"]["exit_code"], m["job"]["reason"]) == (
+        "interrupted", 130, "interrupted by SIGINT")
     assert 0 < m["summary"]["phases_completed"] < 32
     assert not group_alive(pid), "engine processes survived"
     assert_no_key(run_dir, out)

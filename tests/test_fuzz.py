@@ -567,6 +567,8 @@ def test_engine_fuzz_repro_confirmed_on_fresh_engines(cpu_engine, tmp_path):
     r, out, m, env = launched_fuzz(cpu_engine, tmp_path, "det", FAKE_PY,
                                    {"PLE_FAULT_WHEN": "always"}, "--no-shrink")
     assert r.returncode == 1, out[-3000:]
+    assert (m["job"]["job"], m["job"]["status"], m["job"]["exit_code"]) == ("fuzz", "complete", 1)
+    assert m["job"]["steps_done"] == ["engine", "search", "sides", "confirmation", "verdict"]
     s = m["tables"]["fuzz_summary"][0]
     (row,) = m["tables"]["reproducers"]
     assert s["confirmed"] is True and s["reproduction_rate"] == "2/2", s
@@ -602,6 +604,10 @@ def test_engine_fuzz_repro_confirmed_on_fresh_engines(cpu_engine, tmp_path):
     assert [r["confirmation"]["rate"] for r in red["reproducers"]] == ["1/1"]
     assert [r["confirmation"]["rate"] for r in green["reproducers"]] == ["0/1"]
     assert green["engine_python"] == str(fixed) and red["engine_python"] == FAKE_PY
+    for rec, code in ((red, 1), (green, 0)):  # the job record (issue 50) and its steps
+        assert (rec["status"], rec["exit_code"]) == ("complete", code)
+        assert (rec["job"]["status"], rec["job"]["exit_code"], rec["job"]["steps_done"]) == (
+            "complete", code, ["run", "configuration", "confirmation", "result"])
     assert red["timeline"]["confirmed_s"] > 0 and "confirmed_s" not in green["timeline"]  # None: left out
     assert (tmp_path / "det" / "manifest.json").read_bytes() == before
 

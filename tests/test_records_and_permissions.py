@@ -53,7 +53,8 @@ def test_selftest_whose_engine_cannot_start_leaves_its_record(tmp_path):
                 "--run-id", "st", "--start-timeout", "60", env=FAIL, timeout=300)
     assert r.returncode == 3, r.stdout + r.stderr
     data = json.loads((tmp_path / "st" / "selftest.json").read_text())
-    assert data["status"] == "engine_failed" and data["exit_code"] == 3
+    assert data["status"] == "failed" and data["exit_code"] == 3
+    assert (data["job"]["status"], data["job"]["exit_code"]) == ("failed", 3)
     assert "planted start failure" in (data["root_cause"] or ""), data
     assert data["engine_log"] and data["passes"] == []
     assert_private(tmp_path / "st")
@@ -67,6 +68,10 @@ def test_facts_folder_and_json_are_private(tmp_path):
     (folder,) = (tmp_path / "res").iterdir()
     assert folder.name.startswith("facts-")
     assert_private(tmp_path / "res")
+    job = json.loads((tmp_path / "out" / "facts.json").read_text())["job"]  # its record
+    assert (job["job"], job["status"], job["exit_code"]) == ("facts", "failed", 3)
+    assert "planted start failure" in (job["root_cause"] or ""), job
+    assert_private(tmp_path / "out")
 
 
 class _NeedsKey(BaseHTTPRequestHandler):

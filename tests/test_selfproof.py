@@ -528,6 +528,9 @@ def test_selftest_reports_a_fault_that_never_fired_as_missed(cpu_engine, tmp_pat
     data = json.loads((tmp_path / "b" / "selftest.json").read_text())
     assert r.returncode == 1
     assert data["passes"][1]["outcome"] == "missed (never triggered)"
+    assert (data["status"], data["exit_code"]) == ("complete", 1)  # the job record's (issue 50)
+    assert (data["job"]["status"], data["job"]["exit_code"], data["job"]["steps_done"]) == (
+        "complete", 1, ["engine", "passes", "verdict"])
     assert data["headline"] == ("this suite on this engine catches 0/1 planted fault classes; "
                                 "0 false alarms (missed: flip_under_load)")
 

@@ -34,7 +34,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from ..environment import gpu_inventory
-from ..errors import EngineError, HarnessError, UsageError
+from ..errors import EngineError, Interrupted, UsageError
 from ..model import SERVED_NAME, ensure_embedded_model
 from ..redact import redact_argv, redact_url
 from ..timeline import EngineStart
@@ -240,16 +240,6 @@ class Variant:
 
 
 # -- the session ---------------------------------------------------------------------------------
-class Interrupted(HarnessError):
-    """SIGINT or SIGTERM arrived while an :class:`EngineSession` owned the signals; the exit
-    code is 128 + the signal number (130, 143)."""
-
-    def __init__(self, signum: int):
-        super().__init__(f"interrupted by {signal.Signals(signum).name}")
-        self.signum = signum
-        self.exit_code = 128 + signum
-
-
 def gpu_memory_after(before: list[dict], tolerance_mib: float, console: Console,
                      wait_s: float = 30.0) -> dict[str, Any]:
     """Per-GPU memory after the engines stopped, against the pre-launch ``before``

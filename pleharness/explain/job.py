@@ -20,6 +20,7 @@ from ..engine.side_by_side import SideBySide, model_bytes
 from ..engine.side_by_side import plan as plan_side_by_side
 from ..environment import gpu_inventory
 from ..errors import UsageError
+from ..jobrecord import JobFrame, JobRecord
 from ..explain_plan import estimate, order_first_round
 from ..attribution import effective_config, unused_drops
 from ..config import harness_set_flag, raise_all
@@ -174,68 +175,100 @@ def explain(run: Path, *, suspects_extra: Sequence[str] = (), suspects_drop: Seq
                           highlight=False)
         private_dir(out_dir)
         report = ExplainReport(m.run_id, tries, budget_s, include_warnings=include_warnings)
-        if unfinished:
-            console.print(f"{unfinished}: explaining the {len(cases)} failing case(s) it recorded",
-                          highlight=False)
-        if not cases:
-            console.print("no failing divergences in this run: nothing to explain")
-            write_atomic(out_dir / "explain.json", report.to_json())
-            return report
-        target = run_target(m, engine_python, start_timeout_s, compile_cache)
-        gpus = gpu_inventory()
-        side = plan_side_by_side(parallel_engines, gpus=gpus, model=model_bytes(target.model_path),
-                                 engine_args=target.engine_args, engine_env=target.engine_env)
-        suspects = order_first_round(m, suspects_for(m, suspects_extra, suspects_drop,
-                                                     auto_suspects))
-        report.suspects = list(suspects)
-        report.side_by_side = side.record()
-        report.estimate = estimate(m, 1 + len(suspects), side.n, budget_s)
-        console.print(f"{len(cases)} failing case(s); {1 + len(suspects)} engine launch(es) "
-                      "planned: the configuration under test, then without: "
-                      f"{', '.join(s.name for s in suspects) or '(no suspects)'}", highlight=False)
-        console.print(f"estimate: {report.estimate['text']}", highlight=False)
-        if side.n > 1:
-            console.print(escape(side.why), highlight=False)
-        console.print(f"explain.json and explain.md: {escape(str(out_dir))} (rewritten after every "
-                      "launch)", highlight=False)
-        progress = ExplainProgress(report, cases, out_dir, run_dir)
-        golden, report.golden = RunGolden.of_run(m, target, out_dir)
-        t0 = time.monotonic()
-        try:
-            with EngineSession(console, out_dir, gpus_before=gpus) as session:
-                report.timeline.engine_starts = session.starts  # the same list, as they start
-                configs = replay_all(session, target, m, cases, report, budget_s, t0, console,
-                                     progress, side, golden)
-                for c in cases:
-                    path = out_dir / f"repro-{c.index}.toml"
-                    write_repro(c, path, m.run_id)
-                    report.cases.append(case_report(c, configs[1:],
-                                                    str(path.relative_to(run_dir))))
-                if any(c.minimal_case is not None for c in report.cases):  # a case diagnosed
-                    report.timeline.mark("diagnosis")
-                if confirm_runs:
-                    progress.save("confirming the reproducers")
-                    confirm_repros(report, m, run_dir, confirm_runs,
-                                   engine_python=engine_python,
-                                   start_timeout_s=start_timeout_s, console=console,
-                                   on_each=lambda: progress.save("confirming the reproducers"),
-                                   side=side, confirm_all=confirm_all,
-                                   compile_cache=compile_cache)
-        except BaseException as exc:
-            progress.save(_stopped(exc, report))
-            raise
-        finally:
-            if golden is not None:
-                golden.close()
-                if golden.error:
-                    report.golden += f"; stopped: {golden.error}"
-        report.elapsed_s = round(time.monotonic() - t0, 1)
-        report.timeline.mark("ended")
-        progress.save("complete")
+        box: dict[str, ExplainProgress] = {}
+
+        def save(rec: JobRecord) -> None:  # explain.json (and explain.md once planned) now
+            report.job = rec
+            if "progress" in box:
+                box["progress"].save(report.status)
+            else:
+                write_atomic(out_dir / "explain.json", report.to_json())
+
+        def stopped(exc: BaseException, _rec: JobRecord) -> None:
+            report.status = _stopped(exc, report)
+
+        with JobFrame("explain", save, crash_dir=out_dir, on_error=stopped) as frame:
+            if unfinished:
+                console.print(f"{unfinished}: explaining the {len(cases)} failing case(s) it "
+                              "recorded", highlight=False)
+            if not cases:
+                console.print("no failing divergences in this run: nothing to explain")
+                report.status = "complete"
+                frame.complete(0)
+                return report
+            with frame.step("plan"):
+                target, gpus, side, golden = _plan(report, m, cases, out_dir, engine_python,
+                                                   start_timeout_s, compile_cache,
+                                                   parallel_engines, suspects_extra,
+                                                   suspects_drop, auto_suspects, budget_s,
+                                                   console)
+            progress = box["progress"] = ExplainProgress(report, cases, out_dir, run_dir)
+            t0 = time.monotonic()
+            try:
+                with EngineSession(console, out_dir, gpus_before=gpus) as session:
+                    report.timeline.engine_starts = session.starts  # the same list, as they start
+                    with frame.step("launches"):
+                        configs = replay_all(session, target, m, cases, report, budget_s, t0,
+                                             console, progress, side, golden)
+                        for c in cases:
+                            path = out_dir / f"repro-{c.index}.toml"
+                            write_repro(c, path, m.run_id)
+                            report.cases.append(case_report(c, configs[1:],
+                                                            str(path.relative_to(run_dir))))
+                        if any(c.minimal_case is not None for c in report.cases):  # diagnosed
+                            report.timeline.mark("diagnosis")
+                    if confirm_runs:
+                        with frame.step("confirmation"):
+                            progress.save("confirming the reproducers")
+                            confirm_repros(report, m, run_dir, confirm_runs,
+                                           engine_python=engine_python,
+                                           start_timeout_s=start_timeout_s, console=console,
+                                           on_each=lambda: progress.save(
+                                               "confirming the reproducers"),
+                                           side=side, confirm_all=confirm_all,
+                                           compile_cache=compile_cache)
+            finally:
+                if golden is not None:
+                    golden.close()
+                    if golden.error:
+                        report.golden += f"; stopped: {golden.error}"
+            report.elapsed_s = round(time.monotonic() - t0, 1)
+            report.timeline.mark("ended")
+            report.status = "complete"
+            frame.complete(0)
         result = report.result()
         write_atomic(out_dir / "junit.xml", to_junit(result))
         render(result, console)
         return report
+
+
+def _plan(report: ExplainReport, m: Manifest, cases: list, out_dir: Path,
+          engine_python: str | None, start_timeout_s: float, compile_cache: str | None,
+          parallel_engines: int | None, suspects_extra: Sequence[str],
+          suspects_drop: Sequence[str], auto_suspects: bool, budget_s: float,
+          console: Console) -> tuple:
+    """explain's plan: the run's engine target, the GPUs, the side-by-side plan, the suspects in
+    launch order and the estimate (into ``report``), and the run's golden model
+    (:meth:`RunGolden.of_run`). Returns (target, gpus, side-by-side plan, golden or None)."""
+    target = run_target(m, engine_python, start_timeout_s, compile_cache)
+    gpus = gpu_inventory()
+    side = plan_side_by_side(parallel_engines, gpus=gpus, model=model_bytes(target.model_path),
+                             engine_args=target.engine_args, engine_env=target.engine_env)
+    suspects = order_first_round(m, suspects_for(m, suspects_extra, suspects_drop,
+                                                 auto_suspects))
+    report.suspects = list(suspects)
+    report.side_by_side = side.record()
+    report.estimate = estimate(m, 1 + len(suspects), side.n, budget_s)
+    console.print(f"{len(cases)} failing case(s); {1 + len(suspects)} engine launch(es) "
+                  "planned: the configuration under test, then without: "
+                  f"{', '.join(s.name for s in suspects) or '(no suspects)'}", highlight=False)
+    console.print(f"estimate: {report.estimate['text']}", highlight=False)
+    if side.n > 1:
+        console.print(escape(side.why), highlight=False)
+    console.print(f"explain.json and explain.md: {escape(str(out_dir))} (rewritten after every "
+                  "launch)", highlight=False)
+    golden, report.golden = RunGolden.of_run(m, target, out_dir)
+    return target, gpus, side, golden
 
 
 def suspect_problems(m: Manifest, extra: Sequence[str], drops: Sequence[str]) -> list[str]:
@@ -287,6 +320,6 @@ def _keep_previous(out_dir: Path) -> Path | None:
 def _stopped(exc: BaseException, report: "ExplainReport") -> str:
     """explain.json's ``status`` when explain ends early with ``exc``."""
     done = sum(1 for la in report.launches if la.get("command"))
-    if isinstance(exc, Interrupted):
-        return f"interrupted ({exc}) after {done} launch(es)"
+    if isinstance(exc, (Interrupted, KeyboardInterrupt)):
+        return f"interrupted ({exc or 'interrupted by SIGINT'}) after {done} launch(es)"
     return f"stopped by an error after {done} launch(es): {str(exc)[:300]}"

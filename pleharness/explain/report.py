@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ..jobrecord import JobRecord
 from ..manifest import write_atomic
 from ..manifest.explain import CaseReport, ExplainResult, SuspectRecord
 from ..render.explain import to_markdown
@@ -109,7 +110,10 @@ class ExplainReport:
     :func:`pleharness.explain_plan.estimate`; ``golden``: the golden model the replays are
     judged with (the run's, :class:`~pleharness.explain.replay.RunGolden`), or why there is none;
     ``timeline``: :class:`pleharness.timeline.Timeline` (the diagnosis, the reproducer, the first
-    confirmed reproducer, the engine starts).
+    confirmed reproducer, the engine starts); ``job``: the job's record
+    (:class:`~pleharness.jobrecord.JobRecord`: status in the one vocabulary of every job, exit
+    code, reason, root cause, times, the steps plan, launches, confirmation), None for a report
+    made outside the job.
     """
 
     run_id: str
@@ -125,6 +129,7 @@ class ExplainReport:
     estimate: dict[str, Any] = field(default_factory=dict)
     golden: str = ""  # the golden model the replays are judged with (the run's), or why none
     timeline: Timeline = field(default_factory=Timeline)  # diagnosis, confirmed after N s
+    job: JobRecord | None = None  # the job's record (pleharness.jobrecord), while explain runs
 
     def result(self) -> ExplainResult:
         """The report as written (:class:`~pleharness.manifest.explain.ExplainResult`), what
@@ -135,7 +140,7 @@ class ExplainReport:
                              cases=self.cases,
                              suspects=[SuspectRecord(**asdict(x)) for x in self.suspects],
                              launches=self.launches, elapsed_s=self.elapsed_s,
-                             timeline=self.timeline)
+                             timeline=self.timeline, job=self.job)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object of ``explain.json``."""

@@ -20,14 +20,14 @@ from __future__ import annotations
 
 import json
 import os
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from ..files import write_private
-from ..timeline import Timeline
+from ..jobrecord import JobRecord, JobStatus
+from ..timeline import Timeline, now_iso
 from .records import (CheckResult, ControlEvidence, Divergence, PhaseRecord, ReferenceRecord,
                       RequestRecord, ScoreDiffs, SetFieldsOnly, SideEvidence)
 
@@ -41,13 +41,10 @@ READABLE_SCHEMA_VERSIONS = (1, 2)
 
 # control_failed: the run under test completed and was judged, but the requested control engine
 # failed to start or died (issue 32 item 4: exit 3, its divergences unattributed)
-RunStatus = Literal["running", "complete", "incomplete", "failed", "engine_died", "interrupted",
-                    "control_failed"]
+RunStatus = JobStatus  # one vocabulary for every job (pleharness.jobrecord)
 Verdict = Literal["pass", "fail", "error"]
 
 
-def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
 
 
@@ -214,6 +211,10 @@ class Manifest(BaseModel):
     prompts: dict[str, list[int]] = Field(default_factory=dict)
     summary: Summary = Field(default_factory=Summary)
     timeline: Timeline = Field(default_factory=Timeline)  # pleharness.timeline (issue 49)
+    # the job's record (pleharness.jobrecord.JobRecord, as confirm.json, explain.json and
+    # selftest.json embed it): the top-level status, exit code, reason, root cause and times
+    # with the steps the job finished; None in a manifest of before issue 50
+    job: JobRecord | None = None
     # (records file, records already in it) of the last write; not serialized
     _records_written: tuple[Path, int] | None = PrivateAttr(default=None)
     # (phase, its JSON) per phase at the last write: older phases are not serialized again

@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
+from ..jobrecord import JobRecord
 from ..timeline import Timeline
 from .tables import Confirmation
 
@@ -69,7 +70,8 @@ class CaseReport(BaseModel):
 class ExplainResult(BaseModel):
     """What ``ple-harness explain`` found (``RUN/explain/explain.json``): the fields of
     :class:`pleharness.explain.ExplainReport` as written (``elapsed_s`` absent while None,
-    ``timeline`` while it holds nothing)."""
+    ``timeline`` while it holds nothing, ``job``: the job's record,
+    :class:`~pleharness.jobrecord.JobRecord`, absent in an explain.json of before issue 50)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -85,10 +87,13 @@ class ExplainResult(BaseModel):
     launches: list[dict[str, Any]]
     elapsed_s: float | int | None = None
     timeline: Timeline = Field(default_factory=Timeline)  # diagnosis, confirmed after N s
+    job: JobRecord | None = None  # the job's record (pleharness.jobrecord), absent while None
 
     @model_serializer(mode="wrap")
     def _elapsed_once_known(self, handler):
         data = handler(self)
+        if data.get("job") is None:
+            data.pop("job", None)
         if data.get("elapsed_s") is None:
             data.pop("elapsed_s", None)
         if data.get("timeline") == Timeline().model_dump():  # an explain.json of before issue 49
