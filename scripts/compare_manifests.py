@@ -7,8 +7,10 @@ For a behaviour-preserving change (a refactor): run the same command before and 
 compare. Left out: timings (``*_s``, ``*_at``, throughput, ``tok_per_s``), run ids and paths
 (``run_id``, ``invocation``, ``url``, ``command``, ``launch.python``, the checkout's folder
 in paths), the harness's git commit,
-the engine's port, the environment block except GPU facts, and what is random by design: the
-output hashes of unseeded sampled requests (temperature > 0, no seed) and the two-sample
+the engine's port, the environment block except GPU facts, the compile cache each engine start
+found (its size, cold or warm), and what is random by design: the
+outputs of unseeded sampled requests (temperature > 0, no seed: hash, IDs, text, length,
+finish reason, logprobs) and the two-sample
 statistics of kind ``sampled`` (its table and its ``sampled_distribution`` phase checks' details;
 their statuses are compared). Everything else (statuses,
 verdicts, phases, requests' token hashes and checks, references, facts, tables, summary counts)
@@ -44,6 +46,9 @@ IGNORED = [
     r"engine_probe\.requests", r".*s_per_example",
     # the two-sample statistics of unseeded samples (kind sampled): random by design
     r"tables\.sampled_distribution\.\d+\.(statistic|p_value|detail)",
+    # the compile cache of the machine, as each engine start found and left it
+    r"timeline\.engine_starts\.\d+\.(compile_cache|cache|cache_bytes|cache_written_bytes"
+    r"|cache_reload_failure)",
 ]
 _IGNORED = re.compile("|".join(f"(?:{p})" for p in IGNORED))
 _VOLATILE_TEXT = re.compile(r"/\S*?/(?=(pleharness|scenarios|profiles|tests)/)"
@@ -89,9 +94,15 @@ def diff(a: Any, b: Any, path: str = "") -> list[str]:
     return []
 
 
+# what a request's output is; random by design for an unseeded sample
+SAMPLED_OUTPUT = ("output_hash", "output_ids", "output_text", "output_len", "completion_tokens",
+                  "finish_reason", "logprobs", "top_logprobs")
+
+
 def _unseeded_sample(record: Any) -> bool:
     """A sampled request without a seed (temperature > 0): its output is random by design, so
-    its ``output_hash`` is left out (its checks and status are still compared)."""
+    its output (:data:`SAMPLED_OUTPUT`: hash, IDs, text, length, finish reason, logprobs) is
+    left out (its checks and status are still compared)."""
     return isinstance(record, dict) and (record.get("temperature") or 0) > 0 \
         and record.get("seed") is None
 
@@ -127,7 +138,8 @@ def load(path: str) -> dict:
         data["requests"] = [json.loads(x) for x in lines[:count]]
     for r in data.get("requests") or []:
         if _unseeded_sample(r):
-            r.pop("output_hash", None)
+            for k in SAMPLED_OUTPUT:
+                r.pop(k, None)
     for ph in data.get("phases") or []:  # the same two-sample statistics, as phase checks
         for c in ph.get("checks") or []:
             if c.get("name") == "sampled_distribution":

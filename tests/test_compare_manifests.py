@@ -75,16 +75,28 @@ def test_probe_prompts_insert_positions_and_log_folders_are_left_out_not_the_pro
 
 def test_unseeded_samples_outputs_are_random_by_design(tmp_path):
     import json
-    for seed, want in ((None, 0), (7, 1)):  # a seeded sample's hash is still compared
+    for seed, want in ((None, 0), (7, 3)):  # a seeded sample's output is still compared
         paths = []
         for name, h in (("a", "aa"), ("b", "bb")):
             m = manifest("x", hash_=h)
-            m["requests"][0].update(temperature=1.0, seed=seed)
+            m["requests"][0].update(temperature=1.0, seed=seed, output_len=len(h) + (h == "bb"),
+                                    output_ids=[1, 2] if h == "aa" else [1, 3])
             m["phases"][0]["checks"] = [{"name": "sampled_distribution", "status": "pass",
                                          "detail": f"p = 0.{h}"}]
             (tmp_path / f"{name}.json").write_text(json.dumps(m))
             paths.append(str(tmp_path / f"{name}.json"))
         assert len(cm.diff(*(cm.load(p) for p in paths))) == want
+
+
+def test_the_compile_cache_an_engine_start_found_is_left_out():
+    a, b = manifest("main"), manifest("main")
+    a["timeline"] = {"engine_starts": [{"what": "engine", "cache": "cold", "cache_bytes": 5,
+                                        "cache_written_bytes": 5, "cache_reload_failure": None}]}
+    b["timeline"] = {"engine_starts": [{"what": "engine", "cache": "warm", "cache_bytes": 9,
+                                        "cache_written_bytes": 0, "cache_reload_failure": "x"}]}
+    assert cm.diff(a, b) == []
+    b["timeline"]["engine_starts"][0]["what"] = "control engine"
+    assert len(cm.diff(a, b)) == 1
 
 
 def test_run_folders_ports_and_run_to_run_texts_are_left_out(tmp_path):
