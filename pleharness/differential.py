@@ -22,8 +22,11 @@ answered; grouped by (prompt, max_tokens, request parameters). A key both runs h
    control answer's top-1/top-2 margin there against the run's near-tie threshold, which the
    measured numerics envelope has set (:mod:`pleharness.envelope`), raised to the
    configurations' own difference: ``CROSS_FACTOR`` x the cross-configuration envelope
-   (:func:`cross_envelope`: how far the two configurations' top-1/top-2 margins differ at the
-   positions of the requests they answered alike), and twice the drift of this request's
+   (how far the two configurations' top-1/top-2 margins differ at the positions of the
+   requests they answered alike, :func:`margin_drifts`), taken at the positions whose control
+   margin is at most ``CROSS_SPAN`` x the split's (:func:`envelope_at`; over all positions
+   when fewer than ``CROSS_MIN_POSITIONS`` qualify: :func:`cross_envelope`), and twice the
+   drift of this request's
    logprobs between the two configurations before that position (:func:`_drift`). The
    threshold is what the control's answers can decide: a control that computes another function
    (without CUDA graphs and torch.compile, a bf16 mixture-of-experts engine's answers split from
@@ -125,30 +128,73 @@ DRIFT_FACTOR = 2.0  # the margin is the difference of two logprobs, each drifted
 CROSS_FACTOR = 2.0
 
 
-def cross_envelope(mine: dict[tuple, Answers], theirs: dict[tuple, Answers]
-                   ) -> tuple[float | None, int, int]:
-    """(largest |difference| in nats, positions, requests) of the top-1/top-2 margins of the
-    two configurations' solo references at every output position of the requests both answered
-    alike (same output tokens; both references with margins: ``--logprobs`` >= 2). None when
-    no such position. Evidence the defect under test cannot widen by changing an answer: a
-    request whose answer it changed is not in it (a defect that moves margins without
-    changing any token of a request would: docs/references.md, "Which control")."""
-    top, n, reqs = None, 0, 0
+def margin_drifts(mine: dict[tuple, Answers], theirs: dict[tuple, Answers]
+                  ) -> tuple[list[tuple[float, float]], int]:
+    """([(control margin, |margin under test - control margin|), ...] in nats, requests) at
+    every output position of the requests both configurations answered alike (same output
+    tokens; both solo references with margins: ``--logprobs`` >= 2). Evidence the defect under
+    test cannot widen by changing an answer: a request whose answer it changed is not in it (a
+    defect that moves margins without changing any token of a request would:
+    docs/references.md, "Which control")."""
+    out: list[tuple[float, float]] = []
+    reqs = 0
     for key, under in mine.items():
         ctl = theirs.get(key)
         tr, cr = under.reference, ctl.reference if ctl is not None else None
         if tr is None or cr is None or tr.output_hash != cr.output_hash \
                 or not tr.margins or not cr.margins:
             continue
-        got = False
-        for a, b in zip(tr.margins, cr.margins):
-            if a is not None and b is not None:
-                d = abs(float(a) - float(b))
-                top = d if top is None else max(top, d)
-                n += 1
-                got = True
-        reqs += got
-    return (None if top is None else round(top, 6)), n, reqs
+        got = [(float(b), abs(float(a) - float(b))) for a, b in zip(tr.margins, cr.margins)
+               if a is not None and b is not None]
+        out += got
+        reqs += bool(got)
+    return out, reqs
+
+
+def cross_envelope(mine: dict[tuple, Answers], theirs: dict[tuple, Answers]
+                   ) -> tuple[float | None, int, int]:
+    """(largest |difference| in nats, positions, requests) of the two configurations'
+    top-1/top-2 margins over every position of :func:`margin_drifts`; None when no such
+    position."""
+    drifts, reqs = margin_drifts(mine, theirs)
+    top = max((d for _, d in drifts), default=None)
+    return (None if top is None else round(top, 6)), len(drifts), reqs
+
+
+# A split at control margin m is judged by the margin differences at positions of comparable
+# margin: at most CROSS_SPAN x m. GPU runs w (2026-12-07, bf16 MoE, PIECEWISE control, default
+# suite): margins moved by up to 4.25 nats, but only at positions whose margin was 8-16 nats (a
+# move that can flip no token there); below 8 nats by at most 0.875 over ~1,700 positions a run.
+# With fewer than CROSS_MIN_POSITIONS such positions the largest difference overall decides.
+CROSS_SPAN = 2.0
+CROSS_MIN_POSITIONS = 20
+BANDS = (1.0, 2.0, 4.0, 8.0, 16.0)  # the summary's margin bands (nats)
+
+
+def envelope_at(drifts: list[tuple[float, float]], margin: float | None
+                ) -> tuple[float, int] | None:
+    """(largest margin difference, positions) among ``drifts`` (:func:`margin_drifts`) whose
+    control margin is at most ``CROSS_SPAN`` x ``margin`` (nats); None when ``margin`` is None
+    or fewer than ``CROSS_MIN_POSITIONS`` positions qualify (then the overall envelope
+    decides)."""
+    if margin is None:
+        return None
+    window = [d for m, d in drifts if m <= CROSS_SPAN * margin]
+    if len(window) < CROSS_MIN_POSITIONS:
+        return None
+    return round(max(window), 6), len(window)
+
+
+def envelope_bands(drifts: list[tuple[float, float]]) -> list[dict[str, float]]:
+    """For each band bound b of ``BANDS``: the largest margin difference at positions whose
+    control margin is at most b (``margin_up_to``, ``drift_nats``, ``positions``); bands
+    without a position are left out."""
+    out = []
+    for b in BANDS:
+        w = [d for m, d in drifts if m <= b]
+        if w:
+            out.append({"margin_up_to": b, "drift_nats": round(max(w), 6), "positions": len(w)})
+    return out
 
 
 def _drift(cref: ReferenceRecord | None, tref: ReferenceRecord | None, pos: int) -> float | None:
@@ -193,12 +239,27 @@ def compare_answers(main: Manifest, control: Manifest) -> dict[str, Any]:
     tie = float(ro.near_tie_nats if ro.near_tie_nats is not None else DEFAULT_NEAR_TIE_NATS)
     mine, theirs = solo_answers(main), solo_answers(control)
     ids_main, ids_ctl = _ids(main), _ids(control)
-    env, env_n, env_reqs = cross_envelope(mine, theirs)
-    if env is not None and ro.near_tie_source != "--near-tie-nats":
+    drifts, env_reqs = margin_drifts(mine, theirs)
+    env = round(max(d for _, d in drifts), 6) if drifts else None
+    explicit = ro.near_tie_source == "--near-tie-nats"
+    run_tie = tie
+    if env is not None and not explicit:
         tie = max(tie, round(CROSS_FACTOR * env, 6))
     counts = {"compared": 0, "differ": 0, "hard": 0, "control_repeats_disagree": 0,
-              "without_tokens": 0, "envelope_nats": env, "envelope_positions": env_n,
-              "envelope_requests": env_reqs, "threshold_nats": tie}
+              "without_tokens": 0, "envelope_nats": env, "envelope_positions": len(drifts),
+              "envelope_requests": env_reqs, "threshold_nats": tie,
+              "envelope_by_margin": envelope_bands(drifts) if not explicit else []}
+
+    def threshold(c_ids: list[int], t_ids: list[int], cref: ReferenceRecord | None) -> float:
+        """The run's threshold for one split: 2 x the envelope at its control margin's
+        positions (:func:`envelope_at`), else 2 x the overall envelope."""
+        if explicit or env is None:
+            return tie
+        pos = first_divergence(c_ids, t_ids)
+        m = _at(cref.margins if cref else None, pos) if pos is not None else None
+        near = envelope_at(drifts, m)
+        return tie if near is None else max(run_tie, round(CROSS_FACTOR * near[0], 6))
+
     changed: set[str] = set()
     for key, under in mine.items():
         ctl = theirs.get(key)
@@ -215,13 +276,14 @@ def compare_answers(main: Manifest, control: Manifest) -> dict[str, Any]:
             if c_ids is None or t_ids is None:
                 counts["without_tokens"] += 1
                 continue
-            d = _classify(c_ids, t_ids, ctl, ans, under, ids_ctl, tie, bool(ro.strict))
+            cref = ctl.reference if ctl.reference is not None and \
+                ctl.reference.output_hash == ans else None
+            d = _classify(c_ids, t_ids, ctl, ans, under, ids_ctl,
+                          threshold(c_ids, t_ids, cref), bool(ro.strict))
             counts["hard"] += d.fails
             counts["control_repeats_disagree"] += (d.decided_by or "").startswith(
                 "the control's own")
             rec.differential = d
-            cref = ctl.reference if ctl.reference is not None and \
-                ctl.reference.output_hash == ans else None
             rec.control_answer = {"run": "control:" + ctl.runs[ans][0], "output_ids": c_ids,
                                   "margins": cref.margins if cref else None,
                                   "threshold_nats": d.threshold_nats}
@@ -266,12 +328,27 @@ def _classify(c_ids: list[int], t_ids: list[int], ctl: Answers, ans: str, under:
 
 
 def threshold_text(diff: dict[str, Any]) -> str:
-    """`` (hard above 1.5 nats: 2 x the configurations' largest margin difference 0.75 nats on
-    5120 positions of 60 requests answered alike)`` for ``summary.differential``; "" when the
-    envelope was not measured."""
+    """`` (hard above 1.5 nats of control margin; the configurations' margins differ by up to
+    0.75 nats on 5120 positions of 60 request(s) answered alike, x 2)`` for
+    ``summary.differential``, with, where the margin bands were measured
+    (``envelope_by_margin``), how far they differ at small margins (each split is judged by the
+    positions of up to twice its control margin: :func:`envelope_at`); "" when the envelope was
+    not measured."""
     env = diff.get("envelope_nats")
     if env is None:
         return ""
+    bands = [b for b in diff.get("envelope_by_margin") or []
+             if b["positions"] >= CROSS_MIN_POSITIONS and b["drift_nats"] < env]
+    if bands:
+        b = bands[-1]
+        return (f" (a split is hard above {CROSS_FACTOR:g} x how far the configurations' "
+                f"margins differ at positions of up to {CROSS_SPAN:g} x its control margin, "
+                f"among {diff['envelope_positions']} positions of "
+                f"{diff['envelope_requests']} request(s) answered alike: at margins up to "
+                f"{b['margin_up_to']:g} nats by up to {b['drift_nats']:g} nats "
+                f"({b['positions']} positions), overall by up to {env:g} nats; with fewer than "
+                f"{CROSS_MIN_POSITIONS} comparable positions above {diff['threshold_nats']:g} "
+                "nats)")
     return (f" (hard above {diff['threshold_nats']:g} nats of control margin; the "
             f"configurations' margins differ by up to {env:g} nats on "
             f"{diff['envelope_positions']} positions of {diff['envelope_requests']} request(s) "

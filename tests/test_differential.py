@@ -57,7 +57,11 @@ def test_a_defect_that_corrupts_every_run_alike_fails_by_the_controls_answer():
     counts = compare_answers(main, ctl)
     assert counts == {"compared": 2, "differ": 1, "hard": 1, "control_repeats_disagree": 0,
                       "without_tokens": 0, "envelope_nats": 0.0, "envelope_positions": 6,
-                      "envelope_requests": 1, "threshold_nats": 0.5}
+                      "envelope_requests": 1, "threshold_nats": 0.5,
+                      "envelope_by_margin": [{"margin_up_to": b, "drift_nats": 0.0,
+                                              "positions": n}
+                                             for b, n in ((1.0, 3), (2.0, 4), (4.0, 5),
+                                                          (8.0, 6), (16.0, 6))]}
     r1 = main.requests[0]
     d = r1.differential
     assert d.position == 2 and d.cls == "hard" and d.fails and d.margin_nats == 4.75
@@ -152,3 +156,45 @@ def test_the_controls_answer_carries_the_threshold_its_replays_are_judged_by():
     assert compare_outputs(GOOD, BAD, Rule(0.5), ans["margins"]).fails
     e = ExpectedAnswer(ids=GOOD, margins=[3.0, 2.0, 4.75], threshold_nats=5.0)
     assert e.threshold_nats == 5.0 and ExpectedAnswer(ids=GOOD).threshold_nats is None
+
+
+def alike(main, ctl, n, ctl_margin, drift):
+    """``n`` more requests both configurations answer alike (GOOD), their control margins
+    ``ctl_margin`` at every position and the margins under test ``drift`` nats off."""
+    for i in range(n):
+        p = f"q{ctl_margin}-{i}"
+        main.requests.append(run(f"m{p}", "boundary-repeat", 1, GOOD, prompt=p))
+        main.references.append(ref(GOOD, f"m{p}", prompt=p,
+                                   margins=[ctl_margin + drift] * len(GOOD)))
+        ctl.requests.append(run(f"c{p}", "boundary-repeat", 1, GOOD, prompt=p))
+        ctl.references.append(ref(GOOD, f"c{p}", prompt=p, margins=[ctl_margin] * len(GOOD)))
+
+
+def test_a_split_is_judged_by_the_margin_differences_at_comparable_margins():
+    """GPU run w (PIECEWISE control, default suite): margins moved by up to 4.25 nats, but only
+    at positions of 8-16 nats of margin; below 8 nats by at most 0.875. A split at a control
+    margin of 4.75 (the planted defect's scale) is judged by the positions of up to 9.5 nats:
+    hard; the overall envelope alone would call it the engine's numerics. Too few positions at
+    comparable margins: the overall envelope decides."""
+    from pleharness.differential import threshold_text
+    main, ctl = constant_defect()
+    alike(main, ctl, 4, 2.0, 0.5)    # 24 positions at margin 2, moved by 0.5
+    alike(main, ctl, 1, 12.0, 4.25)  # 6 positions at margin 12, moved by 4.25
+    counts = compare_answers(main, ctl)
+    assert counts["envelope_nats"] == 4.25 and counts["threshold_nats"] == 8.5
+    assert counts["hard"] == 1
+    d = main.requests[0].differential
+    assert d.fails and d.threshold_nats == 1.0 and d.margin_nats == 4.75
+    bands = {b["margin_up_to"]: b for b in counts["envelope_by_margin"]}
+    assert bands[4.0]["drift_nats"] == 0.5 and bands[16.0]["drift_nats"] == 4.25
+    text = threshold_text(counts)
+    assert "overall by up to 4.25 nats" in text and "at margins up to 8 nats by up to 0.5" in text
+    # the same split with only the large-margin positions measured near it: numerics
+    main, ctl = constant_defect()
+    alike(main, ctl, 4, 6.0, 4.25)  # 24 positions at margin 6 (within 2 x 4.75), moved 4.25
+    counts = compare_answers(main, ctl)
+    assert counts["hard"] == 0 and main.requests[0].differential.threshold_nats == 8.5
+    # too few comparable positions (the 6 of constant_defect's p4): the overall envelope
+    main, ctl = constant_defect()
+    alike(main, ctl, 3, 12.0, 4.25)
+    assert compare_answers(main, ctl)["hard"] == 0
