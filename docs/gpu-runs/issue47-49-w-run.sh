@@ -7,6 +7,7 @@
 #   A. issue 47, side by side (2 engines each):
 #      clean-pw       default suite, control PIECEWISE graphs                          want exit 0
 #      clean-eager    default suite, control without CUDA graphs (--enforce-eager)     want exit 0
+#      clean-none     default suite, control cudagraph_mode NONE (compiled, no graphs) want exit 0
 #                     (run v: red for the eager control's own numerics and for
 #                     sampled_degeneration; since: the cross-configuration envelope and the
 #                     degeneration rate)
@@ -44,14 +45,20 @@ jobs)
         --parallel-engines 2)
   pw=(--control-drop-arg=--compilation-config '--control-engine-arg=--compilation-config={"cudagraph_mode": "PIECEWISE"}')
   eager=(--control-drop-arg=--compilation-config --control-engine-arg=--enforce-eager)
+  none=(--control-drop-arg=--compilation-config '--control-engine-arg=--compilation-config={"cudagraph_mode": "NONE"}')
   planted=(--engine-python $FAKE --scenario boundary --scenario transitions)
   step clean-pw stress "${base[@]}" --run-id clean-pw "${pw[@]}" &
-  long=("${base[@]}"); long[1]=docs/gpu-runs/moe-ngram-k2-20480.toml
+  # run w: with the model's own 4096 positions the engine died past them (device-side assert)
+  [ -d /tmp/moe-long ] || { cp -r /tmp/moe /tmp/moe-long && python3 -c "import json; p = '/tmp/moe-long/config.json'; c = json.load(open(p)); c['max_position_embeddings'] = 32768; json.dump(c, open(p, 'w'), indent=2)"; }
+  long=("${base[@]}"); long[1]=docs/gpu-runs/moe-ngram-k2-20480.toml; long[3]=/tmp/moe-long
   step long-pw stress "${long[@]}" --run-id long-pw "${pw[@]}" &
   step selftest selftest --engine-profile $PROFILE --model /tmp/moe --results-dir $R \
     --compile-cache /tmp/cc --run-id selftest --fault flip_under_load --fault corrupt_warm \
     --fault logprobs_off_under_load --fault prompt_logprobs_shifted --fault oov_id &
   step clean-eager stress "${base[@]}" --run-id clean-eager "${eager[@]}" &
+  # the no-CUDA-graph control with compiled kernels (run w: the eager one computes another
+  # function on this engine)
+  step clean-none stress "${base[@]}" --run-id clean-none "${none[@]}" &
   PLE_FAULT_WHEN="$FAP" step planted-pw stress "${base[@]}" --run-id planted-pw "${planted[@]}" "${pw[@]}" &
   [ "${B:-1}" = 1 ] && PLE_FAULT_WHEN="$FAP" step planted-eager stress "${base[@]}" --run-id planted-eager "${planted[@]}" "${eager[@]}" &
   wait
