@@ -51,7 +51,7 @@ run that differs from a wrong solo answer and matches the control's).
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -250,14 +250,10 @@ def compare_answers(main: Manifest, control: Manifest) -> dict[str, Any]:
               "envelope_requests": env_reqs, "threshold_nats": tie,
               "envelope_by_margin": envelope_bands(drifts) if not explicit else []}
 
-    def threshold(c_ids: list[int], t_ids: list[int], cref: ReferenceRecord | None) -> float:
-        """The run's threshold for one split: 2 x the envelope at its control margin's
-        positions (:func:`envelope_at`), else 2 x the overall envelope."""
-        if explicit or env is None:
-            return tie
-        pos = first_divergence(c_ids, t_ids)
-        m = _at(cref.margins if cref else None, pos) if pos is not None else None
-        near = envelope_at(drifts, m)
+    def threshold(margin: float | None) -> float:
+        """The run's threshold for a split at control margin ``margin``: 2 x the envelope at
+        the positions of comparable margin (:func:`envelope_at`), else 2 x the overall one."""
+        near = None if explicit or env is None else envelope_at(drifts, margin)
         return tie if near is None else max(run_tie, round(CROSS_FACTOR * near[0], 6))
 
     changed: set[str] = set()
@@ -278,8 +274,8 @@ def compare_answers(main: Manifest, control: Manifest) -> dict[str, Any]:
                 continue
             cref = ctl.reference if ctl.reference is not None and \
                 ctl.reference.output_hash == ans else None
-            d = _classify(c_ids, t_ids, ctl, ans, under, ids_ctl,
-                          threshold(c_ids, t_ids, cref), bool(ro.strict))
+            d = _classify(c_ids, t_ids, ctl, ans, cref, under, ids_ctl, threshold,
+                          bool(ro.strict))
             counts["hard"] += d.fails
             counts["control_repeats_disagree"] += (d.decided_by or "").startswith(
                 "the control's own")
@@ -303,13 +299,14 @@ def compare_answers(main: Manifest, control: Manifest) -> dict[str, Any]:
     return counts
 
 
-def _classify(c_ids: list[int], t_ids: list[int], ctl: Answers, ans: str, under: Answers,
-              ids_ctl: dict[str, list[int]], tie: float, strict: bool):
+def _classify(c_ids: list[int], t_ids: list[int], ctl: Answers, ans: str,
+              cref: ReferenceRecord | None, under: Answers, ids_ctl: dict[str, list[int]],
+              tie_at: Callable[[float | None], float], strict: bool):
     """The divergence of an answer under test (``t_ids``) from the control's answer ``ans``
-    (rule of the module docstring)."""
+    (``cref``: the control's reference when it gave ``ans``), at the threshold ``tie_at`` gives
+    for the control's margin at the split (rule of the module docstring)."""
     pos = first_divergence(c_ids, t_ids)
-    cref = ctl.reference if ctl.reference is not None and \
-        ctl.reference.output_hash == ans else None
+    tie = tie_at(_at(cref.margins if cref else None, pos))
     drift = _drift(cref, under.reference, pos)
     d = analyse(c_ids, t_ids, pos, cref.margins if cref else None,
                 max(tie, round(DRIFT_FACTOR * drift, 6)) if drift is not None else tie)
