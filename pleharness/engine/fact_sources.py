@@ -243,3 +243,70 @@ def fetch_server_info(client) -> tuple[dict | None, str]:
         return r.json(), "/server_info?config_format=json read"
     except ValueError:
         return None, "/server_info did not answer JSON"
+
+
+_SUFFIX = {"k": 10**3, "m": 10**6, "g": 10**9, "K": 2**10, "M": 2**20, "G": 2**30}
+
+
+def parse_token_count(value: str | bool | None) -> int | None:
+    """A ``--max-model-len`` value as vLLM's parser reads it (``human_readable_int`` in
+    vllm/engine/arg_utils.py): ``4096``, ``32k`` (decimal, x 1000) or ``32K`` (binary, x 1024);
+    ``-1``, ``auto`` or anything else unreadable -> None."""
+    if not isinstance(value, str):
+        return None
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)([kKmMgG]?)\s*", value)
+    if not m:
+        return None
+    n = float(m.group(1)) * _SUFFIX.get(m.group(2), 1)
+    return int(n) if n > 0 else None
+
+
+def model_position_limit(model_path: str | None) -> tuple[int, str] | None:
+    """The longest context a model's ``config.json`` declares: ``max_position_embeddings`` times
+    a RoPE scaling factor that extends it (vLLM's ``_get_and_verify_max_len``: the ``yarn``,
+    ``dynamic`` and ``linear`` types multiply, yarn from ``original_max_position_embeddings``
+    when given; ``llama3``, ``longrope``/``su``, ``mrope`` and ``default`` do not). Returns
+    (tokens, how it was derived) or None when the file or the field is missing."""
+    if not model_path:
+        return None
+    try:
+        data = json.loads((Path(model_path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    data = data.get("text_config", data) or data
+    mpe = data.get("max_position_embeddings")
+    if not isinstance(mpe, int) or mpe <= 0:
+        return None
+    rope = data.get("rope_scaling") or data.get("rope_parameters") or {}
+    kind = str(rope.get("rope_type") or rope.get("type") or "default") if isinstance(rope, dict) \
+        else "default"
+    factor = rope.get("factor") if isinstance(rope, dict) else None
+    if kind in ("yarn", "dynamic", "linear") and isinstance(factor, (int, float)) and factor > 1:
+        base = rope.get("original_max_position_embeddings") if kind == "yarn" else None
+        base = base if isinstance(base, int) and base > 0 else mpe
+        return int(base * factor), (f"max_position_embeddings {base} x {kind} RoPE factor "
+                                     f"{factor:g}")
+    return mpe, f"max_position_embeddings {mpe}"
+
+
+def positions_warning(model_path: str | None, engine_args: Sequence[str],
+                      env: dict[str, str] | None = None) -> str | None:
+    """A warning when the launch's ``--max-model-len`` is beyond the model's declared positions
+    (:func:`model_position_limit`), else None. vLLM refuses such a launch unless
+    ``VLLM_ALLOW_LONG_MAX_MODEL_LEN=1``; with it the positions past the limit are outside what the
+    model was built for (GPU run w, docs/gpu-runs/2026-12-07-w-issue47/: a bf16 MoE model of 4096
+    positions served at 20480 died in both configurations with a device-side assert), so what
+    the harness sees there is the model's limit, not the engine's defect."""
+    args = {("--" + k[2:].replace("_", "-")): v for k, v in parse_engine_args(engine_args).items()}
+    asked = parse_token_count(args.get("--max-model-len"))
+    limit = model_position_limit(model_path)
+    if asked is None or limit is None or asked <= limit[0]:
+        return None
+    allowed = (env or {}).get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "") not in ("", "0")
+    then = ("VLLM_ALLOW_LONG_MAX_MODEL_LEN is set, so vLLM will start, but prompts past "
+            f"{limit[0]} tokens run outside the model's positions (an engine that dies or answers "
+            "wrongly there shows the model's limit, not a defect)" if allowed else
+            "vLLM refuses to start it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1")
+    return (f"warning: --max-model-len {asked} is beyond the model's {limit[1]} "
+            f"({Path(model_path or '.') / 'config.json'}): {then}; lower --max-model-len, or "
+            "serve a copy of the model whose config.json declares more positions")

@@ -40,7 +40,7 @@ from ..redact import redact_argv, redact_url
 from ..timeline import EngineStart
 from .client import EngineClient
 from .inflight import Timeouts
-from .fact_sources import parse_engine_args
+from .fact_sources import parse_engine_args, positions_warning
 from .facts import EngineFacts, gather_facts
 from .launch import EngineServer, LaunchSpec, engine_python_check, redact_env, signal_group
 from .registry import leftover_engines, leftover_text
@@ -134,6 +134,9 @@ def resolve_target(*, url: str | None, model: str | None, python: str, tp: int =
         elif not Path(model).is_dir():
             raise UsageError(f"--model {model}: a file, not a model folder (expected a folder "
                              "with config.json and the weights)")
+        warning = positions_warning(model, args, env)
+        if warning:
+            log(escape(warning))
     elif not EngineClient(url, api_key=api_key).health(timeout=10):
         raise UsageError(f"no engine answers GET {redact_url(url.rstrip('/'))}/health with 200 "
                          "(is the server running and the URL right?)")
