@@ -64,6 +64,23 @@ jobs)
   python3 benchmarks/time_to_diagnosis.py --model /tmp/moe --profile $PROFILE --cache /tmp/cc \
     --steps stress,fuzz-3,explain-4 --results $T --out $T/time_to_diagnosis.json --step-limit-s 560 --budget-s 400 > $T/bench.log 2>&1
   echo B-DONE >> $R/done.txt ;;
+explain-fuzz|cold)  # run x, after B (its stress step failed on a corrupt reference, so
+  # explain-4 had nothing to explain): explain the warm fuzz-3 run instead; then `cold`: fuzz-3
+  # and explain-4 again on empty compile caches (explain on a second empty one)
+  export PLE_FAULT_UPSTREAM=spawn PLE_FAULT_VOCAB=793 PLE_REAL_PYTHON=$(command -v python3) \
+    PLE_FAULT_MODE=crowded PLE_FAULT_WHEN='--compilation-config={"cudagraph_mode": "FULL_AND_PIECEWISE"},!--enforce-eager'
+  cd /tmp/code
+  if [ "$PART" = explain-fuzz ]; then
+    timeout -s TERM 480 python3 -m pleharness explain $T/ttd-fuzz-3 --confirm-runs 3 \
+      --parallel-engines 4 --budget-s 400 --compile-cache /tmp/cc > $T/explain-fuzz.console.txt 2>&1
+    exit 0
+  fi
+  mkdir -p /tmp/cold
+  timeout -s TERM 230 python3 -m pleharness fuzz --engine-python /tmp/code/tests/fakepy/python \
+    --engine-profile $PROFILE --model /tmp/moe --results-dir /tmp/cold --compile-cache /tmp/cc-cold \
+    --run-id cold-fuzz-3 --time-budget 60 --confirm-runs 3 --parallel-engines 3 > /tmp/cold/fuzz.console.txt 2>&1
+  timeout -s TERM 200 python3 -m pleharness explain /tmp/cold/cold-fuzz-3 --confirm-runs 3 \
+    --parallel-engines 4 --budget-s 180 --compile-cache /tmp/cc-cold2 > /tmp/cold/explain.console.txt 2>&1 ;;
 wait)
   for _ in $(seq "${WAIT_S:-550}"); do grep -q "${UNTIL:-A-DONE}" $R/done.txt 2>/dev/null && break; sleep 1; done
   cat $R/done.txt; for f in $R/*.console.txt; do echo "== $f"; tail -4 "$f" | cut -c1-400; done
