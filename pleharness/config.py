@@ -1,13 +1,12 @@
-"""One configuration layer: the config groups of the run commands and the rules their options
+"""One configuration layer: the config groups of the run commands and the rules their values
 are checked by.
 
-The command line (:mod:`pleharness.cli`) parses, then builds each config group once from the
-raw option values of its option groups (a dict by Python name, plus the names given on the
-command line; :mod:`pleharness.cli.assemble`, one builder per group). The rules it applies live
-here: the cross-option rules checked once for every command (:func:`option_problems`: a launch
-option with ``--url``, an attach-only fact without it, an engine argument holding a space, an
-empty ``--results-dir``, ...), finding an engine profile (a path or a shipped name), the value
-parsers. The result is a :class:`StressConfig`, the composition of the groups
+The command line (:mod:`pleharness.cli`) parses, then builds each config group once from its
+typed option groups (:mod:`pleharness.cli.assemble`, one builder per group, which also checks
+the cross-option rules of the command line: a launch option with ``--url``, an attach-only fact
+without it, ...). The rules the values are checked by live here: engine arguments
+(:func:`engine_arg_problems`), the ``--url``, finding an engine profile (a path or a shipped
+name), the value parsers. The result is a :class:`StressConfig`, the composition of the groups
 (:class:`EngineConfig`, :class:`AttachConfig`, :class:`SuiteConfig`, :class:`ReferenceConfig`,
 :class:`ControlConfig`, :class:`VerdictConfig`, the :class:`~pleharness.engine.inflight.Timeouts`,
 :class:`OutputConfig`, :class:`ConfirmationConfig`), whose :meth:`StressConfig.validate` checks
@@ -19,7 +18,7 @@ from __future__ import annotations
 import os
 import re
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,35 +41,6 @@ DEFAULT_SCENARIOS = ["transitions", "boundary", "pairs", "insert", "sampled", "s
                      "mixed_params", "disconnects", "prefix_isolation", "chat_api",
                      "prompt_logprobs", "constrained"]
 REFERENCE_MODES = ("solo", "engine", "manifest", "golden")
-
-# launch-only options (python name, flag)
-LAUNCH_ONLY = [("model", "--model"), ("engine_profile", "--engine-profile"), ("tp", "--tp"),
-               ("engine_python", "--engine-python"), ("engine_arg", "--engine-arg"),
-               ("engine_env", "--engine-env"), ("host", "--host"), ("port", "--port"),
-               ("start_timeout", "--start-timeout"), ("compile_cache", "--compile-cache"),
-               ("reference_engine_arg", "--reference-engine-arg"),
-               ("reference_drop_arg", "--reference-drop-arg"),
-               ("control_engine_arg", "--control-engine-arg"),
-               ("control_drop_arg", "--control-drop-arg"), ("control_profile", "--control-profile"),
-               ("control_engine_python", "--control-engine-python"),
-               ("parallel_engines", "--parallel-engines")]
-# attach-only fact options: (python name, flag, how a launched engine gets that value,
-# the AttachConfig.explicit_facts key)
-ATTACH_FACTS = [
-    ("block_size", "--block-size", "--engine-arg --block-size=N", "block_size"),
-    ("chunk_size", "--chunk-size", "--engine-arg --max-num-batched-tokens=N",
-     "max_num_batched_tokens"),
-    ("num_speculative_tokens", "--num-speculative-tokens",
-     "--engine-arg '--speculative-config={...\"num_speculative_tokens\": N}'",
-     "num_speculative_tokens"),
-    ("max_num_seqs", "--max-num-seqs", "--engine-arg --max-num-seqs=N", "max_num_seqs"),
-    ("max_model_len", "--max-model-len", "--engine-arg --max-model-len=N", "max_model_len"),
-    ("vocab_size", "--vocab-size", "the model's config.json", "vocab_size"),
-    ("dtype", "--dtype", "--engine-arg --dtype=D, else the model's config.json", "dtype")]
-ENGINE_ARG_OPTIONS = (("engine_arg", "--engine-arg"),
-                      ("reference_engine_arg", "--reference-engine-arg"),
-                      ("control_engine_arg", "--control-engine-arg"))
-
 
 def raise_all(problems: list[str]) -> None:
     """Raise one UsageError listing every problem (none: return)."""
@@ -203,54 +173,6 @@ def program() -> list[str]:
     return [sys.executable, "-m", "pleharness"]
 
 
-def option_problems(o: Mapping[str, Any], given: Iterable[str]) -> list[str]:
-    """Every conflicting, ignored or malformed option of a run command, found before anything is
-    read or started (one usage error lists them all). ``o``: the command's option values by
-    Python name (options a command lacks are simply absent); ``given``: the names given on the
-    command line or through the environment."""
-    given = set(given)
-    out: list[str] = []
-    url = o.get("url")
-    if url is not None:
-        problem = check_url(url)
-        if problem:
-            out.append(problem)
-        launch = [flag for name, flag in LAUNCH_ONLY if name in given]
-        if launch:
-            out.append(f"{', '.join(launch)}: launch option(s), but --url attaches to a running "
-                       "engine that the harness does not start (drop them, or drop --url)")
-        if o.get("reference") == "engine":
-            out.append("--reference engine needs a launched engine (not --url): the reference "
-                       "engine is a second launch")
-    else:
-        for name, flag, how, _ in ATTACH_FACTS:
-            if name in given:
-                out.append(f"{flag} is for attaching with --url only: it would override the "
-                           f"launched engine's real value; a launched engine takes it from "
-                           f"{how}")
-        for name, flag in (("reference_engine_arg", "--reference-engine-arg"),
-                           ("reference_drop_arg", "--reference-drop-arg")):
-            if name in given and o.get("reference") != "engine":
-                out.append(f"{flag} is ignored without --reference engine")
-    results_dir = o.get("results_dir")
-    if results_dir is not None and str(results_dir).strip() == "":
-        out.append("--results-dir '': expected a folder path (e.g. results)")
-    if o.get("suite") is not None and o.get("scenario"):
-        out.append("--suite and --scenario cannot be combined (a suite names its scenarios)")
-    if o.get("repeat_old") is not None and "suite_repeats" in given:
-        out.append("--repeat (deprecated) and --suite-repeats given together: use --suite-repeats")
-    for name, flag in ENGINE_ARG_OPTIONS:
-        out += engine_arg_problems(list(o.get(name) or []), flag)
-    for name, flag in (*ENGINE_ARG_OPTIONS, ("control_drop_arg", "--control-drop-arg"),
-                       ("reference_drop_arg", "--reference-drop-arg")):
-        items = [a for a in (o.get(name) or []) if str(a).startswith("-")]
-        twice = sorted({a for a in items if items.count(a) > 1})
-        if twice:
-            out.append(f"{flag} {', '.join(twice)}: given more than once (once is enough; a "
-                       "repeated engine flag is a typo more often than an intent)")
-    return out
-
-
 def check_control_profile(name_or_path: Path | str, warn: Callable[[str], None]) -> Path:
     """Find and validate a --control-profile before anything starts (the control engine is
     launched only after the whole run under test); ``warn`` about the keys a control run
@@ -306,7 +228,8 @@ class AttachConfig:
 
     ``url``: the server's base URL (None: the harness launches the engine); ``api_key``: the
     key read from ``--api-key-env`` (a Bearer token, and a launched engine's VLLM_API_KEY);
-    ``explicit_facts``: engine fact -> value (:data:`ATTACH_FACTS`' keys)."""
+    ``explicit_facts``: engine fact -> value (block_size, max_num_batched_tokens,
+    num_speculative_tokens, max_num_seqs, max_model_len, vocab_size, dtype)."""
 
     url: str | None = None
     api_key: str | None = None

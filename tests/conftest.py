@@ -35,6 +35,20 @@ def load_json(path: Path) -> dict:
 from pleharness.engine.registry import group_alive  # noqa: E402,F401 (the tests import it here)
 
 
+def default_stress_options(**groups) -> dict:
+    """The keyword arguments of :func:`pleharness.cli.assemble.stress_config` for ``stress``
+    with no option given: every option group at its defaults, ``--reference`` at its default,
+    warnings printed; ``groups`` replaces some (e.g. ``scen=ScenarioOptions(api=Api.chat)``)."""
+    from pleharness.cli import options
+    from pleharness.defaults import DEFAULT_REFERENCE
+    out = dict(engine=options.EngineOptions(), attach=options.AttachOptions(),
+               scen=options.ScenarioOptions(), reference=DEFAULT_REFERENCE,
+               control=options.ControlOptions(), golden=options.GoldenProbeOptions(),
+               ref=options.ReferenceOptions(), verdict=options.VerdictOptions(),
+               timeouts=options.TimeoutOptions(), output=options.OutputOptions(), warn=print)
+    return {**out, **groups}
+
+
 def launched_pid(run_dir: Path) -> int | None:
     for line in (run_dir / "launcher.log").read_text().splitlines():
         if line.startswith("pid "):

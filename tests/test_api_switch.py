@@ -7,10 +7,11 @@ from dataclasses import replace
 
 import pytest
 
-from conftest import load_json, run_cli
+from conftest import default_stress_options, load_json, run_cli
 from doubles import FaultProxy
 from pleharness.cli import assemble
 from pleharness.cli.assemble import stress_config
+from pleharness.cli.options import Api, ScenarioOptions
 from pleharness.config import AttachConfig, EngineConfig, StressConfig, SuiteConfig
 from pleharness.errors import UsageError
 from pleharness.faults.families import ChatFlipUnderLoad
@@ -37,21 +38,15 @@ def test_api_option_is_in_stress_help_and_defaults_to_both():
     r = run_cli("stress", "--help")
     assert r.returncode == 0 and "--api" in r.stdout
     assert "chat twin" in r.stdout
-    from pleharness.cli.stress import ScenarioOptions
     assert ScenarioOptions().api.value == "both"
-    o = {"ladder": None, "repeats": None, "max_tokens": None, "suite": None, "scenario": None,
-         "repeat_old": None, "suite_repeats": 1, "on_timeout": "continue", "reference": "solo",
-         "reference_engine_arg": None, "reference_drop_arg": None, "logprobs": 2,
-         "golden_model": None, "control_engine_arg": None, "control_drop_arg": None,
-         "control_profile": None, "reference_cache_state": "warm", "confirm_runs": 3,
-         "connect_timeout": 1.0, "first_token_timeout": 1.0, "between_tokens_timeout": 1.0,
-         "request_timeout": 1.0}
     groups = (EngineConfig(), AttachConfig(url="http://127.0.0.1:9"))
     real = assemble.engine_groups
-    assemble.engine_groups = lambda o, given: groups
+    assemble.engine_groups = lambda engine, attach, probe: groups
     try:
-        assert stress_config(o, (), print).suite.api == "both"
-        assert stress_config({**o, "api": "chat"}, ("api",), print).suite.api == "chat"
+        assert stress_config(**default_stress_options()).suite.api == "both"
+        chat = ScenarioOptions(api=Api.chat)
+        chat.given = frozenset({"api"})
+        assert stress_config(**default_stress_options(scen=chat)).suite.api == "chat"
     finally:
         assemble.engine_groups = real
     assert StressConfig().suite.api == "completions"  # fuzz, selftest, replays: as before

@@ -18,9 +18,10 @@ from doubles import FakeEngine
 
 from pleharness import golden
 from pleharness.cli import redacted_message
-from pleharness.cli.assemble import api_key_from_env
+from pleharness.cli.assemble import api_key_from_env, option_problems
+from pleharness.cli.options import AttachOptions, EngineOptions
 from pleharness.compare import compare
-from pleharness.config import engine_arg_problems, option_problems, parse_env
+from pleharness.config import engine_arg_problems, parse_env
 from pleharness.engine.launch import engine_python_check
 from pleharness.engine.session import Interrupted
 from pleharness.engine.side_by_side import parse_parallel
@@ -97,7 +98,8 @@ def test_parallel_engines_ascii_digits_only_and_not_with_url():
         with pytest.raises(UsageError):
             parse_parallel(bad)
     assert parse_parallel(" 2 ") == 2 and parse_parallel("auto") is None
-    out = option_problems({"url": "http://127.0.0.1:9"}, {"parallel_engines"})
+    out = option_problems(EngineOptions(), AttachOptions(url="http://127.0.0.1:9"),
+                          given={"parallel_engines"}, results_dir="results")
     assert any("--parallel-engines" in p and "launch option" in p for p in out)
 
 

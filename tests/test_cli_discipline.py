@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, load_json, run_cli
+from conftest import ROOT, default_stress_options, load_json, run_cli
 from doubles import FakeEngine
 from pleharness.manifest import (CheckResult, Divergence, EngineRecord, Manifest, load_manifest,
                                  write_manifest)
@@ -610,7 +610,7 @@ def test_stress_option_defaults_are_the_config_groups_defaults(monkeypatch):
     assert {k: opt[k] for k in fills} == fills
     assert (opt["api"], s.api) == ("both", "completions")
     monkeypatch.setattr("sys.argv", ["ple-harness", "stress"])
-    built = stress_config(params, (), print)
+    built = stress_config(**default_stress_options(reference=opt["reference"]))
     assert built.suite == type(s)(api="both")
     for group in ("engine", "attach", "reference", "control", "verdict", "timeouts",
                   "confirmation"):

@@ -1,27 +1,25 @@
 """One assembly of the configuration: a builder per config group of :mod:`pleharness.config`
-from the option values of the command line (a dict by Python name, as
-:func:`pleharness.cli.options.values` gives them, and the names given on the command line),
-used by ``stress``, ``fuzz``, ``selftest`` and ``facts`` alike. Each command builds the groups
-it has options for and keeps the groups' defaults for the rest (fuzz builds its own suite,
-selftest its verdict). The rules the values are checked by are :mod:`pleharness.config`'s;
-every problem is a :class:`~pleharness.errors.UsageError` naming the option, raised before
-anything is read or started."""
+from the typed option groups of the command line (:mod:`pleharness.cli.options`), used by
+``stress``, ``fuzz``, ``selftest`` and ``facts`` alike. Each builder reads the attributes of the
+groups it is given (a command without a group passes the group's defaults or the one value it
+fixes: fuzz builds its own suite, selftest its verdict). :func:`option_problems` holds the
+cross-option rules of the command line (a launch option with ``--url``, an attach-only fact
+without it, ...); the value rules are :mod:`pleharness.config`'s. Every problem is a
+:class:`~pleharness.errors.UsageError` naming the option, raised before anything is read or
+started."""
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
-from ..config import (ATTACH_FACTS, DEFAULT_SCENARIOS, ENV_NAME, AttachConfig,
-                      ConfirmationConfig, ControlConfig, EngineConfig, OutputConfig,
-                      ReferenceConfig, StressConfig, SuiteConfig, VerdictConfig,
-                      check_control_profile, engine_arg_problems, find_profile, option_problems,
+from ..config import (DEFAULT_SCENARIOS, ENV_NAME, AttachConfig, ConfirmationConfig, ControlConfig, EngineConfig,
+                      OutputConfig, ReferenceConfig, StressConfig, SuiteConfig, VerdictConfig,
+                      check_control_profile, check_url, engine_arg_problems, find_profile,
                       parse_env, parse_ladder, program, raise_all)
-from ..defaults import (DEFAULT_API, DEFAULT_ENGINE_PROBE, DEFAULT_GOLDEN, DEFAULT_HOST,
-                        DEFAULT_ON_TIMEOUT, DEFAULT_PARALLEL_ENGINES, DEFAULT_RESULTS_DIR,
-                        DEFAULT_START_TIMEOUT_S, DEFAULT_STRICT)
+from ..defaults import DEFAULT_HOST
 from ..divergence import normalize_dtype
 from ..engine.inflight import Timeouts
 from ..engine.launch import engine_python_check
@@ -30,39 +28,120 @@ from ..errors import UsageError
 from ..profile import EngineProfile, load_profile
 from ..redact import redact_argv
 from ..suites import load_suite
+from .options import (AttachOptions, ControlOptions, EngineOptions, GoldenProbeOptions,
+                      OutputOptions, ReferenceOptions, ScenarioOptions, TimeoutOptions,
+                      VerdictOptions)
+
+# launch-only options (python name, flag): given with --url, a usage error
+LAUNCH_ONLY = [("model", "--model"), ("engine_profile", "--engine-profile"), ("tp", "--tp"),
+               ("engine_python", "--engine-python"), ("engine_arg", "--engine-arg"),
+               ("engine_env", "--engine-env"), ("host", "--host"), ("port", "--port"),
+               ("start_timeout", "--start-timeout"), ("compile_cache", "--compile-cache"),
+               ("reference_engine_arg", "--reference-engine-arg"),
+               ("reference_drop_arg", "--reference-drop-arg"),
+               ("control_engine_arg", "--control-engine-arg"),
+               ("control_drop_arg", "--control-drop-arg"), ("control_profile", "--control-profile"),
+               ("control_engine_python", "--control-engine-python"),
+               ("parallel_engines", "--parallel-engines")]
+# attach-only fact options: (AttachOptions field, flag, how a launched engine gets that value,
+# the AttachConfig.explicit_facts key)
+ATTACH_FACTS = [
+    ("block_size", "--block-size", "--engine-arg --block-size=N", "block_size"),
+    ("chunk_size", "--chunk-size", "--engine-arg --max-num-batched-tokens=N",
+     "max_num_batched_tokens"),
+    ("num_speculative_tokens", "--num-speculative-tokens",
+     "--engine-arg '--speculative-config={...\"num_speculative_tokens\": N}'",
+     "num_speculative_tokens"),
+    ("max_num_seqs", "--max-num-seqs", "--engine-arg --max-num-seqs=N", "max_num_seqs"),
+    ("max_model_len", "--max-model-len", "--engine-arg --max-model-len=N", "max_model_len"),
+    ("vocab_size", "--vocab-size", "the model's config.json", "vocab_size"),
+    ("dtype", "--dtype", "--engine-arg --dtype=D, else the model's config.json", "dtype")]
 
 
-def engine_groups(o: Mapping[str, Any], given: Iterable[str]
+def option_problems(engine: EngineOptions, attach: AttachOptions, *, given: Iterable[str],
+                    results_dir: str, reference: str | None = None,
+                    scen: ScenarioOptions | None = None, ref: ReferenceOptions | None = None,
+                    control: ControlOptions | None = None) -> list[str]:
+    """Every conflicting, ignored or malformed option of a run command, found before anything is
+    read or started (one usage error lists them all). ``given``: the option names given on the
+    command line or through the environment; ``reference``: ``--reference`` (None: the command
+    has none); a group the command lacks is None (its defaults, nothing given)."""
+    given = set(given)
+    scen, ref, control = scen or ScenarioOptions(), ref or ReferenceOptions(), \
+        control or ControlOptions()
+    out: list[str] = []
+    if attach.url is not None:
+        problem = check_url(attach.url)
+        if problem:
+            out.append(problem)
+        launch = [flag for name, flag in LAUNCH_ONLY if name in given]
+        if launch:
+            out.append(f"{', '.join(launch)}: launch option(s), but --url attaches to a running "
+                       "engine that the harness does not start (drop them, or drop --url)")
+        if reference == "engine":
+            out.append("--reference engine needs a launched engine (not --url): the reference "
+                       "engine is a second launch")
+    else:
+        for name, flag, how, _ in ATTACH_FACTS:
+            if name in given:
+                out.append(f"{flag} is for attaching with --url only: it would override the "
+                           f"launched engine's real value; a launched engine takes it from "
+                           f"{how}")
+        for name, flag in (("reference_engine_arg", "--reference-engine-arg"),
+                           ("reference_drop_arg", "--reference-drop-arg")):
+            if name in given and reference != "engine":
+                out.append(f"{flag} is ignored without --reference engine")
+    if str(results_dir).strip() == "":
+        out.append("--results-dir '': expected a folder path (e.g. results)")
+    if scen.suite is not None and scen.scenario:
+        out.append("--suite and --scenario cannot be combined (a suite names its scenarios)")
+    if scen.repeat_old is not None and "suite_repeats" in given:
+        out.append("--repeat (deprecated) and --suite-repeats given together: use --suite-repeats")
+    engine_args = (("--engine-arg", engine.engine_arg),
+                   ("--reference-engine-arg", ref.reference_engine_arg),
+                   ("--control-engine-arg", control.control_engine_arg))
+    for flag, items in engine_args:
+        out += engine_arg_problems(list(items or []), flag)
+    for flag, items in (*engine_args, ("--control-drop-arg", control.control_drop_arg),
+                        ("--reference-drop-arg", ref.reference_drop_arg)):
+        flags = [a for a in (items or []) if str(a).startswith("-")]
+        twice = sorted({a for a in flags if flags.count(a) > 1})
+        if twice:
+            out.append(f"{flag} {', '.join(twice)}: given more than once (once is enough; a "
+                       "repeated engine flag is a typo more often than an intent)")
+    return out
+
+
+def engine_groups(engine: EngineOptions, attach: AttachOptions, *, probe: bool
                   ) -> tuple[EngineConfig, AttachConfig]:
-    """The engine and attach groups (``o``: option values by Python name, as
-    :func:`pleharness.config.option_problems` takes them), the engine profile (a path or a
-    shipped name) applied under the flags. Raises UsageError naming the option (all conflicting
-    options of ``o`` at once, then a bad profile, --dtype or --api-key-env)."""
-    raise_all(option_problems(o, given))
-    profile_path = find_profile(o["engine_profile"]) if o.get("engine_profile") else None
+    """The engine and attach groups, the engine profile (a path or a shipped name) applied under
+    the flags; ``probe``: ``--engine-probe`` (a command without it passes its value). The
+    cross-option rules (:func:`option_problems`) are checked before. Raises UsageError naming
+    the option (a bad profile, --dtype or --api-key-env)."""
+    profile_path = find_profile(engine.engine_profile) if engine.engine_profile else None
     prof = load_profile(profile_path) if profile_path else EngineProfile()
     raise_all(engine_arg_problems(prof.engine_args, f"{profile_path}: engine_args item"))
-    if o.get("dtype") is not None:
-        if normalize_dtype(o["dtype"]) is None:
-            raise UsageError(f"--dtype {o['dtype']!r}: expected bfloat16, float16 or float32")
-    api_key = api_key_from_env(o.get("api_key_env"))
-    env = {**prof.env, **parse_env(o.get("engine_env") or [])}
-    if o.get("compile_cache"):
-        env["VLLM_CACHE_ROOT"] = compile_cache_dir(o["compile_cache"], env.get("VLLM_CACHE_ROOT"))
-    engine = EngineConfig(
-        model=o.get("model") or prof.model, tp=o.get("tp") or prof.tp or 1,
-        python=o.get("engine_python") or prof.python or sys.executable,
-        args=prof.engine_args + list(o.get("engine_arg") or []),
+    if attach.dtype is not None:
+        if normalize_dtype(attach.dtype) is None:
+            raise UsageError(f"--dtype {attach.dtype!r}: expected bfloat16, float16 or float32")
+    api_key = api_key_from_env(attach.api_key_env)
+    env = {**prof.env, **parse_env(engine.engine_env or [])}
+    if engine.compile_cache:
+        env["VLLM_CACHE_ROOT"] = compile_cache_dir(engine.compile_cache, env.get("VLLM_CACHE_ROOT"))
+    eng = EngineConfig(
+        model=engine.model or prof.model, tp=engine.tp or prof.tp or 1,
+        python=engine.engine_python or prof.python or sys.executable,
+        args=prof.engine_args + list(engine.engine_arg or []),
         env=env,
-        served_model_name=o.get("served_model_name") or prof.served_model_name,
-        host=o.get("host") or prof.host or DEFAULT_HOST, port=o.get("port"),
-        start_timeout_s=o.get("start_timeout", DEFAULT_START_TIMEOUT_S),
+        served_model_name=attach.served_model_name or prof.served_model_name,
+        host=engine.host or prof.host or DEFAULT_HOST, port=engine.port,
+        start_timeout_s=engine.start_timeout,
         profile=str(profile_path) if profile_path else None,
-        probe=o.get("engine_probe", DEFAULT_ENGINE_PROBE))
-    attach = AttachConfig(url=o.get("url"), api_key=api_key,
-                          explicit_facts={fact: o[name] for name, _, _, fact in ATTACH_FACTS
-                                          if o.get(name) is not None})
-    return engine, attach
+        probe=probe)
+    facts = {fact: getattr(attach, name) for name, _, _, fact in ATTACH_FACTS}
+    att = AttachConfig(url=attach.url, api_key=api_key,
+                       explicit_facts={k: v for k, v in facts.items() if v is not None})
+    return eng, att
 
 
 def compile_cache_dir(value: str, env_value: str | None = None) -> str:
@@ -104,110 +183,118 @@ def api_key_from_env(name: str | None) -> str | None:
     return key
 
 
-def verdict_group(o: Mapping[str, Any]) -> VerdictConfig:
-    """The verdict group (``--near-tie-nats``, ``--strict``, ``--golden``, ``--on-timeout``; a
-    command without one of them keeps its default)."""
-    numerics_from = o.get("numerics_from")
+def verdict_group(verdict: VerdictOptions, golden: GoldenProbeOptions,
+                  timeouts: TimeoutOptions) -> VerdictConfig:
+    """The verdict group (``--near-tie-nats``, ``--strict``, ``--numerics-from``, ``--golden``,
+    ``--on-timeout``). Raises UsageError for a --numerics-from that is no run."""
+    numerics_from = verdict.numerics_from
     if numerics_from is not None and numerics_from != "self":
         p = Path(numerics_from)
         if not (p / "manifest.json").is_file() and not p.is_file():
             raise UsageError(f"--numerics-from {numerics_from!r}: not a run folder or manifest "
                              "(or 'self')")
-    return VerdictConfig(near_tie_nats=o.get("near_tie_nats"),
-                         strict=o.get("strict", DEFAULT_STRICT), numerics_from=numerics_from,
-                         golden=o.get("golden", DEFAULT_GOLDEN),
-                         on_timeout=_value(o.get("on_timeout", DEFAULT_ON_TIMEOUT)))
+    return VerdictConfig(near_tie_nats=verdict.near_tie_nats, strict=verdict.strict,
+                         numerics_from=numerics_from, golden=golden.golden,
+                         on_timeout=timeouts.on_timeout.value)
 
 
-def output_group(o: Mapping[str, Any]) -> OutputConfig:
+def output_group(output: OutputOptions) -> OutputConfig:
     """The output group (``--results-dir``, ``--run-id``) and the invocation, as this harness
     was started (:func:`pleharness.config.program`), secrets redacted."""
-    return OutputConfig(results_dir=Path(o.get("results_dir", DEFAULT_RESULTS_DIR)),
-                        run_id=o.get("run_id"),
+    return OutputConfig(results_dir=Path(output.results_dir), run_id=output.run_id,
                         invocation=redact_argv(program() + sys.argv[1:]))
 
 
-def suite_group(o: Mapping[str, Any], given: Iterable[str]) -> SuiteConfig:
+def suite_group(scen: ScenarioOptions, ref: ReferenceOptions) -> SuiteConfig:
     """``stress``'s suite group: the suite file's scenarios and repeat (unless --scenario /
     --suite-repeats), the scenario overrides (--ladder, --repeats, --max-tokens), --api and
-    --logprobs. Raises UsageError for a bad suite or ladder."""
-    suite = load_suite(o["suite"]) if o.get("suite") is not None else None
-    overrides = {k: v for k, v in (("ladder", None if o["ladder"] is None
-                                    else parse_ladder(o["ladder"])),
-                                   ("repeats", o["repeats"]), ("max_tokens", o["max_tokens"]))
+    --logprobs (of ``ref``). Raises UsageError for a bad suite or ladder."""
+    suite = load_suite(scen.suite) if scen.suite is not None else None
+    overrides = {k: v for k, v in (("ladder", None if scen.ladder is None
+                                    else parse_ladder(scen.ladder)),
+                                   ("repeats", scen.repeats), ("max_tokens", scen.max_tokens))
                  if v is not None}
-    explicit_repeats = "suite_repeats" in set(given) or o["repeat_old"] is not None
+    explicit_repeats = "suite_repeats" in scen.given or scen.repeat_old is not None
     return SuiteConfig(
-        scenarios=suite.scenario_refs() if suite else list(o["scenario"] or DEFAULT_SCENARIOS),
+        scenarios=suite.scenario_refs() if suite else list(scen.scenario or DEFAULT_SCENARIOS),
         overrides=overrides,
-        repeat=(o["repeat_old"] or o["suite_repeats"]) if explicit_repeats or not suite
+        repeat=(scen.repeat_old or scen.suite_repeats) if explicit_repeats or not suite
         else suite.repeat,
-        api=_value(o.get("api", DEFAULT_API)), logprobs=o["logprobs"])
+        api=scen.api.value, logprobs=ref.logprobs)
 
 
-def reference_group(o: Mapping[str, Any]) -> ReferenceConfig:
+def reference_group(reference: str, ref: ReferenceOptions) -> ReferenceConfig:
     """The reference group (``--reference``, ``--reference-engine-arg``,
     ``--reference-drop-arg``, ``--reference-cache-state``, ``--golden-model``)."""
-    return ReferenceConfig(source=o["reference"],
-                           engine_args=list(o["reference_engine_arg"] or []),
-                           drop_args=list(o["reference_drop_arg"] or []),
-                           cache_state=_value(o["reference_cache_state"]),
-                           golden_model=o["golden_model"])
+    return ReferenceConfig(source=reference,
+                           engine_args=list(ref.reference_engine_arg or []),
+                           drop_args=list(ref.reference_drop_arg or []),
+                           cache_state=ref.reference_cache_state.value,
+                           golden_model=ref.golden_model)
 
 
-def control_group(o: Mapping[str, Any], warn: Callable[[str], None]) -> ControlConfig:
+def control_group(control: ControlOptions, warn: Callable[[str], None]) -> ControlConfig:
     """The control group; a --control-profile is found and checked now
     (:func:`pleharness.config.check_control_profile`, ``warn`` about the keys it ignores)."""
-    profile = (check_control_profile(o["control_profile"], warn)
-               if o.get("control_profile") else None)
-    python = o.get("control_engine_python")
+    profile = (check_control_profile(control.control_profile, warn)
+               if control.control_profile else None)
+    python = control.control_engine_python
     if python is not None:
         problem = engine_python_check(python)
         if problem:
             raise UsageError(f"--control-engine-python {python}: {problem}")
-    return ControlConfig(engine_args=list(o["control_engine_arg"] or []),
-                         drop_args=list(o["control_drop_arg"] or []), python=python,
+    return ControlConfig(engine_args=list(control.control_engine_arg or []),
+                         drop_args=list(control.control_drop_arg or []), python=python,
                          profile=str(profile) if profile else None)
 
 
-def timeouts_group(o: Mapping[str, Any]) -> Timeouts:
+def timeouts_group(timeouts: TimeoutOptions) -> Timeouts:
     """The per-request timeouts, seconds (``--connect-timeout``, ``--first-token-timeout``,
     ``--between-tokens-timeout``, ``--request-timeout``)."""
-    return Timeouts(o["connect_timeout"], o["first_token_timeout"],
-                    o["between_tokens_timeout"], o["request_timeout"])
+    return Timeouts(timeouts.connect_timeout, timeouts.first_token_timeout,
+                    timeouts.between_tokens_timeout, timeouts.request_timeout)
 
 
-def confirmation_group(o: Mapping[str, Any], given: Iterable[str]) -> ConfirmationConfig:
-    """The confirmation group (``--confirm-runs``, whether it was given, and
+class ConfirmOptions(Protocol):
+    """The options of a command that confirms reproducers (stress's ReferenceOptions, fuzz's
+    run options)."""
+
+    confirm_runs: int
+    parallel_engines: str
+
+
+def confirmation_group(opts: ConfirmOptions, *, runs_given: bool) -> ConfirmationConfig:
+    """The confirmation group (``--confirm-runs``, whether the command checks it was given, and
     ``--parallel-engines``: a number or auto). Raises UsageError for a bad --parallel-engines."""
-    return ConfirmationConfig(
-        runs=o["confirm_runs"], runs_given="confirm_runs" in set(given),
-        parallel_engines=parse_parallel(o.get("parallel_engines", DEFAULT_PARALLEL_ENGINES)))
+    return ConfirmationConfig(runs=opts.confirm_runs, runs_given=runs_given,
+                              parallel_engines=parse_parallel(opts.parallel_engines))
 
 
-def stress_config(o: Mapping[str, Any], given: Iterable[str],
-                  warn: Callable[[str], None]) -> StressConfig:
+def stress_config(*, engine: EngineOptions, attach: AttachOptions, scen: ScenarioOptions,
+                  reference: str, control: ControlOptions, golden: GoldenProbeOptions,
+                  ref: ReferenceOptions, verdict: VerdictOptions, timeouts: TimeoutOptions,
+                  output: OutputOptions, warn: Callable[[str], None]) -> StressConfig:
     """The :class:`~pleharness.config.StressConfig` of ``ple-harness stress`` from its option
-    values by Python name (``o``) and the names given on the command line: every group of it,
-    checked in this order (the engine and attach groups first, with every conflicting option
-    at once, then the suite, the control profile, --parallel-engines). Raises UsageError
-    naming the option."""
-    given = frozenset(given)
-    engine, attach = engine_groups(o, given)
-    suite = suite_group(o, given)
-    control = control_group(o, warn)
-    if o.get("suite") is not None and not control:
-        need = load_suite(o["suite"]).control
+    groups (``reference``: ``--reference``): every group of it, checked in this order (every
+    conflicting option at once, the engine and attach groups, then the suite, the control
+    profile, --parallel-engines). Raises UsageError naming the option."""
+    groups = (engine, attach, scen, control, golden, ref, verdict, timeouts, output)
+    raise_all(option_problems(engine, attach, given=frozenset().union(*(g.given for g in groups)),
+                              results_dir=output.results_dir, reference=reference, scen=scen,
+                              ref=ref, control=control))
+    eng, att = engine_groups(engine, attach, probe=golden.engine_probe)
+    suite = suite_group(scen, ref)
+    ctrl = control_group(control, warn)
+    if scen.suite is not None and not ctrl:
+        need = load_suite(scen.suite).control
         if need.required:
-            raise UsageError(f"--suite {o['suite']}: its runs need a control run ("
+            raise UsageError(f"--suite {scen.suite}: its runs need a control run ("
                              f"{need.why or 'a defect that corrupts every run alike passes without one'}); "
                              "give --control-engine-python BASE/bin/python (HEAD against BASE), "
                              "or --control-drop-arg / --control-engine-arg / --control-profile")
-    return StressConfig(engine=engine, attach=attach, suite=suite, reference=reference_group(o),
-                        control=control, verdict=verdict_group(o), timeouts=timeouts_group(o),
-                        output=output_group(o), confirmation=confirmation_group(o, given))
-
-
-def _value(choice: Any) -> Any:
-    """An Enum choice's value (the CLI's choices are str Enums), else the value itself."""
-    return getattr(choice, "value", choice)
+    return StressConfig(engine=eng, attach=att, suite=suite,
+                        reference=reference_group(reference, ref), control=ctrl,
+                        verdict=verdict_group(verdict, golden, timeouts),
+                        timeouts=timeouts_group(timeouts), output=output_group(output),
+                        confirmation=confirmation_group(
+                            ref, runs_given="confirm_runs" in ref.given))

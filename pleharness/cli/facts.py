@@ -14,8 +14,9 @@ from .. import files
 from ..defaults import DEFAULT_RESULTS_DIR
 from ..factsjob import FactsConfig, run_facts
 from . import Command, app, console
-from .assemble import engine_groups
-from .options import AttachOptions, EngineOptions, Pick, given, grouped, values
+from ..config import raise_all
+from .assemble import engine_groups, option_problems
+from .options import AttachOptions, EngineOptions, GoldenProbeOptions, Pick, given, grouped
 
 
 @app.command(cls=Command, epilog=(
@@ -38,8 +39,10 @@ def facts(ctx: typer.Context,
     Also KV capacity, dtype, max_model_len, ...; launches and stops the engine unless --url."""
     if json_path is not None:
         files.check_json_path(json_path)
-    eng, att = engine_groups(values(attach, engine, results_dir=results_dir),
-                             given(attach, engine))
+    raise_all(option_problems(engine, attach, given=given(attach, engine),
+                              results_dir=str(results_dir)))
+    # facts has no --engine-probe (FactsConfig measures nothing): the option's default
+    eng, att = engine_groups(engine, attach, probe=GoldenProbeOptions().engine_probe)
     if att.url is None:  # a launched engine's log folder goes there
         files.check_writable_folder(results_dir, "--results-dir")
     cfg = FactsConfig(url=att.url, model=eng.model, tp=eng.tp, engine_python=eng.python,

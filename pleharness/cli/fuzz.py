@@ -13,17 +13,18 @@ import typer
 from pydantic import ValidationError
 
 from .. import files
-from ..config import StressConfig
+from ..config import StressConfig, raise_all
 from ..defaults import DEFAULT_CONFIRM_RUNS, DEFAULT_PARALLEL_ENGINES, confirm_runs_help
 from ..engine.inflight import Timeouts
 from ..errors import UsageError
 from ..fuzzjob import run_fuzz
 from ..scenarios.fuzz.strategy import FuzzParams
 from . import Command, app, console, err_console, warn
-from .assemble import confirmation_group, engine_groups, output_group, verdict_group
+from .assemble import (confirmation_group, engine_groups, option_problems, output_group,
+                       verdict_group)
 from .options import (PARALLEL_ENGINES_HELP, AttachOptions, EngineOptions, GoldenProbeOptions,
                       OutputOptions, Pick, TimeoutOptions, VerdictOptions, given, grouped,
-                      option_group, values)
+                      option_group)
 
 P_FUZZ = "Search budget and reproducibility"
 
@@ -148,10 +149,13 @@ def fuzz(ctx: typer.Context, search: FuzzSearchOptions, run: FuzzRunOptions,
     to start or died, 4 internal error, 130/143 interrupted.
     """
     groups = (engine, attach, verdict, golden, output, run)  # run: --parallel-engines with --url
-    o = values(*groups)
-    eng, att = engine_groups(o, given(*groups))
+    raise_all(option_problems(engine, attach, given=given(*groups),
+                              results_dir=output.results_dir))
+    eng, att = engine_groups(engine, attach, probe=golden.engine_probe)
     params = fuzz_params(search, run.max_tokens_old, search.given)
-    cfg = StressConfig(engine=eng, attach=att, verdict=verdict_group(o),
+    # timeouts: only --request-timeout; --on-timeout keeps its default
+    cfg = StressConfig(engine=eng, attach=att, verdict=verdict_group(verdict, golden, timeouts),
                        timeouts=Timeouts(total_s=timeouts.request_timeout),
-                       output=output_group(o), confirmation=confirmation_group(values(run), ()))
+                       output=output_group(output),
+                       confirmation=confirmation_group(run, runs_given=False))
     raise typer.Exit(run_fuzz(cfg, params, console=console, err_console=err_console))

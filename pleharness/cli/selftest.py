@@ -13,9 +13,9 @@ from ..faults import BUILTIN
 from ..selftest import DEFAULT_SUITE, run_selftest
 from ..suites import load_suite
 from . import Command, app, console, err_console
-from .assemble import engine_groups, output_group
-from .options import (P_SCEN, AttachOptions, EngineOptions, OutputOptions, Pick, given, grouped,
-                      values)
+from .assemble import engine_groups, option_problems, output_group
+from .options import (P_SCEN, AttachOptions, EngineOptions, OutputOptions, Pick,
+                      ScenarioOptions, given, grouped)
 
 
 @app.command("selftest", cls=Command, epilog=(
@@ -55,15 +55,17 @@ def selftest(
     error, 3 the engine failed to start or died, 4 internal error.
     """
     groups = (engine, attach, output)
-    # no engine probe: its solo requests would shift the prompt runs that fault classes key on
-    o = values(*groups, engine_probe=False, suite=suite, scenario=scenario)
     if suite is not None and not suite.strip():
         raise UsageError(f"--suite {suite!r}: an empty value (an unset variable in a CI job?): "
                          "give a suite or leave the option out")
     twice = sorted({f for f in fault or [] if (fault or []).count(f) > 1})
     if twice:
         raise UsageError(f"--fault {', '.join(twice)}: given more than once")
-    eng, att = engine_groups(o, given(*groups))
+    config.raise_all(option_problems(
+        engine, attach, given=given(*groups), results_dir=output.results_dir,
+        scen=ScenarioOptions(suite=suite, scenario=scenario)))
+    # no engine probe: its solo requests would shift the prompt runs that fault classes key on
+    eng, att = engine_groups(engine, attach, probe=False)
     if scenario:
         scenarios = list(scenario)
     elif suite == "default":
@@ -73,6 +75,6 @@ def selftest(
     # --run-id names the selftest folder (selftest_id); each pass names its own run
     cfg = StressConfig(engine=eng, attach=att, suite=SuiteConfig(scenarios=scenarios),
                        verdict=VerdictConfig(golden=False),
-                       output=replace(output_group(o), run_id=None))
+                       output=replace(output_group(output), run_id=None))
     raise typer.Exit(run_selftest(cfg, list(fault or BUILTIN), console, err_console,
                                   selftest_id=output.run_id))
