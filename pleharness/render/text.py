@@ -65,10 +65,51 @@ def next_steps(m: Manifest, run_dir: str | None = None) -> list[tuple[str, str |
                       "references' are in manifest.json):",
                       "jq -c 'select(.match == false) | {id, first_divergence, "
                       f"divergence, output_ids}}' {d}/{records}"))
+    hint = unmeasured_bound_hint(m)
+    if hint:
+        steps.append((hint, None))
     note = (f" (attached run: the engine at {m.engine.url} must be running)"
             if m.engine.mode == "attached" else "")
     steps.append((f"reproduce{note}:", reproduce_command(m)))
     return steps
+
+
+CONTROL_HINT = ("--control-drop-arg=--compilation-config '--control-engine-arg="
+                "--compilation-config={\"cudagraph_mode\": \"NONE\"}'")
+HINT_SHOWN = 3  # splits named in the hint; the rest are counted
+
+
+def unmeasured_bound_hint(m: Manifest) -> str | None:
+    """A failed half-precision run with no measured numerics (no control run, no
+    ``--numerics-from``, no ``--near-tie-nats``) whose hard splits were decided by the engine's
+    margin against the serving dtype's bound: say that the bound is not this engine's measured
+    numerics and how to measure them, else None. The verdict is unchanged.
+
+    Why: a bf16 mixture-of-experts engine moves margins by up to ~0.9 nats between two clean
+    configurations (GPU runs w and x, docs/gpu-runs/README.md: a cold and a warm run of one prompt
+    split at 0.75 nats against bfloat16's 0.5-nat bound, no fault able to fire there)."""
+    ro = m.run_options
+    if m.verdict != "fail" or ro.serving_dtype not in ("bfloat16", "float16"):
+        return None
+    env = ro.numerics_envelope or {}
+    measured = (env.get("measured") or {}).get("logprob_nats")
+    if measured is not None or m.engine.control_engine or \
+            (ro.near_tie_source or "").startswith("--near-tie-nats"):
+        return None
+    splits = [(r.id, r.divergence.margin_nats) for r in m.requests
+              if r.divergence is not None and r.divergence.cls == "hard"
+              and (r.divergence.classified_by or "").startswith("engine margin")
+              and r.divergence.margin_nats is not None]
+    if not splits:
+        return None
+    named = ", ".join(f"{i} at {g:.4g} nats" for i, g in splits[:HINT_SHOWN]) + \
+        (f" and {len(splits) - HINT_SHOWN} more" if len(splits) > HINT_SHOWN else "")
+    return (f"numerics not measured: the hard split(s) ({named} of margin) were judged against "
+            f"{ro.serving_dtype}'s {ro.near_tie_nats:g}-nat bound, not this engine's measured "
+            "numerics (no control run); a noisy half-precision engine (a mixture of experts, "
+            "sharp logits) can split there on numerics alone. To decide, rerun with a control, "
+            f"e.g. {CONTROL_HINT} (CUDA graphs off, the same compiled kernels) or "
+            "--control-engine-python BASE")
 
 
 def _results_dir(m: Manifest) -> str:

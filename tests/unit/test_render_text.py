@@ -1,0 +1,45 @@
+"""pleharness.render.text: the next step a failed half-precision run without measured numerics
+gets (GPU run x: a clean bf16 MoE engine split a cold and a warm run at 0.75 nats, above
+bfloat16's 0.5-nat bound, with no control to measure its numerics)."""
+import pytest
+
+from pleharness.manifest import Manifest
+from pleharness.render.text import next_steps, unmeasured_bound_hint
+
+UNMEASURED = {"measured": {"logprob_nats": None, "logprob_source": "not measured: no control"}}
+
+
+def run(*splits, dtype="bfloat16", verdict="fail", source="serving dtype bfloat16",
+        envelope=UNMEASURED, control=None, by="engine margin (golden model uninformative)"):
+    reqs = [{"id": rid, "scenario": "transitions", "phase": "references", "concurrency": 1,
+             "prompt_key": "p6", "prompt_len": 258, "prompt_hash": "h", "max_tokens": 32,
+             "divergence": {"position": 1, "margin_nats": g, "class": cls, "fails": False,
+                            "classified_by": by}}
+            for rid, g, cls in splits]
+    return Manifest.model_validate({
+        "run_id": "r", "verdict": verdict, "requests": reqs,
+        "engine": {"control_engine": control},
+        "run_options": {"serving_dtype": dtype, "near_tie_nats": 0.5, "near_tie_source": source,
+                        "numerics_envelope": envelope}})
+
+
+def test_a_split_judged_by_the_dtype_bound_alone_gets_the_control_hint():
+    m = run(("r00019", 0.75, "hard"), ("r00018", 0.125, "near_tie"))
+    hint = unmeasured_bound_hint(m)
+    assert "r00019 at 0.75 nats" in hint and "r00018" not in hint
+    assert "bfloat16's 0.5-nat bound" in hint and '"cudagraph_mode": "NONE"' in hint
+    assert hint in [text for text, _ in next_steps(m, "/runs/r")]
+    many = run(*[(f"r{i}", 1.0 + i, "hard") for i in range(5)])
+    assert "r2 at 3 nats and 2 more of margin" in unmeasured_bound_hint(many)
+
+
+@pytest.mark.parametrize("change", [
+    {"verdict": "pass"},
+    {"dtype": "float32"},
+    {"control": {"command": ["python", "-m", "vllm"]}},
+    {"envelope": {"measured": {"logprob_nats": 0.4}}},
+    {"source": "--near-tie-nats"},
+    {"by": "golden"},
+])
+def test_no_hint_where_the_numerics_were_measured_or_not_the_question(change):
+    assert unmeasured_bound_hint(run(("r00019", 0.75, "hard"), **change)) is None
