@@ -40,6 +40,9 @@ def test_a_noisy_clean_engine_is_green_at_its_control_envelope(cpu_engine, tmp_p
     failed = {c["name"] for q in m["requests"] for c in q["checks"] if c["status"] == "fail"}
     assert "logprob_parity" in failed
     assert "not measured" in m["run_options"]["numerics_envelope"]["measured"]["logprob_source"]
+    # and it says so in its next steps, with the control that would measure them
+    md = (tmp_path / "alone" / "summary.md").read_text()
+    assert "numerics not measured:" in md and "failed logprob parity check(s)" in md
     r, out, m = noisy_run(cpu_engine, tmp_path, "ctl", "--control-drop-arg=--speculative-config")
     assert r.returncode == 0, out[-3000:]
     env = m["run_options"]["numerics_envelope"]

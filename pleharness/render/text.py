@@ -77,12 +77,13 @@ def next_steps(m: Manifest, run_dir: str | None = None) -> list[tuple[str, str |
 CONTROL_HINT = ("--control-drop-arg=--compilation-config '--control-engine-arg="
                 "--compilation-config={\"cudagraph_mode\": \"NONE\"}'")
 HINT_SHOWN = 3  # splits named in the hint; the rest are counted
+LOGPROB_CHECKS = ("logprob_parity", "prompt_logprobs_parity")  # judged at the same tolerance
 
 
 def unmeasured_bound_hint(m: Manifest) -> str | None:
     """A failed half-precision run with no measured numerics (no control run, no
     ``--numerics-from``, no ``--near-tie-nats``) whose hard splits were decided by the engine's
-    margin against the serving dtype's bound: say that the bound is not this engine's measured
+    margin against the serving dtype's bound, or whose logprob parity checks failed at it: say that the bound is not this engine's measured
     numerics and how to measure them, else None. The verdict is unchanged.
 
     Why: a bf16 mixture-of-experts engine moves margins by up to ~0.9 nats between two clean
@@ -100,11 +101,19 @@ def unmeasured_bound_hint(m: Manifest) -> str | None:
               if r.divergence is not None and r.divergence.cls == "hard"
               and (r.divergence.classified_by or "").startswith("engine margin")
               and r.divergence.margin_nats is not None]
-    if not splits:
+    parity = sum(1 for r in m.requests for c in r.checks
+                 if c.status == "fail" and c.name in LOGPROB_CHECKS)
+    if not splits and not parity:
         return None
-    named = ", ".join(f"{i} at {g:.4g} nats" for i, g in splits[:HINT_SHOWN]) + \
-        (f" and {len(splits) - HINT_SHOWN} more" if len(splits) > HINT_SHOWN else "")
-    return (f"numerics not measured: the hard split(s) ({named} of margin) were judged against "
+    what = []
+    if splits:
+        what.append("the hard split(s) (" + ", ".join(
+            f"{i} at {g:.4g} nats" for i, g in splits[:HINT_SHOWN]) + (
+            f" and {len(splits) - HINT_SHOWN} more" if len(splits) > HINT_SHOWN else "")
+            + " of margin)")
+    if parity:
+        what.append(f"{parity} failed logprob parity check(s)")
+    return (f"numerics not measured: {' and '.join(what)} were judged against "
             f"{ro.serving_dtype}'s {ro.near_tie_nats:g}-nat bound, not this engine's measured "
             "numerics (no control run); a noisy half-precision engine (a mixture of experts, "
             "sharp logits) can split there on numerics alone. To decide, rerun with a control, "

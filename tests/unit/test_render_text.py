@@ -4,6 +4,7 @@ bfloat16's 0.5-nat bound, with no control to measure its numerics)."""
 import pytest
 
 from pleharness.manifest import Manifest
+from pleharness.manifest.records import CheckResult
 from pleharness.render.text import next_steps, unmeasured_bound_hint
 
 UNMEASURED = {"measured": {"logprob_nats": None, "logprob_source": "not measured: no control"}}
@@ -31,6 +32,14 @@ def test_a_split_judged_by_the_dtype_bound_alone_gets_the_control_hint():
     assert hint in [text for text, _ in next_steps(m, "/runs/r")]
     many = run(*[(f"r{i}", 1.0 + i, "hard") for i in range(5)])
     assert "r2 at 3 nats and 2 more of margin" in unmeasured_bound_hint(many)
+
+
+def test_logprob_parity_failures_at_the_dtype_bound_get_the_hint_too():
+    m = run(("r00019", 0.125, "near_tie"))
+    assert unmeasured_bound_hint(m) is None
+    m.requests[0].checks.append(CheckResult(name="logprob_parity", status="fail", detail="x"))
+    assert unmeasured_bound_hint(m).startswith("numerics not measured: 1 failed logprob parity "
+                                               "check(s) were judged against bfloat16's")
 
 
 @pytest.mark.parametrize("change", [
