@@ -136,30 +136,8 @@ def explain(run: Path, *, suspects_extra: Sequence[str] = (), suspects_drop: Seq
     are stopped first).
     """
     console = console or Console(stderr=True)
-    m, run_dir = load_launched_run(run, "explain")
-    cases = failing_cases(m, include_warnings)
-    if engine_python is not None:  # a typo must not wait for the first launch
-        problem = engine_python_check(engine_python)
-        if problem:
-            raise UsageError(f"--engine-python: {problem}")
-    unfinished = ""
-    if m.status not in ("complete", "control_failed"):
-        s = m.summary
-        done = f" after {s.phases_completed} of {s.phases_planned} phases" \
-            if s.phases_planned else ""
-        unfinished = f"the run did not complete (status {m.status!r}{done})"
-        if not cases:  # refused before any folder is made or moved
-            raise UsageError(f"{run}: {unfinished}: no verdict, nothing to explain")
-    raise_all(suspect_problems(m, suspects_extra, suspects_drop))
-    if cases:  # what the launches need, before any folder is made or moved
-        check_run_model(run, (m.engine.launch or {}).get("model"))
-        for line in restore_env(m)[1]:
-            console.print(f"note: the run's engine environment value of {escape(line)} (the "
-                          "run recorded it as <redacted>)", highlight=False)
-    if not os.access(run_dir, os.W_OK | os.X_OK):
-        raise UsageError(f"{run}: the run folder {run_dir} is not writable (read-only or not "
-                         "yours): explain writes RUN/explain/ there; copy the run folder to a "
-                         "writable place and explain the copy")
+    m, run_dir, cases, unfinished = explainable_run(run, include_warnings, engine_python,
+                                                    suspects_extra, suspects_drop, console)
     held = contextlib.ExitStack()
     try:
         held.enter_context(exclusive_lock(run_dir / ".explain.lock"))
@@ -175,12 +153,12 @@ def explain(run: Path, *, suspects_extra: Sequence[str] = (), suspects_drop: Seq
                           highlight=False)
         private_dir(out_dir)
         report = ExplainReport(m.run_id, tries, budget_s, include_warnings=include_warnings)
-        box: dict[str, ExplainProgress] = {}
+        progress: ExplainProgress | None = None  # once planned (the closures read it then)
 
         def save(rec: JobRecord) -> None:  # explain.json (and explain.md once planned) now
             report.job = rec
-            if "progress" in box:
-                box["progress"].save(report.status)
+            if progress is not None:
+                progress.save(report.status)
             else:
                 write_atomic(out_dir / "explain.json", report.to_json())
 
@@ -202,7 +180,7 @@ def explain(run: Path, *, suspects_extra: Sequence[str] = (), suspects_drop: Seq
                                                    parallel_engines, suspects_extra,
                                                    suspects_drop, auto_suspects, budget_s,
                                                    console)
-            progress = box["progress"] = ExplainProgress(report, cases, out_dir, run_dir)
+            progress = ExplainProgress(report, cases, out_dir, run_dir)
             t0 = time.monotonic()
             try:
                 with EngineSession(console, out_dir, gpus_before=gpus) as session:
@@ -240,6 +218,40 @@ def explain(run: Path, *, suspects_extra: Sequence[str] = (), suspects_drop: Seq
         write_atomic(out_dir / "junit.xml", to_junit(result))
         render(result, console)
         return report
+
+
+def explainable_run(run: Path, include_warnings: bool, engine_python: str | None,
+                    suspects_extra: Sequence[str], suspects_drop: Sequence[str],
+                    console: Console) -> tuple[Manifest, Path, list, str]:
+    """What explain checks before any folder is made or moved: the run (launched, its
+    manifest), its failing cases, ``--engine-python``, the suspects, the run's model and
+    environment, and a writable run folder. Returns (manifest, run folder, the failing cases,
+    why the run is unfinished or ""). Raises UsageError for each problem, naming it."""
+    m, run_dir = load_launched_run(run, "explain")
+    cases = failing_cases(m, include_warnings)
+    if engine_python is not None:  # a typo must not wait for the first launch
+        problem = engine_python_check(engine_python)
+        if problem:
+            raise UsageError(f"--engine-python: {problem}")
+    unfinished = ""
+    if m.status not in ("complete", "control_failed"):
+        s = m.summary
+        done = f" after {s.phases_completed} of {s.phases_planned} phases" \
+            if s.phases_planned else ""
+        unfinished = f"the run did not complete (status {m.status!r}{done})"
+        if not cases:  # refused before any folder is made or moved
+            raise UsageError(f"{run}: {unfinished}: no verdict, nothing to explain")
+    raise_all(suspect_problems(m, suspects_extra, suspects_drop))
+    if cases:  # what the launches need, before any folder is made or moved
+        check_run_model(run, (m.engine.launch or {}).get("model"))
+        for line in restore_env(m)[1]:
+            console.print(f"note: the run's engine environment value of {escape(line)} (the "
+                          "run recorded it as <redacted>)", highlight=False)
+    if not os.access(run_dir, os.W_OK | os.X_OK):
+        raise UsageError(f"{run}: the run folder {run_dir} is not writable (read-only or not "
+                         "yours): explain writes RUN/explain/ there; copy the run folder to a "
+                         "writable place and explain the copy")
+    return m, run_dir, cases, unfinished
 
 
 def _plan(report: ExplainReport, m: Manifest, cases: list, out_dir: Path,
