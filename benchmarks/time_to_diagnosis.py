@@ -16,6 +16,10 @@ its exit):
   fuzz-N       ``fuzz --time-budget 60 --confirm-runs 3 --parallel-engines N``: to a reproducer
                confirmed on 3 fresh engines
   explain-N    ``explain STRESS_RUN --confirm-runs 3 --parallel-engines N --budget-s B``
+               (``--explain-of fuzz-3``: explain that fuzz step's run instead)
+
+``--stress-arg`` adds to the stress step (e.g. a control run: on a noisy bf16 engine a stress
+run without one can fail on numerics instead of the fault, GPU run x).
 
 The compile cache: ``--compile-cache`` is ``--cache`` for every step; ``--cold`` empties it
 before the first step (so the first engine start pays for torch.compile and the later ones do
@@ -106,6 +110,13 @@ def main() -> int:
     ap.add_argument("--step-limit-s", type=float, default=900.0,
                     help="SIGTERM a step after this long (it keeps what it learned)")
     ap.add_argument("--out", default="/tmp/ttd-runs/time_to_diagnosis.json")
+    ap.add_argument("--stress-arg", action="append", default=[],
+                    help="appended to the stress step's command, repeatable: e.g. a control on "
+                    "a bf16 engine whose numerics need one (GPU run x: without a control the "
+                    "stress step failed on a cold/warm reference split at 0.75 nats, so "
+                    "explain had no divergence to explain)")
+    ap.add_argument("--explain-of", default="stress", help="the step whose run explain-N "
+                    "explains: stress (default) or a fuzz step, e.g. fuzz-3")
     a = ap.parse_args()
     res = Path(a.results)
     res.mkdir(parents=True, exist_ok=True)
@@ -141,14 +152,16 @@ def one_step(step: str, pas: str, launch: list[str], env: dict, res: Path, a) ->
     kind, _, n = step.partition("-")
     tag = f"{step}-{pas}" if pas else step
     stress_run = res / (f"ttd-stress-{pas}" if pas else "ttd-stress")
+    explained = stress_run if a.explain_of == "stress" else \
+        res / f"ttd-{a.explain_of}-{pas}" if pas else res / f"ttd-{a.explain_of}"
     if kind == "stress":
         argv = ["stress", *launch, "--run-id", stress_run.name, "--scenario", "transitions",
-                "--ladder", "4,1", "--repeats", "1", "--confirm-runs", "0"]
+                "--ladder", "4,1", "--repeats", "1", "--confirm-runs", "0", *a.stress_arg]
     elif kind == "fuzz":
         argv = ["fuzz", *launch, "--run-id", f"ttd-{tag}", "--time-budget", "60",
                 "--confirm-runs", "3", "--parallel-engines", n or "1"]
     elif kind == "explain":
-        argv = ["explain", str(stress_run), "--confirm-runs", "3", "--parallel-engines",
+        argv = ["explain", str(explained), "--confirm-runs", "3", "--parallel-engines",
                 n or "1", "--budget-s", str(a.budget_s), "--compile-cache", a.cache]
     else:
         raise SystemExit(f"unknown step {step!r}")
@@ -162,8 +175,9 @@ def one_step(step: str, pas: str, launch: list[str], env: dict, res: Path, a) ->
                    reproducers=[r.get("verdict") for r in
                                 (m.get("tables") or {}).get("reproducers") or []])
     else:
-        ex = load(stress_run / "explain" / "explain.json")
-        shutil.copytree(stress_run / "explain", res / f"{tag}-explain", dirs_exist_ok=True)
+        ex = load(explained / "explain" / "explain.json")
+        if (explained / "explain").is_dir():  # none when explain refused before making it
+            shutil.copytree(explained / "explain", res / f"{tag}-explain", dirs_exist_ok=True)
         t = ex.get("timeline") or {}
         row.update(status=ex.get("status"), estimate=(ex.get("estimate") or {}).get("text"),
                    timeline={k: t.get(k) for k in STAMPS},
