@@ -266,6 +266,8 @@ class JobRun:
                                                 else None)
         if target.model_path is not None:
             manifest.engine.model_digest = model_digest(target.model_path)
+        if target.warnings:
+            manifest.engine.launch_warnings = list(target.warnings)
         if manifest.environment.get("gpus"):
             manifest.environment["ple_probe"] = capability_summary()
         manifest.summary = Summary(phases_planned=cfg.suite.repeat * sum(s.planned_phases()

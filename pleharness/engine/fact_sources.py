@@ -9,6 +9,7 @@ docstring has the table of sources and ranks).
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -245,67 +246,109 @@ def fetch_server_info(client) -> tuple[dict | None, str]:
         return None, "/server_info did not answer JSON"
 
 
-_SUFFIX = {"k": 10**3, "m": 10**6, "g": 10**9, "K": 2**10, "M": 2**20, "G": 2**30}
+_DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+# the keys vLLM derives a model's length from, the smallest wins (vLLM 0.32,
+# transformers_utils/model_arch_config_convertor.py derive_max_model_len_and_key)
+LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length",
+               "model_max_length", "max_target_positions", "max_sequence_length",
+               "max_seq_length", "seq_len")
+# RoPE types whose factor is already in the declared length (vLLM 0.32 _get_and_verify_max_len)
+ROPE_NOT_SCALING = ("su", "longrope", "llama3", "yarn", "deepseek_yarn",
+                    "deepseek_llama_scaling")
 
 
 def parse_token_count(value: str | bool | None) -> int | None:
     """A ``--max-model-len`` value as vLLM's parser reads it (``human_readable_int`` in
-    vllm/engine/arg_utils.py): ``4096``, ``32k`` (decimal, x 1000) or ``32K`` (binary, x 1024);
-    ``-1``, ``auto`` or anything else unreadable -> None."""
+    vllm/engine/arg_utils.py): ``4096``, ``32k`` / ``1.5k`` (decimal suffixes k m g t, x 1000^n)
+    or ``32K`` (binary suffixes K M G T, x 1024^n, whole numbers only); ``-1``, ``auto``, a
+    decimal without a suffix or anything else vLLM refuses or auto-fits -> None."""
     if not isinstance(value, str):
         return None
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)([kKmMgG]?)\s*", value)
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)([kmgtKMGT]?)\s*", value)
     if not m:
         return None
-    n = float(m.group(1)) * _SUFFIX.get(m.group(2), 1)
+    num, suffix = m.group(1), m.group(2)
+    if "." in num and suffix not in _DECIMAL:
+        return None  # vLLM: int("1.5") fails; decimals are not allowed with binary suffixes
+    n = float(num) * _DECIMAL.get(suffix, _BINARY.get(suffix, 1))
     return int(n) if n > 0 else None
 
 
+def _rope_entries(cfg: dict) -> list[dict]:
+    """The RoPE parameter sets of a config: ``rope_scaling`` or ``rope_parameters``, one dict or
+    one per layer type."""
+    rope = cfg.get("rope_scaling") or cfg.get("rope_parameters")
+    if not isinstance(rope, dict):
+        return []
+    if rope and all(isinstance(v, dict) for v in rope.values()):
+        return list(rope.values())
+    return [rope]
+
+
 def model_position_limit(model_path: str | None) -> tuple[int, str] | None:
-    """The longest context a model's ``config.json`` declares: ``max_position_embeddings`` times
-    a RoPE scaling factor that extends it (vLLM's ``_get_and_verify_max_len``: the ``yarn``,
-    ``dynamic`` and ``linear`` types multiply, yarn from ``original_max_position_embeddings``
-    when given; ``llama3``, ``longrope``/``su``, ``mrope`` and ``default`` do not). Returns
-    (tokens, how it was derived) or None when the file or the field is missing."""
+    """The longest context a model's ``config.json`` declares, as vLLM 0.32 derives it
+    (``_get_and_verify_max_len`` in vllm/config/model.py): the smallest of the length keys
+    (:data:`LENGTH_KEYS`; ``model_max_length`` wins when set), times the RoPE scaling ``factor``
+    of a type not in :data:`ROPE_NOT_SCALING` (not for gemma3). The tokenizer's own
+    ``model_max_length`` is not read. Returns (tokens, how it was derived) or None when the file
+    is missing, unreadable or declares no length."""
     if not model_path:
         return None
     try:
         data = json.loads((Path(model_path) / "config.json").read_text())
     except (OSError, ValueError):
         return None
-    data = data.get("text_config", data) or data
-    mpe = data.get("max_position_embeddings")
-    if not isinstance(mpe, int) or mpe <= 0:
+    if not isinstance(data, dict):
         return None
-    rope = data.get("rope_scaling") or data.get("rope_parameters") or {}
-    kind = str(rope.get("rope_type") or rope.get("type") or "default") if isinstance(rope, dict) \
-        else "default"
-    factor = rope.get("factor") if isinstance(rope, dict) else None
-    if kind in ("yarn", "dynamic", "linear") and isinstance(factor, (int, float)) and factor > 1:
-        base = rope.get("original_max_position_embeddings") if kind == "yarn" else None
-        base = base if isinstance(base, int) and base > 0 else mpe
-        return int(base * factor), (f"max_position_embeddings {base} x {kind} RoPE factor "
-                                     f"{factor:g}")
-    return mpe, f"max_position_embeddings {mpe}"
+    text = data.get("text_config")
+    cfg = text if isinstance(text, dict) else data
+    found = {k: cfg[k] for k in LENGTH_KEYS
+             if isinstance(cfg.get(k), (int, float)) and not isinstance(cfg.get(k), bool)
+             and cfg[k] > 0}
+    if not found:
+        return None
+    key = "model_max_length" if "model_max_length" in found else min(found, key=found.get)
+    limit, how = float(found[key]), f"{key} {found[key]:g}"
+    if "gemma3" not in str(data.get("model_type", "")) + str(cfg.get("model_type", "")):
+        factor = 1.0
+        for rp in _rope_entries(cfg):
+            kind = str(rp.get("rope_type") or rp.get("type") or "default")
+            if kind not in ROPE_NOT_SCALING and isinstance(rp.get("factor"), (int, float)):
+                factor = float(rp["factor"])
+        if factor != 1.0:
+            limit *= factor
+            how += f" x RoPE factor {factor:g}"
+    return int(limit), how
+
+
+def long_len_allowed(env: dict[str, str] | None) -> bool:
+    """Whether vLLM would serve past the model's length: ``VLLM_ALLOW_LONG_MAX_MODEL_LEN`` is
+    ``1`` or ``true`` (vllm/envs.py) in the launch's environment (the harness's own, then the
+    launch's additions)."""
+    v = {**os.environ, **(env or {})}.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "0")
+    return v.strip().lower() in ("1", "true")
 
 
 def positions_warning(model_path: str | None, engine_args: Sequence[str],
                       env: dict[str, str] | None = None) -> str | None:
-    """A warning when the launch's ``--max-model-len`` is beyond the model's declared positions
-    (:func:`model_position_limit`), else None. vLLM refuses such a launch unless
-    ``VLLM_ALLOW_LONG_MAX_MODEL_LEN=1``; with it the positions past the limit are outside what the
-    model was built for (GPU run w, docs/gpu-runs/2026-12-07-w-issue47/: a bf16 MoE model of 4096
-    positions served at 20480 died in both configurations with a device-side assert), so what
-    the harness sees there is the model's limit, not the engine's defect."""
+    """A warning when the launch's ``--max-model-len`` is beyond the model's declared length
+    (:func:`model_position_limit`), else None (also when ``--hf-overrides`` may change the
+    config). vLLM refuses such a launch unless :func:`long_len_allowed`; with it the positions
+    past the limit are outside what the model was built for (GPU run w,
+    docs/gpu-runs/2026-12-07-w-issue47/: a bf16 MoE model of 4096 positions served at 20480 died
+    in both configurations with a device-side assert), so what the harness sees there is the
+    model's limit, not the engine's defect."""
     args = {("--" + k[2:].replace("_", "-")): v for k, v in parse_engine_args(engine_args).items()}
+    if "--hf-overrides" in args:
+        return None
     asked = parse_token_count(args.get("--max-model-len"))
     limit = model_position_limit(model_path)
     if asked is None or limit is None or asked <= limit[0]:
         return None
-    allowed = (env or {}).get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "") not in ("", "0")
     then = ("VLLM_ALLOW_LONG_MAX_MODEL_LEN is set, so vLLM will start, but prompts past "
             f"{limit[0]} tokens run outside the model's positions (an engine that dies or answers "
-            "wrongly there shows the model's limit, not a defect)" if allowed else
+            "wrongly there shows the model's limit, not a defect)" if long_len_allowed(env) else
             "vLLM refuses to start it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1")
     return (f"warning: --max-model-len {asked} is beyond the model's {limit[1]} "
             f"({Path(model_path or '.') / 'config.json'}): {then}; lower --max-model-len, or "

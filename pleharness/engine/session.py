@@ -78,6 +78,7 @@ class Target:
     port: int | None = None
     api_key: str | None = None
     start_timeout_s: float = 900.0
+    warnings: tuple[str, ...] = ()  # said before the launch (the run's manifest keeps them)
 
     def launch_spec(self, engine_args: list[str] | None = None, env: dict[str, str] | None = None,
                     port: int | None = None) -> LaunchSpec:
@@ -119,6 +120,7 @@ def resolve_target(*, url: str | None, model: str | None, python: str, tp: int =
     answers at ``url``); HarnessError when the embedded model's files do not verify.
     """
     args, env, base = list(engine_args or []), dict(engine_env or {}), []
+    warnings: tuple[str, ...] = ()
     if url is None:
         problem = engine_python_check(python)
         if problem:
@@ -137,12 +139,13 @@ def resolve_target(*, url: str | None, model: str | None, python: str, tp: int =
         warning = positions_warning(model, args, env)
         if warning:
             log(escape(warning))
+            warnings = (warning,)
     elif not EngineClient(url, api_key=api_key).health(timeout=10):
         raise UsageError(f"no engine answers GET {redact_url(url.rstrip('/'))}/health with 200 "
                          "(is the server running and the URL right?)")
     return Target(url=url, model_path=model, served_name=served_name, python=python, tp=tp,
                   engine_args=args, engine_env=env, base_args=base, host=host, port=port,
-                  api_key=api_key, start_timeout_s=start_timeout_s)
+                  api_key=api_key, start_timeout_s=start_timeout_s, warnings=warnings)
 
 
 class Engine(NamedTuple):

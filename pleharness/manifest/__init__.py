@@ -91,6 +91,8 @@ class EngineRecord(_Section):
     model_digest: dict[str, Any] | None = None  # embedded model's weights_sha256 (verified)
     control_engine: dict[str, Any] | None = None  # the control engine (its "command", ...)
     reference_engine: dict[str, Any] | None = None  # the reference engine (its "command", ...)
+    # said before the launch (pleharness.engine.fact_sources.positions_warning)
+    launch_warnings: list[str] | None = None
 
 
 class RunOptionsRecord(_Section):

@@ -74,6 +74,7 @@ def _engine_md(m: Manifest) -> list[str]:
                      f"{e.max_model_len}, {e.mode}")
     if e.command:
         lines.append(f"- command: `{shlex.join(e.command)}`")
+    lines += [f"- {w}" for w in e.launch_warnings or []]
     if (e.control_engine or {}).get("command"):
         lines.append(f"- control engine: `{shlex.join(e.control_engine['command'])}`")
     if (e.reference_engine or {}).get("command"):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shlex
 
+from ..engine.session import flag_name
 from ..manifest import Manifest
 
 
@@ -74,35 +75,51 @@ def next_steps(m: Manifest, run_dir: str | None = None) -> list[tuple[str, str |
     return steps
 
 
-CONTROL_HINT = ("--control-drop-arg=--compilation-config '--control-engine-arg="
-                "--compilation-config={\"cudagraph_mode\": \"NONE\"}'")
+GRAPHS_OFF = '--compilation-config={"cudagraph_mode": "NONE"}'
 HINT_SHOWN = 3  # splits named in the hint; the rest are counted
 LOGPROB_CHECKS = ("logprob_parity", "prompt_logprobs_parity")  # judged at the same tolerance
+DTYPE_SOURCES = ("serving dtype", "the serving dtype's bound")  # a bound, not a measurement
+
+
+def control_suggestion(m: Manifest) -> str:
+    """The control to suggest for measuring a run's numerics: CUDA graphs off with the same
+    compiled kernels (GPU run x: its answers equal a PIECEWISE control's to the bit), dropping
+    the run's own ``--compilation-config`` when it has one (``--control-drop-arg`` of a flag the
+    run does not have is a usage error)."""
+    args = (m.engine.launch or {}).get("engine_args") or []
+    has = any(flag_name(str(a)) == "--compilation-config" for a in args)
+    return ("--control-drop-arg=--compilation-config " if has else "") + \
+        f"'--control-engine-arg={GRAPHS_OFF}'"
 
 
 def unmeasured_bound_hint(m: Manifest) -> str | None:
-    """A failed half-precision run with no measured numerics (no control run, no
-    ``--numerics-from``, no ``--near-tie-nats``) whose hard splits were decided by the engine's
-    margin against the serving dtype's bound, or whose logprob parity checks failed at it: say that the bound is not this engine's measured
-    numerics and how to measure them, else None. The verdict is unchanged.
+    """A failed half-precision run whose tolerance was the serving dtype's bound, not a
+    measurement (no control run, no measured ``--numerics-from``, no ``--near-tie-nats``), and
+    whose hard splits were decided by the engine's margin against it, or whose logprob parity
+    checks failed at it: say that the bound is not this engine's measured numerics and how to
+    measure them, else None. The verdict is unchanged. Never raises on a manifest's odd values
+    (a missing threshold or envelope: no hint).
 
     Why: a bf16 mixture-of-experts engine moves margins by up to ~0.9 nats between two clean
     configurations (GPU runs w and x, docs/gpu-runs/README.md: a cold and a warm run of one prompt
     split at 0.75 nats against bfloat16's 0.5-nat bound, no fault able to fire there)."""
     ro = m.run_options
-    if m.verdict != "fail" or ro.serving_dtype not in ("bfloat16", "float16"):
+    if m.verdict != "fail" or ro.serving_dtype not in ("bfloat16", "float16") or \
+            m.engine.control_engine or not isinstance(ro.near_tie_nats, (int, float)):
         return None
-    env = ro.numerics_envelope or {}
-    measured = (env.get("measured") or {}).get("logprob_nats")
-    if measured is not None or m.engine.control_engine or \
-            (ro.near_tie_source or "").startswith("--near-tie-nats"):
-        return None
+    env = ro.numerics_envelope if isinstance(ro.numerics_envelope, dict) else {}
+    measured = env.get("measured")
+    if isinstance(measured, dict) and (measured.get("logprob_nats") is not None
+                                       or measured.get("flip_margin_nats") is not None):
+        return None  # measured, and no larger than the bound where the bound stands
+    lp_source = str(env.get("logprob_tolerance_source") or ro.near_tie_source or "")
+    tie_bound = str(ro.near_tie_source or "").startswith(DTYPE_SOURCES)
     splits = [(r.id, r.divergence.margin_nats) for r in m.requests
-              if r.divergence is not None and r.divergence.cls == "hard"
+              if tie_bound and r.divergence is not None and r.divergence.cls == "hard"
               and (r.divergence.classified_by or "").startswith("engine margin")
               and r.divergence.margin_nats is not None]
-    parity = sum(1 for r in m.requests for c in r.checks
-                 if c.status == "fail" and c.name in LOGPROB_CHECKS)
+    parity = sum(1 for r in m.requests for c in r.checks if c.status == "fail"
+                 and c.name in LOGPROB_CHECKS) if lp_source.startswith(DTYPE_SOURCES) else 0
     if not splits and not parity:
         return None
     what = []
@@ -117,7 +134,7 @@ def unmeasured_bound_hint(m: Manifest) -> str | None:
             f"{ro.serving_dtype}'s {ro.near_tie_nats:g}-nat bound, not this engine's measured "
             "numerics (no control run); a noisy half-precision engine (a mixture of experts, "
             "sharp logits) can split there on numerics alone. To decide, rerun with a control, "
-            f"e.g. {CONTROL_HINT} (CUDA graphs off, the same compiled kernels) or "
+            f"e.g. {control_suggestion(m)} (CUDA graphs off, the same compiled kernels) or "
             "--control-engine-python BASE")
 
 
