@@ -24,6 +24,7 @@ from ..divergence import normalize_dtype
 from ..engine.inflight import Timeouts
 from ..engine.launch import engine_python_check
 from ..engine.side_by_side import parse_parallel
+from ..envelope import envelope_of_run
 from ..errors import UsageError
 from ..profile import EngineProfile, load_profile
 from ..redact import redact_argv
@@ -193,6 +194,8 @@ def verdict_group(verdict: VerdictOptions, golden: GoldenProbeOptions,
         if not (p / "manifest.json").is_file() and not p.is_file():
             raise UsageError(f"--numerics-from {numerics_from!r}: not a run folder or manifest "
                              "(or 'self')")
+        envelope_of_run(numerics_from)  # read now: a run that measured nothing is refused
+        # before the suite runs, not after it (where the run's own judgement would be lost)
     return VerdictConfig(near_tie_nats=verdict.near_tie_nats, strict=verdict.strict,
                          numerics_from=numerics_from, golden=golden.golden,
                          on_timeout=timeouts.on_timeout.value)

@@ -119,3 +119,30 @@ def test_assemble_reads_no_option_value_by_a_string_key():
             and not (isinstance(n.func.value, ast.Name) and n.func.value.id == "env")]
     assert keyed == [] and gets == [], (keyed, gets)
     assert not hasattr(options, "values")
+
+
+def test_a_numerics_from_run_that_measured_nothing_is_refused_before_the_run(tmp_path):
+    """--numerics-from is read when the options are: a run with no measured envelope, or a
+    file that is no manifest, is a usage error then (it used to be found after the suite and the
+    control ran, and the run's own judgement was lost)."""
+    import json
+
+    from pleharness.errors import UsageError
+    from pleharness.manifest import Manifest
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "manifest.json").write_text(json.dumps(Manifest(run_id="p").model_dump(mode="json")))
+    toml = tmp_path / "p.toml"
+    toml.write_text("a = 1\n")
+    for src, msg in ((plain, "measured no numerics envelope"), (toml, "--numerics-from")):
+        with pytest.raises(UsageError, match=msg):
+            assemble.verdict_group(options.VerdictOptions(numerics_from=str(src)),
+                                   options.GoldenProbeOptions(), options.TimeoutOptions())
+    measured = tmp_path / "measured"
+    measured.mkdir()
+    m = Manifest(run_id="m")
+    m.run_options.numerics_envelope = {"measured": {"logprob_nats": 0.4}}
+    (measured / "manifest.json").write_text(json.dumps(m.model_dump(mode="json")))
+    v = assemble.verdict_group(options.VerdictOptions(numerics_from=str(measured)),
+                               options.GoldenProbeOptions(), options.TimeoutOptions())
+    assert v.numerics_from == str(measured)
