@@ -177,7 +177,10 @@ def check_control_profile(name_or_path: Path | str, warn: Callable[[str], None])
     """Find and validate a --control-profile before anything starts (the control engine is
     launched only after the whole run under test); ``warn`` about the keys a control run
     ignores. Returns its path; raises UsageError naming the file and key."""
-    path = find_profile(name_or_path)
+    try:
+        path = find_profile(name_or_path)
+    except UsageError as exc:
+        raise UsageError(f"--control-profile: {exc}") from None
     prof = load_profile(path)
     raise_all(engine_arg_problems(prof.engine_args, f"{path}: engine_args item"))
     ignored = [k for k in ("model", "python", "tp", "served_model_name", "host")

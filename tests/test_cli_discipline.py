@@ -302,7 +302,10 @@ def test_engine_profile_by_shipped_name(tmp_path):
     r = stress_cli("--engine-profile", "cpu-ngram", "--scenario", "nope")
     assert r.returncode == 2 and "unknown scenario 'nope'" in r.stderr
     r = stress_cli("--engine-profile", "no-such-profile")
-    assert r.returncode == 2 and "unknown engine profile 'no-such-profile' (known: cpu-ngram" \
+    assert r.returncode == 2 and "--engine-profile: unknown engine profile 'no-such-profile' " \
+        "(known: cpu-ngram" in r.stderr
+    r = stress_cli("--engine-profile", "cpu-ngram", "--control-profile", "no-such-profile")
+    assert r.returncode == 2 and "--control-profile: unknown engine profile 'no-such-profile'" \
         in r.stderr
     p = tmp_path / "p.toml"
     p.write_text('engine_args = ["--max-num-seqs 8"]\n')

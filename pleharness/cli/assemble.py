@@ -119,7 +119,10 @@ def engine_groups(engine: EngineOptions, attach: AttachOptions, *, probe: bool
     the flags; ``probe``: ``--engine-probe`` (a command without it passes its value). The
     cross-option rules (:func:`option_problems`) are checked before. Raises UsageError naming
     the option (a bad profile, --dtype or --api-key-env)."""
-    profile_path = find_profile(engine.engine_profile) if engine.engine_profile else None
+    try:
+        profile_path = find_profile(engine.engine_profile) if engine.engine_profile else None
+    except UsageError as exc:
+        raise UsageError(f"--engine-profile: {exc}") from None
     prof = load_profile(profile_path) if profile_path else EngineProfile()
     raise_all(engine_arg_problems(prof.engine_args, f"{profile_path}: engine_args item"))
     if attach.dtype is not None:
