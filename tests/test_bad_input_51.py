@@ -239,6 +239,12 @@ def test_suspects_that_change_nothing_are_refused():
     assert "--suspect-drop=--no-such-flag: not among the run's engine arguments" in text  # EXN15
     assert "--suspect=--enforce-eager: the run's engine arguments already say so" in text
     assert "--max-num-seqs" not in text.replace("--enforce-eager --max-num-seqs=8", "")
+    # a value that is no flag says so (it used to read "already say so" / "not among")
+    out = suspect_problems(m, ["enforce-eager"], ["max-num-seqs"])
+    assert out == ["--suspect=enforce-eager: not an engine flag (a flag starts with --, e.g. "
+                   "--suspect=--enforce-eager)",
+                   "--suspect-drop=max-num-seqs: not an engine flag (a flag starts with --, e.g. "
+                   "--suspect-drop=--max-num-seqs)"]
 
 
 def test_a_second_explain_of_one_run_is_refused(tmp_path):

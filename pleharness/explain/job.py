@@ -286,7 +286,8 @@ def _plan(report: ExplainReport, m: Manifest, cases: list, out_dir: Path,
 def suspect_problems(m: Manifest, extra: Sequence[str], drops: Sequence[str]) -> list[str]:
     """Usage-error lines for ``--suspect`` / ``--suspect-drop`` values whose control would
     serve the configuration under test itself (its conclusion would then be about nothing): a
-    value given twice, a dropped flag the harness sets itself (``--model``: it is not among the
+    value given twice, a value that is no flag (no leading ``--``), a dropped flag the harness
+    sets itself (``--model``: it is not among the
     engine arguments and cannot be dropped) or one not among the run's engine arguments, and an
     added argument the run already has. Checked before any folder is made or engine started,
     as ``stress --control-drop-arg`` is."""
@@ -297,6 +298,13 @@ def suspect_problems(m: Manifest, extra: Sequence[str], drops: Sequence[str]) ->
         if twice:
             out.append(f"{flag} {', '.join(twice)}: given more than once (one control each is "
                        "enough)")
+    for flag, items in (("--suspect", extra), ("--suspect-drop", drops)):
+        for a in dict.fromkeys(items):
+            if not a.startswith("--"):
+                out.append(f"{flag}={a}: not an engine flag (a flag starts with --, e.g. "
+                           f"{flag}=--{a.split('=', 1)[0].lstrip('-')})")
+    extra = [a for a in extra if a.startswith("--")]
+    drops = [d for d in drops if d.startswith("--")]
     for d in dict.fromkeys(drops):
         if harness_set_flag(d):
             out.append(f"--suspect-drop={d}: the harness sets {harness_set_flag(d)} itself on "
