@@ -640,3 +640,9 @@ def test_a_selftest_pass_says_how_to_reproduce_it_and_where_its_engine_log_is(tm
     d = str(tmp_path / "res" / "sid" / "01-flip_under_load")
     (log,) = [t for t, _ in next_steps(m, d) if t.startswith("engine log")]
     assert log.startswith(f"engine log: {d}/../engine.log") and "40643" not in log
+
+
+def test_facts_refuses_an_empty_results_dir():
+    # an empty --results-dir was read as "." and the log folder made in the current directory
+    r = run_cli("facts", "--results-dir", "", "--model", "/nonexistent/model", timeout=60)
+    assert r.returncode == 2 and "--results-dir '': expected a folder path" in r.stderr

@@ -29,9 +29,9 @@ def facts(ctx: typer.Context,
           attach: Annotated[AttachOptions, Pick(only=("url", "served_model_name",
                                                             "api_key_env"))],
           engine: Annotated[EngineOptions, Pick(without=("host", "port"))],
-          results_dir: Annotated[Path, typer.Option(help="Where the launched engine's log folder "
-                                                    "(facts-<time>) is created.")] = \
-            Path(DEFAULT_RESULTS_DIR),
+          results_dir: Annotated[str, typer.Option(help="Where the launched engine's log folder "
+                                                   "(facts-<time>) is created.")] = \
+            DEFAULT_RESULTS_DIR,
           json_path: Annotated[Optional[Path], typer.Option("--json", help="Also write the facts "
                                                             "as JSON to this path.")] = None):
     """Print the engine facts the scenarios plan on (block size, chunk budget, k, capture sizes, ...) with their sources.
@@ -40,15 +40,15 @@ def facts(ctx: typer.Context,
     if json_path is not None:
         files.check_json_path(json_path)
     raise_all(option_problems(engine, attach, given=given(attach, engine),
-                              results_dir=str(results_dir)))
+                              results_dir=results_dir))  # "" is refused there
     # facts has no --engine-probe (FactsConfig measures nothing): the option's default
     eng, att = engine_groups(engine, attach, probe=GoldenProbeOptions().engine_probe)
     if att.url is None:  # a launched engine's log folder goes there
-        files.check_writable_folder(results_dir, "--results-dir")
+        files.check_writable_folder(Path(results_dir), "--results-dir")
     cfg = FactsConfig(url=att.url, model=eng.model, tp=eng.tp, engine_python=eng.python,
                       engine_args=eng.args, engine_env=eng.env,
                       served_model_name=eng.served_model_name, host=eng.host,
                       start_timeout_s=eng.start_timeout_s, api_key=att.api_key,
-                      log_dir=results_dir / f"facts-{datetime.now():%Y%m%d-%H%M%S}",
+                      log_dir=Path(results_dir) / f"facts-{datetime.now():%Y%m%d-%H%M%S}",
                       json_path=json_path)
     raise typer.Exit(run_facts(cfg, console))
