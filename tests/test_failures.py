@@ -112,7 +112,7 @@ def test_engine_dies_mid_phase(tmp_path):
 def test_bad_command_lines_fail_before_anything_starts(tmp_path):
     import socket
     cases = [
-        (["--url", "http://127.0.0.1:9"], "no engine answers GET http://127.0.0.1:9/health"),
+        (["--url", "http://127.0.0.1:9"], "--url: no engine answers GET http://127.0.0.1:9/health"),
         (["--model", str(tmp_path / "nope")], f"model path {tmp_path / 'nope'} does not exist"),
         (["--engine-python", "/nope/python"], "engine Python '/nope/python' does not exist"),
         (["--results-dir", "/proc/ple"], "results directory /proc/ple cannot be created"),

@@ -373,8 +373,8 @@ class ReferenceOptions:
     parallel_engines: Annotated[str, typer.Option(rich_help_panel=P_REF,
         help=PARALLEL_ENGINES_HELP)] = str(DEFAULT_PARALLEL_ENGINES)
     golden_model: Annotated[Optional[str], typer.Option(rich_help_panel=P_REF,
-        help="Model folder for the golden model when attaching with --url (default: the served "
-             "model's root, when it is a local folder).")] = None
+        help="Model folder for the golden model (default: the launched model's folder; when "
+             "attaching with --url, the served model's root when it is a local folder).")] = None
     reference_engine_arg: Annotated[Optional[list[str]], typer.Option(rich_help_panel=P_REF,
         help="--reference engine: an argument added to the reference engine, repeatable, e.g. "
              "--reference-engine-arg=--enforce-eager. The reference engine inherits the engine "

@@ -141,7 +141,8 @@ def resolve_target(*, url: str | None, model: str | None, python: str, tp: int =
             log(escape(warning))
             warnings = (warning,)
     elif not EngineClient(url, api_key=api_key).health(timeout=10):
-        raise UsageError(f"no engine answers GET {redact_url(url.rstrip('/'))}/health with 200 "
+        raise UsageError(f"--url: no engine answers GET {redact_url(url.rstrip('/'))}/health "
+                         "with 200 "
                          "(is the server running and the URL right?)")
     return Target(url=url, model_path=model, served_name=served_name, python=python, tp=tp,
                   engine_args=args, engine_env=env, base_args=base, host=host, port=port,
