@@ -786,3 +786,39 @@ def test_a_fuzz_reproducer_the_control_run_explains_is_not_replayed(cpu_engine, 
     assert row["verdict"] == NOT_STILL_FAILING and "confirmation" not in row, row
     assert not (tmp_path / "excused" / "confirm").exists()
     assert r.returncode == 0 and m["verdict"] == "pass", out[-3000:]
+
+
+def test_confirm_all_replays_a_shared_schedule_once_and_goes_on(monkeypatch, tmp_path):
+    """--confirm-all with cases of one schedule (one phase's cases, replayed at its companions
+    level): the schedule is replayed once, the others share its result, and the cases after
+    them are still confirmed (the shared-schedule branch overwrote the diagnosis map: the next
+    case raised AttributeError, seen in the nightly side-by-side test)."""
+    from types import SimpleNamespace
+
+    from pleharness.explain import ExplainReport, confirm_repros
+    from pleharness.explain import job as explain_job
+    from pleharness.manifest.tables import Confirmation
+    from test_confirm_job import REPRO
+    other = REPRO.replace("max_tokens = 4", "max_tokens = 5")
+    for name, text in (("repro-1.toml", REPRO), ("repro-2.toml", REPRO),
+                       ("repro-3.toml", other)):
+        (tmp_path / name).write_text(text)
+    replayed = []
+
+    def replay(path, rt, runs, out_dir, log=print, label=None):
+        replayed.append(Path(path).name)
+        return Confirmation(runs=runs, reproduced=runs, errors=0, inconclusive=0,
+                            fresh_engine=True, side_by_side=1, replays=[], rate=f"{runs}/{runs}",
+                            verdict=f"reproduced {runs}/{runs} on fresh engines")
+    monkeypatch.setattr(explain_job, "replay_reproducer", replay)
+    rep = ExplainReport(run_id="t", tries=1, budget_s=1.0)
+    rep.cases = [SimpleNamespace(case=i, repro=f"repro-{i}.toml", attribution="needs x",
+                                 minimal_case="alone", reproduction=None,
+                                 reproduction_verdict=None) for i in (1, 2, 3)]
+    m = Manifest(run_id="t", status="complete", verdict="fail",
+                 engine={"mode": "launched", "launch": {"model": "m", "python": "p"}})
+    confirm_repros(rep, m, tmp_path, 2, confirm_all=True)
+    assert replayed == ["repro-1.toml", "repro-3.toml"]
+    assert rep.cases[1].reproduction_verdict == \
+        "reproduced 2/2 on fresh engines (the schedule of repro-1.toml)"
+    assert rep.cases[2].reproduction.rate == "2/2"

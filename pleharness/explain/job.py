@@ -88,9 +88,9 @@ def confirm_repros(report: ExplainReport, m: Manifest, run_dir: Path, runs: int,
                           for ph in load_scenario_file(str(path)).params.phases],
                          sort_keys=True)  # phase names carry the case number: not compared
         if key in done:
-            first, res = done[key]
-            c.reproduction = res.model_copy(update={"same_schedule_as": first})
-            c.reproduction_verdict = f"{res.verdict} (the schedule of {first})"
+            same, res = done[key]  # (not ``first``: that maps diagnoses to their lead case)
+            c.reproduction = res.model_copy(update={"same_schedule_as": same})
+            c.reproduction_verdict = f"{res.verdict} (the schedule of {same})"
             if on_each:
                 on_each()
             continue
