@@ -187,7 +187,7 @@ def analyse(reference: Sequence[int], observed: Sequence[int], pos: int,
             out["golden_tolerance_nats"] = tolerance
     out.update({"class": "unknown", "reconverged": reconverges(reference, observed, pos),
                 "checks_failed": list(checks_failed), "fails": True})
-    return settle(Divergence.model_validate(out))
+    return settle_under(Divergence.model_validate(out), Rule(near_tie_nats=threshold))
 
 
 # -- which side of a divergence is wrong (issue 23) -------------------------------------------------
@@ -352,6 +352,32 @@ def _golden_class(d: Divergence, threshold: float) -> str:
             else "hard")
 
 
+@dataclass(frozen=True)
+class Rule:
+    """How divergences are judged. ``near_tie_nats``: a divergence whose reference top-1/top-2
+    gap (nats) is below this is a near tie (a warning), not a failure; ``strict``: every
+    divergence fails; ``serving_dtype`` (bfloat16 | float16 | float32 | None): on half precision
+    golden divergences are judged again against a tolerance measured in the run
+    (:meth:`Judge.finish_judgement`), and a golden "hard" the control reproduces is a near tie
+    (:func:`settle`, step 3). Source: docs/references.md."""
+
+    near_tie_nats: float = DEFAULT_NEAR_TIE_NATS
+    strict: bool = False
+    serving_dtype: str | None = None
+
+    @classmethod
+    def of_run(cls, run_options: Any) -> "Rule":
+        """The rule a run judged by, rebuilt from what it recorded: ``run_options`` is a
+        manifest's :class:`~pleharness.manifest.RunOptions` (``near_tie_nats``, None: the
+        bfloat16 default; ``strict``; ``serving_dtype``). The one builder for every pass after
+        the suite (attribution, the numerics envelope) and every replay of a run (explain).
+        Raises nothing (missing fields take the defaults above)."""
+        nats = getattr(run_options, "near_tie_nats", None)
+        return cls(near_tie_nats=float(nats) if nats is not None else DEFAULT_NEAR_TIE_NATS,
+                   strict=bool(getattr(run_options, "strict", False)),
+                   serving_dtype=getattr(run_options, "serving_dtype", None))
+
+
 def settle(d: Divergence, *, strict: bool = False, seeded: bool = False,
            half_precision: bool = False) -> Divergence:
     """Decide ``d``'s class (``cls``), whether it fails (``fails``) and which evidence decided
@@ -405,20 +431,19 @@ def settle(d: Divergence, *, strict: bool = False, seeded: bool = False,
     return d
 
 
-# -- the rule of a run and one comparison under it (explain's replays, the judge) -----------------
+def settle_under(d: Divergence, rule: Rule, temperature: float = 0.0) -> Divergence:
+    """The one entry point that settles a divergence in the package: :func:`settle` with its
+    inputs taken from the run's ``rule`` (``strict``; half precision from ``serving_dtype``)
+    and the request's sampling ``temperature`` (> 0: a seeded sample, which has no near-tie
+    excuse). Every caller passes the same :class:`Rule` (the live run's, or
+    :meth:`Rule.of_run` of a manifest), so no site rebuilds the flags from another source
+    (tests/unit/test_divergence.py counts the calls of :func:`settle`: this one). Returns
+    ``d`` (changed in place); raises nothing. Source: docs/references.md."""
+    return settle(d, strict=rule.strict, seeded=temperature > 0,
+                  half_precision=is_half_precision(rule.serving_dtype))
 
-@dataclass(frozen=True)
-class Rule:
-    """How divergences are judged. ``near_tie_nats``: a divergence whose reference top-1/top-2
-    gap (nats) is below this is a near tie (a warning), not a failure; ``strict``: every
-    divergence fails; ``serving_dtype`` (bfloat16 | float16 | float32 | None): on half precision
-    golden divergences are judged again against a tolerance measured in the run
-    (:meth:`Judge.finish_judgement`)."""
 
-    near_tie_nats: float = DEFAULT_NEAR_TIE_NATS
-    strict: bool = False
-    serving_dtype: str | None = None
-
+# -- one comparison under a run's rule (explain's replays, the judge) ------------------------------
 
 def compare_outputs(reference: Sequence[int], observed: Sequence[int], rule: Rule,
                     reference_margins: Sequence[float | None] | None = None, *,
@@ -456,7 +481,7 @@ def compare_outputs(reference: Sequence[int], observed: Sequence[int], rule: Rul
         d.golden_informative = informative
         d.golden_tolerance_nats = float(golden_floor.get("tolerance_nats") or
                                         rule.near_tie_nats) if informative else None
-    return settle(d, strict=rule.strict, seeded=temperature > 0, half_precision=half)
+    return settle_under(d, rule, temperature)
 
 
 # -- intermittent failures: how often a replay must repeat (issue 47 item 5) ----------------------

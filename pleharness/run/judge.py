@@ -21,7 +21,7 @@ from typing import Any
 
 from ..checks import REGISTRY
 from ..divergence import (Rule, analyse, compare_outputs, first_divergence,  # noqa: F401
-                          golden_side, is_half_precision, noise_floor, settle, solo_gaps)
+                          golden_side, is_half_precision, noise_floor, settle_under, solo_gaps)
 from ..checks.logprob_parity import judge as judge_logprobs
 from ..checks.logprob_parity import measure as measure_logprobs
 from ..checks.logprob_sanity import shapes_logits
@@ -166,7 +166,7 @@ class Judge:
                     observed_top=c.logprobs[pos] if c.logprobs and pos < len(c.logprobs)
                     else None)
         d.solo_repeat = self._solo_repeat(ph, rec, spec, ref)
-        settle(d, strict=self.rule.strict, seeded=spec.temperature > 0, half_precision=self._half)
+        settle_under(d, self.rule, spec.temperature)
         ev = SideEvidence(reference_run=ref.request_id, reference_source=ref.source,
                           observed_run=rec.id, observed_role=ph.role)
         if g is not None:
@@ -193,7 +193,7 @@ class Judge:
             gg += " (observed token not in the golden top-k)"
         rec.checks = [ch for ch in rec.checks if ch.name != "parity"]
         rec.checks.append(CheckResult(
-            name="parity", status="fail" if d.fails else "warn",
+            name="parity", status=parity_status(d),
             detail=(side_sentence(d, rec.prompt_key) + "; " if d.corrupt_side in
                     ("reference", "load") else "")
                    + f"{d.cls} at position {d.position}: reference "
@@ -285,19 +285,15 @@ class Judge:
             before = (d.cls, d.fails)
             d.golden_informative = informative
             d.golden_tolerance_nats = tol if informative else None
-            settle(d, strict=self.rule.strict, seeded=r.temperature > 0, half_precision=True)
+            bound = self.manifest.run_options.golden_tolerance.get('informative_bound_nats')
+            record_settlement(r, self.rule, lambda d: (
+                f"; {d.cls} against the measured half-precision golden tolerance {tol:g} nats"
+                if informative else
+                f"; golden model uninformative on this engine (its floor is above {bound} "
+                f"nats): {d.cls} by {d.decided_by}"))
             ev = d.side_evidence
             if informative and ev is not None:
                 self._golden_side(d, ev, tol)
-            note = (f"; {d.cls} against the measured half-precision golden tolerance {tol:g} "
-                    "nats" if informative else
-                    f"; golden model uninformative on this engine (its floor is above "
-                    f"{self.manifest.run_options.golden_tolerance.get('informative_bound_nats')}"
-                    f" nats): {d.cls} by {d.decided_by}")
-            for ch in r.checks:
-                if ch.name == "parity":
-                    ch.status = "fail" if d.fails else "warn"
-                    ch.detail += note
             if (d.cls, d.fails) != before or d.corrupt_side:
                 changed.add(r.phase)
         refinish(self.manifest, changed)
@@ -476,6 +472,42 @@ def mark_corrupt_reference(manifest: Manifest, ref: ReferenceRecord, rec: Reques
         target.checks.append(CheckResult(name="corrupt_reference", status="fail", detail=text))
     if target is not rec:
         refinish(manifest, {target.phase})
+
+
+def parity_status(d: Divergence) -> str:
+    """The status of the ``parity`` check of a record whose output diverges, derived from its
+    settled divergence ``d`` (:func:`pleharness.divergence.settle`): "fail" when it fails, "warn"
+    when it does not (a near tie, or one the control explains). The one place the parity
+    check's status is derived from a divergence (:func:`record_settlement`,
+    :meth:`Judge._judge`, the majority pass); a record re-judged equal to the output that
+    replaced a corrupt reference passes instead (:func:`rejudge`). Raises nothing.
+    Source: docs/references.md."""
+    return "fail" if d.fails else "warn"
+
+
+def record_settlement(rec: RequestRecord, rule: Rule,
+                      note: str | Callable[[Divergence], str] = "",
+                      only_if_changed: bool = False) -> bool:
+    """Settle ``rec``'s divergence again under ``rule`` (the run's:
+    :func:`pleharness.divergence.settle_under`, with ``rec``'s temperature) after a pass added
+    evidence to it, and derive its ``parity`` check from the result (:func:`parity_status`),
+    appending ``note`` (a string, or a function of the settled divergence) to the check's
+    detail. With ``only_if_changed`` the check is left as it was unless the divergence's class
+    or verdict changed. Returns whether (class, fails) changed; raises nothing (a record
+    without a divergence is left alone, False)."""
+    d = rec.divergence
+    if d is None:
+        return False
+    before = (d.cls, d.fails)
+    settle_under(d, rule, rec.temperature)
+    changed = (d.cls, d.fails) != before
+    if changed or not only_if_changed:
+        text = note(d) if callable(note) else note
+        for ch in rec.checks:
+            if ch.name == "parity":
+                ch.status = parity_status(d)
+                ch.detail += text
+    return changed
 
 
 def rejudge(rec: RequestRecord, new: ReferenceRecord, what: str) -> None:
