@@ -34,7 +34,8 @@ from .divergence import Rule
 from .engine.fact_sources import parse_engine_args
 from .engine.session import flag_name
 from .manifest import ControlEvidence, Manifest, RequestRecord
-from .run.judge import record_settlement, refinish
+from .run.judge import refinish
+from .run.settlement import record_settlement
 
 
 def twin_key(r: RequestRecord) -> tuple[str, int, int]:

@@ -146,12 +146,10 @@ def analyse(reference: Sequence[int], observed: Sequence[int], pos: int,
             not be in the golden top-k). None: the float32 rule above.
 
     Returns a :class:`~pleharness.manifest.Divergence`: position, reference/observed windows
-    (token IDs around ``pos``), the reference's margin at ``pos`` (nats or None), ``cls``
-    (near_tie | hard | unknown: neither golden evidence nor reference logprobs), ``classified_by``
-    (golden | engine margin), the golden evidence (gap in nats, top-k, membership; set only with
-    a golden model), reconverged, checks_failed, and ``fails`` (whether it fails the run under the
-    default policy: hard, unknown, or any failed check).
-    """
+    (token IDs around ``pos``), the reference's margin at ``pos`` (nats or None), the golden
+    evidence (gap in nats, top-k, membership; only with a golden model), reconverged,
+    checks_failed, settled under ``Rule(threshold)`` alone (:func:`settle_under`: ``cls``,
+    ``fails``, ``classified_by``); a run's passes settle it again under the run's rule."""
     lo = max(0, pos - WINDOW)
     ref_tok = reference[pos] if pos < len(reference) else None
     obs_tok = observed[pos] if pos < len(observed) else None
@@ -358,8 +356,7 @@ class Rule:
     gap (nats) is below this is a near tie (a warning), not a failure; ``strict``: every
     divergence fails; ``serving_dtype`` (bfloat16 | float16 | float32 | None): on half precision
     golden divergences are judged again against a tolerance measured in the run
-    (:meth:`Judge.finish_judgement`), and a golden "hard" the control reproduces is a near tie
-    (:func:`settle`, step 3). Source: docs/references.md."""
+    (:meth:`Judge.finish_judgement`); a golden "hard" the control reproduces is a near tie."""
 
     near_tie_nats: float = DEFAULT_NEAR_TIE_NATS
     strict: bool = False
@@ -367,15 +364,12 @@ class Rule:
 
     @classmethod
     def of_run(cls, run_options: Any) -> "Rule":
-        """The rule a run judged by, rebuilt from what it recorded: ``run_options`` is a
-        manifest's :class:`~pleharness.manifest.RunOptions` (``near_tie_nats``, None: the
-        bfloat16 default; ``strict``; ``serving_dtype``). The one builder for every pass after
-        the suite (attribution, the numerics envelope) and every replay of a run (explain).
-        Raises nothing (missing fields take the defaults above)."""
-        nats = getattr(run_options, "near_tie_nats", None)
-        return cls(near_tie_nats=float(nats) if nats is not None else DEFAULT_NEAR_TIE_NATS,
-                   strict=bool(getattr(run_options, "strict", False)),
-                   serving_dtype=getattr(run_options, "serving_dtype", None))
+        """The rule a run judged by, from what its manifest recorded (``run_options``:
+        ``near_tie_nats``, None for the bfloat16 default; ``strict``; ``serving_dtype``): the
+        one builder for the passes after the suite and every replay of a run. Raises nothing."""
+        nats = run_options.near_tie_nats
+        return cls(DEFAULT_NEAR_TIE_NATS if nats is None else float(nats),
+                   bool(run_options.strict), run_options.serving_dtype)
 
 
 def settle(d: Divergence, *, strict: bool = False, seeded: bool = False,
@@ -432,13 +426,8 @@ def settle(d: Divergence, *, strict: bool = False, seeded: bool = False,
 
 
 def settle_under(d: Divergence, rule: Rule, temperature: float = 0.0) -> Divergence:
-    """The one entry point that settles a divergence in the package: :func:`settle` with its
-    inputs taken from the run's ``rule`` (``strict``; half precision from ``serving_dtype``)
-    and the request's sampling ``temperature`` (> 0: a seeded sample, which has no near-tie
-    excuse). Every caller passes the same :class:`Rule` (the live run's, or
-    :meth:`Rule.of_run` of a manifest), so no site rebuilds the flags from another source
-    (tests/unit/test_divergence.py counts the calls of :func:`settle`: this one). Returns
-    ``d`` (changed in place); raises nothing. Source: docs/references.md."""
+    """:func:`settle`'s one caller (a test counts): ``d`` under the run's ``rule`` for a request
+    at ``temperature`` (> 0: seeded). Returns ``d``, changed in place; raises nothing."""
     return settle(d, strict=rule.strict, seeded=temperature > 0,
                   half_precision=is_half_precision(rule.serving_dtype))
 
@@ -475,10 +464,9 @@ def compare_outputs(reference: Sequence[int], observed: Sequence[int], rule: Rul
     golden = golden_at(pos) if golden_at is not None else None
     d = analyse(reference, observed, pos, reference_margins, rule.near_tie_nats,
                 checks_failed, golden=golden)
-    half = rule.serving_dtype in HALF_PRECISION
-    if golden is not None and half and golden_floor and "informative" in golden_floor:
-        informative = bool(golden_floor["informative"])
-        d.golden_informative = informative
+    if (golden is not None and golden_floor and "informative" in golden_floor
+            and is_half_precision(rule.serving_dtype)):
+        d.golden_informative = informative = bool(golden_floor["informative"])
         d.golden_tolerance_nats = float(golden_floor.get("tolerance_nats") or
                                         rule.near_tie_nats) if informative else None
     return settle_under(d, rule, temperature)

@@ -59,7 +59,8 @@ from .checks.prompt_logprobs import judge_parity
 from .divergence import DEFAULT_NEAR_TIE_NATS, Rule
 from .errors import UsageError
 from .manifest import Manifest, RequestRecord, load_manifest
-from .run.judge import record_settlement, refinish
+from .run.judge import refinish
+from .run.settlement import record_settlement
 
 LOGPROB_FACTOR = 2.0
 FLIP_FACTOR = 2.0

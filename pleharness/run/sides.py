@@ -7,7 +7,8 @@ from __future__ import annotations
 from ..divergence import DEFAULT_NEAR_TIE_NATS, analyse, first_divergence, majority_side
 from ..manifest import Divergence, Manifest, ReferenceRecord, RequestRecord, SideEvidence
 from ..request import params_key
-from .judge import mark_corrupt_reference, parity_status, refinish, rejudge, side_sentence
+from .judge import mark_corrupt_reference, refinish, rejudge, side_sentence
+from .settlement import parity_status
 
 
 def _vote_key(r: RequestRecord | ReferenceRecord) -> tuple:

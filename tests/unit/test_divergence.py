@@ -14,7 +14,7 @@ from pleharness.attribution import attribute
 from pleharness.envelope import apply as apply_envelope
 from pleharness.manifest import (CheckResult, Divergence, Manifest, PhaseRecord, RequestRecord,
                                  RunOptionsRecord as RunOptions)
-from pleharness.run.judge import parity_status, record_settlement
+from pleharness.run.settlement import parity_status, record_settlement
 
 ids = st.lists(st.integers(0, 50), max_size=20)
 
