@@ -30,11 +30,12 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 
-from .divergence import is_half_precision, settle
+from .divergence import Rule
 from .engine.fact_sources import parse_engine_args
 from .engine.session import flag_name
 from .manifest import ControlEvidence, Manifest, RequestRecord
 from .run.judge import refinish
+from .run.settlement import record_settlement
 
 
 def twin_key(r: RequestRecord) -> tuple[str, int, int]:
@@ -82,6 +83,7 @@ def attribute(main: Manifest, control: Manifest) -> dict[str, int]:
         if t.error is None:
             twins[twin_key(t)].append(t)
     counts = {"also_in_control": 0, "only_under_test": 0, "no_twin": 0}
+    rule = Rule.of_run(main.run_options)
     touched: set[str] = set()
     for r in main.requests:
         d = r.divergence
@@ -104,15 +106,10 @@ def attribute(main: Manifest, control: Manifest) -> dict[str, int]:
                                            if t.first_divergence is not None}))
         # the one rule decides again with the control's evidence (issue 24: on half precision a
         # control twin that reproduces the divergence is what the dtype gives)
-        settle(d, strict=bool(main.run_options.strict), seeded=r.temperature > 0,
-               half_precision=is_half_precision(main.run_options.serving_dtype))
-        for c in r.checks:
-            if c.name == "parity":
-                c.status = "fail" if d.fails else "warn"
-                c.detail += {"also_in_control": "; also in the control run (the engine's own "
+        record_settlement(r, rule, {"also_in_control": "; also in the control run (the engine's own "
                                                 "numerics)",
                              "only_under_test": "; only under test (every control twin matched)",
-                             "no_twin": "; no control twin (unattributed)"}[cls]
+                             "no_twin": "; no control twin (unattributed)"}[cls])
         touched.add(r.phase)
     # the phases' aggregates again; the records file is rewritten once with the attributions
     refinish(main, touched)

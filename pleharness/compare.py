@@ -32,7 +32,7 @@ from pathlib import Path
 
 from . import compare_spec
 from .causes import causes
-from .divergence import DEFAULT_NEAR_TIE_NATS, analyse, first_divergence
+from .divergence import Rule, analyse, first_divergence, settle_under
 from .errors import UsageError
 from .manifest import Manifest, load_manifest
 from .request import params_key
@@ -157,10 +157,11 @@ def _core(e: dict) -> set[str]:
     return e["hashes"] - (set(e["tolerated"]) - e["strict"])
 
 
-def _cross_run(ref_side: dict, other: dict, other_hash: str, threshold: float, strict: bool):
+def _cross_run(ref_side: dict, other: dict, other_hash: str, rule: Rule):
     """Classify one output hash of one run against the other run's reference as the run would
     (:func:`pleharness.divergence.analyse`, engine margin of that reference at the first
-    divergent position). Returns (Divergence or None when token IDs are missing, tolerated)."""
+    divergent position, settled under ``rule``: :func:`pleharness.divergence.settle_under`).
+    Returns (Divergence or None when token IDs are missing, tolerated)."""
     ids = other["ids"].get(other_hash)
     refs = [r for r in ref_side["refs"] if r.output_ids] or []
     if ids is None or not refs:
@@ -173,9 +174,18 @@ def _cross_run(ref_side: dict, other: dict, other_hash: str, threshold: float, s
     rtop = ref.top_ids[pos] if ref.top_ids and pos < len(ref.top_ids) else None
     otop = (other_ref.top_ids[pos] if other_ref is not None and other_ref.top_ids
             and pos < len(other_ref.top_ids) else None)
-    d = analyse(ref.output_ids, ids, pos, ref.margins, threshold, reference_top=rtop,
-                observed_top=otop)
-    return d, d.cls == "near_tie" and not strict
+    d = settle_under(analyse(ref.output_ids, ids, pos, ref.margins, rule.near_tie_nats,
+                             reference_top=rtop, observed_top=otop), rule)
+    return d, not d.fails
+
+
+def comparison_rule(base: Manifest, head: Manifest) -> Rule:
+    """The rule a comparison judges a hash seen in only one run by: HEAD's
+    (:meth:`pleharness.divergence.Rule.of_run`), at BASE's threshold where HEAD recorded none,
+    strict when either run was. Raises nothing."""
+    h, b = Rule.of_run(head.run_options), Rule.of_run(base.run_options)
+    nats = h.near_tie_nats if head.run_options.near_tie_nats is not None else b.near_tie_nats
+    return Rule(nats, h.strict or b.strict, h.serving_dtype)
 
 
 def _describe(d) -> str:
@@ -212,16 +222,14 @@ def compare(base: Manifest, head: Manifest, min_throughput_ratio: float | None =
     res = Comparison()
     _own_verdicts(res, base, head, same_run)
     bm, hm = _model_id(base), _model_id(head)
-    threshold = head.run_options.near_tie_nats or base.run_options.near_tie_nats
-    threshold = float(threshold) if threshold is not None else DEFAULT_NEAR_TIE_NATS
-    strict = bool(head.run_options.strict or base.run_options.strict)
+    rule = comparison_rule(base, head)
     bo, ho = _outputs(base), _outputs(head)
     for key in sorted(set(bo) | set(ho)):
         if key not in bo or key not in ho:
             res.only_in_one += 1
             continue
         res.parity_compared += 1
-        _compare_prompt(res, key, bo[key], ho[key], threshold, strict)
+        _compare_prompt(res, key, bo[key], ho[key], rule)
     _parity_gate(res, bm, hm)
     _scenario_gate(res, base, head)
     _throughput_gates(res, base, head, min_throughput_ratio, min_phase_ratio)
@@ -257,8 +265,7 @@ def _own_verdicts(res: Comparison, base: Manifest, head: Manifest, same_run: boo
         res.gates_passed.insert(0, f"HEAD verdict: HEAD ({head.run_id}) passed on its own")
 
 
-def _compare_prompt(res: Comparison, key: tuple, b: dict, h: dict, threshold: float,
-                    strict: bool) -> None:
+def _compare_prompt(res: Comparison, key: tuple, b: dict, h: dict, rule: Rule) -> None:
     """One (prompt, max_tokens[, sampling]) issued by both runs: identical, a near tie (a warning)
     or a mismatch (appended to ``res.parity_mismatches``)."""
     name = f"{h['prompt'] or b['prompt']} (max_tokens {key[1]}" + \
@@ -276,7 +283,7 @@ def _compare_prompt(res: Comparison, key: tuple, b: dict, h: dict, threshold: fl
     found, bad = [], []
     for label, ref_side, other, hashes in (("HEAD", b, h, hc - bc), ("BASE", h, b, bc - hc)):
         for x in sorted(hashes):
-            d, ok = _cross_run(ref_side, other, x, threshold, strict)
+            d, ok = _cross_run(ref_side, other, x, rule)
             if d is not None and label == "BASE":  # say it from BASE to HEAD
                 d = d.model_copy(update={"reference_token": d.observed_token,
                                          "observed_token": d.reference_token})

@@ -55,7 +55,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .divergence import DEFAULT_NEAR_TIE_NATS, analyse, first_divergence
+from .divergence import Rule, analyse, first_divergence
 from .manifest import CheckResult, Manifest, ReferenceRecord, RequestRecord
 from .request import params_key
 from .run.judge import refinish
@@ -236,7 +236,8 @@ def compare_answers(main: Manifest, control: Manifest) -> dict[str, Any]:
     measured), ``envelope_positions``, ``envelope_requests``, and ``threshold_nats``, the
     smallest control margin a difference must reach to be hard (before a request's drift)."""
     ro = main.run_options
-    tie = float(ro.near_tie_nats if ro.near_tie_nats is not None else DEFAULT_NEAR_TIE_NATS)
+    rule = Rule.of_run(ro)
+    tie = rule.near_tie_nats
     mine, theirs = solo_answers(main), solo_answers(control)
     ids_main, ids_ctl = _ids(main), _ids(control)
     drifts, env_reqs = margin_drifts(mine, theirs)
@@ -275,7 +276,7 @@ def compare_answers(main: Manifest, control: Manifest) -> dict[str, Any]:
             cref = ctl.reference if ctl.reference is not None and \
                 ctl.reference.output_hash == ans else None
             d = _classify(c_ids, t_ids, ctl, ans, cref, under, ids_ctl, threshold,
-                          bool(ro.strict))
+                          rule.strict)
             counts["hard"] += d.fails
             counts["control_repeats_disagree"] += (d.decided_by or "").startswith(
                 "the control's own")

@@ -146,12 +146,10 @@ def analyse(reference: Sequence[int], observed: Sequence[int], pos: int,
             not be in the golden top-k). None: the float32 rule above.
 
     Returns a :class:`~pleharness.manifest.Divergence`: position, reference/observed windows
-    (token IDs around ``pos``), the reference's margin at ``pos`` (nats or None), ``cls``
-    (near_tie | hard | unknown: neither golden evidence nor reference logprobs), ``classified_by``
-    (golden | engine margin), the golden evidence (gap in nats, top-k, membership; set only with
-    a golden model), reconverged, checks_failed, and ``fails`` (whether it fails the run under the
-    default policy: hard, unknown, or any failed check).
-    """
+    (token IDs around ``pos``), the reference's margin at ``pos`` (nats or None), the golden
+    evidence (gap in nats, top-k, membership; only with a golden model), reconverged,
+    checks_failed, settled under ``Rule(threshold)`` alone (:func:`settle_under`: ``cls``,
+    ``fails``, ``classified_by``); a run's passes settle it again under the run's rule."""
     lo = max(0, pos - WINDOW)
     ref_tok = reference[pos] if pos < len(reference) else None
     obs_tok = observed[pos] if pos < len(observed) else None
@@ -187,7 +185,7 @@ def analyse(reference: Sequence[int], observed: Sequence[int], pos: int,
             out["golden_tolerance_nats"] = tolerance
     out.update({"class": "unknown", "reconverged": reconverges(reference, observed, pos),
                 "checks_failed": list(checks_failed), "fails": True})
-    return settle(Divergence.model_validate(out))
+    return settle_under(Divergence.model_validate(out), Rule(near_tie_nats=threshold))
 
 
 # -- which side of a divergence is wrong (issue 23) -------------------------------------------------
@@ -352,6 +350,28 @@ def _golden_class(d: Divergence, threshold: float) -> str:
             else "hard")
 
 
+@dataclass(frozen=True)
+class Rule:
+    """How divergences are judged. ``near_tie_nats``: a divergence whose reference top-1/top-2
+    gap (nats) is below this is a near tie (a warning), not a failure; ``strict``: every
+    divergence fails; ``serving_dtype`` (bfloat16 | float16 | float32 | None): on half precision
+    golden divergences are judged again against a tolerance measured in the run
+    (:meth:`Judge.finish_judgement`); a golden "hard" the control reproduces is a near tie."""
+
+    near_tie_nats: float = DEFAULT_NEAR_TIE_NATS
+    strict: bool = False
+    serving_dtype: str | None = None
+
+    @classmethod
+    def of_run(cls, run_options: Any) -> "Rule":
+        """The rule a run judged by, from what its manifest recorded (``run_options``:
+        ``near_tie_nats``, None for the bfloat16 default; ``strict``; ``serving_dtype``): the
+        one builder for the passes after the suite and every replay of a run. Raises nothing."""
+        nats = run_options.near_tie_nats
+        return cls(DEFAULT_NEAR_TIE_NATS if nats is None else float(nats),
+                   bool(run_options.strict), run_options.serving_dtype)
+
+
 def settle(d: Divergence, *, strict: bool = False, seeded: bool = False,
            half_precision: bool = False) -> Divergence:
     """Decide ``d``'s class (``cls``), whether it fails (``fails``) and which evidence decided
@@ -405,20 +425,14 @@ def settle(d: Divergence, *, strict: bool = False, seeded: bool = False,
     return d
 
 
-# -- the rule of a run and one comparison under it (explain's replays, the judge) -----------------
+def settle_under(d: Divergence, rule: Rule, temperature: float = 0.0) -> Divergence:
+    """:func:`settle`'s one caller (a test counts): ``d`` under the run's ``rule`` for a request
+    at ``temperature`` (> 0: seeded). Returns ``d``, changed in place; raises nothing."""
+    return settle(d, strict=rule.strict, seeded=temperature > 0,
+                  half_precision=is_half_precision(rule.serving_dtype))
 
-@dataclass(frozen=True)
-class Rule:
-    """How divergences are judged. ``near_tie_nats``: a divergence whose reference top-1/top-2
-    gap (nats) is below this is a near tie (a warning), not a failure; ``strict``: every
-    divergence fails; ``serving_dtype`` (bfloat16 | float16 | float32 | None): on half precision
-    golden divergences are judged again against a tolerance measured in the run
-    (:meth:`Judge.finish_judgement`)."""
 
-    near_tie_nats: float = DEFAULT_NEAR_TIE_NATS
-    strict: bool = False
-    serving_dtype: str | None = None
-
+# -- one comparison under a run's rule (explain's replays, the judge) ------------------------------
 
 def compare_outputs(reference: Sequence[int], observed: Sequence[int], rule: Rule,
                     reference_margins: Sequence[float | None] | None = None, *,
@@ -450,13 +464,12 @@ def compare_outputs(reference: Sequence[int], observed: Sequence[int], rule: Rul
     golden = golden_at(pos) if golden_at is not None else None
     d = analyse(reference, observed, pos, reference_margins, rule.near_tie_nats,
                 checks_failed, golden=golden)
-    half = rule.serving_dtype in HALF_PRECISION
-    if golden is not None and half and golden_floor and "informative" in golden_floor:
-        informative = bool(golden_floor["informative"])
-        d.golden_informative = informative
+    if (golden is not None and golden_floor and "informative" in golden_floor
+            and is_half_precision(rule.serving_dtype)):
+        d.golden_informative = informative = bool(golden_floor["informative"])
         d.golden_tolerance_nats = float(golden_floor.get("tolerance_nats") or
                                         rule.near_tie_nats) if informative else None
-    return settle(d, strict=rule.strict, seeded=temperature > 0, half_precision=half)
+    return settle_under(d, rule, temperature)
 
 
 # -- intermittent failures: how often a replay must repeat (issue 47 item 5) ----------------------

@@ -56,10 +56,11 @@ from .checks.logprob_parity import NAME as LOGPROB_PARITY
 from .checks.logprob_parity import judge as judge_logprobs
 from .checks.prompt_logprobs import PARITY as PROMPT_PARITY
 from .checks.prompt_logprobs import judge_parity
-from .divergence import DEFAULT_NEAR_TIE_NATS, is_half_precision, settle
+from .divergence import DEFAULT_NEAR_TIE_NATS, Rule
 from .errors import UsageError
 from .manifest import Manifest, RequestRecord, load_manifest
 from .run.judge import refinish
+from .run.settlement import record_settlement
 
 LOGPROB_FACTOR = 2.0
 FLIP_FACTOR = 2.0
@@ -188,26 +189,21 @@ def apply(main: Manifest, control: Manifest | None, numerics_from: str | None = 
     ro.numerics_envelope = env
     lpt, tie = tol["logprob_tolerance_nats"], tol["near_tie_nats"]
     changed: set[str] = set()
+    rule = Rule.of_run(ro)
     for r in main.requests:
         rescored = lpt > bound and _rejudge_scores(r, lpt, tol["logprob_tolerance_source"])
         if rescored:
             changed.add(r.phase)
         d = r.divergence
         if d is not None and r.match is False and ((d.threshold_nats or 0) < tie or rescored):
-            before = (d.cls, d.fails)
             d.threshold_nats = max(tie, d.threshold_nats or 0)
             # a check that failed at the dtype bound and passes at the envelope no longer
             # makes the divergence fail
             d.checks_failed = [c.name for c in r.checks if c.status == "fail"
                                and c.name not in ("parity", "control_answer")]
-            settle(d, strict=bool(ro.strict), seeded=r.temperature > 0,
-                   half_precision=is_half_precision(ro.serving_dtype))
-            if (d.cls, d.fails) != before:
-                for ch in r.checks:
-                    if ch.name == "parity":
-                        ch.status = "fail" if d.fails else "warn"
-                        ch.detail += (f"; {d.cls} at the run's measured near-tie threshold "
-                                      f"{tie:g} nats ({tol['near_tie_source']})")
+            if record_settlement(r, rule, lambda d: (
+                    f"; {d.cls} at the run's measured near-tie threshold {tie:g} nats "
+                    f"({tol['near_tie_source']})"), only_if_changed=True):
                 changed.add(r.phase)
     if tie > bound:
         ro.near_tie_nats, ro.near_tie_source = tie, f"measured: {tol['near_tie_source']}"

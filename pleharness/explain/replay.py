@@ -12,7 +12,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from ..divergence import DEFAULT_NEAR_TIE_NATS, margins
+from ..divergence import margins
 from ..engine.client import EngineClient
 from ..engine.session import EngineSession, Target
 from ..engine.side_by_side import SideBySide, run_side_by_side
@@ -106,8 +106,7 @@ class _Replayer:
         """The replayer of run ``m``: its near-tie threshold, strictness, logprobs, serving
         dtype, and (``golden``) its golden model and measured golden floor."""
         ro = m.run_options
-        rule = Rule(near_tie_nats=float(ro.near_tie_nats or DEFAULT_NEAR_TIE_NATS),
-                    strict=bool(ro.strict), serving_dtype=ro.serving_dtype)
+        rule = Rule.of_run(ro)
         logprobs = ro.logprobs if "logprobs" in ro.model_fields_set else 2
         return cls(client, rule, logprobs or None, count_warnings, golden)
 

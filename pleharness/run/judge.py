@@ -21,7 +21,7 @@ from typing import Any
 
 from ..checks import REGISTRY
 from ..divergence import (Rule, analyse, compare_outputs, first_divergence,  # noqa: F401
-                          golden_side, is_half_precision, noise_floor, settle, solo_gaps)
+                          golden_side, is_half_precision, noise_floor, settle_under, solo_gaps)
 from ..checks.logprob_parity import judge as judge_logprobs
 from ..checks.logprob_parity import measure as measure_logprobs
 from ..checks.logprob_sanity import shapes_logits
@@ -31,6 +31,7 @@ from ..manifest import (CheckResult, Divergence, Manifest, PhaseRecord, Referenc
                         RequestRecord, SideEvidence)
 from ..parity import token_hash
 from ..request import RequestSpec
+from .settlement import parity_status, record_settlement
 
 
 class Judge:
@@ -166,7 +167,7 @@ class Judge:
                     observed_top=c.logprobs[pos] if c.logprobs and pos < len(c.logprobs)
                     else None)
         d.solo_repeat = self._solo_repeat(ph, rec, spec, ref)
-        settle(d, strict=self.rule.strict, seeded=spec.temperature > 0, half_precision=self._half)
+        settle_under(d, self.rule, spec.temperature)
         ev = SideEvidence(reference_run=ref.request_id, reference_source=ref.source,
                           observed_run=rec.id, observed_role=ph.role)
         if g is not None:
@@ -193,7 +194,7 @@ class Judge:
             gg += " (observed token not in the golden top-k)"
         rec.checks = [ch for ch in rec.checks if ch.name != "parity"]
         rec.checks.append(CheckResult(
-            name="parity", status="fail" if d.fails else "warn",
+            name="parity", status=parity_status(d),
             detail=(side_sentence(d, rec.prompt_key) + "; " if d.corrupt_side in
                     ("reference", "load") else "")
                    + f"{d.cls} at position {d.position}: reference "
@@ -285,19 +286,15 @@ class Judge:
             before = (d.cls, d.fails)
             d.golden_informative = informative
             d.golden_tolerance_nats = tol if informative else None
-            settle(d, strict=self.rule.strict, seeded=r.temperature > 0, half_precision=True)
+            bound = self.manifest.run_options.golden_tolerance.get('informative_bound_nats')
+            record_settlement(r, self.rule, lambda d: (
+                f"; {d.cls} against the measured half-precision golden tolerance {tol:g} nats"
+                if informative else
+                f"; golden model uninformative on this engine (its floor is above {bound} "
+                f"nats): {d.cls} by {d.decided_by}"))
             ev = d.side_evidence
             if informative and ev is not None:
                 self._golden_side(d, ev, tol)
-            note = (f"; {d.cls} against the measured half-precision golden tolerance {tol:g} "
-                    "nats" if informative else
-                    f"; golden model uninformative on this engine (its floor is above "
-                    f"{self.manifest.run_options.golden_tolerance.get('informative_bound_nats')}"
-                    f" nats): {d.cls} by {d.decided_by}")
-            for ch in r.checks:
-                if ch.name == "parity":
-                    ch.status = "fail" if d.fails else "warn"
-                    ch.detail += note
             if (d.cls, d.fails) != before or d.corrupt_side:
                 changed.add(r.phase)
         refinish(self.manifest, changed)

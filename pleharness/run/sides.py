@@ -8,6 +8,7 @@ from ..divergence import DEFAULT_NEAR_TIE_NATS, analyse, first_divergence, major
 from ..manifest import Divergence, Manifest, ReferenceRecord, RequestRecord, SideEvidence
 from ..request import params_key
 from .judge import mark_corrupt_reference, refinish, rejudge, side_sentence
+from .settlement import parity_status
 
 
 def _vote_key(r: RequestRecord | ReferenceRecord) -> tuple:
@@ -155,7 +156,7 @@ def _replace_corrupt(main: Manifest, corrupt: dict[tuple, tuple[str, list[Reques
                 r.divergence = nd
                 for ch in r.checks:
                     if ch.name == "parity":
-                        ch.status = "fail" if nd.fails else "warn"
+                        ch.status = parity_status(nd)
                         ch.detail = (f"differs from {what} at position {pos} too ({nd.cls}); "
                                      + ch.detail)
             changed.add(r.phase)

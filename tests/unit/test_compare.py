@@ -1,9 +1,13 @@
-"""pleharness.compare: the pre-merge diagnosis line and the --threshold grammar (the module's
-mirror; end-to-end compares of committed GPU runs are in tests/test_gates_issue25.py)."""
+"""pleharness.compare: the pre-merge diagnosis line, the --threshold grammar, and the rule of a
+comparison (issue 50 item 3: a hash seen in one run only is judged by the runs' own rule,
+rebuilt from their manifests, divergence.Rule.of_run). End-to-end compares of committed GPU runs
+are in tests/test_gates_issue25.py."""
 import pytest
 
-from pleharness.compare import Comparison, parse_threshold
+from pleharness.compare import Comparison, comparison_rule, parse_threshold
+from pleharness.divergence import DEFAULT_NEAR_TIE_NATS, Rule
 from pleharness.errors import UsageError
+from pleharness.manifest import Manifest, RunOptionsRecord
 
 
 @pytest.mark.parametrize("base, head, gates, line", [
@@ -50,3 +54,16 @@ def test_thresholds_parse(text, parsed):
 def test_a_bad_threshold_is_a_usage_error_naming_it(text):
     with pytest.raises(UsageError, match="--threshold"):
         parse_threshold(text)
+
+
+def run(**ro) -> Manifest:
+    m = Manifest(run_id="x")
+    m.run_options = RunOptionsRecord(**ro)
+    return m
+
+
+def test_heads_threshold_else_bases_and_strict_when_either_was():
+    assert comparison_rule(run(near_tie_nats=0.3), run(near_tie_nats=0.7)) == Rule(0.7, False)
+    assert comparison_rule(run(near_tie_nats=0.3, strict=True), run()) == Rule(0.3, True)
+    assert comparison_rule(run(), run(strict=True, serving_dtype="float32")) == \
+        Rule(DEFAULT_NEAR_TIE_NATS, True, "float32")

@@ -1,14 +1,20 @@
 """pleharness.divergence, function by function (issue 50's test mirror): where two outputs part,
 how one divergence is settled from the evidence on it (the order of docs/references.md), one
 comparison under a run's rule, and how often a replay must repeat an intermittent failure."""
+import ast
 import math
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from pleharness import divergence as dv
-from pleharness.manifest import Divergence
+from pleharness.attribution import attribute
+from pleharness.envelope import apply as apply_envelope
+from pleharness.manifest import (CheckResult, Divergence, Manifest, PhaseRecord, RequestRecord,
+                                 RunOptionsRecord as RunOptions)
+from pleharness.run.settlement import parity_status, record_settlement
 
 ids = st.lists(st.integers(0, 50), max_size=20)
 
@@ -117,3 +123,112 @@ def test_replay_repeats_is_the_smallest_n_reaching_the_confidence(rate, conf):
     assert dv.replay_repeats(1 / 3) == 8 and dv.replay_repeats(0.0) == 1
     assert dv.replay_repeats(0.001, cap=64) == 64
     assert math.isfinite(n)
+
+
+# -- one entry point, one rule (issue 50 item 3) --------------------------------------------------
+
+PACKAGE = Path(dv.__file__).resolve().parent
+
+
+def calls_of(name: str) -> list[str]:
+    """'module.py:line in function' for every call of ``name`` (a plain name or an attribute) in
+    the package, found by the AST (a docstring or comment that names it is no call)."""
+    out = []
+
+    def visit(node: ast.AST, where: str, path: Path) -> None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            where = node.name
+        if isinstance(node, ast.Call) and name in (getattr(node.func, "id", None),
+                                                   getattr(node.func, "attr", None)):
+            out.append(f"{path.relative_to(PACKAGE)}:{node.lineno} in {where}")
+        for child in ast.iter_child_nodes(node):
+            visit(child, where, path)
+
+    for path in sorted(PACKAGE.rglob("*.py")):
+        visit(ast.parse(path.read_text(), str(path)), "<module>", path)
+    return out
+
+
+def test_settle_is_called_from_one_place():
+    """Every divergence of the package is settled through ``settle_under`` (the run's Rule and the
+    request's temperature): :func:`settle` itself has exactly one call site."""
+    sites = calls_of("settle")
+    assert len(sites) == 1, sites
+    assert sites[0].startswith("divergence.py:") and sites[0].endswith(" in settle_under")
+
+
+def test_no_module_rebuilds_the_flags_of_settle():
+    """No module passes settle's flags (strict / seeded / half_precision) itself: they come from a
+    Rule (:meth:`Rule.of_run` of a manifest, or the live run's) through ``settle_under``."""
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and "half_precision" in {k.arg for k in node.keywords}:
+                assert path.name == "divergence.py", f"{path}:{node.lineno}"
+
+
+@given(st.floats(0.0, 5.0, allow_nan=False), st.booleans(), st.booleans(),
+       st.sampled_from([None, "bfloat16", "float32"]), st.sampled_from([0.0, 0.7]),
+       st.sampled_from([None, "also_in_control", "only_under_test"]),
+       st.one_of(st.none(), st.floats(0.0, 5.0, allow_nan=False)), st.booleans())
+def test_settle_under_is_settle_with_the_rules_inputs(margin, strict, failed, dtype, temp,
+                                                      attribution, gap, in_top):
+    kw = dict(margin_nats=margin, attribution=attribution,
+              checks_failed=["degeneration"] if failed else [])
+    if gap is not None:
+        kw.update(golden_gap_nats=gap, reference_in_golden_top=in_top,
+                  observed_in_golden_top=True)
+    a = dv.settle_under(div(**kw), dv.Rule(strict=strict, serving_dtype=dtype), temp)
+    b = dv.settle(div(**kw), strict=strict, seeded=temp > 0,
+                  half_precision=dtype == "bfloat16")
+    assert a.model_dump() == b.model_dump()
+
+
+def test_rule_of_run_reads_what_the_run_recorded():
+    ro = RunOptions(near_tie_nats=0.25, strict=True, serving_dtype="float16")
+    assert dv.Rule.of_run(ro) == dv.Rule(0.25, True, "float16")
+    assert dv.Rule.of_run(RunOptions()) == dv.Rule()
+
+
+def parity_disagreements(m: Manifest) -> list[str]:
+    """Records whose parity check says otherwise than their settled divergence."""
+    return [f"{r.id}: {ch.status} vs fails={r.divergence.fails}" for r in m.requests
+            if r.divergence is not None and r.match is False
+            for ch in r.checks if ch.name == "parity" and ch.status != parity_status(r.divergence)]
+
+
+def record(i: int, out: str, match: bool, margin: float | None = None, temperature=0.0,
+           status="fail") -> RequestRecord:
+    r = RequestRecord(id=f"r{i}", scenario="s", phase="C4", concurrency=4, prompt_key="p",
+                      prompt_len=3, prompt_hash=f"p{i % 3}", max_tokens=8, output_hash=out,
+                      match=match, temperature=temperature)
+    if not match:
+        r.first_divergence = 3
+        r.divergence = div(margin_nats=margin)
+        r.checks.append(CheckResult(name="parity", status=status, detail="as judged"))
+    return r
+
+
+@given(st.lists(st.tuples(st.one_of(st.none(), st.floats(0.0, 3.0, allow_nan=False)),
+                          st.sampled_from([0.0, 0.7]), st.booleans(), st.booleans()),
+                min_size=1, max_size=6),
+       st.booleans(), st.sampled_from([None, "bfloat16", "float32"]))
+def test_the_parity_check_says_what_the_settled_divergence_says(rows, strict, dtype):
+    """After every pass that adds evidence (control attribution, the numerics envelope), each
+    diverging record's parity status is what its settled divergence says, whatever it was
+    before."""
+    main = Manifest(run_id="m", phases=[PhaseRecord(index=0, name="C4", scenario="s",
+                                                    concurrency=4)])
+    main.run_options = RunOptions(strict=strict, serving_dtype=dtype, near_tie_nats=0.5)
+    main.requests = [record(i, f"bad{i}", False, m, t, "fail" if s else "warn")
+                     for i, (m, t, s, _) in enumerate(rows)]
+    ctl = Manifest(run_id="c")
+    ctl.requests = [record(i, f"bad{i}" if same else "ok", not same)
+                    for i, (_, _, _, same) in enumerate(rows)]
+    attribute(main, ctl)
+    assert parity_disagreements(main) == []
+    apply_envelope(main, ctl)
+    assert parity_disagreements(main) == []
+    for r in main.requests:  # and a later settlement agrees with the one recorded
+        before = r.divergence.model_dump()
+        assert not record_settlement(r, dv.Rule.of_run(main.run_options))
+        assert r.divergence.model_dump() == before
