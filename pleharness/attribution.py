@@ -32,7 +32,7 @@ from collections.abc import Sequence
 
 from .divergence import Rule
 from .engine.fact_sources import parse_engine_args
-from .engine.session import flag_name
+from .engine.fact_sources import flag_name
 from .manifest import ControlEvidence, Manifest, RequestRecord
 from .run.judge import refinish
 from .run.settlement import record_settlement

@@ -23,7 +23,7 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from .engine.session import flag_name
+from .engine.fact_sources import flag_name
 
 if TYPE_CHECKING:
     from .manifest import Manifest

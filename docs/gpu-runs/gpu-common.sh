@@ -3,8 +3,9 @@
 # the lent GPU machine, `step NAME ARGS...` (a harness command with its console and exit code
 # kept under $R), `install_and_copy` (vLLM 0.26 from the wheels gathered in /tmp/wh, one `run`
 # call per .gpuwheels/NN folder before it; the MoE model of run u from .gpumodel; the tree copied
-# to /tmp/code) and `pack_runs NAME` (the runs of $R into $OUT/NAME.tgz, requests.jsonl kept
-# unless that makes the archive too big to come back).
+# to /tmp/code), `pack_runs NAME` (the runs of $R into $OUT/NAME.tgz, requests.jsonl kept
+# unless that makes the archive too big to come back) and `pack_ttd DIR` (time_to_diagnosis's
+# records).
 export PYTHONPATH=/tmp/site:/tmp/code VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 \
   NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 R=${R:-/tmp/runs}
@@ -34,4 +35,13 @@ pack_runs() {  # NAME: $R (engine logs left out) into $OUT/NAME.tgz
   tar czf "$OUT/$1.tgz" --exclude='*engine*.log' -C "$(dirname "$R")" "$(basename "$R")"
   [ "$(stat -c %s "$OUT/$1.tgz")" -lt 16000000 ] || tar czf "$OUT/$1.tgz" \
     --exclude='*engine*.log' --exclude='*requests.jsonl' -C "$(dirname "$R")" "$(basename "$R")"
+}
+
+pack_ttd() {  # DIR: time_to_diagnosis's records in DIR (each run's manifest, summary, reproducers
+  # and explain report; no engine logs) into $OUT/ttd.tgz
+  local T=$1; mkdir -p "$T/keep"; cp "$T"/*.json "$T"/*.log "$T"/*.console.txt "$T/keep/" 2>/dev/null
+  for d in "$T"/ttd-*; do [ -d "$d" ] || continue; local n; n=$(basename "$d"); mkdir -p "$T/keep/$n"
+    cp "$d"/manifest.json "$d"/summary.md "$d"/repro*.toml "$T/keep/$n/" 2>/dev/null
+    [ -d "$d/explain" ] && cp "$d"/explain/explain.json "$d"/explain/explain.md "$T/keep/$n/" 2>/dev/null; done
+  tar czf "$OUT/ttd.tgz" -C "$T" keep
 }

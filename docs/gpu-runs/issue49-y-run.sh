@@ -31,9 +31,5 @@ jobs)
 wait)
   for _ in $(seq "${WAIT_S:-570}"); do grep -q DONE $R/done.txt 2>/dev/null && break; sleep 1; done
   cat $R/done.txt; grep -E "^== |^step|^(stress|fuzz|explain)" $T/bench.log | tail -20
-  mkdir -p $T/keep; cp $T/*.json $T/*.log $T/*.console.txt $T/keep/ 2>/dev/null
-  for d in $T/ttd-*; do [ -d "$d" ] || continue; n=$(basename $d); mkdir -p $T/keep/$n
-    cp $d/manifest.json $d/summary.md $d/repro*.toml $T/keep/$n/ 2>/dev/null
-    [ -d $d/explain ] && cp $d/explain/explain.json $d/explain/explain.md $T/keep/$n/ 2>/dev/null; done
-  tar czf "$OUT/ttd.tgz" -C $T keep; ls -la "$OUT" ;;
+  pack_ttd $T; ls -la "$OUT" ;;
 esac

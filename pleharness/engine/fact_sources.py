@@ -41,6 +41,15 @@ def parse_engine_args(args: Sequence[str]) -> dict[str, str | bool]:
     return out
 
 
+def flag_name(arg: str) -> str:
+    """An engine argument's flag as vLLM's parser reads it: ``--speculative_config=...`` ->
+    ``--speculative-config`` (vLLM's FlexibleArgumentParser turns ``_`` into ``-`` in long
+    options); a value (no leading ``--``) is returned unchanged."""
+    if not arg.startswith("--"):
+        return arg
+    return "--" + arg[2:].split("=", 1)[0].replace("_", "-")
+
+
 def metrics_observations(text: str | None) -> dict[str, Any]:
     """Facts from ``vllm:cache_config_info`` labels in a /metrics text (empty when absent).
 
@@ -339,7 +348,7 @@ def positions_warning(model_path: str | None, engine_args: Sequence[str],
     docs/gpu-runs/2026-12-07-w-issue47/: a bf16 MoE model of 4096 positions served at 20480 died
     in both configurations with a device-side assert), so what the harness sees there is the
     model's limit, not the engine's defect."""
-    args = {("--" + k[2:].replace("_", "-")): v for k, v in parse_engine_args(engine_args).items()}
+    args = {flag_name(k): v for k, v in parse_engine_args(engine_args).items()}
     if "--hf-overrides" in args:
         return None
     asked = parse_token_count(args.get("--max-model-len"))

@@ -40,7 +40,7 @@ from ..redact import redact_argv, redact_url
 from ..timeline import EngineStart
 from .client import EngineClient
 from .inflight import Timeouts
-from .fact_sources import parse_engine_args, positions_warning
+from .fact_sources import flag_name, parse_engine_args, positions_warning
 from .facts import EngineFacts, gather_facts
 from .launch import EngineServer, LaunchSpec, engine_python_check, redact_env, signal_group
 from .registry import leftover_engines, leftover_text
@@ -142,8 +142,7 @@ def resolve_target(*, url: str | None, model: str | None, python: str, tp: int =
             warnings = (warning,)
     elif not EngineClient(url, api_key=api_key).health(timeout=10):
         raise UsageError(f"--url: no engine answers GET {redact_url(url.rstrip('/'))}/health "
-                         "with 200 "
-                         "(is the server running and the URL right?)")
+                         "with 200 (is the server running and the URL right?)")
     return Target(url=url, model_path=model, served_name=served_name, python=python, tp=tp,
                   engine_args=args, engine_env=env, base_args=base, host=host, port=port,
                   api_key=api_key, start_timeout_s=start_timeout_s, warnings=warnings)
@@ -179,15 +178,6 @@ def launch_record(spec: LaunchSpec, profile: str | None = None) -> dict[str, Any
 
 
 # -- a second configuration: flags dropped and added ---------------------------------------------
-def flag_name(arg: str) -> str:
-    """An engine argument's flag as vLLM's parser reads it: ``--speculative_config=...`` ->
-    ``--speculative-config`` (vLLM's FlexibleArgumentParser turns ``_`` into ``-`` in long
-    options); a value (no leading ``--``) is returned unchanged."""
-    if not arg.startswith("--"):
-        return arg
-    return "--" + arg[2:].split("=", 1)[0].replace("_", "-")
-
-
 def control_args(engine_args: Sequence[str], drop: Sequence[str] = (),
                  add: Sequence[str] = ()) -> list[str]:
     """The arguments of a variant launch: ``engine_args`` without the flags in ``drop`` (each

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import shlex
 
-from ..engine.session import flag_name
+from ..checks.logprob_parity import NAME as LOGPROB_PARITY
+from ..checks.prompt_logprobs import PARITY as PROMPT_PARITY
+from ..divergence import is_half_precision
+from ..engine.fact_sources import flag_name
 from ..manifest import Manifest
 
 
@@ -77,7 +80,7 @@ def next_steps(m: Manifest, run_dir: str | None = None) -> list[tuple[str, str |
 
 GRAPHS_OFF = '--compilation-config={"cudagraph_mode": "NONE"}'
 HINT_SHOWN = 3  # splits named in the hint; the rest are counted
-LOGPROB_CHECKS = ("logprob_parity", "prompt_logprobs_parity")  # judged at the same tolerance
+LOGPROB_CHECKS = (LOGPROB_PARITY, PROMPT_PARITY)  # judged at the same tolerance
 DTYPE_SOURCES = ("serving dtype", "the serving dtype's bound")  # a bound, not a measurement
 
 
@@ -104,7 +107,7 @@ def unmeasured_bound_hint(m: Manifest) -> str | None:
     configurations (GPU runs w and x, docs/gpu-runs/README.md: a cold and a warm run of one prompt
     split at 0.75 nats against bfloat16's 0.5-nat bound, no fault able to fire there)."""
     ro = m.run_options
-    if m.verdict != "fail" or ro.serving_dtype not in ("bfloat16", "float16") or \
+    if m.verdict != "fail" or not is_half_precision(ro.serving_dtype) or \
             m.engine.control_engine or not isinstance(ro.near_tie_nats, (int, float)):
         return None
     env = ro.numerics_envelope if isinstance(ro.numerics_envelope, dict) else {}
