@@ -16,7 +16,11 @@ the manifest's ``job`` record names the steps done):
 3. sides: which side of each divergence is wrong, the tables from the final verdicts;
 4. confirmation: the reproducer replayed ``--confirm-runs`` times, each on a freshly started
    engine of the same configuration (:func:`pleharness.pipeline.confirm_reproducers`, each
-   replay a ``stress`` run; an attached engine: on it);
+   replay a ``stress`` run; an attached engine: on it). Where the side-by-side plan lets them
+   run beside the engine under test (a GPU, ``--parallel-engines N``), the first wave's engines
+   are started as the search begins (:func:`pleharness.pipeline.confirmation_spares`) and the
+   replays take them over, fresh: the replays no longer wait for engine starts after the
+   shrink (issue 49); unused ones are stopped at the end;
 5. verdict: exit 1 when a failing schedule was found.
 
 The ``fuzz`` kind is also a scenario of any suite (``stress --scenario fuzz``, the nightly
@@ -33,7 +37,7 @@ from rich.console import Console
 from .config import StressConfig, SuiteConfig
 from .jobrun import (JobInput, JobRun, check_input, conclude, engine_under_test, evidence_step,
                      open_session, run_job, sides_step, suite_step)
-from .pipeline import confirm_reproducers
+from .pipeline import confirm_reproducers, confirmation_spares
 
 
 def run_fuzz(cfg: StressConfig, params: dict[str, Any], console: Console | None = None,
@@ -61,6 +65,9 @@ def _phases(run: JobRun, stack: contextlib.ExitStack, inputs: JobInput) -> int:
     open_session(run, stack)
     with run.step("engine"):  # 1
         eng = engine_under_test(run, inputs.scenarios, inputs.target)
+    spares = confirmation_spares(run, inputs.target)
+    if spares is not None:
+        stack.enter_context(spares)  # unused spares stop with the job
     with run.step("search"):  # 2 (and shrink, recheck)
         suite_step(run, stack, inputs, eng, references={})
     with run.step("sides"):  # 3: the envelope (--numerics-from), then sides
@@ -68,6 +75,6 @@ def _phases(run: JobRun, stack: contextlib.ExitStack, inputs: JobInput) -> int:
         sides_step(run, inputs.scenarios, control=None)
     if run.cfg.confirmation.runs and run.manifest.tables.get("reproducers"):
         with run.step("confirmation"):  # 4
-            confirm_reproducers(run, eng)
+            confirm_reproducers(run, eng, spares)
     with run.step("verdict"):  # 5
         return conclude(run)

@@ -19,6 +19,7 @@ summary, verdict and reports :mod:`pleharness.verdict`.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,7 @@ from .config import StressConfig
 from .differential import compare_answers
 from .engine.session import Engine, EngineSession, Target, launch_record
 from .engine.side_by_side import SideBySide, run_side_by_side
+from .engine.spares import SpareEngines
 from .engine_probe import run_probe
 from .envelope import apply as apply_envelope
 from .envelope import describe as describe_envelope
@@ -64,13 +66,16 @@ def esc(x) -> str:
 class JobInput:
     """What :func:`check_input` read and resolved before anything started: the scenarios, the
     references of ``--reference manifest:PATH`` (by request key; else empty), the engine target,
-    the side-by-side plan and the golden model's folder (None: none local)."""
+    the side-by-side plan and the golden model's folder (None: none local); ``spares``: engines
+    started ahead that the run's session adopts (a confirmation replay's:
+    :mod:`pleharness.engine.spares`), else None."""
 
     scenarios: list[Scenario]
     references: dict
     target: Target
     side: SideBySide
     golden_dir: str | None
+    spares: SpareEngines | None = None
 
 
 def run_job(cfg: StressConfig, inputs: JobInput,
@@ -88,6 +93,7 @@ def run_job(cfg: StressConfig, inputs: JobInput,
     run = JobRun.begin(cfg, inputs.scenarios, inputs.target, console,
                        err_console or Console(stderr=True), job=job)
     run.side = inputs.side
+    run.spares = inputs.spares
     code = ExitCode.FAIL
     try:
         with contextlib.ExitStack() as stack:  # closing it stops engines, restores handlers
@@ -111,7 +117,7 @@ def open_session(run: JobRun, stack: contextlib.ExitStack) -> EngineSession:
         run.console, run.run_dir, timeouts=cfg.timeouts,
         explicit_facts=cfg.attach.explicit_facts,
         gpus_before=run.manifest.environment.get("gpus"),
-        gpu_tolerance_mib=cfg.engine.gpu_memory_tolerance_mib))
+        gpu_tolerance_mib=cfg.engine.gpu_memory_tolerance_mib, spares=run.spares))
     return run.session
 
 
@@ -248,6 +254,7 @@ class JobRun:
     session: EngineSession | None = None
     ready: bool = False
     side: SideBySide = field(default_factory=SideBySide)  # engines side by side (confirmations)
+    spares: SpareEngines | None = None  # engines started ahead, adopted by the session
     frame: JobFrame = field(init=False)  # the job frame: its record lands in the manifest
 
     @property
@@ -385,6 +392,10 @@ def engine_under_test(run: JobRun, scenarios: list[Scenario], target: Target) ->
     if eng.server is not None:
         m.engine.command = eng.server.command
         m.engine.ready_s = round(eng.server.ready_s or 0, 3)
+        if eng.server.log_dir != run.run_dir:  # a spare started ahead: its logs are its own
+            m.engine.assign(engine_log=os.path.relpath(eng.server.log_path, run.run_dir),
+                            launcher_log=os.path.relpath(eng.server.launcher_log_path,
+                                                         run.run_dir))
     m.engine.assign(url=eng.server.url if eng.server else redact_url(cfg.attach.url),
                     model=eng.client.model,
                     version=eng.version, max_model_len=eng.card.get("max_model_len"),

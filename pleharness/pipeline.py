@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import io
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -38,9 +39,12 @@ from rich.console import Console
 
 from .causes import causes
 from .config import StressConfig
-from .engine.session import Engine, Interrupted
-from .engine.side_by_side import run_side_by_side
-from .errors import HarnessError
+from .engine.session import Engine, Interrupted, Target
+from .engine.side_by_side import model_bytes, run_side_by_side
+from .engine.side_by_side import plan as plan_side_by_side
+from .engine.spares import SpareEngines
+from .environment import gpu_inventory
+from .errors import HarnessError, UsageError
 from .files import private_dir
 from .jobrun import (JobInput, JobRun, check_input, conclude, esc, evidence_step, open_session,
                      run_job, sides_step, start_engines, suite_step)
@@ -52,14 +56,17 @@ from .reproduce import (NOT_STILL_FAILING, ReplayTarget, rate_verdict, replay_ba
 
 
 def run_stress(cfg: StressConfig, console: Console | None = None,
-               err_console: Console | None = None) -> int:
+               err_console: Console | None = None, spares: SpareEngines | None = None) -> int:
     """Run a ``stress`` run (the ``stress`` job, a reproducer's replay, a selftest pass); returns
     the exit code (see :mod:`pleharness.errors`; 4 for an internal error, its traceback in
     ``<run>/harness-error.log``). Never leaves an engine. Reports go to
     ``console`` (stdout), errors and warnings to ``err_console`` (stderr). Raises UsageError
-    (exit 2) for bad options or input, before anything is started or a run folder exists."""
+    (exit 2) for bad options or input, before anything is started or a run folder exists.
+    ``spares``: engines started ahead that this run's launches may take over (a confirmation
+    replay's: :func:`confirmation_spares`)."""
     console = console or Console(stderr=False)
-    return run_job(cfg, check_input(cfg, console), _steps, console, err_console)
+    inputs = replace(check_input(cfg, console), spares=spares)
+    return run_job(cfg, inputs, _steps, console, err_console)
 
 
 def _steps(run: JobRun, stack: contextlib.ExitStack, inputs: JobInput) -> int:
@@ -107,20 +114,53 @@ def _steps(run: JobRun, stack: contextlib.ExitStack, inputs: JobInput) -> int:
         return conclude(run)
 
 
-def confirm_reproducers(run: JobRun, eng: Engine) -> None:
+def confirmation_spares(run: JobRun, target: Target) -> SpareEngines | None:
+    """The engines of the first confirmation wave, started now, beside the engine under test
+    (:mod:`pleharness.engine.spares`; fuzz starts them as its search begins, issue 49), or None
+    when they cannot run beside it: no ``--confirm-runs``, an attached engine or a fixed
+    ``--port``, a side-by-side plan of one engine, one that adds memory arguments to each
+    engine (which the engine under test does not have: as for the control engine beside it,
+    :func:`pleharness.jobrun.start_engines`), or the engine under test and the spares not
+    fitting at once (the plan of ``--parallel-engines`` + 1). The spares are as many as the
+    first wave (``min(--confirm-runs, --parallel-engines)``), each launched as a replay launches
+    (:func:`~pleharness.reproduce.replay_config`); the job's exit stack must close them. What
+    was decided is printed."""
+    cfg, side = run.cfg, run.side
+    n = min(cfg.confirmation.runs, side.n)
+    if n < 1 or cfg.attach.url is not None or cfg.engine.port or side.n < 2 or side.add:
+        return None
+    try:
+        plan_side_by_side(side.n + 1, gpus=gpu_inventory(), model=model_bytes(target.model_path),
+                          engine_args=target.engine_args, engine_env=target.engine_env)
+    except UsageError as exc:
+        run.console.print(esc(f"confirmation engines: started after the search ({exc})"),
+                          highlight=False)
+        return None
+    rt = ReplayTarget(config=replay_base(cfg, run.manifest.run_options))
+    quiet = Console(file=io.StringIO())
+    spec = replay_config(rt, Path("spare.toml"), run.run_dir, "spare").target(quiet).launch_spec()
+    run.console.print(f"confirmation engines: {n} started now, beside the search (each stays "
+                      "fresh until a replay takes it)", highlight=False)
+    return SpareEngines([spec] * n, run.run_dir / "confirm" / "spares",
+                        start_timeout_s=target.start_timeout_s, api_key=target.api_key).start()
+
+
+def confirm_reproducers(run: JobRun, eng: Engine, spares: SpareEngines | None = None) -> None:
     """Replay every reproducer the suite wrote (``tables["reproducers"]``) ``--confirm-runs``
     times, each on a freshly started engine of the run's configuration (the engine under test is
     stopped first: one engine at a time), or on the attached engine when there is no launch
     (:mod:`pleharness.reproduce`). The rates land in the table's rows and in
     ``summary.reproducers``. It runs after the control run, whose engine is stopped by then:
     every engine of the side-by-side plan is free for the confirmations. Each replay is a
-    :func:`run_stress` of this module (:func:`confirm_run_reproducers`)."""
+    :func:`run_stress` of this module (:func:`confirm_run_reproducers`); ``spares``: engines
+    started ahead for them (:func:`confirmation_spares`)."""
     cfg = run.cfg
     assert run.session is not None
     run.session.stop(eng)
     # the run's own config, judged as the run recorded it; each replay swaps in its reproducer
     rt = ReplayTarget(config=replay_base(cfg, run.manifest.run_options),
-                      parallel=max(1, run.side.n), engine_args_add=list(run.side.add))
+                      parallel=max(1, run.side.n), engine_args_add=list(run.side.add),
+                      spares=spares)
     if run.side.n > 1 and cfg.attach.url is None:
         run.console.print(esc(f"confirmations: {run.side.why}"), highlight=False)
     def stamp(row) -> None:  # the first reproducer that reproduced on a fresh engine
@@ -261,7 +301,8 @@ def _replay_once(path: Path, target: ReplayTarget, out_dir: Path, label: str,
     quiet = Console(file=io.StringIO(), width=200)
     refused = ""
     try:
-        code = run_stress(replay_config(target, path, out_dir, run_id), quiet, quiet)
+        code = run_stress(replay_config(target, path, out_dir, run_id), quiet, quiet,
+                          spares=target.spares)
     except HarnessError as exc:  # a usage error before the run folder existed
         code, refused = exc.exit_code, str(exc)
     if code in (130, 143):

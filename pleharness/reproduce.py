@@ -44,6 +44,7 @@ from .config import (ConfirmationConfig, ControlConfig, EngineConfig, OutputConf
                      ReferenceConfig, StressConfig, SuiteConfig, VerdictConfig, find_profile)
 from .defaults import DEFAULT_START_TIMEOUT_S
 from .engine.session import Target
+from .engine.spares import SpareEngines
 from .errors import UsageError
 from .manifest import Manifest, load_manifest
 from .profile import load_profile
@@ -62,12 +63,16 @@ class ReplayTarget:
     (:func:`pleharness.pipeline.replay_reproducer`). ``parallel``: replays side by side
     (:mod:`pleharness.engine.side_by_side`); ``engine_args_add``: arguments added to each
     replay's launch (e.g. a fixed KV cache size). ``build``: set when the replays run on another
-    build of the engine than the run's (``confirm --engine-python``), named in the verdicts."""
+    build of the engine than the run's (``confirm --engine-python``), named in the verdicts.
+    ``spares``: engines started ahead of the replays (:mod:`pleharness.engine.spares`, fuzz's
+    while it searches): a replay whose launch equals a spare's takes it over, fresh (it served
+    nothing), instead of starting one."""
 
     config: StressConfig
     parallel: int = 1
     engine_args_add: list[str] = field(default_factory=list)
     build: str | None = None
+    spares: SpareEngines | None = None
 
     @property
     def fresh(self) -> bool:

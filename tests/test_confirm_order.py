@@ -40,7 +40,7 @@ def test_an_excused_failure_is_not_replayed(tmp_path: Path, monkeypatch):
     m = _manifest("pass", False)  # e.g. the control run reproduced it: attributed, now passing
     replays = []
 
-    def runner(cfg, console, err):  # never reached: no fresh engine is spent
+    def runner(cfg, console, err, spares=None):  # never reached: no fresh engine is spent
         replays.append(cfg)
         return 1
     monkeypatch.setattr(pipeline, "run_stress", runner)  # the run each replay would be

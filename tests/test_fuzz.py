@@ -11,6 +11,7 @@ search and shrink loop against engine doubles.
 """
 import json
 import threading
+from pathlib import Path
 
 import pytest
 from hypothesis import Phase, given, settings
@@ -563,9 +564,12 @@ def replay_fresh(tmp_path, run_id, python, env, repro):
 def test_engine_fuzz_repro_confirmed_on_fresh_engines(cpu_engine, tmp_path):
     """A deterministic fault (every run of a prompt after its two solo runs, in each engine
     process): the repro is replayed on 2 freshly launched doubles and reproduces 2/2, and a
-    third fresh launch replaying it fails too (the rate the manifest says)."""
+    third fresh launch replaying it fails too (the rate the manifest says). With
+    ``--parallel-engines 2`` the two confirming engines are started as the search begins and the
+    replays take them over (issue 49); the confirm job afterwards launches its own."""
     r, out, m, env = launched_fuzz(cpu_engine, tmp_path, "det", FAKE_PY,
-                                   {"PLE_FAULT_WHEN": "always"}, "--no-shrink")
+                                   {"PLE_FAULT_WHEN": "always"}, "--no-shrink",
+                                   "--parallel-engines", "2")
     assert r.returncode == 1, out[-3000:]
     assert (m["job"]["job"], m["job"]["status"], m["job"]["exit_code"]) == ("fuzz", "complete", 1)
     assert m["job"]["steps_done"] == ["engine", "search", "sides", "confirmation", "verdict"]
@@ -576,11 +580,22 @@ def test_engine_fuzz_repro_confirmed_on_fresh_engines(cpu_engine, tmp_path):
     assert "reproduced 2/2 on fresh engines" in out
     reps = row["confirmation"]["replays"]
     assert [x["exit_code"] for x in reps] == [1, 1]
+    assert "confirmation engines: 2 started now, beside the search" in out
+    spares = set()
     for x in reps:  # each a run of its own with a launched engine of the run's configuration
         sub = load_json(x["manifest"])
         assert sub["engine"]["mode"] == "launched" and sub["engine"]["command"][0] == FAKE_PY
         assert sub["engine"]["launch"]["engine_args"] == m["engine"]["launch"]["engine_args"]
         assert sub["summary"]["hard_divergences"] >= 1
+        # its engine: a spare started during the search (ready before the reproducer was
+        # written), served nothing before the replay; its log where the manifest says
+        (st,) = sub["timeline"]["engine_starts"]
+        assert st["spare"] is True and st["at_s"] < m["timeline"]["confirmed_s"], st
+        log = (Path(x["manifest"]).parent / sub["engine"]["engine_log"]).resolve()
+        assert log.parent.parent == (tmp_path / "det" / "confirm" / "spares").resolve(), log
+        assert log.is_file()
+        spares.add(log.parent.name)
+    assert spares == {"spare-1", "spare-2"}  # one each
     assert "reproduced 2/2 on fresh engines" in (tmp_path / "det" / "summary.md").read_text()
     # when each was known, from the command's start (issue 49): the first failing example, the
     # reproducer written, its first confirming replay that failed, in that order

@@ -43,6 +43,7 @@ from .inflight import Timeouts
 from .fact_sources import flag_name, parse_engine_args, positions_warning
 from .facts import EngineFacts, gather_facts
 from .launch import EngineServer, LaunchSpec, engine_python_check, redact_env, signal_group
+from .spares import SpareEngines
 from .registry import leftover_engines, leftover_text
 
 # Engine arguments added when the embedded model is launched: block size 32 is valid on the CPU
@@ -279,12 +280,19 @@ class EngineSession:
     its start time and the compile cache's state),
     ``signalled`` (the signals received), ``launched`` (whether an engine was launched),
     ``gpu_memory`` (the GPU check's fields, {} when not run).
+
+    ``spares``: engines started ahead (:class:`~pleharness.engine.spares.SpareEngines`, e.g.
+    the confirmation replays' engines started while fuzz searched): a launch whose spec equals
+    a ready spare's adopts it instead of starting a process (its start record says ``spare``);
+    the session then owns and stops it like one it launched.
     """
 
     def __init__(self, console: Console, log_dir: Path, *, timeouts: Timeouts | None = None,
                  explicit_facts: dict[str, Any] | None = None, signals: bool = True,
-                 gpus_before: list[dict] | None = None, gpu_tolerance_mib: float = 1024.0):
+                 gpus_before: list[dict] | None = None, gpu_tolerance_mib: float = 1024.0,
+                 spares: SpareEngines | None = None):
         self.console = console
+        self.spares = spares
         self.log_dir = Path(log_dir)
         self.timeouts = timeouts
         self.explicit_facts = dict(explicit_facts or {})
@@ -376,20 +384,17 @@ class EngineSession:
 
     def _launch(self, target: Target, spec: LaunchSpec, log_dir: Path, log_name: str,
                 what: str) -> EngineServer:
+        self.launched = True
+        spare = self.spares.take(spec) if self.spares is not None else None
+        if spare is not None:
+            return self._adopt(*spare, what)
         server = EngineServer(spec, log_dir, target.start_timeout_s, api_key=target.api_key,
                               log_name=log_name)
-        self.launched = True
         if self.leftovers is None:  # once per job: name what a killed run left running
             self.leftovers = leftover_engines()
             for rec in self.leftovers:
                 self.console.print(f"[yellow]warning:[/] {escape(leftover_text(rec))}")
 
-        def stop() -> None:
-            if server in self.servers:  # still listed while it stops: a 2nd signal kills it
-                with (self.console.status(f"stopping the {what} ...")
-                      if threading.current_thread() is threading.main_thread()
-                      else contextlib.nullcontext()):
-                    self._stop(server)
         main = threading.current_thread() is threading.main_thread()
         # one live display at a time: a side-by-side worker thread starts without a spinner
         with (self.console.status(f"starting the {what} (see {escape(server.log_path.name)}) ...")
@@ -402,12 +407,32 @@ class EngineSession:
                                 "earlier harness still running: see the warning above)",
                                 *exc.args[1:])
                 raise
-        self.servers.append(server)
-        self._stack.callback(stop)
+        self._own(server, what)
         start = EngineStart.measured(what, server.ready_s, **server.compile_cache)
         self.starts.append(start)
         self.console.print(f"{what} ready after {server.ready_s:.0f} s at {server.url}"
                            f"{start.cache_text()}", highlight=False)
+        return server
+
+    def _own(self, server: EngineServer, what: str) -> None:
+        """List ``server`` as this session's, stopped when the session closes."""
+        def stop() -> None:
+            if server in self.servers:  # still listed while it stops: a 2nd signal kills it
+                with (self.console.status(f"stopping the {what} ...")
+                      if threading.current_thread() is threading.main_thread()
+                      else contextlib.nullcontext()):
+                    self._stop(server)
+        self.servers.append(server)
+        self._stack.callback(stop)
+
+    def _adopt(self, server: EngineServer, start: EngineStart, what: str) -> EngineServer:
+        """A spare started ahead, taken over as this session's ``what``: its start record
+        (when it became ready, from the command's start) with ``spare`` set."""
+        self._own(server, what)
+        self.starts.append(start.model_copy(update={"what": what, "spare": True}))
+        self.console.print(f"{what}: a fresh engine started ahead (ready after "
+                           f"{server.ready_s:.0f} s, at {start.at_s} s of the command) at "
+                           f"{server.url}{start.cache_text()}", highlight=False)
         return server
 
     def _stop(self, server: EngineServer) -> None:
