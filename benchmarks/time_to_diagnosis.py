@@ -86,9 +86,10 @@ def engine_starts(run_dir: Path) -> list[str]:
 
 
 def starts(rows, what: str | None = None) -> list[str]:
-    """``what ready_s s (cache)`` of each engine start of a job's timeline."""
-    return [f"{what or e.get('what')} {e.get('ready_s', 0):.0f} s ({e.get('cache') or '?'})"
-            for e in rows or []]
+    """``what ready_s s (cache)`` of each engine start of a job's timeline; ``(warm, started
+    ahead)`` for an engine started before it was needed (fuzz's confirmation engines)."""
+    return [f"{what or e.get('what')} {e.get('ready_s', 0):.0f} s ({e.get('cache') or '?'}"
+            f"{', started ahead' if e.get('spare') else ''})" for e in rows or []]
 
 
 STAMPS = ("failing_run_s", "reproducer_s", "diagnosis_s", "confirmed_s", "ended_s")
