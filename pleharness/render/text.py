@@ -72,8 +72,9 @@ def next_steps(m: Manifest, run_dir: str | None = None) -> list[tuple[str, str |
     hint = unmeasured_bound_hint(m)
     if hint:
         steps.append((hint, None))
+    # a selftest pass is reproduced by its selftest, which starts its own engine
     note = (f" (attached run: the engine at {m.engine.url} must be running)"
-            if m.engine.mode == "attached" else "")
+            if m.engine.mode == "attached" and selftest_pass(m) is None else "")
     steps.append((f"reproduce{note}:", reproduce_command(m)))
     return steps
 

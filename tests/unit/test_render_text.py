@@ -76,3 +76,17 @@ def test_no_hint_where_the_numerics_were_measured_or_not_the_question(change):
 def test_an_odd_envelope_does_not_stop_the_hint():
     m = run(("r00019", 0.75, "hard"), envelope={"measured": "garbage"})
     assert unmeasured_bound_hint(m).startswith("numerics not measured: the hard split(s)")
+
+
+def test_a_selftest_pass_is_not_told_its_engine_must_be_running():
+    """A selftest pass reaches the selftest's engine through a fault proxy (an attached run),
+    but its reproduce command is the selftest, which starts its own engine (a new user read
+    "the engine at http://127.0.0.1:43759 must be running" above a command that starts one)."""
+    def reproduce(invocation):
+        m = Manifest.model_validate({"run_id": "r", "invocation": invocation, "engine": {
+            "mode": "attached", "url": "http://127.0.0.1:43759"}})
+        return [(t, c) for t, c in next_steps(m) if t.startswith("reproduce")][0]
+    text, cmd = reproduce(["ple-harness", "selftest", "(selftest pass flip_under_load)"])
+    assert text == "reproduce:" and cmd == "ple-harness selftest --fault flip_under_load"
+    text, cmd = reproduce(["ple-harness", "stress", "--url", "http://127.0.0.1:43759"])
+    assert "must be running" in text  # a run attached with --url still needs its engine
