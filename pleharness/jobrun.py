@@ -53,7 +53,8 @@ from .run.rundir import new_run_dir
 from .run.sides import judge_sides
 from .scenarios import REGISTRY, Scenario, load_scenarios
 from .summary import stamp_timeline
-from .second_engine import control_variant, raise_if_second_engine_is_the_same, side_by_side_plan
+from .second_engine import (control_variant, raise_if_second_engine_is_the_same,
+                            side_by_side_plan, with_second_engine_warnings)
 from .verdict import control_outcome, summarize, verdict, write_reports
 
 
@@ -209,6 +210,10 @@ def check_input(cfg: StressConfig, console: Console) -> JobInput:
                   else {})
     target = cfg.target(console)
     raise_if_second_engine_is_the_same(cfg, target)  # before a run folder exists
+    checked = with_second_engine_warnings(cfg, target)
+    for w in checked.warnings[len(target.warnings):]:
+        console.print(escape(w), highlight=False)
+    target = checked
     side = side_by_side_plan(cfg, target)  # too many engines for this machine: before anything
     golden_dir = cfg.reference.golden_model or (target.model_path if cfg.attach.url is None
                                                 else None)

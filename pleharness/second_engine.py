@@ -6,10 +6,12 @@ confirmation replays (:func:`side_by_side_plan`). The passes that run on them ar
 :mod:`pleharness.passes`."""
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from .attribution import same_config_problem, unused_drops
 from .config import StressConfig
+from .engine.fact_sources import positions_warning
 from .engine.session import Target, Variant
 from .engine.side_by_side import SideBySide, model_bytes
 from .engine.side_by_side import plan as plan_side_by_side
@@ -102,6 +104,25 @@ def raise_if_second_engine_is_the_same(cfg: StressConfig, target: Target) -> Non
     if problems:
         raise UsageError(f"{len(problems)} problems with the options:\n"
                          + "\n".join(f"  - {x}" for x in problems))
+
+
+def with_second_engine_warnings(cfg: StressConfig, target: Target) -> Target:
+    """``target`` with the positions warnings of its control and reference engines' own
+    launches added (:func:`~pleharness.engine.fact_sources.positions_warning`: a
+    ``--control-engine-arg=--max-model-len N`` beyond the model's declared length dies or
+    answers outside the model's positions as the engine under test's would), each led by its
+    role; a warning equal to the engine under test's is not repeated. Attached: unchanged."""
+    if cfg.attach.url is not None or target.model_path is None:
+        return target
+    extra = []
+    for role, on, config in (("control engine", bool(cfg.control), control_config),
+                             ("reference engine", cfg.reference_mode == "engine",
+                              reference_config)):
+        if on:
+            w = positions_warning(target.model_path, *config(cfg, target))
+            if w and w not in target.warnings:
+                extra.append(f"{role}: {w}")
+    return replace(target, warnings=(*target.warnings, *extra)) if extra else target
 
 
 def side_by_side_plan(cfg: StressConfig, target: Target) -> SideBySide:

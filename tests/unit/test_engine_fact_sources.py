@@ -127,3 +127,35 @@ def test_the_warning_is_kept_in_the_runs_manifest_and_summary(tmp_path, monkeypa
     (w,) = json.loads((run / "manifest.json").read_text())["engine"]["launch_warnings"]
     assert "--max-model-len 128 is beyond the model's max_position_embeddings 64" in w
     assert w in (run / "summary.md").read_text()
+
+
+def test_a_control_or_reference_engine_past_the_positions_is_warned_too(tmp_path, monkeypatch):
+    """The control's own --max-model-len (a helper's attack: no warning before) and the
+    reference engine's; one equal to the engine under test's is not said twice; attached:
+    nothing to launch."""
+    from pleharness.config import (AttachConfig, ControlConfig, EngineConfig, ReferenceConfig,
+                                   StressConfig)
+    from pleharness.second_engine import with_second_engine_warnings
+    monkeypatch.delenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", raising=False)
+    m = model(tmp_path, {"max_position_embeddings": 64})
+    t = resolve_target(url=None, model=m, python=sys.executable,
+                       engine_args=["--max-model-len", "32"], log=lambda x: None)
+    assert t.warnings == ()
+    cfg = StressConfig(engine=EngineConfig(model=m, python=sys.executable),
+                       control=ControlConfig(engine_args=["--max-model-len", "128"]))
+    (w,) = with_second_engine_warnings(cfg, t).warnings
+    assert w.startswith("control engine: warning: --max-model-len 128 is beyond")
+    cfg = StressConfig(engine=EngineConfig(model=m, python=sys.executable),
+                       reference=ReferenceConfig(source="engine",
+                                                 engine_args=["--max-model-len=100"]))
+    (w,) = with_second_engine_warnings(cfg, t).warnings
+    assert w.startswith("reference engine: warning: --max-model-len 100")
+    # the engine under test's own warning is not repeated for a control that keeps its length
+    t2 = resolve_target(url=None, model=m, python=sys.executable,
+                        engine_args=["--max-model-len", "128"], log=lambda x: None)
+    cfg = StressConfig(engine=EngineConfig(model=m, python=sys.executable),
+                       control=ControlConfig(engine_args=["--enforce-eager"]))
+    assert with_second_engine_warnings(cfg, t2).warnings == t2.warnings
+    cfg = StressConfig(attach=AttachConfig(url="http://127.0.0.1:1"),
+                       control=ControlConfig(engine_args=["--max-model-len", "128"]))
+    assert with_second_engine_warnings(cfg, t) is t
