@@ -389,3 +389,30 @@ def test_a_corrupt_seeded_reference_is_judged_apart_from_an_equal_greedy_one():
     assert (new.output_ids, new.temperature, new.seed) == (B, 1.0, 3)
     (cr,) = m.summary.corrupt_references
     assert cr["reference_run"] == "r00002"
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_a_run_judged_again_against_the_majority_keeps_the_runs_rule(strict):
+    """After a corrupt reference is replaced, a run that differs from the majority output too
+    is judged under the run's rule: a near tie there is a warning, but under --strict every
+    divergence fails (before: settled at the threshold alone, strict ignored)."""
+    from pleharness.manifest import RunOptionsRecord
+    good, bad, odd = [5, 6, 7, 8], [5, 6, 7, 9], [5, 6, 3, 8]  # odd differs from good at 2
+    m = Manifest(run_id="t", run_options=RunOptionsRecord(strict=strict, near_tie_nats=0.01))
+    m.phases = [PhaseRecord(index=0, name="refs", scenario="s", concurrency=1, role="reference"),
+                PhaseRecord(index=1, name="load", scenario="s", concurrency=2)]
+    # the corrupt reference agrees with the majority before position 2: its margin there
+    # (0.001 nats, below the 0.01 threshold) judges the odd run
+    m.references = [ReferenceRecord(prompt_key="p0", prompt_hash="ph", prompt_len=4,
+                                    max_tokens=4, output_hash=token_hash(bad), output_ids=bad,
+                                    request_id="r00001", margins=[5.0, 5.0, 0.001, 5.0])]
+    m.requests = [rec(1, "refs", bad, None)] + [rec(i, "load", good, bad) for i in (2, 3, 4)] \
+        + [rec(5, "load", odd, bad)]
+    for ph in m.phases:
+        finish_phase(ph, [r for r in m.requests if r.phase == ph.name])
+    judge_sides(m)
+    r = m.requests[4]
+    assert r.first_divergence == 2 and r.divergence.corrupt_side == "load"
+    assert r.divergence.cls == "near_tie" and r.divergence.fails is strict
+    (parity,) = [c for c in r.checks if c.name == "parity"]
+    assert parity.status == ("fail" if strict else "warn"), parity

@@ -4,7 +4,10 @@ per-request judge is :mod:`pleharness.run.judge`; this is the last step of a str
 judgement (references, suite, golden floor, control, sides)."""
 from __future__ import annotations
 
-from ..divergence import DEFAULT_NEAR_TIE_NATS, analyse, first_divergence, majority_side
+from dataclasses import replace
+
+from ..divergence import (DEFAULT_NEAR_TIE_NATS, Rule, analyse, first_divergence, majority_side,
+                          settle_under)
 from ..manifest import Divergence, Manifest, ReferenceRecord, RequestRecord, SideEvidence
 from ..request import params_key
 from .judge import mark_corrupt_reference, refinish, rejudge, side_sentence
@@ -100,7 +103,10 @@ def _replace_corrupt(main: Manifest, corrupt: dict[tuple, tuple[str, list[Reques
     """The majority pass's second half (:func:`judge_sides`): each corrupt reference (by
     vote key (:func:`_vote_key`) and bad hash, with the runs that revealed it) fails its run, is
     replaced by the majority output, and every run compared with it is judged again; the
-    phases touched are added to ``changed``."""
+    phases touched are added to ``changed``. A run judged again against the majority output is
+    settled under the run's rule (:meth:`~pleharness.divergence.Rule.of_run`: ``--strict`` and
+    a seeded sample fail any divergence) at its own threshold."""
+    rule = Rule.of_run(main.run_options)
     ids_by_hash = {r.output_hash: r.output_ids for r in main.requests if r.output_ids}
     refs = {_vote_key(x) + (x.output_hash,): x for x in main.references}
     for key, (_, revealed) in corrupt.items():
@@ -146,9 +152,11 @@ def _replace_corrupt(main: Manifest, corrupt: dict[tuple, tuple[str, list[Reques
             if r.match is False and best_ids and r.output_ids:
                 pos = first_divergence(best_ids, r.output_ids)
                 r.first_divergence = pos
+                threshold = r.divergence.threshold_nats or DEFAULT_NEAR_TIE_NATS
                 nd = analyse(best_ids, r.output_ids, pos, _margins_at(ref, best_ids, pos),
-                             r.divergence.threshold_nats or DEFAULT_NEAR_TIE_NATS,
-                             r.divergence.checks_failed)
+                             threshold, r.divergence.checks_failed)
+                # the run's rule at this threshold: --strict and a seeded sample fail any one
+                settle_under(nd, replace(rule, near_tie_nats=threshold), r.temperature)
                 nd.corrupt_side = "load"
                 nd.side_evidence = SideEvidence(
                     method="majority", observed_run=r.id, reference_source="majority",
