@@ -12,6 +12,12 @@ name), the value parsers. The result is a :class:`StressConfig`, the composition
 :class:`OutputConfig`, :class:`ConfirmationConfig`), whose :meth:`StressConfig.validate` checks
 what depends on the resolved values. Every problem is a :class:`~pleharness.errors.UsageError`
 naming the option (or the file and key); nothing has been read or started when one is raised.
+
+A field that is an option as it stands carries that option (issue 50 item 4): its default, and
+``Annotated[type, Opt(help=..., min=..., panel=...)]`` (:class:`pleharness.option.Opt`, plain
+data): the command line makes the option of it (:func:`pleharness.cli.options.config_options`).
+The options layered over an engine profile or read into something else (a suite, a key, a fact)
+are declared by the command line.
 """
 from __future__ import annotations
 
@@ -21,7 +27,7 @@ import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from rich.console import Console
@@ -29,10 +35,13 @@ from rich.console import Console
 from .defaults import (DEFAULT_CONFIRM_RUNS, DEFAULT_ENGINE_PROBE, DEFAULT_GOLDEN, DEFAULT_HOST,
                        DEFAULT_LOGPROBS, DEFAULT_ON_TIMEOUT, DEFAULT_PARALLEL_ENGINES,
                        DEFAULT_REFERENCE, DEFAULT_REFERENCE_CACHE_STATE, DEFAULT_RESULTS_DIR,
-                       DEFAULT_START_TIMEOUT_S, DEFAULT_STRICT, DEFAULT_SUITE_REPEATS)
+                       DEFAULT_START_TIMEOUT_S, DEFAULT_STRICT, DEFAULT_SUITE_REPEATS,
+                       confirm_runs_help)
 from .engine.inflight import Timeouts
 from .engine.session import Target, resolve_target
+from .engine.side_by_side import parse_parallel
 from .errors import UsageError
+from .option import P_OUT, P_REF, P_TIME, Opt, as_list
 from .profile import load_profile
 from .redact import REDACTED, SECRET_NAME, redact_argv, redact_url
 from .tomlfile import find_named
@@ -41,6 +50,16 @@ DEFAULT_SCENARIOS = ["transitions", "boundary", "pairs", "insert", "sampled", "s
                      "mixed_params", "disconnects", "prefix_isolation", "chat_api",
                      "prompt_logprobs", "constrained"]
 REFERENCE_MODES = ("solo", "engine", "manifest", "golden")
+
+PARALLEL_ENGINES_HELP = (
+    "Engines started side by side for the confirmation replays, explain's launches and "
+    "stress's control engine (which then starts beside the engine under test when the profile "
+    "fixes --kv-cache-memory-bytes): a number, or auto: as many as fit in the GPU's free "
+    "memory, 1 on the CPU. Each confirmation or explain engine gets a fixed KV cache size "
+    "(--kv-cache-memory-bytes) and a small --gpu-memory-utilization share, so that its start "
+    "does not profile memory a neighbour is allocating. More than fit: a usage error before "
+    "anything starts.")
+
 
 def raise_all(problems: list[str]) -> None:
     """Raise one UsageError listing every problem (none: return)."""
@@ -221,7 +240,12 @@ class EngineConfig:
     start_timeout_s: float = DEFAULT_START_TIMEOUT_S
     profile: str | None = None
     gpu_memory_tolerance_mib: float = 1024.0
-    probe: bool = DEFAULT_ENGINE_PROBE
+    probe: Annotated[bool, Opt(name="engine_probe", panel=P_REF,
+                               envvar="PLE_HARNESS_ENGINE_PROBE", help=(
+        "Measure the engine first with a few short requests (seeded samples reproduce alone and "
+        "in a batch, greedy outputs repeat alone, warm run = cold run; manifest section "
+        "engine_probe) and choose the seeded sampled requests from what was measured; off: from "
+        "the configuration (only without speculative decoding)."))] = DEFAULT_ENGINE_PROBE
 
 
 @dataclass(frozen=True)
@@ -254,7 +278,9 @@ class SuiteConfig:
     overrides: dict[str, Any] = field(default_factory=dict)
     repeat: int = DEFAULT_SUITE_REPEATS
     api: str = "completions"
-    logprobs: int = DEFAULT_LOGPROBS
+    logprobs: Annotated[int, Opt(panel=P_REF, min=0, max=20, help=(
+        "Top-k logprobs per output token (needed for near-tie analysis; 0 = off)."))] = \
+        DEFAULT_LOGPROBS
 
 
 @dataclass(frozen=True)
@@ -269,10 +295,26 @@ class ReferenceConfig:
     (None: the served model's)."""
 
     source: str = DEFAULT_REFERENCE
-    engine_args: list[str] = field(default_factory=list)
-    drop_args: list[str] = field(default_factory=list)
-    cache_state: str = DEFAULT_REFERENCE_CACHE_STATE
-    golden_model: str | None = None
+    engine_args: Annotated[list[str], Opt(
+        name="reference_engine_arg", panel=P_REF, cli_type=list[str] | None, parse=as_list,
+        help="--reference engine: an argument added to the reference engine, repeatable, e.g. "
+             "--reference-engine-arg=--enforce-eager. The reference engine inherits the engine "
+             "under test's model, python, tp, env and arguments (profile engine_args, then "
+             "--engine-arg); only the port differs. One identical to the engine under test is a "
+             "usage error.")] = field(default_factory=list)
+    drop_args: Annotated[list[str], Opt(
+        name="reference_drop_arg", panel=P_REF, cli_type=list[str] | None, parse=as_list,
+        help="--reference engine: remove this flag (and its value) from the inherited "
+             "arguments, e.g. --reference-drop-arg=--speculative-config (repeatable).")] = \
+        field(default_factory=list)
+    cache_state: Annotated[Literal["warm", "cold"], Opt(
+        name="reference_cache_state", panel=P_REF,
+        help="warm: run each reference prompt alone twice, judge the second (prefix-cached) run "
+             "against the first, keep the second; cold: keep the first run.")] = \
+        DEFAULT_REFERENCE_CACHE_STATE
+    golden_model: Annotated[str | None, Opt(panel=P_REF, help=(
+        "Model folder for the golden model (default: the launched model's folder; when "
+        "attaching with --url, the served model's root when it is a local folder)."))] = None
 
 
 @dataclass(frozen=True)
@@ -309,11 +351,27 @@ class VerdictConfig:
     divergences with the golden model when one can be built; ``on_timeout``: continue or abort
     after a phase with timed-out requests."""
 
-    near_tie_nats: float | None = None
-    strict: bool = DEFAULT_STRICT
-    numerics_from: str | None = None
-    golden: bool = DEFAULT_GOLDEN
-    on_timeout: str = DEFAULT_ON_TIMEOUT
+    near_tie_nats: Annotated[float | None, Opt(panel=P_REF, min=0.0, max=100.0, help=(
+        "A divergence whose top-1/top-2 gap is below this (nats) is a near tie (warning), else "
+        "hard (failure). Default: from the serving dtype: bfloat16 0.5, float16 0.0625, float32 "
+        "0.01 (see pleharness/divergence.py)."))] = None
+    strict: Annotated[bool, Opt(panel=P_REF, help=(
+        "Any divergence fails, near ties too (for batch-invariant engines)."))] = DEFAULT_STRICT
+    numerics_from: Annotated[str | None, Opt(panel=P_REF, help=(
+        "Without a control run: take the engine's numerics envelope (how far its own numerics "
+        "move logprobs and flip tokens; it sets the logprob tolerance and the near-tie "
+        "threshold) from a clean run of this engine and configuration (its folder or "
+        "manifest), or 'self' for a run that is itself the clean measurement. Default: "
+        "measured on the control run; without one the dtype bound applies "
+        "(docs/references.md)."))] = None
+    golden: Annotated[bool, Opt(panel=P_REF, help=(
+        "Classify each divergence with the golden model (transformers float32, started on the "
+        "first divergence) when the model is a local folder that fits in memory: "
+        "teacher-forced logprobs decide near tie vs hard."))] = DEFAULT_GOLDEN
+    on_timeout: Annotated[Literal["continue", "abort"], Opt(panel=P_TIME, help=(
+        "After a phase with timed-out requests (recorded as 'timeout', the phase fails): "
+        "continue with the next phase, or abort the run (status incomplete)."))] = \
+        DEFAULT_ON_TIMEOUT
 
 
 @dataclass(frozen=True)
@@ -321,8 +379,10 @@ class OutputConfig:
     """Where the run folder goes (options ``--results-dir``, ``--run-id``), and how the run was
     started (``invocation``: the command line, secrets redacted, recorded in the manifest)."""
 
-    results_dir: Path = Path(DEFAULT_RESULTS_DIR)
-    run_id: str | None = None
+    results_dir: Annotated[Path, Opt(panel=P_OUT, cli_type=str, parse=Path, help=(
+        "Where run folders are created."))] = Path(DEFAULT_RESULTS_DIR)
+    run_id: Annotated[str | None, Opt(panel=P_OUT, help=(
+        "Name of the run folder (must not exist). Default: timestamp + random suffix."))] = None
     invocation: list[str] = field(default_factory=list)
 
 
@@ -335,9 +395,13 @@ class ConfirmationConfig:
     ``--confirm-runs`` was on the command line; ``parallel_engines``: engines side by side
     (None: auto), for the replays and the control engine."""
 
-    runs: int = DEFAULT_CONFIRM_RUNS
+    runs: Annotated[int, Opt(name="confirm_runs", panel=P_REF, min=0, max=100, help=(
+        confirm_runs_help("each reproducer a scenario writes (the fuzz kind's repro.toml)")))] = \
+        DEFAULT_CONFIRM_RUNS
     runs_given: bool = False
-    parallel_engines: int | None = DEFAULT_PARALLEL_ENGINES
+    parallel_engines: Annotated[int | None, Opt(panel=P_REF, cli_type=str, parse=parse_parallel,
+                                                help=PARALLEL_ENGINES_HELP)] = \
+        DEFAULT_PARALLEL_ENGINES
 
 
 @dataclass(frozen=True)

@@ -13,17 +13,16 @@ import os
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Protocol
 
-from ..config import (DEFAULT_SCENARIOS, ENV_NAME, AttachConfig, ConfirmationConfig, ControlConfig, EngineConfig,
-                      OutputConfig, ReferenceConfig, StressConfig, SuiteConfig, VerdictConfig,
-                      check_control_profile, check_url, engine_arg_problems, find_profile,
-                      parse_env, parse_ladder, program, raise_all)
+from ..config import (DEFAULT_SCENARIOS, ENV_NAME, AttachConfig, ConfirmationConfig,
+                      ControlConfig, EngineConfig, OutputConfig, ReferenceConfig, StressConfig,
+                      SuiteConfig, VerdictConfig, check_control_profile, check_url,
+                      engine_arg_problems, find_profile, parse_env, parse_ladder, program,
+                      raise_all)
 from ..defaults import DEFAULT_HOST
 from ..divergence import normalize_dtype
 from ..engine.inflight import Timeouts
 from ..engine.launch import engine_python_check
-from ..engine.side_by_side import parse_parallel
 from ..envelope import envelope_of_run
 from ..errors import UsageError
 from ..profile import EngineProfile, load_profile
@@ -31,7 +30,7 @@ from ..redact import redact_argv
 from ..suites import load_suite
 from .options import (AttachOptions, ControlOptions, EngineOptions, GoldenProbeOptions,
                       OutputOptions, ReferenceOptions, ScenarioOptions, TimeoutOptions,
-                      VerdictOptions)
+                      VerdictOptions, config_values)
 
 # launch-only options (python name, flag): given with --url, a usage error
 LAUNCH_ONLY = [("model", "--model"), ("engine_profile", "--engine-profile"), ("tp", "--tp"),
@@ -199,15 +198,13 @@ def verdict_group(verdict: VerdictOptions, golden: GoldenProbeOptions,
                              "(or 'self')")
         envelope_of_run(numerics_from)  # read now: a run that measured nothing is refused
         # before the suite runs, not after it (where the run's own judgement would be lost)
-    return VerdictConfig(near_tie_nats=verdict.near_tie_nats, strict=verdict.strict,
-                         numerics_from=numerics_from, golden=golden.golden,
-                         on_timeout=timeouts.on_timeout.value)
+    return VerdictConfig(**config_values(VerdictConfig, verdict, golden, timeouts))
 
 
 def output_group(output: OutputOptions) -> OutputConfig:
     """The output group (``--results-dir``, ``--run-id``) and the invocation, as this harness
     was started (:func:`pleharness.config.program`), secrets redacted."""
-    return OutputConfig(results_dir=Path(output.results_dir), run_id=output.run_id,
+    return OutputConfig(**config_values(OutputConfig, output),
                         invocation=redact_argv(program() + sys.argv[1:]))
 
 
@@ -226,17 +223,13 @@ def suite_group(scen: ScenarioOptions, ref: ReferenceOptions) -> SuiteConfig:
         overrides=overrides,
         repeat=(scen.repeat_old or scen.suite_repeats) if explicit_repeats or not suite
         else suite.repeat,
-        api=scen.api.value, logprobs=ref.logprobs)
+        api=scen.api.value, **config_values(SuiteConfig, ref))
 
 
 def reference_group(reference: str, ref: ReferenceOptions) -> ReferenceConfig:
     """The reference group (``--reference``, ``--reference-engine-arg``,
     ``--reference-drop-arg``, ``--reference-cache-state``, ``--golden-model``)."""
-    return ReferenceConfig(source=reference,
-                           engine_args=list(ref.reference_engine_arg or []),
-                           drop_args=list(ref.reference_drop_arg or []),
-                           cache_state=ref.reference_cache_state.value,
-                           golden_model=ref.golden_model)
+    return ReferenceConfig(source=reference, **config_values(ReferenceConfig, ref))
 
 
 def control_group(control: ControlOptions, warn: Callable[[str], None]) -> ControlConfig:
@@ -257,23 +250,15 @@ def control_group(control: ControlOptions, warn: Callable[[str], None]) -> Contr
 def timeouts_group(timeouts: TimeoutOptions) -> Timeouts:
     """The per-request timeouts, seconds (``--connect-timeout``, ``--first-token-timeout``,
     ``--between-tokens-timeout``, ``--request-timeout``)."""
-    return Timeouts(timeouts.connect_timeout, timeouts.first_token_timeout,
-                    timeouts.between_tokens_timeout, timeouts.request_timeout)
+    return Timeouts(**config_values(Timeouts, timeouts))
 
 
-class ConfirmOptions(Protocol):
-    """The options of a command that confirms reproducers (stress's ReferenceOptions, fuzz's
-    run options)."""
-
-    confirm_runs: int
-    parallel_engines: str
-
-
-def confirmation_group(opts: ConfirmOptions, *, runs_given: bool) -> ConfirmationConfig:
-    """The confirmation group (``--confirm-runs``, whether the command checks it was given, and
-    ``--parallel-engines``: a number or auto). Raises UsageError for a bad --parallel-engines."""
-    return ConfirmationConfig(runs=opts.confirm_runs, runs_given=runs_given,
-                              parallel_engines=parse_parallel(opts.parallel_engines))
+def confirmation_group(opts, *, runs_given: bool) -> ConfirmationConfig:
+    """The confirmation group of the option group ``opts`` that holds ``--confirm-runs`` and
+    ``--parallel-engines`` (a number or auto: stress's ReferenceOptions, fuzz's run options), and
+    whether the command checks that --confirm-runs was given. Raises UsageError for a bad
+    --parallel-engines."""
+    return ConfirmationConfig(**config_values(ConfirmationConfig, opts), runs_given=runs_given)
 
 
 def stress_config(*, engine: EngineOptions, attach: AttachOptions, scen: ScenarioOptions,

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from ..confirmjob import run_confirm
-from ..defaults import DEFAULT_CONFIRM_RUNS, DEFAULT_START_TIMEOUT_S
+from ..defaults import DEFAULT_CONFIRM_RUNS, DEFAULT_PARALLEL_ENGINES, DEFAULT_START_TIMEOUT_S
 from ..engine.side_by_side import parse_parallel
 from . import Command, app, err_console
 from .assemble import compile_cache_dir
@@ -29,7 +29,8 @@ def confirm(
     parallel_engines: Annotated[str, typer.Option(help=(
         "Replays started side by side: a number, or auto (as many as fit in the GPU's free "
         "memory, 1 on the CPU). Each gets a fixed KV cache size (--kv-cache-memory-bytes) and a "
-        "small --gpu-memory-utilization share; more than fit: a usage error."))] = "1",
+        "small --gpu-memory-utilization share; more than fit: a usage error."))] = \
+        str(DEFAULT_PARALLEL_ENGINES),
     compile_cache: Annotated[Optional[str], typer.Option(
         help=COMPILE_CACHE_HELP + " Default here: the run's.")] = None,
 ):

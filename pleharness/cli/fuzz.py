@@ -13,18 +13,17 @@ import typer
 from pydantic import ValidationError
 
 from .. import files
-from ..config import StressConfig, raise_all
-from ..defaults import DEFAULT_CONFIRM_RUNS, DEFAULT_PARALLEL_ENGINES, confirm_runs_help
-from ..engine.inflight import Timeouts
+from ..config import ConfirmationConfig, StressConfig, raise_all
+from ..defaults import confirm_runs_help
 from ..errors import UsageError
 from ..fuzzjob import run_fuzz
 from ..scenarios.fuzz.strategy import FuzzParams
 from . import Command, app, console, err_console, warn
 from .assemble import (confirmation_group, engine_groups, option_problems, output_group,
-                       verdict_group)
-from .options import (PARALLEL_ENGINES_HELP, AttachOptions, EngineOptions, GoldenProbeOptions,
-                      OutputOptions, Pick, TimeoutOptions, VerdictOptions, given, grouped,
-                      option_group)
+                       timeouts_group, verdict_group)
+from .options import (AttachOptions, EngineOptions, GoldenProbeOptions, OutputOptions, Pick,
+                      TimeoutOptions, VerdictOptions, config_options, given, grouped,
+                      option_group, options_group)
 
 P_FUZZ = "Search budget and reproducibility"
 
@@ -84,18 +83,15 @@ FuzzSearchOptions = option_group(dataclasses.make_dataclass("FuzzSearchOptions",
 FuzzSearchOptions.__doc__ = "The search options of ``fuzz``, generated from FuzzParams."
 
 
-@option_group
-class FuzzRunOptions:
-    """The fuzz options that are not FuzzParams fields."""
-
-    confirm_runs: Annotated[int, typer.Option(min=0, max=100, rich_help_panel=P_FUZZ,
-        help=confirm_runs_help("repro.toml", " 0/N also replays the first, larger failing "
-                               "schedule, repro-larger.toml. Attached (--url): on the same "
-                               "engine, marked as such."))] = DEFAULT_CONFIRM_RUNS
-    parallel_engines: Annotated[str, typer.Option(rich_help_panel=P_FUZZ,
-        help=PARALLEL_ENGINES_HELP)] = str(DEFAULT_PARALLEL_ENGINES)
-    max_tokens_old: Annotated[Optional[int], typer.Option("--max-tokens", hidden=True,
-        help="Deprecated spelling of --max-drawn-tokens.")] = None
+# the confirmation options are ConfirmationConfig's, in this panel, --confirm-runs with fuzz's help
+FuzzRunOptions = options_group(
+    "FuzzRunOptions", "The fuzz options that are not FuzzParams fields.",
+    config_options(ConfirmationConfig, "runs", "parallel_engines", panel=P_FUZZ, help={
+        "runs": confirm_runs_help("repro.toml", " 0/N also replays the first, larger failing "
+                                  "schedule, repro-larger.toml. Attached (--url): on the same "
+                                  "engine, marked as such.")}),
+    [("max_tokens_old", Annotated[Optional[int], typer.Option(
+        "--max-tokens", hidden=True, help="Deprecated spelling of --max-drawn-tokens.")], None)])
 
 
 def fuzz_params(search, old_max_tokens: int | None, given_names: frozenset[str]) -> dict:
@@ -153,9 +149,9 @@ def fuzz(ctx: typer.Context, search: FuzzSearchOptions, run: FuzzRunOptions,
                               results_dir=output.results_dir))
     eng, att = engine_groups(engine, attach, probe=golden.engine_probe)
     params = fuzz_params(search, run.max_tokens_old, search.given)
-    # timeouts: only --request-timeout; --on-timeout keeps its default
+    # timeouts: only --request-timeout; the others and --on-timeout keep their defaults
     cfg = StressConfig(engine=eng, attach=att, verdict=verdict_group(verdict, golden, timeouts),
-                       timeouts=Timeouts(total_s=timeouts.request_timeout),
+                       timeouts=timeouts_group(timeouts),
                        output=output_group(output),
                        confirmation=confirmation_group(run, runs_given=False))
     raise typer.Exit(run_fuzz(cfg, params, console=console, err_console=err_console))

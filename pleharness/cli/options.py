@@ -1,8 +1,16 @@
 """Option groups of the commands, each option declared ONCE with its flag, help, bounds and panel.
 
 A group is a dataclass whose fields are typer options (``Annotated[type, typer.Option(...)]``
-with a default). A command takes a group whole by naming it as a parameter's type, or part of it
-with :class:`Pick`::
+with a default). Where the option fills a field of a config group (:mod:`pleharness.config`,
+:class:`~pleharness.engine.inflight.Timeouts`), the field declares it: its default, and its help,
+bounds and panel as an :class:`~pleharness.option.Opt` annotation; :func:`config_options` makes
+the typer options of such fields, :func:`options_group` a group of them, and
+:func:`config_values` the config group's fields of the parsed options (issue 50 item 4: the
+option is the config field). The options the builders of :mod:`pleharness.cli.assemble` layer
+over an engine profile, or read into something else (a suite, a key, a fact), are written here.
+
+A command takes a group whole by naming it as a parameter's type, or part of it with
+:class:`Pick`::
 
     @app.command(cls=Command)
     @grouped
@@ -27,23 +35,11 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from ..config import DEFAULT_SCENARIOS
-from ..defaults import (DEFAULT_API, DEFAULT_BETWEEN_TOKENS_TIMEOUT_S, DEFAULT_CONFIRM_RUNS,
-                        DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_ENGINE_PROBE,
-                        DEFAULT_FIRST_TOKEN_TIMEOUT_S, DEFAULT_GOLDEN, DEFAULT_HOST,
-                        DEFAULT_LOGPROBS, DEFAULT_ON_TIMEOUT, DEFAULT_PARALLEL_ENGINES,
-                        DEFAULT_REFERENCE_CACHE_STATE, DEFAULT_REQUEST_TIMEOUT_S,
-                        DEFAULT_RESULTS_DIR, DEFAULT_START_TIMEOUT_S, DEFAULT_STRICT,
-                        DEFAULT_SUITE_REPEATS, confirm_runs_help)
-
-PARALLEL_ENGINES_HELP = (
-    "Engines started side by side for the confirmation replays, explain's launches and "
-    "stress's control engine (which then starts beside the engine under test when the profile "
-    "fixes --kv-cache-memory-bytes): a number, or auto: as many as fit in the GPU's free "
-    "memory, 1 on the CPU. Each confirmation or explain engine gets a fixed KV cache size "
-    "(--kv-cache-memory-bytes) and a small --gpu-memory-utilization share, so that its start "
-    "does not profile memory a neighbour is allocating. More than fit: a usage error before "
-    "anything starts.")
+from ..config import (DEFAULT_SCENARIOS, ConfirmationConfig, EngineConfig, OutputConfig,
+                      ReferenceConfig, SuiteConfig, VerdictConfig)
+from ..defaults import DEFAULT_API, DEFAULT_HOST, DEFAULT_START_TIMEOUT_S, DEFAULT_SUITE_REPEATS
+from ..engine.inflight import Timeouts
+from ..option import P_ATTACH, P_CTRL, P_ENGINE, P_REF, P_SCEN, FieldOption, options_of
 
 COMPILE_CACHE_HELP = (
     "Folder of the torch.compile / CUDA-graph cache every engine of the job uses "
@@ -51,29 +47,7 @@ COMPILE_CACHE_HELP = (
     "jobs, so a configuration compiles once per machine. Each engine start reports whether it "
     "found its graphs there (warm) or compiled them (cold).")
 
-# help panels of `stress --help` (and the commands that share its groups)
-P_ENGINE = "Engine (launched by the harness)"
-P_ATTACH = "Attach to a running engine (--url) and its facts"
-P_SCEN = "Scenarios"
-P_REF = "References and verdict"
-P_CTRL = "Control run (attribution: docs/attribution.md)"
-P_TIME = "Timeouts"
-P_OUT = "Output"
 FACT_HELP = "Attach only."
-
-
-class OnTimeout(str, Enum):
-    """``--on-timeout``: after a phase with timed-out requests, continue or abort the run."""
-
-    cont = "continue"
-    abort = "abort"
-
-
-class CacheState(str, Enum):
-    """``--reference-cache-state``: keep each reference prompt's warm (second) or cold run."""
-
-    warm = "warm"
-    cold = "cold"
 
 
 class Api(str, Enum):
@@ -173,11 +147,60 @@ def grouped(fn):
 
 def option_group(cls):
     """Class decorator: a dataclass whose fields are options, usable as a command parameter's
-    type under :func:`grouped`."""
+    type under :func:`grouped`. ``sources``: option name -> the config field it fills (set by
+    :func:`options_group`)."""
     cls = dataclass(cls)
     cls.option_group = True
     cls.given = frozenset()
+    cls.sources = getattr(cls, "sources", {})
     return cls
+
+
+def config_options(cls: type, *fields: str, panel: str | None = None,
+                   help: dict[str, str] | None = None) -> list[tuple[str, Any, Any, FieldOption]]:
+    """The options of config class ``cls``'s fields ``fields`` (none: every field that carries
+    an :class:`~pleharness.option.Opt`, in field order), each as (option name, typer type,
+    default, the field): the type and default are the field's (or the Opt's ``cli_type`` and the
+    field default as one: None where the field's is None or empty), its help, bounds and panel
+    the Opt's. A command may give its own ``panel`` and ``help`` (field -> text). Raises
+    TypeError for a field with no Opt."""
+    found = options_of(cls)
+    missing = [f for f in (*fields, *(help or {})) if f not in found]
+    if missing:
+        raise TypeError(f"{cls.__name__} has no option field(s) {missing}")
+    out = []
+    for name in fields or found:
+        src = found[name]
+        opt = src.opt
+        kw: dict[str, Any] = {"rich_help_panel": panel or opt.panel,
+                              "help": (help or {}).get(name, opt.help)}
+        kw.update({k: v for k, v in (("min", opt.min), ("max", opt.max)) if v is not None})
+        if opt.envvar:
+            kw.update(envvar=opt.envvar, show_envvar=True)
+        default = src.default
+        if opt.cli_type is not None:
+            default = None if default is None or default == [] else opt.cli_type(default)
+        out.append((src.name, Annotated[opt.cli_type or src.type, typer.Option(**kw)], default,
+                    src))
+    return out
+
+
+def options_group(name: str, doc: str, *parts: list[tuple]) -> type:
+    """An option group (:func:`option_group`) called ``name`` of ``parts``, in --help order: lists
+    of options, from :func:`config_options` or written out as (name, typer type, default)."""
+    specs = [spec for part in parts for spec in part]
+    cls = dataclasses.make_dataclass(name, [spec[:3] for spec in specs])
+    cls.__doc__, cls.__module__ = doc, __name__
+    cls.sources = {spec[0]: spec[3] for spec in specs if len(spec) > 3}
+    return option_group(cls)
+
+
+def config_values(cls: type, *groups) -> dict[str, Any]:
+    """{field: value} of config class ``cls`` for each of its fields that an option of
+    ``groups`` fills (:func:`options_group`), the option's value parsed as the field's
+    (:attr:`pleharness.option.Opt.parse`): ``cls(**config_values(cls, ...))`` builds the group."""
+    return {src.field: src.value(getattr(g, name)) for g in groups
+            for name, src in g.sources.items() if src.cls is cls}
 
 
 def given(*groups, extra=frozenset()) -> frozenset[str]:
@@ -245,71 +268,21 @@ class AttachOptions:
              "given to a launched engine (VLLM_API_KEY); never written anywhere.")] = None
 
 
-@option_group
-class GoldenProbeOptions:
-    """The golden model and the engine probe (what decides near ties and seeded samples)."""
+GoldenProbeOptions = options_group(
+    "GoldenProbeOptions", "The golden model and the engine probe (what decides near ties and "
+    "seeded samples).",
+    config_options(VerdictConfig, "golden"), config_options(EngineConfig, "probe"))
 
-    golden: Annotated[bool, typer.Option(rich_help_panel=P_REF,
-        help="Classify each divergence with the golden model (transformers float32, started on "
-             "the first divergence) when the model is a local folder that fits in memory: "
-             "teacher-forced logprobs decide near tie vs hard.")] = DEFAULT_GOLDEN
-    engine_probe: Annotated[bool, typer.Option(rich_help_panel=P_REF,
-        envvar="PLE_HARNESS_ENGINE_PROBE", show_envvar=True,
-        help="Measure the engine first with a few short requests (seeded samples reproduce alone "
-             "and in a batch, greedy outputs repeat alone, warm run = cold run; manifest section "
-             "engine_probe) and choose the seeded sampled requests from what was measured; off: from the "
-             "configuration (only without speculative decoding).")] = DEFAULT_ENGINE_PROBE
+VerdictOptions = options_group(
+    "VerdictOptions", "How a divergence is judged.",
+    config_options(VerdictConfig, "near_tie_nats", "strict", "numerics_from"))
 
+TimeoutOptions = options_group(
+    "TimeoutOptions", "Request timeouts and what a phase with timed-out requests does.",
+    config_options(Timeouts), config_options(VerdictConfig, "on_timeout"))
 
-@option_group
-class VerdictOptions:
-    """How a divergence is judged."""
-
-    near_tie_nats: Annotated[Optional[float], typer.Option(min=0.0, max=100.0,
-        rich_help_panel=P_REF,
-        help="A divergence whose top-1/top-2 gap is below this (nats) is a near tie (warning), "
-             "else hard (failure). Default: from the serving dtype: bfloat16 0.5, float16 "
-             "0.0625, float32 0.01 (see pleharness/divergence.py).")] = None
-    strict: Annotated[bool, typer.Option(rich_help_panel=P_REF,
-        help="Any divergence fails, near ties too (for batch-invariant engines).")] = \
-        DEFAULT_STRICT
-    numerics_from: Annotated[Optional[str], typer.Option(rich_help_panel=P_REF,
-        help="Without a control run: take the engine's numerics envelope (how far its own "
-             "numerics move logprobs and flip tokens; it sets the logprob tolerance and the "
-             "near-tie threshold) from a clean run of this engine and configuration (its "
-             "folder or manifest), or 'self' for a run that is itself the clean measurement. "
-             "Default: measured on the control run; without one the dtype bound applies "
-             "(docs/references.md).")] = None
-
-
-@option_group
-class TimeoutOptions:
-    """Request timeouts and what a phase with timed-out requests does."""
-
-    connect_timeout: Annotated[float, typer.Option(min=0.1, max=86400, rich_help_panel=P_TIME,
-        help="Seconds to connect.")] = DEFAULT_CONNECT_TIMEOUT_S
-    first_token_timeout: Annotated[float, typer.Option(min=0.1, max=86400,
-        rich_help_panel=P_TIME, help="Seconds from sending a request to its first token.")] = \
-        DEFAULT_FIRST_TOKEN_TIMEOUT_S
-    between_tokens_timeout: Annotated[float, typer.Option(min=0.1, max=86400,
-        rich_help_panel=P_TIME, help="Longest gap between two streamed tokens, seconds.")] = \
-        DEFAULT_BETWEEN_TOKENS_TIMEOUT_S
-    request_timeout: Annotated[float, typer.Option(min=0.1, max=604800, rich_help_panel=P_TIME,
-        help="Longest whole request, seconds.")] = DEFAULT_REQUEST_TIMEOUT_S
-    on_timeout: Annotated[OnTimeout, typer.Option(rich_help_panel=P_TIME,
-        help="After a phase with timed-out requests (recorded as 'timeout', the phase fails): "
-             "continue with the next phase, or abort the run (status incomplete).")] = \
-        OnTimeout(DEFAULT_ON_TIMEOUT)
-
-
-@option_group
-class OutputOptions:
-    """Where the run folder goes."""
-
-    results_dir: Annotated[str, typer.Option(rich_help_panel=P_OUT,
-        help="Where run folders are created.")] = DEFAULT_RESULTS_DIR
-    run_id: Annotated[Optional[str], typer.Option(rich_help_panel=P_OUT,
-        help="Name of the run folder (must not exist). Default: timestamp + random suffix.")] = None
+OutputOptions = options_group("OutputOptions", "Where the run folder goes.",
+                              config_options(OutputConfig))
 
 
 @option_group
@@ -363,34 +336,12 @@ class ControlOptions:
              "warning).")] = None
 
 
-@option_group
-class ReferenceOptions:
-    """Where references come from and how they are taken (besides --reference)."""
-
-    confirm_runs: Annotated[int, typer.Option(min=0, max=100, rich_help_panel=P_REF,
-        help=confirm_runs_help("each reproducer a scenario writes (the fuzz kind's "
-                               "repro.toml)"))] = DEFAULT_CONFIRM_RUNS
-    parallel_engines: Annotated[str, typer.Option(rich_help_panel=P_REF,
-        help=PARALLEL_ENGINES_HELP)] = str(DEFAULT_PARALLEL_ENGINES)
-    golden_model: Annotated[Optional[str], typer.Option(rich_help_panel=P_REF,
-        help="Model folder for the golden model (default: the launched model's folder; when "
-             "attaching with --url, the served model's root when it is a local folder).")] = None
-    reference_engine_arg: Annotated[Optional[list[str]], typer.Option(rich_help_panel=P_REF,
-        help="--reference engine: an argument added to the reference engine, repeatable, e.g. "
-             "--reference-engine-arg=--enforce-eager. The reference engine inherits the engine "
-             "under test's model, python, tp, env and arguments (profile engine_args, then "
-             "--engine-arg); only the port differs. One identical to the engine under test is "
-             "a usage error.")] = None
-    reference_drop_arg: Annotated[Optional[list[str]], typer.Option(rich_help_panel=P_REF,
-        help="--reference engine: remove this flag (and its value) from the inherited "
-             "arguments, e.g. --reference-drop-arg=--speculative-config (repeatable).")] = None
-    reference_cache_state: Annotated[CacheState, typer.Option(rich_help_panel=P_REF,
-        help="warm: run each reference prompt alone twice, judge the second (prefix-cached) "
-             "run against the first, keep the second; cold: keep the first run.")] = \
-        CacheState(DEFAULT_REFERENCE_CACHE_STATE)
-    logprobs: Annotated[int, typer.Option(min=0, max=20, rich_help_panel=P_REF,
-        help="Top-k logprobs per output token (needed for near-tie analysis; 0 = off).")] = \
-        DEFAULT_LOGPROBS
+ReferenceOptions = options_group(
+    "ReferenceOptions", "Where references come from and how they are taken (besides "
+    "--reference).",
+    config_options(ConfirmationConfig, "runs", "parallel_engines"),
+    config_options(ReferenceConfig, "golden_model", "engine_args", "drop_args", "cache_state"),
+    config_options(SuiteConfig, "logprobs"))
 
 
 ReferenceOpt = Annotated[str, typer.Option(rich_help_panel=P_REF,

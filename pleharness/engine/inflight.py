@@ -16,12 +16,13 @@ import time
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import aiohttp
 
 from ..defaults import (DEFAULT_BETWEEN_TOKENS_TIMEOUT_S, DEFAULT_CONNECT_TIMEOUT_S,
                         DEFAULT_FIRST_TOKEN_TIMEOUT_S, DEFAULT_REQUEST_TIMEOUT_S)
+from ..option import P_TIME, Opt
 from .completion import Completion, ActiveRequest
 
 
@@ -31,13 +32,23 @@ class Timeouts:
 
     connect_s: TCP connect; first_token_s: from send to the first streamed token; between_tokens_s:
     the longest gap between two streamed chunks; total_s: the whole request. A non-streamed request
-    delivers its tokens at the end, so first_token_s bounds its whole answer.
+    delivers its tokens at the end, so first_token_s bounds its whole answer. Each is an option
+    of the run commands (``--connect-timeout`` ... ``--request-timeout``).
     """
 
-    connect_s: float = DEFAULT_CONNECT_TIMEOUT_S
-    first_token_s: float = DEFAULT_FIRST_TOKEN_TIMEOUT_S
-    between_tokens_s: float = DEFAULT_BETWEEN_TOKENS_TIMEOUT_S
-    total_s: float = DEFAULT_REQUEST_TIMEOUT_S
+    connect_s: Annotated[float, Opt(name="connect_timeout", panel=P_TIME, min=0.1, max=86400,
+                                    help="Seconds to connect.")] = DEFAULT_CONNECT_TIMEOUT_S
+    first_token_s: Annotated[float, Opt(
+        name="first_token_timeout", panel=P_TIME, min=0.1, max=86400,
+        help="Seconds from sending a request to its first token.")] = \
+        DEFAULT_FIRST_TOKEN_TIMEOUT_S
+    between_tokens_s: Annotated[float, Opt(
+        name="between_tokens_timeout", panel=P_TIME, min=0.1, max=86400,
+        help="Longest gap between two streamed tokens, seconds.")] = \
+        DEFAULT_BETWEEN_TOKENS_TIMEOUT_S
+    total_s: Annotated[float, Opt(name="request_timeout", panel=P_TIME, min=0.1, max=604800,
+                                  help="Longest whole request, seconds.")] = \
+        DEFAULT_REQUEST_TIMEOUT_S
 
 
 class Batch:

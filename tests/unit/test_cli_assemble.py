@@ -10,7 +10,7 @@ import pytest
 
 from pleharness.cli import assemble, options
 from pleharness.cli.assemble import ATTACH_FACTS, LAUNCH_ONLY, option_problems, stress_config
-from pleharness.cli.options import Api, CacheState, OnTimeout
+from pleharness.cli.options import Api
 from pleharness.defaults import DEFAULT_REFERENCE
 
 GROUPS = {"engine": options.EngineOptions, "attach": options.AttachOptions,
@@ -42,12 +42,12 @@ CHANGED = {
     ("ref", "confirm_runs"): 1, ("ref", "parallel_engines"): "2",
     ("ref", "golden_model"): "/models/g", ("ref", "reference_engine_arg"): ["--enforce-eager"],
     ("ref", "reference_drop_arg"): ["--enable-prefix-caching"],
-    ("ref", "reference_cache_state"): CacheState.cold, ("ref", "logprobs"): 5,
+    ("ref", "reference_cache_state"): "cold", ("ref", "logprobs"): 5,
     ("verdict", "near_tie_nats"): 0.3, ("verdict", "strict"): True,
     ("verdict", "numerics_from"): "self",
     ("timeouts", "connect_timeout"): 1.0, ("timeouts", "first_token_timeout"): 2.0,
     ("timeouts", "between_tokens_timeout"): 3.0, ("timeouts", "request_timeout"): 4.0,
-    ("timeouts", "on_timeout"): OnTimeout.abort,
+    ("timeouts", "on_timeout"): "abort",
     ("output", "results_dir"): "elsewhere", ("output", "run_id"): "run-1",
 }
 
