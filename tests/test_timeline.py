@@ -8,6 +8,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+import os
+
 import pytest
 
 from conftest import run_cli
@@ -93,15 +95,23 @@ def test_stamp_timeline_reads_the_failing_phase_and_the_reproducer_file(tmp_path
 def test_compile_cache_folder_is_made_absolute_and_a_second_root_is_refused(tmp_path,
                                                                              monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert compile_cache_dir("cc") == str(tmp_path / "cc") and (tmp_path / "cc").is_dir()
+    # not made until an engine is launched: a later usage error leaves nothing behind
+    assert compile_cache_dir("cc") == str(tmp_path / "cc") and not (tmp_path / "cc").exists()
+    (tmp_path / "cc").mkdir()
     monkeypatch.setenv("HOME", str(tmp_path))
     assert compile_cache_dir("~/cc2") == str(tmp_path / "cc2")
     with pytest.raises(UsageError, match="VLLM_CACHE_ROOT=/elsewhere is set too"):
         compile_cache_dir("cc", "/elsewhere")
     assert compile_cache_dir("cc", str(tmp_path / "cc")) == str(tmp_path / "cc")  # the same
     (tmp_path / "file").write_text("")
-    with pytest.raises(UsageError, match="cannot create it"):
+    with pytest.raises(UsageError, match="is not a folder"):
         compile_cache_dir(str(tmp_path / "file" / "cc"))
+    with pytest.raises(UsageError, match="is not a folder"):
+        compile_cache_dir(str(tmp_path / "file"))
+    (tmp_path / "ro").mkdir(mode=0o500)
+    if not os.access(tmp_path / "ro", os.W_OK):  # root writes anywhere
+        with pytest.raises(UsageError, match="cannot create it"):
+            compile_cache_dir(str(tmp_path / "ro" / "a" / "b"))
 
 
 def test_compile_cache_bad_input_exits_2_before_anything_starts(tmp_path):
@@ -111,8 +121,11 @@ def test_compile_cache_bad_input_exits_2_before_anything_starts(tmp_path):
     r = run_cli("stress", "--compile-cache", str(tmp_path / "cc"), "--url",
                 "http://127.0.0.1:9", "--results-dir", str(tmp_path / "res"))
     assert r.returncode == 2 and "--compile-cache" in r.stderr, r.stderr
-    assert not (tmp_path / "res").exists()
-    assert Path(tmp_path).exists()
+    assert not (tmp_path / "res").exists() and not (tmp_path / "cc").exists()
+    # a usage error found after --compile-cache was read leaves no folder behind either
+    r = run_cli("stress", "--compile-cache", str(tmp_path / "cc"), "--ladder", "x",
+                "--results-dir", str(tmp_path / "res"))
+    assert r.returncode == 2 and not (tmp_path / "cc").exists(), r.stderr
 
 
 def test_the_engines_own_reason_for_compiling_again_is_kept():

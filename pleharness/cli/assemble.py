@@ -148,19 +148,24 @@ def engine_groups(engine: EngineOptions, attach: AttachOptions, *, probe: bool
 
 
 def compile_cache_dir(value: str, env_value: str | None = None) -> str:
-    """``--compile-cache``'s folder as an absolute path (``~`` expanded), created if missing.
-    Raises UsageError when ``env_value`` (a ``VLLM_CACHE_ROOT`` the profile or ``--engine-env``
-    set) names another folder, or the folder cannot be created or written."""
+    """``--compile-cache``'s folder as an absolute path (``~`` expanded); not created here (the
+    engine's launch creates it: a later usage error leaves nothing behind). Raises UsageError
+    when ``env_value`` (a ``VLLM_CACHE_ROOT`` the profile or ``--engine-env`` set) names
+    another folder, the path is not a folder, or the folder (or, when missing, the nearest
+    folder above it, where it would be created) is not writable by this user."""
     path = os.path.abspath(os.path.expanduser(value))
     if env_value is not None and os.path.abspath(os.path.expanduser(env_value)) != path:
         raise UsageError(f"--compile-cache {value}: VLLM_CACHE_ROOT={env_value} is set too (the "
                          "profile's [env] or --engine-env): give the folder once")
-    try:
-        os.makedirs(path, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"--compile-cache {value}: cannot create it ({exc.strerror})") from None
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise UsageError(f"--compile-cache {value}: not writable by this user")
+    here = path
+    while not os.path.lexists(here):  # the nearest existing folder: where it would be made
+        here = os.path.dirname(here)
+    if not os.path.isdir(here):
+        raise UsageError(f"--compile-cache {value}: {here} is not a folder")
+    if not os.access(here, os.W_OK | os.X_OK):
+        raise UsageError(f"--compile-cache {value}: "
+                         + ("not writable by this user" if here == path else
+                            f"cannot create it ({here} is not writable by this user)"))
     return path
 
 

@@ -210,6 +210,9 @@ class EngineServer:
                 f.write(f"  {k}={v}\n")
         check_cancelled()  # a side-by-side job stopped before this engine was launched
         cache_root = env.get("VLLM_CACHE_ROOT")
+        if cache_root:  # --compile-cache's folder is made at the first launch, not before
+            with contextlib.suppress(OSError):  # vLLM's own error says it better
+                os.makedirs(cache_root, exist_ok=True)
         cache_before = compile_cache_bytes(cache_root)
         self._log_file = private_file(self.log_path, "wb")
         self.owner = threading.get_ident()
