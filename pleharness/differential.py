@@ -52,10 +52,10 @@ run that differs from a wrong solo answer and matches the control's).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .divergence import Rule, analyse, first_divergence
+from .divergence import Rule, analyse, first_divergence, settle_under
 from .manifest import CheckResult, Manifest, ReferenceRecord, RequestRecord
 from .request import params_key
 from .run.judge import refinish
@@ -275,11 +275,9 @@ def compare_answers(main: Manifest, control: Manifest) -> dict[str, Any]:
                 continue
             cref = ctl.reference if ctl.reference is not None and \
                 ctl.reference.output_hash == ans else None
-            d = _classify(c_ids, t_ids, ctl, ans, cref, under, ids_ctl, threshold,
-                          rule.strict)
+            d = _classify(c_ids, t_ids, ctl, ans, cref, under, ids_ctl, threshold, rule)
             counts["hard"] += d.fails
-            counts["control_repeats_disagree"] += (d.decided_by or "").startswith(
-                "the control's own")
+            counts["control_repeats_disagree"] += d.control_split is not None
             rec.differential = d
             rec.control_answer = {"run": "control:" + ctl.runs[ans][0], "output_ids": c_ids,
                                   "margins": cref.margins if cref else None,
@@ -302,26 +300,26 @@ def compare_answers(main: Manifest, control: Manifest) -> dict[str, Any]:
 
 def _classify(c_ids: list[int], t_ids: list[int], ctl: Answers, ans: str,
               cref: ReferenceRecord | None, under: Answers, ids_ctl: dict[str, list[int]],
-              tie_at: Callable[[float | None], float], strict: bool):
+              tie_at: Callable[[float | None], float], rule: Rule):
     """The divergence of an answer under test (``t_ids``) from the control's answer ``ans``
     (``cref``: the control's reference when it gave ``ans``), at the threshold ``tie_at`` gives
-    for the control's margin at the split (rule of the module docstring)."""
+    for the control's margin at the split (rule of the module docstring), with the control's
+    own disagreement as evidence (``control_split``), settled under the run's ``rule`` at that
+    threshold (:func:`~pleharness.divergence.settle_under`)."""
     pos = first_divergence(c_ids, t_ids)
     tie = tie_at(_at(cref.margins if cref else None, pos))
     drift = _drift(cref, under.reference, pos)
-    d = analyse(c_ids, t_ids, pos, cref.margins if cref else None,
-                max(tie, round(DRIFT_FACTOR * drift, 6)) if drift is not None else tie)
+    threshold = max(tie, round(DRIFT_FACTOR * drift, 6)) if drift is not None else tie
+    d = analyse(c_ids, t_ids, pos, cref.margins if cref else None, threshold)
     own = [first_divergence(c_ids, ids_ctl[o]) for o in ctl.runs
            if o != ans and o in ids_ctl]
     own = [q for q in own if q is not None]
     if own and min(own) <= pos:
-        d.cls, d.fails = "near_tie", False
-        d.decided_by = (f"the control's own solo runs disagree at position {min(own)} "
-                        f"({len(ctl.runs)} answers): the engine's numerics")
-    else:
+        d.control_split = (f"the control's own solo runs disagree at position {min(own)} "
+                           f"({len(ctl.runs)} answers): the engine's numerics")
+    settle_under(d, replace(rule, near_tie_nats=threshold))
+    if not d.control_split:
         d.decided_by = f"differential: {d.decided_by}"
-    if strict and not d.fails:
-        d.fails, d.decided_by = True, d.decided_by + "; strict"
     return d
 
 

@@ -388,7 +388,9 @@ def settle(d: Divergence, *, strict: bool = False, seeded: bool = False,
        a near tie; else hard. An uninformative golden model decides nothing: step 1 stands.
     3. **control**: a divergence the control run reproduces (``attribution`` also_in_control)
        is the engine's own numerics: a warning, never a failure by itself (on half precision a
-       golden "hard" becomes a near tie, ``reclassified`` says why).
+       golden "hard" becomes a near tie, ``reclassified`` says why); so is a difference from
+       the control's answer where the control's own solo runs disagree at or before the
+       position (``control_split``, :mod:`pleharness.differential`): a near tie.
     4. **solo repeatability** (``solo_repeat``): both runs ran alone with the same parameters
        and the same cache state on an engine whose probe measured that it repeats solo greedy
        runs; they still differ: hard, whatever steps 1-3 said.
@@ -414,6 +416,8 @@ def settle(d: Divergence, *, strict: bool = False, seeded: bool = False,
             d.reclassified = ("hard by the golden gap, but also in the control run on a "
                               "half-precision engine: the engine's own numerics")
         fails, by = False, "control"
+    if d.control_split:
+        cls, fails, by = "near_tie", False, d.control_split
     if d.solo_repeat:
         cls, fails, by = "hard", True, "solo repeatability"
     if strict or seeded or d.checks_failed:

@@ -111,6 +111,9 @@ class Divergence(_SetFieldsOnly):
     checks_failed: list[str] = Field(default_factory=list)  # reference-free checks that failed
     fails: bool
     attribution: Attribution | None = None  # set by a control run
+    # the differential (issue 47): the control's own solo runs disagree at or before the
+    # position, why in words (settle: the engine's numerics, a warning)
+    control_split: str | None = None
     control_evidence: ControlEvidence | None = None
     golden_tolerance_nats: float | None = None  # half precision: the measured golden tolerance
     reclassified: str | None = None  # why the class was changed after the fact (control run)

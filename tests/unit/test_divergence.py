@@ -76,6 +76,11 @@ def div(**kw) -> Divergence:
      "solo repeatability"),
     (dict(margin_nats=0.1, checks_failed=["degeneration"]), "near_tie", True,
      "engine margin; checks degeneration"),
+    # the differential: the control's own solo runs disagree there: numerics, a near tie
+    (dict(margin_nats=5.0, control_split="the control's own solo runs disagree at 2"),
+     "near_tie", False, "the control's own solo runs disagree at 2"),
+    (dict(margin_nats=5.0, control_split="own", solo_repeat="r1 vs r2"), "hard", True,
+     "solo repeatability"),
 ])
 def test_settle_follows_the_stated_order(kw, cls, fails, by):
     d = dv.settle(div(**kw))
