@@ -118,7 +118,7 @@ FLOORS: dict[str, int] = {
     "engine": 2,
     # 3 judging one output, with no run around it
     "evidence": 3, "golden": 3, "explain_plan": 3, "checks": 3, "compare_spec": 3,
-    "request": 4, "divergence": 4, "engine_probe": 4,
+    "request": 4, "divergence": 4, "intermittent": 4, "engine_probe": 4,
     # 5 the run layer: context, references, judgement, sides
     "run": 5,
     # 6 what a run is made of: scenario kinds, and how a divergence is attributed

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..divergence import intermittent_rate, replay_repeats
+from ..intermittent import intermittent_rate, replay_repeats
 from ..engine.session import Variant
 from ..errors import UsageError
 from ..manifest import Manifest

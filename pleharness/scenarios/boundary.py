@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import Field
 
-from ..divergence import REPLAY_CONFIDENCE, intermittent_rate, replay_repeats
+from ..intermittent import REPLAY_CONFIDENCE, intermittent_rate, replay_repeats
 from ..engine import metrics
 from ..evidence import mark_vacuous
 from ..manifest import CheckResult, Manifest
@@ -383,7 +383,7 @@ def _vs_many(rs) -> str:
 
 def _rate_note(row: BoundaryRow, recs: dict) -> str:
     """'; measured rate 3/12 (25 %): a replay needs 11 solo runs to show it with 95 %' for a
-    length whose solo runs disagree (:func:`pleharness.divergence.replay_repeats`)."""
+    length whose solo runs disagree (:func:`pleharness.intermittent.replay_repeats`)."""
     ids = [i for i in (row.warm_run, *(row.repeat_runs or [row.repeat_run])) if i]
     rs = [recs[i] for i in ids if i in recs and recs[i].error is None]
     ref = next((recs[i].reference_hash for i in ids if i in recs), None)
