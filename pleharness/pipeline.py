@@ -120,25 +120,26 @@ def confirmation_spares(run: JobRun, target: Target) -> SpareEngines | None:
     when they cannot run beside it: no ``--confirm-runs``, an attached engine or a fixed
     ``--port``, a side-by-side plan of one engine, one that adds memory arguments to each
     engine (which the engine under test does not have: as for the control engine beside it,
-    :func:`pleharness.jobrun.start_engines`), or the engine under test and the spares not
-    fitting at once (the plan of ``--parallel-engines`` + 1). The spares are as many as the
-    first wave (``min(--confirm-runs, --parallel-engines)``), each launched as a replay launches
-    (:func:`~pleharness.reproduce.replay_config`); the job's exit stack must close them. What
-    was decided is printed."""
+    :func:`pleharness.jobrun.start_engines`), or the spares not fitting in what the engine
+    under test leaves free (the side-by-side plan of that many engines, now). The spares are
+    as many as the first wave (``min(--confirm-runs, --parallel-engines)``), each launched as a
+    replay launches (:func:`~pleharness.reproduce.replay_config`); the job's exit stack must
+    close them. What was decided is printed."""
     cfg, side = run.cfg, run.side
     n = min(cfg.confirmation.runs, side.n)
     if n < 1 or cfg.attach.url is not None or cfg.engine.port or side.n < 2 or side.add:
         return None
-    try:
-        plan_side_by_side(side.n + 1, gpus=gpu_inventory(), model=model_bytes(target.model_path),
+    rt = ReplayTarget(config=replay_base(cfg, run.manifest.run_options))
+    try:  # the free memory now, with the engine under test running: do n more fit?
+        plan_side_by_side(n, gpus=gpu_inventory(), model=model_bytes(target.model_path),
                           engine_args=target.engine_args, engine_env=target.engine_env)
+        quiet = Console(file=io.StringIO())
+        spec = replay_config(rt, Path("spare.toml"), run.run_dir, "spare").target(
+            quiet).launch_spec()
     except UsageError as exc:
         run.console.print(esc(f"confirmation engines: started after the search ({exc})"),
                           highlight=False)
         return None
-    rt = ReplayTarget(config=replay_base(cfg, run.manifest.run_options))
-    quiet = Console(file=io.StringIO())
-    spec = replay_config(rt, Path("spare.toml"), run.run_dir, "spare").target(quiet).launch_spec()
     run.console.print(f"confirmation engines: {n} started now, beside the search (each stays "
                       "fresh until a replay takes it)", highlight=False)
     return SpareEngines([spec] * n, run.run_dir / "confirm" / "spares",

@@ -212,7 +212,7 @@ class EngineServer:
         cache_root = env.get("VLLM_CACHE_ROOT")
         if cache_root:  # --compile-cache's folder is made at the first launch, not before
             with contextlib.suppress(OSError):  # vLLM's own error says it better
-                os.makedirs(cache_root, exist_ok=True)
+                os.makedirs(os.path.expanduser(cache_root), exist_ok=True)
         cache_before = compile_cache_bytes(cache_root)
         self._log_file = private_file(self.log_path, "wb")
         self.owner = threading.get_ident()
@@ -421,6 +421,16 @@ def cancel_threads(threads: set[int], undo: bool = False) -> None:
         mine = [s for s in _live if s.owner in threads and s.proc is not None]
     for srv in mine:
         signal_group(srv.proc.pid, signal.SIGKILL)
+
+
+def take_over(server: EngineServer) -> None:
+    """Make the calling thread ``server``'s owner (an engine started by another thread, e.g. a
+    spare: :mod:`pleharness.engine.spares`), so that a side-by-side job cancelling this thread
+    kills it (:func:`cancel_threads`); raises :class:`Cancelled` when this thread was cancelled
+    already (the caller then still owns nothing new: it must stop or return the server)."""
+    with _live_lock:
+        server.owner = threading.get_ident()
+    check_cancelled()
 
 
 def signal_group(pgid: int, sig: int) -> None:

@@ -19,12 +19,15 @@ run at once) is :func:`pleharness.pipeline.confirmation_spares`.
 """
 from __future__ import annotations
 
+import signal
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 
 from ..timeline import EngineStart
-from .launch import EngineServer, LaunchSpec, cancel_threads
+from .launch import (EngineServer, LaunchSpec, cancel_threads, check_cancelled, signal_group,
+                     take_over)
 
 
 class SpareEngines:
@@ -50,6 +53,7 @@ class SpareEngines:
         self._taken: set[int] = set()
         self._idents: set[int] = set()
         self._lock = threading.Lock()
+        self._closed = False
         self._pool: ThreadPoolExecutor | None = None
 
     def __enter__(self) -> "SpareEngines":
@@ -70,29 +74,46 @@ class SpareEngines:
     def _start_one(self, i: int) -> None:
         with self._lock:
             self._idents.add(threading.get_ident())
+            if self._closed:  # closed before this thread began: launch nothing
+                return
         srv = self.servers[i]
         srv.start()  # raises EngineError / Cancelled: the future keeps it; take() skips it
         self.starts[i] = EngineStart.measured(f"spare-{i + 1}", srv.ready_s, **srv.compile_cache)
 
+    def _started(self, i: int) -> BaseException | None:
+        """Wait for spare ``i``'s start to end: the exception it raised, None when it is up.
+        Raises :class:`~pleharness.engine.launch.Cancelled` when the calling thread's
+        side-by-side job was stopped meanwhile (and whatever a signal handler raises)."""
+        while True:
+            check_cancelled()
+            try:
+                return self._futures[i].exception(timeout=0.5)
+            except FutureTimeout:
+                continue
+
     def take(self, spec: LaunchSpec) -> tuple[EngineServer, EngineStart] | None:
         """A ready spare launched as ``spec``, no longer the pool's (the caller stops it), with
         its start record; waits for a spare of that spec still starting. None when no spare of
-        ``spec`` is left or every one left failed to start. The caller's thread becomes the
-        server's owner (a side-by-side job cancelling that thread kills it:
-        :func:`~pleharness.engine.launch.cancel_threads`)."""
+        ``spec`` is left or every one left failed to start (each stopped). The caller's thread
+        becomes the server's owner (a side-by-side job cancelling that thread kills it:
+        :func:`~pleharness.engine.launch.take_over`). Raises Cancelled or an interrupt while
+        it waits; the spare then stays the pool's, stopped when it closes."""
         for i, srv in enumerate(self.servers):
             with self._lock:
-                if i in self._taken or srv.spec != spec or i >= len(self._futures):
+                if self._closed or i in self._taken or srv.spec != spec or \
+                        i >= len(self._futures):
                     continue
                 self._taken.add(i)
             try:
-                self._futures[i].result()
-            except Exception:  # noqa: BLE001  (a spare that failed: the next one, or None)
-                continue
-            if not srv.alive():  # it died while it waited
-                srv.stop()
-                continue
-            srv.owner = threading.get_ident()
+                failed = self._started(i)
+                if failed is not None or not srv.alive():  # failed, or died while it waited
+                    srv.stop()  # idempotent: a start that failed after its launch leaves none
+                    continue
+                take_over(srv)
+            except BaseException:
+                with self._lock:  # the pool's again: close() stops it
+                    self._taken.discard(i)
+                raise
             return srv, self.starts[i]
         return None
 
@@ -103,18 +124,28 @@ class SpareEngines:
 
     def close(self) -> None:
         """Stop every spare not taken: a start under way is cancelled (its process group
-        killed), a ready one stopped with its grace period. Idempotent."""
+        killed), a ready one stopped with its grace period; interrupted meanwhile, the rest are
+        killed at once. Idempotent."""
         with self._lock:
+            self._closed = True
             left = [i for i in range(len(self.servers)) if i not in self._taken]
             self._taken.update(left)
             pending = [i for i in left if i < len(self._futures) and not self._futures[i].done()]
+            idents = set(self._idents)
         if pending:
-            cancel_threads(set(self._idents))
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            cancel_threads(set(self._idents), undo=True)
-        for i in left:
-            self.servers[i].stop()
+            cancel_threads(idents)
+        try:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                cancel_threads(idents, undo=True)
+            for i in left:
+                self.servers[i].stop()
+        except BaseException:
+            for i in left:
+                proc = self.servers[i].proc
+                if proc is not None:
+                    signal_group(proc.pid, signal.SIGKILL)
+            raise
 
 
 __all__ = ["SpareEngines"]

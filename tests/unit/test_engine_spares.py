@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console
 
 from pleharness.engine import launch
-from pleharness.engine.launch import LaunchSpec
+from pleharness.engine.launch import Cancelled, LaunchSpec, cancel_threads
 from pleharness.engine.session import EngineSession, Target
 from pleharness.engine.spares import SpareEngines
 from pleharness.errors import EngineError
@@ -67,7 +67,8 @@ def test_a_failed_or_dead_spare_is_not_handed_over(servers, tmp_path):
         assert pool.take(spec("bad")) is None  # its start failed: the replay launches its own
         got = pool.take(spec())
         assert got is not None and got[0].log_dir.name == "spare-3"  # spare-2 died: skipped
-    assert servers["stopped"] == ["spare-2"]
+    # both stopped: a start that failed after its launch must leave no process either
+    assert servers["stopped"] == ["spare-1", "spare-2"]
 
 
 def test_close_stops_every_spare_not_taken(servers, tmp_path):
@@ -102,3 +103,26 @@ def test_a_session_adopts_a_spare_instead_of_launching(servers, tmp_path):
             own = session._launch(target, s, tmp_path, "engine2", "engine")
             assert own.log_dir == Path(tmp_path) and not session.starts[1].spare
         assert sorted(servers["stopped"]) == ["spare-1", tmp_path.name]  # the session stops both
+
+
+def test_a_cancelled_taker_hands_the_spare_back_and_close_stops_it(servers, tmp_path):
+    """A replay whose side-by-side job was stopped (Ctrl-C during the confirmation) while it
+    waited for a spare: Cancelled, and the spare stays the pool's, stopped when it closes."""
+    me = {threading.get_ident()}
+    with SpareEngines([spec()], tmp_path).start() as pool:
+        cancel_threads(me)
+        try:
+            with pytest.raises(Cancelled):
+                pool.take(spec())
+        finally:
+            cancel_threads(me, undo=True)
+        assert pool.waiting == 1 and servers["stopped"] == []
+    assert servers["stopped"] == ["spare-1"]
+
+
+def test_a_pool_closed_before_its_threads_began_launches_nothing(servers, tmp_path):
+    pool = SpareEngines([spec(), spec()], tmp_path)
+    pool.close()
+    pool.start()
+    pool.close()
+    assert servers["started"] == [] and pool.take(spec()) is None
