@@ -5,6 +5,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# No per-example deadline for hypothesis: a test must not depend on this machine's speed (a
+# trivial example took 379 ms on a 2-core machine at load 30 while engines started, and
+# hypothesis' default 200-ms deadline failed it as flaky). Examples are bounded by what they do.
+settings.register_profile("ple", deadline=None)
+settings.load_profile("ple")
 
 ROOT = Path(__file__).resolve().parent.parent
 
