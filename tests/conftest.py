@@ -139,3 +139,22 @@ def pytest_collection_modifyitems(config, items):
         if any(getattr(d.func, "__qualname__", "").startswith("engine_fixture.")
                for ds in defs for d in ds) and not item.get_closest_marker("engine"):
             item.add_marker(pytest.mark.engine)
+
+
+def scenario_variant(folder: Path, name: str, **params) -> str:
+    """scenarios/NAME.toml written to ``folder/NAME.toml`` with some of its ``[params]`` lines
+    replaced (``key = value`` in TOML, e.g. ``depth=1, edges=False``), so a test runs the
+    shipped scenario at a smaller size under its own name (its tables keep their names).
+    Returns the new file's path. Raises KeyError for a parameter the file does not set (a
+    typo must not silently run the full size)."""
+    import re
+    text = (ROOT / "scenarios" / f"{name}.toml").read_text()
+    for key, value in params.items():
+        lit = ("true" if value else "false") if isinstance(value, bool) else repr(value)
+        text, n = re.subn(rf"^{re.escape(key)}\s*=[^#\n]*", f"{key} = {lit}  ", text, count=1,
+                          flags=re.M)
+        if not n:
+            raise KeyError(f"scenarios/{name}.toml sets no {key!r}")
+    out = Path(folder) / f"{name}.toml"
+    out.write_text(text)
+    return str(out)

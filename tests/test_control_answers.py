@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, load_json, run_cli
+from conftest import ROOT, load_json, run_cli, scenario_variant
 
 FAKE_PY = str(ROOT / "tests" / "fakepy" / "python")
 
@@ -22,11 +22,18 @@ def build(tmp_path, name: str, when: str) -> str:
     return str(p)
 
 
+def small_boundary(tmp_path, **more) -> str:
+    """The boundary scenario at depth 1 (q, B + q, C + q and their +-1 controls) without the
+    max_model_len edges (issue 49: the suite's time); the q-length defect sits at L = q."""
+    return scenario_variant(tmp_path, "boundary", depth=1, edges=False, **more)
+
+
 def boundary_run(engine, tmp_path, run_id, *extra, python=FAKE_PY, when="--speculative-config"):
     env = {"PLE_FAULT_UPSTREAM": engine.url, "PLE_FAULT_WHEN": when, "PLE_FAULT_MODE": "every",
            "PLE_FAULT_LEN": "1+k", "PLE_REAL_PYTHON": sys.executable}
     r = run_cli("stress", "--engine-python", python, "--engine-profile",
-                "profiles/cpu-ngram.toml", "--scenario", "boundary", "--no-golden",
+                "profiles/cpu-ngram.toml", "--scenario",
+                small_boundary(tmp_path, q_solo_runs=3), "--no-golden",
                 "--results-dir", str(tmp_path), "--run-id", run_id, *extra, env=env,
                 timeout=900)
     return r, r.stdout + r.stderr, load_json(tmp_path / run_id / "manifest.json")
@@ -107,7 +114,7 @@ def test_an_intermittent_q_length_defect_is_caught_by_the_repeats_and_confirmed(
            "PLE_FAULT_MODE": "third", "PLE_FAULT_LEN": "1+k", "PLE_FAULT_SEED": "2",
            "PLE_REAL_PYTHON": sys.executable}
     r = run_cli("stress", "--engine-python", FAKE_PY, "--engine-profile",
-                "profiles/cpu-ngram.toml", "--scenario", "boundary", "--no-golden",
+                "profiles/cpu-ngram.toml", "--scenario", small_boundary(tmp_path), "--no-golden",
                 "--results-dir", str(tmp_path), "--run-id", "third", env=env, timeout=900)
     out = r.stdout + r.stderr
     assert r.returncode == 1, out[-3000:]

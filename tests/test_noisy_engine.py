@@ -8,12 +8,20 @@ import sys
 
 import pytest
 
-from conftest import ROOT, load_json, run_cli
+from conftest import ROOT, load_json, run_cli, scenario_variant
 from doubles import FaultProxy
 from faults_noise import Numerics
 
 FAKE_PY = str(ROOT / "tests" / "fakepy" / "python")
-SCEN = ("--scenario", "transitions", "--scenario", "prompt_logprobs", "--scenario", "boundary")
+
+
+def scenarios(tmp_path) -> tuple:
+    """transitions on one C4 phase, prompt_logprobs, boundary at depth 1 without its edges
+    (issue 49: the suite's time); a noisy engine's flips and logprob moves under load show there
+    as on the full ladder."""
+    return ("--scenario", "transitions", "--ladder", "4", "--repeats", "1",
+            "--scenario", "prompt_logprobs", "--scenario",
+            scenario_variant(tmp_path, "boundary", depth=1, edges=False, q_solo_runs=3))
 
 
 def noisy_run(engine, tmp_path, run_id, *extra):
@@ -23,7 +31,7 @@ def noisy_run(engine, tmp_path, run_id, *extra):
     # harness is told the serving dtype is bfloat16 (its bound, and far-tail prompt positions
     # are no evidence on half precision)
     r = run_cli("stress", "--engine-python", FAKE_PY, "--engine-profile",
-                "profiles/cpu-ngram.toml", "--engine-arg=--dtype=bfloat16", *SCEN, "--no-golden",
+                "profiles/cpu-ngram.toml", "--engine-arg=--dtype=bfloat16", *scenarios(tmp_path), "--no-golden",
                 "--results-dir", str(tmp_path), "--run-id", run_id, *extra, env=env,
                 timeout=900)
     return r, r.stdout + r.stderr, load_json(tmp_path / run_id / "manifest.json")
