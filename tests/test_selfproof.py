@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import load_json, run_cli
+from conftest import load_json, run_cli, scenario_variant
 from doubles import FaultProxy, RequestCtx
 from faults_spec import ShortenAccepted
 from pleharness import evidence
@@ -536,10 +536,11 @@ def test_selftest_reports_a_fault_that_never_fired_as_missed(cpu_engine, tmp_pat
 
 
 @pytest.mark.engine
-def test_prefix_caching_off_makes_the_warm_half_vacuous(cpu_engine_no_prefix_cache, tmp_path):
-    url = cpu_engine_no_prefix_cache.url
+def test_prefix_caching_off_makes_the_warm_half_vacuous(plain_engine, tmp_path):
+    url = plain_engine.url
+    small = scenario_variant(tmp_path, "boundary", depth=1, edges=False, q_solo_runs=3)
     r = run_cli("stress", "--url", url, "--results-dir", str(tmp_path), "--run-id", "warn",
-                "--scenario", "boundary")
+                "--scenario", small)
     m = load_json(tmp_path / "warn" / "manifest.json")
     assert m["facts"]["prefix_caching"]["value"] is False
     warm = next(p for p in m["phases"] if p["name"] == "boundary-warm")
@@ -552,7 +553,7 @@ def test_prefix_caching_off_makes_the_warm_half_vacuous(cpu_engine_no_prefix_cac
     cold = next(p for p in m["phases"] if p["name"] == "boundary-cold")
     assert cold["vacuous"] is None
     r = run_cli("stress", "--url", url, "--results-dir", str(tmp_path), "--run-id", "strict",
-                "--scenario", "boundary", "--strict")
+                "--scenario", small, "--strict")
     m = load_json(tmp_path / "strict" / "manifest.json")
     assert r.returncode == 1 and m["verdict"] == "fail"
     assert f"phase check engaged failed after phase boundary-warm: vacuous: {why}" in r.stdout
