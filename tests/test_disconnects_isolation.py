@@ -139,6 +139,8 @@ def test_corrupted_continuation_after_disconnect_is_caught(cpu_engine, tmp_path)
 
 
 @pytest.mark.engine
+@pytest.mark.nightly  # by default: selftest's serve_from_original class, caught by parity in
+# tests/test_selfproof.py::test_selftest_plans_core_and_family_passes_and_catches_them
 def test_near_duplicate_served_from_original_is_caught(cpu_engine, tmp_path):
     fault = ServeFromOriginal()
     with FaultProxy(cpu_engine.url, fault) as proxy:

@@ -443,6 +443,8 @@ def test_engine_planted_crowded_fault_is_found(cpu_engine, tmp_path):
 
 
 @pytest.mark.engine
+@pytest.mark.nightly  # by default: stop IDs drawn from the output (tests/test_fuzz_features.py),
+# the fault caught by stop_token (tests/test_stop_mixed.py::test_stop_ids_lost_under_load_...)
 def test_engine_fuzz_finds_a_stop_token_fault(cpu_engine, tmp_path):
     """A request with stop_token_ids that arrives while another is in flight loses them
     (tests/faults_stop_mixed.py StopIdsIgnored): fuzz draws stop IDs that fire (the ID its
