@@ -58,7 +58,8 @@ def test_logprobs_off_under_load_fail_by_logprob_parity(cpu_engine, tmp_path):
     with FaultProxy(cpu_engine.url, fault) as proxy:
         r = run_cli("stress", "--url", proxy.url, "--results-dir", str(tmp_path), "--run-id",
                     "lp", "--no-engine-probe", "--block-size", "32", "--chunk-size", "256",
-                    "--num-speculative-tokens", "3", "--scenario", "transitions")
+                    "--num-speculative-tokens", "3", "--scenario", "transitions",
+                    "--ladder", "4,1", "--repeats", "1")  # a C4 phase: greedy beside others
     m = load_json(tmp_path / "lp" / "manifest.json")
     assert fault.hits, "no greedy request with logprobs arrived beside another"
     assert r.returncode == 1 and m["verdict"] == "fail", (r.stdout + r.stderr)[-3000:]
