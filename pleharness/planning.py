@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import find_profile
+from .option_rules import find_profile
 from .engine.facts import FACT_DOCS, EngineFacts, gather_facts
 from .engine.session import EMBEDDED_ENGINE_ARGS
 from .errors import UsageError

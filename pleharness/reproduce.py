@@ -41,12 +41,13 @@ from pathlib import Path
 from typing import Any
 
 from .config import (ConfirmationConfig, ControlConfig, EngineConfig, OutputConfig,
-                     ReferenceConfig, StressConfig, SuiteConfig, VerdictConfig, find_profile)
+                     ReferenceConfig, StressConfig, SuiteConfig, VerdictConfig)
 from .defaults import DEFAULT_START_TIMEOUT_S
 from .engine.session import Target
 from .engine.spares import SpareEngines
 from .errors import UsageError
 from .manifest import Manifest, load_manifest
+from .option_rules import find_profile
 from .profile import load_profile
 from .redact import REDACTED
 from .manifest.tables import ReproducerRow

@@ -21,7 +21,7 @@ from pleharness.cli import redacted_message
 from pleharness.cli.assemble import api_key_from_env, option_problems
 from pleharness.cli.options import AttachOptions, EngineOptions
 from pleharness.compare import compare
-from pleharness.config import engine_arg_problems, parse_env
+from pleharness.option_rules import engine_arg_problems, parse_env
 from pleharness.engine.launch import engine_python_check
 from pleharness.engine.session import Interrupted
 from pleharness.engine.side_by_side import parse_parallel

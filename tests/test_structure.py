@@ -113,7 +113,7 @@ FLOORS: dict[str, int] = {
     "errors": 1, "files": 1, "redact": 1, "parity": 1, "twosample": 1, "faults": 1,
     "tomlfile": 1, "manifest": 1, "model": 1, "prompts": 1, "probe": 1, "profile": 1,
     "environment": 1, "summary": 1, "plot": 1, "defaults": 1, "timeline": 1, "jobrecord": 1,
-    "option": 1,
+    "option": 1, "option_rules": 1,
     # 2 the engine: launch or attach, the HTTP client, facts, metrics
     "engine": 2,
     # 3 judging one output, with no run around it

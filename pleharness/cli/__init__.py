@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from .. import version_line
-from ..config import raise_all
+from ..option_rules import raise_all
 from ..errors import ExitCode, HarnessError, write_crash_log
 from ..redact import REDACTED, SECRET_NAME, redact_argv
 

@@ -9,22 +9,23 @@ without it, ...); the value rules are :mod:`pleharness.config`'s. Every problem 
 started."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from ..config import (DEFAULT_SCENARIOS, ENV_NAME, AttachConfig, ConfirmationConfig,
-                      ControlConfig, EngineConfig, OutputConfig, ReferenceConfig, StressConfig,
-                      SuiteConfig, VerdictConfig, check_control_profile, check_url,
-                      engine_arg_problems, find_profile, parse_env, parse_ladder, program,
-                      raise_all)
+from ..config import (DEFAULT_SCENARIOS, AttachConfig, ConfirmationConfig, ControlConfig,
+                      EngineConfig, OutputConfig, ReferenceConfig, StressConfig, SuiteConfig,
+                      VerdictConfig)
 from ..defaults import DEFAULT_HOST
 from ..divergence import normalize_dtype
 from ..engine.inflight import Timeouts
 from ..engine.launch import engine_python_check
 from ..envelope import envelope_of_run
 from ..errors import UsageError
+from ..option_rules import (ENV_NAME, check_control_profile, check_url, engine_arg_problems,
+                            find_profile, parse_env, parse_ladder, program, raise_all)
 from ..profile import EngineProfile, load_profile
 from ..redact import redact_argv
 from ..suites import load_suite
@@ -208,7 +209,7 @@ def verdict_group(verdict: VerdictOptions, golden: GoldenProbeOptions,
 
 def output_group(output: OutputOptions) -> OutputConfig:
     """The output group (``--results-dir``, ``--run-id``) and the invocation, as this harness
-    was started (:func:`pleharness.config.program`), secrets redacted."""
+    was started (:func:`pleharness.option_rules.program`), secrets redacted."""
     return OutputConfig(**config_values(OutputConfig, output),
                         invocation=redact_argv(program() + sys.argv[1:]))
 
@@ -239,17 +240,15 @@ def reference_group(reference: str, ref: ReferenceOptions) -> ReferenceConfig:
 
 def control_group(control: ControlOptions, warn: Callable[[str], None]) -> ControlConfig:
     """The control group; a --control-profile is found and checked now
-    (:func:`pleharness.config.check_control_profile`, ``warn`` about the keys it ignores)."""
-    profile = (check_control_profile(control.control_profile, warn)
-               if control.control_profile else None)
-    python = control.control_engine_python
-    if python is not None:
-        problem = engine_python_check(python)
+    (:func:`pleharness.option_rules.check_control_profile`, ``warn`` about the keys it ignores)."""
+    ctl = ControlConfig(**config_values(ControlConfig, control))
+    if ctl.profile:
+        ctl = dataclasses.replace(ctl, profile=str(check_control_profile(ctl.profile, warn)))
+    if ctl.python is not None:
+        problem = engine_python_check(ctl.python)
         if problem:
-            raise UsageError(f"--control-engine-python {python}: {problem}")
-    return ControlConfig(engine_args=list(control.control_engine_arg or []),
-                         drop_args=list(control.control_drop_arg or []), python=python,
-                         profile=str(profile) if profile else None)
+            raise UsageError(f"--control-engine-python {ctl.python}: {problem}")
+    return ctl
 
 
 def timeouts_group(timeouts: TimeoutOptions) -> Timeouts:

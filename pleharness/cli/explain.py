@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from .. import config
+from .. import option_rules
 from ..defaults import (DEFAULT_CONFIRM_RUNS, DEFAULT_PARALLEL_ENGINES, DEFAULT_START_TIMEOUT_S,
                         confirm_runs_help)
 from ..engine.side_by_side import parse_parallel
@@ -64,7 +64,7 @@ def explain(
     every condition it needs, the narrowest single change and what is not involved; writes
     RUN/explain/ (table, diagnosis, JUnit, reproducers). Exit 0 when done (the table is the result), 2 usage error, 3 engine
     failure."""
-    config.raise_all(config.engine_arg_problems(list(suspect or []), "--suspect"))
+    option_rules.raise_all(option_rules.engine_arg_problems(list(suspect or []), "--suspect"))
     run_explain(run, suspects_extra=list(suspect or []), suspects_drop=list(suspect_drop or []),
                 auto_suspects=auto_suspects, include_warnings=include_warnings, tries=tries,
                 budget_s=budget_s,

@@ -14,7 +14,7 @@ from .. import files
 from ..defaults import DEFAULT_RESULTS_DIR
 from ..factsjob import FactsConfig, run_facts
 from . import Command, app, console
-from ..config import raise_all
+from ..option_rules import raise_all
 from .assemble import engine_groups, option_problems
 from .options import AttachOptions, EngineOptions, GoldenProbeOptions, Pick, given, grouped
 

@@ -13,7 +13,8 @@ import typer
 from pydantic import ValidationError
 
 from .. import files
-from ..config import ConfirmationConfig, StressConfig, raise_all
+from ..config import ConfirmationConfig, StressConfig
+from ..option_rules import raise_all
 from ..defaults import confirm_runs_help
 from ..errors import UsageError
 from ..fuzzjob import run_fuzz

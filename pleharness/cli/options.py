@@ -35,11 +35,11 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from ..config import (DEFAULT_SCENARIOS, ConfirmationConfig, EngineConfig, OutputConfig,
-                      ReferenceConfig, SuiteConfig, VerdictConfig)
+from ..config import (DEFAULT_SCENARIOS, ConfirmationConfig, ControlConfig, EngineConfig,
+                      OutputConfig, ReferenceConfig, SuiteConfig, VerdictConfig)
 from ..defaults import DEFAULT_API, DEFAULT_HOST, DEFAULT_START_TIMEOUT_S, DEFAULT_SUITE_REPEATS
 from ..engine.inflight import Timeouts
-from ..option import P_ATTACH, P_CTRL, P_ENGINE, P_REF, P_SCEN, FieldOption, options_of
+from ..option import P_ATTACH, P_ENGINE, P_REF, P_SCEN, FieldOption, options_of
 
 COMPILE_CACHE_HELP = (
     "Folder of the torch.compile / CUDA-graph cache every engine of the job uses "
@@ -310,30 +310,9 @@ class ScenarioOptions:
     api: Annotated[Api, typer.Option(rich_help_panel=P_SCEN, help=API_HELP)] = Api(DEFAULT_API)
 
 
-@option_group
-class ControlOptions:
-    """The control run (attribution: docs/attribution.md)."""
-
-    control_engine_arg: Annotated[Optional[list[str]], typer.Option(rich_help_panel=P_CTRL,
-        help="Control run: after the engine under test, launch a control engine with its "
-             "arguments plus this one (repeatable, = form), run the same suite, and classify "
-             "each divergence as also_in_control (engine numerics, a warning) or only_under_test, "
-             "e.g. --control-engine-arg=--enforce-eager.")] = None
-    control_drop_arg: Annotated[Optional[list[str]], typer.Option(rich_help_panel=P_CTRL,
-        help="Control run: remove this flag (and its value) from the engine's arguments, e.g. "
-             "--control-drop-arg=--speculative-config (repeatable; _ and - are the same, as in "
-             "vLLM). A flag not among them, or a control identical to the engine under test, is "
-             "a usage error.")] = None
-    control_engine_python: Annotated[Optional[str], typer.Option(rich_help_panel=P_CTRL,
-        help="Control run on another build: the control engine is launched with this Python "
-             "(e.g. the BASE build's virtual environment beside HEAD's --engine-python), the "
-             "same model and arguments unless --control-engine-arg / --control-drop-arg change "
-             "them; every solo greedy answer of the two builds is compared (pre-merge: 'HEAD "
-             "answers differently from BASE here').")] = None
-    control_profile: Annotated[Optional[Path], typer.Option(rich_help_panel=P_CTRL,
-        help="Control run: the control engine's own profile, a path or a shipped name; only its "
-             "engine_args and env apply (model, python, tp, host: the engine under test's, with a "
-             "warning).")] = None
+ControlOptions = options_group(
+    "ControlOptions", "The control run (attribution: docs/attribution.md).",
+    config_options(ControlConfig, "engine_args", "drop_args", "python", "profile"))
 
 
 ReferenceOptions = options_group(

@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from .. import config
+from .. import config, option_rules
 from ..config import StressConfig, SuiteConfig, VerdictConfig
 from ..errors import UsageError
 from ..faults import BUILTIN
@@ -61,7 +61,7 @@ def selftest(
     twice = sorted({f for f in fault or [] if (fault or []).count(f) > 1})
     if twice:
         raise UsageError(f"--fault {', '.join(twice)}: given more than once")
-    config.raise_all(option_problems(
+    option_rules.raise_all(option_problems(
         engine, attach, given=given(*groups), results_dir=output.results_dir,
         scen=ScenarioOptions(suite=suite, scenario=scenario)))
     # no engine probe: its solo requests would shift the prompt runs that fault classes key on

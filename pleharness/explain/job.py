@@ -23,7 +23,7 @@ from ..errors import UsageError
 from ..jobrecord import JobFrame, JobRecord
 from ..explain_plan import estimate, order_first_round
 from ..attribution import effective_config, unused_drops
-from ..config import harness_set_flag, raise_all
+from ..option_rules import harness_set_flag, raise_all
 from ..files import BusyError, exclusive_lock, private_dir
 from ..manifest import Manifest, write_atomic
 from ..manifest.tables import Confirmation

@@ -42,7 +42,9 @@ def test_the_annotated_fields_are_the_ones_expected():
         ("VerdictConfig", "on_timeout"), ("Timeouts", "connect_s"),
         ("Timeouts", "first_token_s"), ("Timeouts", "between_tokens_s"), ("Timeouts", "total_s"),
         ("OutputConfig", "results_dir"), ("OutputConfig", "run_id"),
-        ("ConfirmationConfig", "runs"), ("ConfirmationConfig", "parallel_engines")}
+        ("ConfirmationConfig", "runs"), ("ConfirmationConfig", "parallel_engines"),
+        ("ControlConfig", "engine_args"), ("ControlConfig", "drop_args"),
+        ("ControlConfig", "profile"), ("ControlConfig", "python")}
 
 
 @pytest.mark.parametrize("src", annotated(), ids=lambda s: f"{s.cls.__name__}.{s.field}")
@@ -81,10 +83,25 @@ def test_a_group_built_from_the_options_defaults_is_the_config_default():
                         (Timeouts, (options.TimeoutOptions(),)),
                         (config.OutputConfig, (options.OutputOptions(),)),
                         (config.ConfirmationConfig, (options.ReferenceOptions(),)),
-                        (config.ReferenceConfig, (options.ReferenceOptions(),))):
+                        (config.ReferenceConfig, (options.ReferenceOptions(),)),
+                        (config.ControlConfig, (options.ControlOptions(),))):
         values = options.config_values(cls, *groups)
         assert set(values) == set(options_of(cls)), cls
         assert cls(**values) == cls(), cls
+
+
+def test_control_options_are_the_control_config_fields(tmp_path):
+    """The four --control-* options fill ControlConfig's fields through config_values: the lists
+    as given, --control-profile found and checked (its path), --control-engine-python kept."""
+    from pleharness.cli.assemble import control_group
+    prof = tmp_path / "ctl.toml"
+    prof.write_text('engine_args = ["--enforce-eager"]\n')
+    got = control_group(options.ControlOptions(
+        control_engine_arg=["--enforce-eager"], control_drop_arg=["--speculative-config"],
+        control_profile=prof, control_engine_python=None), warn=print)
+    assert got == config.ControlConfig(engine_args=["--enforce-eager"],
+                                       drop_args=["--speculative-config"], profile=str(prof))
+    assert not control_group(options.ControlOptions(), warn=print)
 
 
 def test_config_options_refuses_a_field_without_an_option():
