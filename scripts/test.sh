@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Run the test suite (sets up first). Default: every test but the `nightly` ones (long
 # end-to-end runs whose path the default suite also covers more cheaply, packaging and CI-workflow
-# checks, benchmarks), in two passes: the tests that need no engine, two at a time
-# (pytest-xdist), then the engine tests one at a time (they share one engine per configuration,
+# checks, benchmarks), in two passes: the tests that need no engine, three at a time
+# (pytest-xdist; many wait on a subprocess or a timeout: 263 s against 323 s two at a time on 2
+# cores, issue 49), then the engine tests one at a time (they share one engine per configuration,
 # and two CPU engines at once would only slow each other). `--nightly`: only the nightly tests;
 # `--all`: everything, one at a time. The GPU tests skip themselves on a machine without a GPU.
 # Further arguments go to pytest (to both passes).
@@ -14,6 +15,6 @@ case "${1:-}" in
   --all) shift; exec .venv/bin/python -m pytest "$@" ;;
 esac
 rc=0  # the first failing pass's code; 5 (no test selected in a pass, e.g. by -k) is not one
-.venv/bin/python -m pytest -m "not engine and not nightly" -n 2 --durations=10 "$@" || { c=$?; [ "$c" = 5 ] || rc=$c; }
+.venv/bin/python -m pytest -m "not engine and not nightly" -n 3 --durations=10 "$@" || { c=$?; [ "$c" = 5 ] || rc=$c; }
 .venv/bin/python -m pytest -m "engine and not nightly" --durations=25 "$@" || { c=$?; [ "$c" = 5 ] || [ "$rc" != 0 ] || rc=$c; }
 exit "$rc"
