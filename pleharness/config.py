@@ -37,7 +37,7 @@ from .engine.inflight import Timeouts
 from .engine.session import Target, resolve_target
 from .engine.side_by_side import parse_parallel
 from .errors import UsageError
-from .option import P_CTRL, P_OUT, P_REF, P_TIME, Opt, as_list
+from .option import P_CTRL, P_OUT, P_REF, P_TIME, Opt, repeatable
 
 DEFAULT_SCENARIOS = ["transitions", "boundary", "pairs", "insert", "sampled", "stop_strings",
                      "mixed_params", "disconnects", "prefix_isolation", "chat_api",
@@ -138,15 +138,15 @@ class ReferenceConfig:
     (None: the served model's)."""
 
     source: str = DEFAULT_REFERENCE
-    engine_args: Annotated[list[str], Opt(
-        name="reference_engine_arg", panel=P_REF, cli_type=list[str] | None, parse=as_list,
+    engine_args: Annotated[list[str], repeatable(
+        name="reference_engine_arg", panel=P_REF,
         help="--reference engine: an argument added to the reference engine, repeatable, e.g. "
              "--reference-engine-arg=--enforce-eager. The reference engine inherits the engine "
              "under test's model, python, tp, env and arguments (profile engine_args, then "
              "--engine-arg); only the port differs. One identical to the engine under test is a "
              "usage error.")] = field(default_factory=list)
-    drop_args: Annotated[list[str], Opt(
-        name="reference_drop_arg", panel=P_REF, cli_type=list[str] | None, parse=as_list,
+    drop_args: Annotated[list[str], repeatable(
+        name="reference_drop_arg", panel=P_REF,
         help="--reference engine: remove this flag (and its value) from the inherited "
              "arguments, e.g. --reference-drop-arg=--speculative-config (repeatable).")] = \
         field(default_factory=list)
@@ -171,14 +171,14 @@ class ControlConfig:
     ``python``: another build's Python for the control engine (None: the engine under
     test's)."""
 
-    engine_args: Annotated[list[str], Opt(
-        name="control_engine_arg", panel=P_CTRL, cli_type=list[str] | None, parse=as_list,
+    engine_args: Annotated[list[str], repeatable(
+        name="control_engine_arg", panel=P_CTRL,
         help="Control run: after the engine under test, launch a control engine with its "
              "arguments plus this one (repeatable, = form), run the same suite, and classify "
              "each divergence as also_in_control (engine numerics, a warning) or only_under_test, "
              "e.g. --control-engine-arg=--enforce-eager.")] = field(default_factory=list)
-    drop_args: Annotated[list[str], Opt(
-        name="control_drop_arg", panel=P_CTRL, cli_type=list[str] | None, parse=as_list,
+    drop_args: Annotated[list[str], repeatable(
+        name="control_drop_arg", panel=P_CTRL,
         help="Control run: remove this flag (and its value) from the engine's arguments, e.g. "
              "--control-drop-arg=--speculative-config (repeatable; _ and - are the same, as in "
              "vLLM). A flag not among them, or a control identical to the engine under test, is "

@@ -86,3 +86,11 @@ def options_of(cls: type) -> dict[str, FieldOption]:
 def as_list(value: Any) -> list:
     """A repeatable option's value as its field's list (not given: empty)."""
     return list(value or [])
+
+
+def repeatable(help: str, *, name: str, panel: str) -> Opt:
+    """The :class:`Opt` of a repeatable option filling a ``list[str]`` field (an engine argument
+    added or a flag dropped: ``--reference-engine-arg``, ``--control-drop-arg``, ...): not
+    given, the field's empty list (:func:`as_list`)."""
+    return Opt(help=help, name=name, panel=panel, cli_type=list[str] | None, parse=as_list)
+

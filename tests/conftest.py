@@ -1,5 +1,6 @@
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -168,7 +169,6 @@ def scenario_variant(folder: Path, name: str, **params) -> str:
     shipped scenario at a smaller size under its own name (its tables keep their names).
     Returns the new file's path. Raises KeyError for a parameter the file does not set (a
     typo must not silently run the full size)."""
-    import re
     text = (ROOT / "scenarios" / f"{name}.toml").read_text()
     for key, value in params.items():
         lit = ("true" if value else "false") if isinstance(value, bool) else repr(value)
