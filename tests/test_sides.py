@@ -103,6 +103,26 @@ def test_majority_names_the_corrupt_reference_and_rejudges_later_runs():
     assert 'message="r00001 p0: corrupt reference: the reference run r00001' in to_junit(m)
 
 
+def test_a_run_rejudged_equal_to_the_replacing_output_keeps_its_pass_when_settled_again():
+    """A run judged again equal to the output that replaced a corrupt reference passes
+    (:func:`pleharness.run.judge.rejudge`); its divergence from the corrupt reference stays as
+    evidence. A pass that settles divergences again afterwards (the control's attribution after
+    the float32 golden path replaced a reference during the suite) must not turn that evidence
+    back into a failing parity check (it did: the settlement re-derived "fail" from it)."""
+    for twin_out, attribution in ((GOOD, "also_in_control"), (OTHER, "only_under_test")):
+        m = corrupt_first_run_manifest()
+        judge_sides(m)
+        control = Manifest(run_id="c")
+        control.requests = [rec(i, "load", twin_out, twin_out) for i in (2, 3, 4)]
+        attribute(m, control)
+        for r in m.requests[1:4]:
+            assert r.match is True and r.divergence.attribution == attribution
+            assert not r.divergence.fails and not r.is_problem
+            assert [c.status for c in r.checks if c.name == "parity"] == ["pass"]
+        # the odd run (OTHER) is judged as before: it fails unless a control twin gave OTHER too
+        assert m.requests[4].is_problem is (twin_out != OTHER)
+
+
 def test_majority_counts_control_twins_and_stays_undecided_without_a_majority():
     m = corrupt_first_run_manifest()
     m.requests = m.requests[:2]  # one reference run, one load run: one against one

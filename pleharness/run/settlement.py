@@ -35,10 +35,14 @@ def record_settlement(rec: RequestRecord, rule: Rule,
     evidence to it, and derive its ``parity`` check from the result (:func:`parity_status`),
     appending ``note`` (a string, or a function of the settled divergence) to the check's
     detail. With ``only_if_changed`` the check is left as it was unless the divergence's class
-    or verdict changed. Returns whether (class, fails) changed; raises nothing (a record
-    without a divergence is left alone, False)."""
+    or verdict changed. Returns whether (class, fails) changed; raises nothing. Left alone
+    (False): a record without a divergence, and one whose output equals its reference because
+    it was judged again against the output that replaced a corrupt reference
+    (:func:`pleharness.run.judge.rejudge`): its divergence from the corrupt reference is
+    evidence about that reference, its own verdict a pass (a later pass, e.g. the control's
+    attribution, must not turn it back into a failing or warning parity check)."""
     d = rec.divergence
-    if d is None:
+    if d is None or rec.match is True:
         return False
     before = (d.cls, d.fails)
     settle_under(d, rule, rec.temperature)
