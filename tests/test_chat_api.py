@@ -45,9 +45,9 @@ def test_conversations_are_seeded_and_shaped():
     assert conversations(ChatApiParams(conversations=8, seed=4)) != a
 
 
-def stress(url, tmp_path, run_id):
+def stress(url, tmp_path, run_id, *more):
     r = run_cli("stress", "--url", url, "--results-dir", str(tmp_path), "--run-id", run_id,
-                "--no-engine-probe", *FACTS, "--scenario", "chat_api")
+                "--no-engine-probe", *FACTS, "--scenario", "chat_api", *more)
     return r, r.stdout + r.stderr, load_json(tmp_path / run_id / "manifest.json")
 
 
@@ -82,7 +82,9 @@ def test_chat_path_defects_fail_the_run_naming_the_requests(cpu_engine, tmp_path
             return super().chunk(ctx, self.shift.chunk(ctx, chunk))
     fault = Both()
     with FaultProxy(cpu_engine.url, fault) as proxy:
-        r, out, m = stress(proxy.url, tmp_path, "faults")
+        # --no-golden: the fault fails parity by the engine's margin (float32); a golden
+        # worker's start (4-5 s) decided nothing asserted here (issue 49)
+        r, out, m = stress(proxy.url, tmp_path, "faults", "--no-golden")
     assert fault.hits and fault.shift.hits
     assert r.returncode == 1 and m["verdict"] == "fail", out[-3000:]
     bad = [q for q in m["requests"] if q["match"] is False]

@@ -16,9 +16,9 @@ FACTS = ["--block-size", "32", "--chunk-size", "256", "--num-speculative-tokens"
 LOAD = ("constrained-c4", "constrained-c4-swapped")
 
 
-def stress(url, tmp_path, run_id):
+def stress(url, tmp_path, run_id, *more):
     r = run_cli("stress", "--url", url, "--results-dir", str(tmp_path), "--run-id", run_id,
-                "--no-engine-probe", *FACTS, "--scenario", "constrained")
+                "--no-engine-probe", *FACTS, "--scenario", "constrained", *more)
     return r, r.stdout + r.stderr, load_json(tmp_path / run_id / "manifest.json")
 
 
@@ -52,7 +52,9 @@ def test_clean_engine_passes_constrained_output(cpu_engine, tmp_path):
 def test_constrained_output_broken_under_load_fails_the_request(cpu_engine, tmp_path):
     fault = ConstrainedBrokenUnderLoad()
     with FaultProxy(cpu_engine.url, fault) as proxy:
-        r, out, m = stress(proxy.url, tmp_path, "broken")
+        # --no-golden: the fault fails parity by the engine's margin (float32); a golden
+        # worker's start (4-5 s) decided nothing asserted here (issue 49)
+        r, out, m = stress(proxy.url, tmp_path, "broken", "--no-golden")
     assert fault.hits, "no constrained request was in flight with another"
     assert r.returncode == 1 and m["verdict"] == "fail", out[-3000:]
     bad = [q for q in m["requests"] if any(c["status"] == "fail" for c in q["checks"])

@@ -16,8 +16,8 @@ VOCAB = 793
 FACTS = ["--block-size", str(B), "--chunk-size", str(C), "--num-speculative-tokens", str(K)]
 
 
-def stress(url, tmp_path, run_id, *scenarios):
-    args = [a for s in scenarios for a in ("--scenario", s)]
+def stress(url, tmp_path, run_id, *scenarios, more=()):
+    args = [a for s in scenarios for a in ("--scenario", s)] + list(more)
     r = run_cli("stress", "--url", url, "--results-dir", str(tmp_path), "--run-id", run_id,
                 *FACTS, *args)
     return r, r.stdout + r.stderr, load_json(tmp_path / run_id / "manifest.json")
@@ -113,7 +113,9 @@ def test_attached_without_reset_says_so_and_passes(cpu_engine, tmp_path):
 def test_corrupted_continuation_after_disconnect_is_caught(cpu_engine, tmp_path):
     fault = CorruptAfterDisconnect(block=B)
     with FaultProxy(cpu_engine.url, fault) as proxy:
-        r, out, m = stress(proxy.url, tmp_path, "afterabort", "disconnects")
+        # --no-golden: the fault fails parity by the engine's margin (float32); a golden
+        # worker's start (4-5 s) decided nothing asserted here (issue 49)
+        r, out, m = stress(proxy.url, tmp_path, "afterabort", "disconnects", more=["--no-golden"])
     assert fault.gone and fault.hits, "the double saw no disconnect"
     assert r.returncode == 1 and m["verdict"] == "fail", out[-3000:]
     follow = records(m, "after-disconnect")

@@ -290,7 +290,9 @@ def test_warm_run_differing_from_cold_is_caught(cpu_engine, tmp_path):
     fault = Corrupt(lambda ctx: len(ctx.body["prompt"]) == target and fault.occurrence(ctx) == 2,
                     lambda t, pos: ((t + 1) % 700, "#"), start=1, stop=2)
     with FaultProxy(cpu_engine.url, fault) as proxy:
-        r, out, m = stress_via(proxy, tmp_path, "warm", "--scenario",
+        # --no-golden: the fault fails parity by the engine's margin (float32); a golden
+        # worker's start (4-5 s) decided nothing asserted here (issue 49)
+        r, out, m = stress_via(proxy, tmp_path, "warm", "--no-golden", "--scenario",
                                boundary(tmp_path, depth=1))
     assert r.returncode == 1, out[-3000:]
     rows = {row["length"]: row for row in m["tables"]["boundary"]}
@@ -306,7 +308,9 @@ def test_broken_counting_in_ongoing_decode(cpu_engine, tmp_path):
     fault = Corrupt(lambda ctx: ctx.body.get("max_tokens") > 300 and fault.occurrence(ctx) == 3,
                     lambda t, pos: (t + 1, " 999"), start=100, stop=101)
     with FaultProxy(cpu_engine.url, fault) as proxy:
-        r, out, m = stress_via(proxy, tmp_path, "count", "--scenario", "insert")
+        # --no-golden: the fault fails parity by the engine's margin (float32); a golden
+        # worker's start (4-5 s) decided nothing asserted here (issue 49)
+        r, out, m = stress_via(proxy, tmp_path, "count", "--no-golden", "--scenario", "insert")
     assert r.returncode == 1, out[-3000:]
     bad = failing(m, "counting")
     assert len(bad) == 1 and bad[0]["phase"] == "insert" and bad[0]["note"] == "ongoing decode"

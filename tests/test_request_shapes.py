@@ -41,8 +41,8 @@ SEEDED = ("top-k", "top-p", "min-p")
 MIN_TOKENS = ("min-tokens", "min-tokens-stop", "min-tokens-eos")
 
 
-def stress(url, tmp_path, run_id, *scenarios):
-    args = [a for s in scenarios for a in ("--scenario", s)]
+def stress(url, tmp_path, run_id, *scenarios, more=()):
+    args = [a for s in scenarios for a in ("--scenario", s)] + list(more)
     r = run_cli("stress", "--url", url, "--results-dir", str(tmp_path), "--run-id", run_id,
                 "--no-engine-probe", *FACTS, *args)
     return r, r.stdout + r.stderr, load_json(tmp_path / run_id / "manifest.json")
@@ -139,7 +139,9 @@ def test_adapter_on_base_neighbours_fails_their_parity(plain_engine, tmp_path):
     fault = AdapterOnBaseNeighbour()
     with FaultProxy(plain_engine.url, fault) as proxy:
         fault.proxy = proxy
-        r, out, m = stress(proxy.url, tmp_path, "adapter", "mixed_params")
+        # --no-golden: the fault fails parity by the engine's margin (float32); a golden
+        # worker's start (4-5 s) decided nothing asserted here (issue 49)
+        r, out, m = stress(proxy.url, tmp_path, "adapter", "mixed_params", more=["--no-golden"])
     assert fault.changed and fault.base == "ple-tiny-llama"
     assert r.returncode == 1 and m["verdict"] == "fail", out[-3000:]
     bad = [q for q in m["requests"] if failed(q)]

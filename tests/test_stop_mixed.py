@@ -16,8 +16,8 @@ pytestmark = pytest.mark.engine
 FACTS = ["--block-size", "32", "--chunk-size", "256", "--num-speculative-tokens", "3"]
 
 
-def stress(url, tmp_path, run_id, *scenarios):
-    args = [a for s in scenarios for a in ("--scenario", s)]
+def stress(url, tmp_path, run_id, *scenarios, more=()):
+    args = [a for s in scenarios for a in ("--scenario", s)] + list(more)
     r = run_cli("stress", "--url", url, "--results-dir", str(tmp_path), "--run-id", run_id,
                 "--no-engine-probe", *FACTS, *args)
     return r, r.stdout + r.stderr, load_json(tmp_path / run_id / "manifest.json")
@@ -118,7 +118,9 @@ def test_penalty_applied_to_a_neighbour_fails_the_default_requests(cpu_engine, t
     fault = PenaltyOnNeighbour(start=2)
     with FaultProxy(cpu_engine.url, fault) as proxy:
         fault.proxy = proxy
-        r, out, m = stress(proxy.url, tmp_path, "neighbour", "mixed_params")
+        # --no-golden: the fault fails parity by the engine's margin (float32); a golden
+        # worker's start (4-5 s) decided nothing asserted here (issue 49)
+        r, out, m = stress(proxy.url, tmp_path, "neighbour", "mixed_params", more=["--no-golden"])
     assert fault.hits
     assert r.returncode == 1, out[-3000:]
     assert m["verdict"] == "fail"
