@@ -93,4 +93,3 @@ def repeatable(help: str, *, name: str, panel: str) -> Opt:
     added or a flag dropped: ``--reference-engine-arg``, ``--control-drop-arg``, ...): not
     given, the field's empty list (:func:`as_list`)."""
     return Opt(help=help, name=name, panel=panel, cli_type=list[str] | None, parse=as_list)
-

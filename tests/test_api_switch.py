@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from conftest import default_stress_options, load_json, run_cli
+from conftest import NO_GOLDEN, default_stress_options, load_json, run_cli
 from doubles import FaultProxy
 from pleharness.cli import assemble
 from pleharness.cli.assemble import stress_config
@@ -186,9 +186,7 @@ def test_a_chat_only_defect_fails_the_chat_twins_by_parity(cpu_engine, tmp_path)
     the stop_strings load phase, by parity; the completions requests still match."""
     fault = ChatFlipUnderLoad()
     with FaultProxy(cpu_engine.url, fault) as proxy:
-        # --no-golden: the fault fails parity by the engine's margin (float32); a golden
-        # worker's start (4-5 s) decided nothing asserted here (issue 49)
-        r, out, m = stress(proxy.url, tmp_path, "flip", "--no-golden", "--api", "both",
+        r, out, m = stress(proxy.url, tmp_path, "flip", NO_GOLDEN, "--api", "both",
                            "--scenario", "stop_strings")
     assert fault.hits
     assert r.returncode == 1 and m["verdict"] == "fail", out[-3000:]

@@ -4,7 +4,7 @@ embedded model has a chat template) and fails, naming the request, when a double
 chat path only, or reports other prompt IDs than /tokenize of the same messages."""
 import pytest
 
-from conftest import load_json, run_cli
+from conftest import NO_GOLDEN, load_json, run_cli
 from doubles import Fault, FaultProxy
 from pleharness.faults.families import ChatFlipUnderLoad
 from pleharness.engine.completion import Completion, _from_chat
@@ -82,9 +82,7 @@ def test_chat_path_defects_fail_the_run_naming_the_requests(cpu_engine, tmp_path
             return super().chunk(ctx, self.shift.chunk(ctx, chunk))
     fault = Both()
     with FaultProxy(cpu_engine.url, fault) as proxy:
-        # --no-golden: the fault fails parity by the engine's margin (float32); a golden
-        # worker's start (4-5 s) decided nothing asserted here (issue 49)
-        r, out, m = stress(proxy.url, tmp_path, "faults", "--no-golden")
+        r, out, m = stress(proxy.url, tmp_path, "faults", NO_GOLDEN)
     assert fault.hits and fault.shift.hits
     assert r.returncode == 1 and m["verdict"] == "fail", out[-3000:]
     bad = [q for q in m["requests"] if q["match"] is False]

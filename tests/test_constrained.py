@@ -6,7 +6,7 @@ output in flight with another request (tests/faults_constrained.py) fails exactl
 requests, naming rule ``constrained`` and parity."""
 import pytest
 
-from conftest import load_json, run_cli
+from conftest import NO_GOLDEN, load_json, run_cli
 from doubles import FaultProxy
 from faults_constrained import ConstrainedBrokenUnderLoad
 
@@ -52,9 +52,7 @@ def test_clean_engine_passes_constrained_output(cpu_engine, tmp_path):
 def test_constrained_output_broken_under_load_fails_the_request(cpu_engine, tmp_path):
     fault = ConstrainedBrokenUnderLoad()
     with FaultProxy(cpu_engine.url, fault) as proxy:
-        # --no-golden: the fault fails parity by the engine's margin (float32); a golden
-        # worker's start (4-5 s) decided nothing asserted here (issue 49)
-        r, out, m = stress(proxy.url, tmp_path, "broken", "--no-golden")
+        r, out, m = stress(proxy.url, tmp_path, "broken", NO_GOLDEN)
     assert fault.hits, "no constrained request was in flight with another"
     assert r.returncode == 1 and m["verdict"] == "fail", out[-3000:]
     bad = [q for q in m["requests"] if any(c["status"] == "fail" for c in q["checks"])

@@ -6,7 +6,7 @@ requests arriving after a disconnect, and one that serves a near duplicate from 
 answer, are caught (failing requests and rule asserted)."""
 import pytest
 
-from conftest import load_json, run_cli
+from conftest import NO_GOLDEN, load_json, run_cli
 from doubles import Fault, FaultProxy
 from faults_disconnect import CorruptAfterDisconnect, ServeFromOriginal
 from pleharness.engine import metrics
@@ -113,9 +113,7 @@ def test_attached_without_reset_says_so_and_passes(cpu_engine, tmp_path):
 def test_corrupted_continuation_after_disconnect_is_caught(cpu_engine, tmp_path):
     fault = CorruptAfterDisconnect(block=B)
     with FaultProxy(cpu_engine.url, fault) as proxy:
-        # --no-golden: the fault fails parity by the engine's margin (float32); a golden
-        # worker's start (4-5 s) decided nothing asserted here (issue 49)
-        r, out, m = stress(proxy.url, tmp_path, "afterabort", "disconnects", more=["--no-golden"])
+        r, out, m = stress(proxy.url, tmp_path, "afterabort", "disconnects", more=[NO_GOLDEN])
     assert fault.gone and fault.hits, "the double saw no disconnect"
     assert r.returncode == 1 and m["verdict"] == "fail", out[-3000:]
     follow = records(m, "after-disconnect")

@@ -11,7 +11,7 @@ speculative decoding k = 3), through a FaultProxy (tests/faults_checks.py):
 import pytest
 import requests
 
-from conftest import load_json, run_cli
+from conftest import NO_GOLDEN, load_json, run_cli
 from doubles import Counted, FaultProxy, SentinelLogprobs
 from faults_checks import BreakAnswerUnderLoad, Chain, ReverseTopLogprobs
 from pleharness.model import SERVED_NAME
@@ -127,9 +127,7 @@ def test_answer_broken_under_load_fails_and_a_sentinel_still_fails(cpu_engine, t
     sentinel = SentinelLogprobs(lambda ctx: ctx.body["prompt"] == count
                                 and occ.occurrence(ctx) == 3)
     with FaultProxy(cpu_engine.url, Chain(ReverseTopLogprobs(), broken, sentinel)) as proxy:
-        # --no-golden: the fault fails parity by the engine's margin (float32); a golden
-        # worker's start (4-5 s) decided nothing asserted here (issue 49)
-        r, out, m = stress(proxy.url, tmp_path, "broken", "--no-golden", "--scenario", str(sc))
+        r, out, m = stress(proxy.url, tmp_path, "broken", NO_GOLDEN, "--scenario", str(sc))
     assert [h[2] for h in broken.hits] == [0, 3] or sorted(h[2] for h in broken.hits) == [0, 3]
     assert len(sentinel.hits) == 1
     assert r.returncode == 1 and m["verdict"] == "fail", out[-3000:]

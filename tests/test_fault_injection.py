@@ -10,7 +10,7 @@ import sys
 
 import requests
 
-from conftest import load_json, run_cli, scenario_variant
+from conftest import NO_GOLDEN, load_json, run_cli, scenario_variant
 from doubles import Corrupt, EditTokens, FaultProxy, set_top, top_first, top_of
 from pleharness.golden import GoldenModel
 from pleharness.model import SERVED_NAME, SHIPPED_DIR
@@ -290,9 +290,7 @@ def test_warm_run_differing_from_cold_is_caught(cpu_engine, tmp_path):
     fault = Corrupt(lambda ctx: len(ctx.body["prompt"]) == target and fault.occurrence(ctx) == 2,
                     lambda t, pos: ((t + 1) % 700, "#"), start=1, stop=2)
     with FaultProxy(cpu_engine.url, fault) as proxy:
-        # --no-golden: the fault fails parity by the engine's margin (float32); a golden
-        # worker's start (4-5 s) decided nothing asserted here (issue 49)
-        r, out, m = stress_via(proxy, tmp_path, "warm", "--no-golden", "--scenario",
+        r, out, m = stress_via(proxy, tmp_path, "warm", NO_GOLDEN, "--scenario",
                                boundary(tmp_path, depth=1))
     assert r.returncode == 1, out[-3000:]
     rows = {row["length"]: row for row in m["tables"]["boundary"]}
@@ -308,9 +306,7 @@ def test_broken_counting_in_ongoing_decode(cpu_engine, tmp_path):
     fault = Corrupt(lambda ctx: ctx.body.get("max_tokens") > 300 and fault.occurrence(ctx) == 3,
                     lambda t, pos: (t + 1, " 999"), start=100, stop=101)
     with FaultProxy(cpu_engine.url, fault) as proxy:
-        # --no-golden: the fault fails parity by the engine's margin (float32); a golden
-        # worker's start (4-5 s) decided nothing asserted here (issue 49)
-        r, out, m = stress_via(proxy, tmp_path, "count", "--no-golden", "--scenario", "insert")
+        r, out, m = stress_via(proxy, tmp_path, "count", NO_GOLDEN, "--scenario", "insert")
     assert r.returncode == 1, out[-3000:]
     bad = failing(m, "counting")
     assert len(bad) == 1 and bad[0]["phase"] == "insert" and bad[0]["note"] == "ongoing decode"

@@ -28,7 +28,7 @@ import json
 
 import pytest
 
-from conftest import load_json, run_cli
+from conftest import NO_GOLDEN, load_json, run_cli
 from doubles import FaultProxy
 from faults_request_shapes import (AdapterOnBaseNeighbour, ChoiceLogprobsSwapped,
                                    MinTokensLostUnderLoad, SpecialTextSkippedUnderLoad,
@@ -139,9 +139,7 @@ def test_adapter_on_base_neighbours_fails_their_parity(plain_engine, tmp_path):
     fault = AdapterOnBaseNeighbour()
     with FaultProxy(plain_engine.url, fault) as proxy:
         fault.proxy = proxy
-        # --no-golden: the fault fails parity by the engine's margin (float32); a golden
-        # worker's start (4-5 s) decided nothing asserted here (issue 49)
-        r, out, m = stress(proxy.url, tmp_path, "adapter", "mixed_params", more=["--no-golden"])
+        r, out, m = stress(proxy.url, tmp_path, "adapter", "mixed_params", more=[NO_GOLDEN])
     assert fault.changed and fault.base == "ple-tiny-llama"
     assert r.returncode == 1 and m["verdict"] == "fail", out[-3000:]
     bad = [q for q in m["requests"] if failed(q)]

@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from conftest import load_json, run_cli
+from conftest import NO_GOLDEN, load_json, run_cli
 from doubles import FaultProxy
 from faults_stop_mixed import (IdsAfterStop, PenaltyOnNeighbour, Rechunk, StopIdsIgnored,
                                StopOnNeighbour)
@@ -118,9 +118,7 @@ def test_penalty_applied_to_a_neighbour_fails_the_default_requests(cpu_engine, t
     fault = PenaltyOnNeighbour(start=2)
     with FaultProxy(cpu_engine.url, fault) as proxy:
         fault.proxy = proxy
-        # --no-golden: the fault fails parity by the engine's margin (float32); a golden
-        # worker's start (4-5 s) decided nothing asserted here (issue 49)
-        r, out, m = stress(proxy.url, tmp_path, "neighbour", "mixed_params", more=["--no-golden"])
+        r, out, m = stress(proxy.url, tmp_path, "neighbour", "mixed_params", more=[NO_GOLDEN])
     assert fault.hits
     assert r.returncode == 1, out[-3000:]
     assert m["verdict"] == "fail"
