@@ -36,7 +36,7 @@ followed by garbage is corruption that happened to start at a close call).
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -249,16 +249,31 @@ def golden_side(ref_tok: int | None, obs_tok: int | None, golden: Mapping[str, A
 
 
 def majority_side(ref_hash: str | None, obs_hash: str | None,
-                  votes: Mapping[str, Sequence[str]]) -> tuple[str, str]:
+                  votes: Mapping[str, Sequence[str]],
+                  crowded: Collection[str] = frozenset()) -> tuple[str, str]:
     """(corrupt side, why) by majority over every run of the same prompt, sampling and
     max_tokens: ``votes`` maps an output hash to the runs (IDs) that produced it. The side with
     fewer runs behind its output is the outlier when the other side has strictly more runs and
-    at least two (two runs agreeing); otherwise undecided (one against one, or a tie)."""
+    at least two (two runs agreeing); otherwise undecided (one against one, or a tie).
+
+    ``crowded``: the IDs of the runs under test that had other requests in flight (concurrency
+    above 1). Crowded runs never outvote the single-request reference alone: where every run
+    behind the compared output was crowded and every run behind the reference's output ran
+    alone, the outputs split by load, which is what a defect of batched decoding looks like
+    (each crowded run corrupted alike), so the vote is undecided (the golden model or a control
+    run decides such a split; a control twin or a run alone behind the compared output makes
+    it a vote again). Source: docs/references.md ("which side is wrong")."""
     nr, no = len(votes.get(ref_hash or "", ())), len(votes.get(obs_hash or "", ()))
     total = sum(len(v) for v in votes.values())
     why = (f"{nr} of {total} runs of this prompt gave the reference's output, {no} the compared "
            "run's")
     if no > nr and no >= 2:
+        if (crowded and all(x in crowded for x in votes.get(obs_hash or "", ()))
+                and not any(x in crowded for x in votes.get(ref_hash or "", ()))):
+            return "undecided", why + (
+                " (split by load: every run alone gave the reference's output, every run behind "
+                "the other output had requests beside it; crowded runs corrupted alike would "
+                "look the same: the golden model or a control run decides)")
         return "reference", why
     if nr > no and nr >= 2:
         return "load", why

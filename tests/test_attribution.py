@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, load_json, run_cli
+from conftest import NO_GOLDEN, ROOT, load_json, run_cli
 from pleharness.attribution import attribute
 from pleharness.engine.session import control_args
 from pleharness.explain import Case, failing_cases, suspects_for, write_repro
@@ -280,10 +280,13 @@ def stress_fake(engine, tmp_path, run_id, when, *extra, mode="crowded"):
 @pytest.fixture(scope="module")
 def spec_fault_run(cpu_engine, tmp_path_factory):
     """A run whose engine corrupts position 5 of busy requests only while --speculative-config is
-    in its launch arguments, with the control run dropping that flag."""
+    in its launch arguments, with the control run dropping that flag. Without the golden model
+    (conftest.NO_GOLDEN): explain's replays judge the sides by majority alone, where every
+    crowded run is corrupted alike and must not outvote the solo reference (it did before
+    session 26: the clean reference was named corrupt)."""
     tmp = tmp_path_factory.mktemp("attribution")
     return stress_fake(cpu_engine, tmp, "spec", "--speculative-config",
-                       "--control-drop-arg=--speculative-config") + (tmp,)
+                       "--control-drop-arg=--speculative-config", NO_GOLDEN) + (tmp,)
 
 
 @pytest.mark.engine
@@ -355,8 +358,9 @@ def test_explain_attributes_the_divergence_to_its_flag(cpu_engine, spec_fault_ru
     assert len(fails) == len(rep["cases"]) and "speculative decoding" in fails[0].get("message")
     assert "needs speculative decoding" in (run / "explain" / "explain.md").read_text()
     # one reproducer per diagnosis (issue 49): the cases share one, so the smallest case's
-    # reproducer is confirmed and the others name it
-    assert len(rep["cases"]) >= 2
+    # reproducer is confirmed and the others name it (one case or two: how many crowded
+    # requests overlapped depends on the machine's speed; seen 1 under a second test pass
+    # beside this one. The choice among fixed cases: test_explain_confirms_one_reproducer_...)
     confirmed = [c for c in rep["cases"] if c.get("reproduction")]
     assert len(confirmed) == len({c["attribution"] for c in rep["cases"]}) == 1
     lead = confirmed[0]["case"]
@@ -824,3 +828,44 @@ def test_confirm_all_replays_a_shared_schedule_once_and_goes_on(monkeypatch, tmp
     assert rep.cases[1].reproduction_verdict == \
         "reproduced 2/2 on fresh engines (the schedule of repro-1.toml)"
     assert rep.cases[2].reproduction.rate == "2/2"
+
+
+def test_explain_confirms_one_reproducer_per_diagnosis_the_smallest(monkeypatch, tmp_path):
+    """Without --confirm-all (issue 49): of the cases that share one diagnosis, only the smallest
+    reproducer (fewest requests, then fewest prompt tokens) is replayed and the others name it;
+    a case of another diagnosis is replayed too; an unreproduced case (no minimal case, so no
+    diagnosis) leads nothing. (The engine test of explain sees one or two crowded cases,
+    depending on the machine's speed; this one fixes the cases.)"""
+    from types import SimpleNamespace
+
+    from pleharness.explain import ExplainReport, confirm_repros
+    from pleharness.explain import job as explain_job
+    from pleharness.manifest.tables import Confirmation
+    from test_confirm_job import REPRO
+    one = REPRO[:REPRO.index("[[params.phases.requests]]\nprompt = [8, 9]")].replace(
+        "concurrency = 2", "concurrency = 1")  # one request
+    texts = {1: REPRO, 2: one, 3: REPRO, 4: one.replace("[5, 6, 7]", "[5, 6]")}
+    for i, text in texts.items():
+        (tmp_path / f"repro-{i}.toml").write_text(text)
+    replayed = []
+
+    def replay(path, rt, runs, out_dir, log=print, label=None):
+        replayed.append(Path(path).name)
+        return Confirmation(runs=runs, reproduced=runs, errors=0, inconclusive=0,
+                            fresh_engine=True, side_by_side=1, replays=[], rate=f"{runs}/{runs}",
+                            verdict=f"reproduced {runs}/{runs} on fresh engines")
+    monkeypatch.setattr(explain_job, "replay_reproducer", replay)
+    rep = ExplainReport(run_id="t", tries=1, budget_s=1.0)
+    diagnosis = {1: "needs x", 2: "needs x", 3: "needs y", 4: "not reproduced"}
+    rep.cases = [SimpleNamespace(case=i, repro=f"repro-{i}.toml", attribution=diagnosis[i],
+                                 minimal_case=None if i == 4 else "alone", reproduction=None,
+                                 reproduction_verdict=None) for i in texts]
+    m = Manifest(run_id="t", status="complete", verdict="fail",
+                 engine={"mode": "launched", "launch": {"model": "m", "python": "p"}})
+    confirm_repros(rep, m, tmp_path, 2)
+    # case 2 (one request) leads "needs x"; case 3 is the only "needs y" (its schedule differs
+    # from case 2's); case 4 has no diagnosis and is replayed for itself
+    assert sorted(replayed) == ["repro-2.toml", "repro-3.toml", "repro-4.toml"], replayed
+    assert rep.cases[0].reproduction is None and rep.cases[0].reproduction_verdict.startswith(
+        "same diagnosis as case 2 (its smaller reproducer is confirmed")
+    assert rep.cases[1].reproduction.rate == rep.cases[2].reproduction.rate == "2/2"

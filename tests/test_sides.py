@@ -60,9 +60,10 @@ def rec(i, phase, out, ref_out, ph_len=4):
     return r
 
 
-def corrupt_first_run_manifest():
-    """A prompt whose first (cold, kept) reference run r00001 is corrupt: three load runs agree
-    with each other, a fourth differs from them too."""
+def corrupt_first_run_manifest(second_solo=True):
+    """A prompt whose first (cold, kept) reference run r00001 is corrupt: its second run alone
+    (r00006, ``second_solo``) and three load runs agree with each other, a fourth load run
+    differs from them too."""
     m = Manifest(run_id="t")
     m.phases = [PhaseRecord(index=0, name="refs", scenario="s", concurrency=1, role="reference"),
                 PhaseRecord(index=1, name="load", scenario="s", concurrency=2)]
@@ -70,7 +71,7 @@ def corrupt_first_run_manifest():
                                     output_hash=token_hash(BAD), output_ids=BAD,
                                     request_id="r00001")]
     m.requests = [rec(1, "refs", BAD, None)] + [rec(i, "load", GOOD, BAD) for i in (2, 3, 4)] \
-        + [rec(5, "load", OTHER, BAD)]
+        + [rec(5, "load", OTHER, BAD)] + ([rec(6, "refs", GOOD, None)] if second_solo else [])
     for ph in m.phases:
         finish_phase(ph, [r for r in m.requests if r.phase == ph.name])
     return m
@@ -83,7 +84,7 @@ def test_majority_names_the_corrupt_reference_and_rejudges_later_runs():
     ref_run = m.requests[0]
     assert [c.name for c in ref_run.failed_checks] == ["corrupt_reference"]
     assert "the reference run r00001 of prompt p0 is the outlier" in ref_run.failed_checks[0].detail
-    assert "1 of 5 runs" in ref_run.failed_checks[0].detail
+    assert "1 of 6 runs" in ref_run.failed_checks[0].detail
     for r in m.requests[1:4]:  # judged against the majority output: they match it
         assert r.match is True and r.reference_hash == token_hash(GOOD)
         assert r.divergence.corrupt_side == "reference" and not r.divergence.fails
@@ -121,6 +122,29 @@ def test_a_run_rejudged_equal_to_the_replacing_output_keeps_its_pass_when_settle
             assert [c.status for c in r.checks if c.name == "parity"] == ["pass"]
         # the odd run (OTHER) is judged as before: it fails unless a control twin gave OTHER too
         assert m.requests[4].is_problem is (twin_out != OTHER)
+
+
+def test_crowded_runs_alike_never_outvote_a_reference_that_ran_alone():
+    """A batching defect corrupts every crowded run of a prompt alike: without a run alone or a
+    control twin behind their output, their number decides nothing (it named the clean solo
+    reference corrupt, and the corrupted runs "matched" the output that replaced it)."""
+    m = corrupt_first_run_manifest(second_solo=False)
+    m.requests.append(rec(6, "refs", BAD, None))  # the reference repeats alone
+    counts = judge_sides(m)
+    assert counts == {"reference": 0, "load": 1, "undecided": 3}, counts
+    assert not m.summary.corrupt_references and m.references[0].request_id == "r00001"
+    for r in m.requests[1:4]:  # still judged against the solo reference: still failing
+        d = r.divergence
+        assert r.match is False and r.is_problem and d.corrupt_side == "undecided"
+        assert "split by load" in d.side_evidence.detail and d.side_evidence.votes_observed == 3
+    assert not m.requests[0].failed_checks
+    # a run alone behind the crowded output, or a control twin, makes it a vote again
+    m = corrupt_first_run_manifest(second_solo=False)
+    m.requests[3].concurrency = 1
+    assert judge_sides(m)["reference"] == 3
+    m = corrupt_first_run_manifest(second_solo=False)
+    judge_sides(m, Manifest(run_id="c", requests=[rec(7, "load", GOOD, GOOD)]))
+    assert m.requests[1].divergence.corrupt_side == "reference"
 
 
 def test_majority_counts_control_twins_and_stays_undecided_without_a_majority():
@@ -426,8 +450,9 @@ def test_a_run_judged_again_against_the_majority_keeps_the_runs_rule(strict):
     m.references = [ReferenceRecord(prompt_key="p0", prompt_hash="ph", prompt_len=4,
                                     max_tokens=4, output_hash=token_hash(bad), output_ids=bad,
                                     request_id="r00001", margins=[5.0, 5.0, 0.001, 5.0])]
+    # (the second run alone agrees with the load runs: the first run is the outlier)
     m.requests = [rec(1, "refs", bad, None)] + [rec(i, "load", good, bad) for i in (2, 3, 4)] \
-        + [rec(5, "load", odd, bad)]
+        + [rec(5, "load", odd, bad), rec(6, "refs", good, None)]
     for ph in m.phases:
         finish_phase(ph, [r for r in m.requests if r.phase == ph.name])
     judge_sides(m)

@@ -26,7 +26,8 @@ def judge_sides(main: Manifest, control: Manifest | None = None) -> dict[str, in
     """The majority pass, after the suite (and the control run): every divergence whose side the
     golden model did not decide is judged by the majority over every run of the same prompt,
     sampling and max_tokens in the run: the cold and warm solo references, the load repeats, and
-    the control run's twins (``control``, any concurrency) (:func:`majority_side`). A reference
+    the control run's twins (``control``, any concurrency) (:func:`majority_side`: crowded
+    runs under test alone never outvote a reference that every run alone gave). A reference
     judged corrupt fails the run that produced it (check ``corrupt_reference``), is replaced in
     ``main.references`` by the majority output (source ``majority``, ``replaces`` says which
     run), and every run compared with it is judged again against that output. Only a failing
@@ -42,6 +43,7 @@ def judge_sides(main: Manifest, control: Manifest | None = None) -> dict[str, in
                 votes.setdefault(_vote_key(r), {}).setdefault(r.output_hash, []).append(
                     src + r.id)
     run_ids = {r.id for r in main.requests}
+    crowded = {r.id for r in main.requests if (r.concurrency or 1) > 1}
     corrupt: dict[tuple, tuple[str, list[RequestRecord]]] = {}
     changed: set[str] = set()
     for r in main.requests:
@@ -63,7 +65,7 @@ def judge_sides(main: Manifest, control: Manifest | None = None) -> dict[str, in
                  + [f"reference ({ev.reference_source or 'elsewhere'})"]}
         if ev.reference_source == "golden":
             continue  # the golden model's own continuation: judged by the golden model only
-        side, why = majority_side(r.reference_hash, r.output_hash, v)
+        side, why = majority_side(r.reference_hash, r.output_hash, v, crowded)
         ev.method, ev.detail = "majority", why
         ev.votes_reference = len(v.get(r.reference_hash or "", ()))
         ev.votes_observed = len(v.get(r.output_hash or "", ()))
