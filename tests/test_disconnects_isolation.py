@@ -106,7 +106,11 @@ def test_attached_without_reset_says_so_and_passes(cpu_engine, tmp_path):
         < names.index("isolation-original")
     assert all(x["reference_cache"].startswith("not fresh: /reset_prefix_cache answered 404")
                for x in m["tables"]["prefix_isolation"])
-    assert proxy.disconnects  # the proxy saw the planned disconnects (and passed them on)
+    # the planned disconnects ran (the run's own record); whether the proxy also saw a client go
+    # depends on the machine's speed (a client that closes after its answer ended is no
+    # disconnect to it: seen with a second test pass beside this one), so it is not asserted
+    roles = {x["role"] for x in m["tables"]["disconnects"]}
+    assert {"abandoned before the first token", "abandoned mid-decode"} <= roles, roles
 
 
 @pytest.mark.engine
