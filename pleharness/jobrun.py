@@ -287,8 +287,7 @@ class JobRun:
                                    phases_completed=0, hashes_compared=0, hashes_matched=0)
         manifest.run_options = RunOptionsRecord(
             reference=cfg.reference.source, repeat=cfg.suite.repeat,
-            logprobs=cfg.suite.logprobs, near_tie_nats=cfg.verdict.near_tie_nats,
-            golden=cfg.verdict.golden,
+            logprobs=cfg.suite.logprobs, golden=cfg.verdict.golden,
             strict=cfg.verdict.strict, on_timeout=cfg.verdict.on_timeout,
             reference_cache_state=cfg.reference.cache_state)
         run = cls(cfg, console, err, run_dir, manifest)

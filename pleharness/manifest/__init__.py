@@ -103,7 +103,10 @@ class RunOptionsRecord(_Section):
     strict: bool | None = None  # near ties fail (--strict)
     on_timeout: str | None = None  # --on-timeout policy
     logprobs: int | None = None  # top-k logprobs asked for
-    near_tie_nats: float | int | None = None  # near-tie threshold, nats
+    # near-tie threshold, nats: resolved from --near-tie-nats and the serving dtype when the
+    # engine's run context is made (passes.engine_context, its one writer; None before: a run
+    # that never reached an engine), amended only by a measured envelope (envelope.apply)
+    near_tie_nats: float | int | None = None
     near_tie_source: str | None = None  # where the threshold came from (given | dtype default)
     serving_dtype: str | None = None
     golden: bool | None = None
