@@ -794,57 +794,17 @@ def test_a_fuzz_reproducer_the_control_run_explains_is_not_replayed(cpu_engine, 
     assert r.returncode == 0 and m["verdict"] == "pass", out[-3000:]
 
 
-def test_confirm_all_replays_a_shared_schedule_once_and_goes_on(monkeypatch, tmp_path):
-    """--confirm-all with cases of one schedule (one phase's cases, replayed at its companions
-    level): the schedule is replayed once, the others share its result, and the cases after
-    them are still confirmed (the shared-schedule branch overwrote the diagnosis map: the next
-    case raised AttributeError, seen in the nightly side-by-side test)."""
+def confirm_fixed_cases(monkeypatch, tmp_path, texts: dict, diagnosis: dict,
+                        unreproduced=(), **kw):
+    """explain's confirmation (:func:`pleharness.explain.confirm_repros`, 2 runs) of fixed
+    cases: ``repro-N.toml`` = ``texts[N]``, case N's attribution ``diagnosis[N]`` (no minimal
+    case for those in ``unreproduced``), every replay a stand-in that reproduces 2/2. Returns
+    (the report's cases, the reproducer files replayed, in order)."""
     from types import SimpleNamespace
 
     from pleharness.explain import ExplainReport, confirm_repros
     from pleharness.explain import job as explain_job
     from pleharness.manifest.tables import Confirmation
-    from test_confirm_job import REPRO
-    other = REPRO.replace("max_tokens = 4", "max_tokens = 5")
-    for name, text in (("repro-1.toml", REPRO), ("repro-2.toml", REPRO),
-                       ("repro-3.toml", other)):
-        (tmp_path / name).write_text(text)
-    replayed = []
-
-    def replay(path, rt, runs, out_dir, log=print, label=None):
-        replayed.append(Path(path).name)
-        return Confirmation(runs=runs, reproduced=runs, errors=0, inconclusive=0,
-                            fresh_engine=True, side_by_side=1, replays=[], rate=f"{runs}/{runs}",
-                            verdict=f"reproduced {runs}/{runs} on fresh engines")
-    monkeypatch.setattr(explain_job, "replay_reproducer", replay)
-    rep = ExplainReport(run_id="t", tries=1, budget_s=1.0)
-    rep.cases = [SimpleNamespace(case=i, repro=f"repro-{i}.toml", attribution="needs x",
-                                 minimal_case="alone", reproduction=None,
-                                 reproduction_verdict=None) for i in (1, 2, 3)]
-    m = Manifest(run_id="t", status="complete", verdict="fail",
-                 engine={"mode": "launched", "launch": {"model": "m", "python": "p"}})
-    confirm_repros(rep, m, tmp_path, 2, confirm_all=True)
-    assert replayed == ["repro-1.toml", "repro-3.toml"]
-    assert rep.cases[1].reproduction_verdict == \
-        "reproduced 2/2 on fresh engines (the schedule of repro-1.toml)"
-    assert rep.cases[2].reproduction.rate == "2/2"
-
-
-def test_explain_confirms_one_reproducer_per_diagnosis_the_smallest(monkeypatch, tmp_path):
-    """Without --confirm-all (issue 49): of the cases that share one diagnosis, only the smallest
-    reproducer (fewest requests, then fewest prompt tokens) is replayed and the others name it;
-    a case of another diagnosis is replayed too; an unreproduced case (no minimal case, so no
-    diagnosis) leads nothing. (The engine test of explain sees one or two crowded cases,
-    depending on the machine's speed; this one fixes the cases.)"""
-    from types import SimpleNamespace
-
-    from pleharness.explain import ExplainReport, confirm_repros
-    from pleharness.explain import job as explain_job
-    from pleharness.manifest.tables import Confirmation
-    from test_confirm_job import REPRO
-    one = REPRO[:REPRO.index("[[params.phases.requests]]\nprompt = [8, 9]")].replace(
-        "concurrency = 2", "concurrency = 1")  # one request
-    texts = {1: REPRO, 2: one, 3: REPRO, 4: one.replace("[5, 6, 7]", "[5, 6]")}
     for i, text in texts.items():
         (tmp_path / f"repro-{i}.toml").write_text(text)
     replayed = []
@@ -856,16 +816,45 @@ def test_explain_confirms_one_reproducer_per_diagnosis_the_smallest(monkeypatch,
                             verdict=f"reproduced {runs}/{runs} on fresh engines")
     monkeypatch.setattr(explain_job, "replay_reproducer", replay)
     rep = ExplainReport(run_id="t", tries=1, budget_s=1.0)
-    diagnosis = {1: "needs x", 2: "needs x", 3: "needs y", 4: "not reproduced"}
     rep.cases = [SimpleNamespace(case=i, repro=f"repro-{i}.toml", attribution=diagnosis[i],
-                                 minimal_case=None if i == 4 else "alone", reproduction=None,
-                                 reproduction_verdict=None) for i in texts]
+                                 minimal_case=None if i in unreproduced else "alone",
+                                 reproduction=None, reproduction_verdict=None) for i in texts]
     m = Manifest(run_id="t", status="complete", verdict="fail",
                  engine={"mode": "launched", "launch": {"model": "m", "python": "p"}})
-    confirm_repros(rep, m, tmp_path, 2)
+    confirm_repros(rep, m, tmp_path, 2, **kw)
+    return rep.cases, replayed
+
+
+def test_confirm_all_replays_a_shared_schedule_once_and_goes_on(monkeypatch, tmp_path):
+    """--confirm-all with cases of one schedule (one phase's cases, replayed at its companions
+    level): the schedule is replayed once, the others share its result, and the cases after
+    them are still confirmed (the shared-schedule branch overwrote the diagnosis map: the next
+    case raised AttributeError, seen in the nightly side-by-side test)."""
+    from test_confirm_job import REPRO
+    other = REPRO.replace("max_tokens = 4", "max_tokens = 5")
+    cases, replayed = confirm_fixed_cases(monkeypatch, tmp_path, {1: REPRO, 2: REPRO, 3: other},
+                                          dict.fromkeys((1, 2, 3), "needs x"), confirm_all=True)
+    assert replayed == ["repro-1.toml", "repro-3.toml"]
+    assert cases[1].reproduction_verdict == \
+        "reproduced 2/2 on fresh engines (the schedule of repro-1.toml)"
+    assert cases[2].reproduction.rate == "2/2"
+
+
+def test_explain_confirms_one_reproducer_per_diagnosis_the_smallest(monkeypatch, tmp_path):
+    """Without --confirm-all (issue 49): of the cases that share one diagnosis, only the smallest
+    reproducer (fewest requests, then fewest prompt tokens) is replayed and the others name it;
+    a case of another diagnosis is replayed too; an unreproduced case (no minimal case, so no
+    diagnosis) leads nothing. (The engine test of explain sees one or two crowded cases,
+    depending on the machine's speed; this one fixes the cases.)"""
+    from test_confirm_job import REPRO
+    one = REPRO[:REPRO.index("[[params.phases.requests]]\nprompt = [8, 9]")].replace(
+        "concurrency = 2", "concurrency = 1")  # one request
+    cases, replayed = confirm_fixed_cases(
+        monkeypatch, tmp_path, {1: REPRO, 2: one, 3: REPRO, 4: one.replace("[5, 6, 7]", "[5, 6]")},
+        {1: "needs x", 2: "needs x", 3: "needs y", 4: "not reproduced"}, unreproduced=(4,))
     # case 2 (one request) leads "needs x"; case 3 is the only "needs y" (its schedule differs
     # from case 2's); case 4 has no diagnosis and is replayed for itself
     assert sorted(replayed) == ["repro-2.toml", "repro-3.toml", "repro-4.toml"], replayed
-    assert rep.cases[0].reproduction is None and rep.cases[0].reproduction_verdict.startswith(
+    assert cases[0].reproduction is None and cases[0].reproduction_verdict.startswith(
         "same diagnosis as case 2 (its smaller reproducer is confirmed")
-    assert rep.cases[1].reproduction.rate == rep.cases[2].reproduction.rate == "2/2"
+    assert cases[1].reproduction.rate == cases[2].reproduction.rate == "2/2"
