@@ -228,8 +228,10 @@ class StopOnNeighbour(FamilyFault):
 
 
 class ChatFlipUnderLoad(FamilyFault):
-    """Chat answers only: output position ``at`` becomes another ID (:func:`shifted`) while 2 or
-    more requests are in flight; completions are untouched (a defect of the chat path)."""
+    """Chat answers only: output position ``at`` becomes another ID (:func:`shifted`) while
+    ``min_in_flight`` (default 2) or more requests are in flight; completions are untouched (a
+    defect of the chat path). ``min_in_flight=1``: every chat answer (a test whose point is the
+    chat path, not the load: how many requests overlap depends on the machine's speed)."""
 
     name = "chat_flip_under_load"
     family = "chat completions"
@@ -238,12 +240,12 @@ class ChatFlipUnderLoad(FamilyFault):
     expect = "parity (chat answer vs the completions reference of its template IDs)"
     chat = True
 
-    def __init__(self, at: int = 5):
+    def __init__(self, at: int = 5, min_in_flight: int = 2):
         super().__init__()
-        self.at = at
+        self.at, self.min_in_flight = at, min_in_flight
 
     def chunk(self, ctx, chunk):
-        if "messages" not in ctx.body or ctx.in_flight < 2:
+        if "messages" not in ctx.body or ctx.in_flight < self.min_in_flight:
             return chunk
         for ch in chunk.get("choices") or []:
             ids = ch.get("token_ids") or []
