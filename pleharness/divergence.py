@@ -268,7 +268,7 @@ def majority_side(ref_hash: str | None, obs_hash: str | None,
     why = (f"{nr} of {total} runs of this prompt gave the reference's output, {no} the compared "
            "run's")
     if no > nr and no >= 2:
-        if (crowded and all(x in crowded for x in votes.get(obs_hash or "", ()))
+        if (all(x in crowded for x in votes[obs_hash or ""])
                 and not any(x in crowded for x in votes.get(ref_hash or "", ()))):
             return "undecided", why + (
                 " (split by load: every run alone gave the reference's output, every run behind "
