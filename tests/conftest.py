@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
+from cli_process import run_forked
+
 # No per-example deadline for hypothesis: a test must not depend on this machine's speed (a
 # trivial example took 379 ms on a 2-core machine at load 30 while engines started, and
 # hypothesis' default 200-ms deadline failed it as flaky). Examples are bounded by what they do.
@@ -18,14 +20,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def run_cli(*args: str, timeout: float = 900, env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run ``ple-harness ARGS`` with this interpreter; output captured as text. The engine probe
-    (pleharness/engine_probe.py) is off unless a test passes ``--engine-probe`` (or sets
-    PLE_HARNESS_ENGINE_PROBE): its solo requests would shift the request numbers and prompt
-    occurrences that the engine doubles pick their faults by."""
-    return subprocess.run([sys.executable, "-m", "pleharness", *args], capture_output=True,
-                          text=True, timeout=timeout, cwd=ROOT,
-                          env={**os.environ, "PLE_HARNESS_ENGINE_PROBE": "0", **(env or {}),
-                               "COLUMNS": "200"})
+    """Run ``ple-harness ARGS`` (``python -m pleharness``) as a process of its own, forked from a
+    server that has imported the CLI once (tests/cli_process.py); output captured as text.
+    The engine probe (pleharness/engine_probe.py) is off unless a test passes
+    ``--engine-probe`` (or sets PLE_HARNESS_ENGINE_PROBE): its solo requests would shift the
+    request numbers and prompt occurrences that the engine doubles pick their faults by.
+    COLUMNS is 200 unless ``env`` sets it."""
+    return run_forked(list(args), {**os.environ, "PLE_HARNESS_ENGINE_PROBE": "0",
+                                   "COLUMNS": "200", **(env or {})}, ROOT, timeout)
 
 
 # For a fault test whose planted fault fails parity by the engine's own margin (float32): without
