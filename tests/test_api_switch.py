@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 
+import clean_scenarios
 from conftest import NO_GOLDEN, default_stress_options, load_json, run_cli
 from doubles import FaultProxy
 from pleharness.cli import assemble
@@ -129,30 +130,13 @@ def short_insert(tmp_path):
 
 
 @pytest.mark.engine
+@pytest.mark.nightly  # default (issue 49): test_e2e_cpu.py::test_stress_default_suite_launch
+# asserts clean_scenarios.chat_twins on the default suite's run
 def test_api_both_sends_chat_twins_that_match_their_references(cpu_engine, tmp_path):
     r, out, m = stress(cpu_engine.url, tmp_path, "both", "--api", "both", "--scenario",
                        "stop_strings", "--scenario", short_insert(tmp_path))
     assert r.returncode == 0 and m["verdict"] == "pass", out[-3000:]
-    ro = m["run_options"]
-    assert (ro["api"], ro["api_used"], ro["chat_template"]) == ("both", "both", True)
-    chat = [q for q in m["requests"] if q.get("api") == "chat"]
-    paths = m["summary"]["api_paths"]
-    assert sum(p["chat"] for p in paths.values()) == len(chat)
-    assert paths["insert"]["chat_twins"] == 1 and paths["stop_strings"]["chat_twins"] >= 3
-    # the padded boundary-length inserts have no message form: completions only
-    assert paths["insert"]["no_chat_form"] >= 1
-    assert all(q["match"] is True and q["stream"] for q in chat)
-    assert all(q["output_hash"] == q["reference_hash"] for q in chat)
-    ref_phases = {p["name"] for p in m["phases"] if p["role"] != "load"}
-    assert not any(q["phase"] in ref_phases for q in chat)  # references: completions only
-    # the decode's twin counts too, and each stop twin stops where its completions twin does
-    (dec,) = [q for q in chat if q["phase"] == "insert"]
-    assert [c["status"] for c in dec["checks"] if c["name"] == "counting"] == ["pass"]
-    stops = [q for q in chat if (q.get("params") or {}).get("stop")]
-    assert stops and all(q["finish_reason"] == "stop" for q in stops)
-    assert all([c["status"] for c in q["checks"] if c["name"] == "stop_string"] == ["pass"]
-               for q in stops)
-    assert f"api both: {len(chat)} chat request(s) ({len(chat)} twins)" in out
+    clean_scenarios.chat_twins(m, out)
 
 
 @pytest.mark.engine

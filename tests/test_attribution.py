@@ -536,6 +536,10 @@ def two_flag_run(cpu_engine, tmp_path_factory):
 
 
 @pytest.mark.engine
+@pytest.mark.nightly  # default (issue 49): test_relations_and_narrowest_change and
+# test_follow_ups_two_by_two_and_numeric_variants (the 2x2, the chunk budgets, the wording on
+# fixed outcomes), test_explain_attributes_the_divergence_to_its_flag (explain's launches,
+# replays and report on the real engine)
 def test_explain_names_an_interaction_and_the_narrowest_change(cpu_engine, two_flag_run):
     rep, err = explain_fake(cpu_engine, two_flag_run, TWO_FLAGS)
     assert [c["prompt_len"] for c in rep["cases"]] == [3, 4, 5]
@@ -564,6 +568,9 @@ def test_explain_names_an_interaction_and_the_narrowest_change(cpu_engine, two_f
 
 
 @pytest.mark.engine
+@pytest.mark.nightly  # default (issue 49): test_follow_ups_two_by_two_and_numeric_variants and
+# test_rederive_length_and_resize (k's variants, the re-derived lengths, "the trigger moves"),
+# test_explain_attributes_the_divergence_to_its_flag (explain on the real engine)
 def test_explain_shows_the_trigger_moving_with_k(cpu_engine, two_flag_run):
     # the engine now corrupts only prompts of length 1 + k: at k = 3 only the 4-token prompt
     rep, _ = explain_fake(cpu_engine, two_flag_run, "--speculative-config", length="1+k")

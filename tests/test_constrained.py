@@ -6,6 +6,7 @@ output in flight with another request (tests/faults_constrained.py) fails exactl
 requests, naming rule ``constrained`` and parity."""
 import pytest
 
+import clean_scenarios
 from conftest import NO_GOLDEN, load_json, run_cli
 from doubles import FaultProxy
 from faults_constrained import ConstrainedBrokenUnderLoad
@@ -30,23 +31,12 @@ def constrained(m):
     return [q for q in m["requests"] if "structured_outputs" in (q.get("params") or {})]
 
 
+@pytest.mark.nightly  # default (issue 49): test_e2e_cpu.py::test_stress_default_suite_launch
+# asserts clean_scenarios.constrained on the default suite's run
 def test_clean_engine_passes_constrained_output(cpu_engine, tmp_path):
     r, out, m = stress(cpu_engine.url, tmp_path, "clean")
     assert r.returncode == 0 and m["verdict"] == "pass", out[-3000:]
-    rows = m["tables"]["constrained"]
-    assert len(rows) == 12 and {r_["kind"] for r_ in rows} == {"json", "regex", "choice"}
-    assert all(x["sent"] and x["rule"] == "pass" and x["match"] is True
-               and x["finish_reason"] == "stop" for x in rows)
-    assert {(x["phase"], x["stream"]) for x in rows} == {(LOAD[0], True), (LOAD[1], False)}
-    qs = constrained(m)
-    assert len(qs) == 6 * 4  # the solo references (cold, then warm) and the two load phases
-    for q in qs:  # every constrained output judged complete, sent with ignore_eos off
-        (rule,) = checks_of(q, "constrained")
-        assert rule["status"] == "pass" and "conforms" in rule["detail"], rule
-        assert q["params"]["ignore_eos"] is False and q["output_len"] < 24
-    nbs = [q for q in m["requests"] if q["phase"] in LOAD and q not in qs]
-    assert len(nbs) == 8 and all(q["match"] is True for q in nbs)
-    assert all(not c["status"] == "fail" for q in m["requests"] for c in q["checks"])
+    clean_scenarios.constrained(m)
 
 
 def test_constrained_output_broken_under_load_fails_the_request(cpu_engine, tmp_path):

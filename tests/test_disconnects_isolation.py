@@ -6,6 +6,7 @@ requests arriving after a disconnect, and one that serves a near duplicate from 
 answer, are caught (failing requests and rule asserted)."""
 import pytest
 
+import clean_scenarios
 from conftest import NO_GOLDEN, load_json, run_cli
 from doubles import Fault, FaultProxy
 from faults_disconnect import CorruptAfterDisconnect, ServeFromOriginal
@@ -46,47 +47,13 @@ def is_problem(q):
 
 
 @pytest.mark.engine
+@pytest.mark.nightly  # default (issue 49): test_e2e_cpu.py::test_stress_default_suite_launch
+# asserts clean_scenarios.disconnects and .prefix_isolation on the default suite's run
 def test_clean_engine_passes_disconnects_and_isolation(cpu_engine, tmp_path):
     r, out, m = stress(cpu_engine.url, tmp_path, "clean", "disconnects", "prefix_isolation")
-    assert r.returncode == 0, out[-3000:]
-    assert m["verdict"] == "pass" and not any(is_problem(q) for q in m["requests"])
-    # disconnects: the two planned disconnects are recorded as abandoned, not as failures
-    rows = m["tables"]["disconnects"]
-    pre = next(x for x in rows if x["role"] == "abandoned before the first token")
-    assert pre["result"] == "abandoned after 0 tokens" and pre["prompt_len"] > C
-    mid = next(x for x in rows if x["role"] == "abandoned mid-decode")
-    mid_rec = next(q for q in m["requests"] if q["id"] == mid["request_id"])
-    # on a machine too slow to read the stream before it ends, the disconnect is a warning
-    dc = next(c for c in mid_rec["checks"] if c["name"] == "client_disconnect")
-    assert (mid_rec["error"], dc["status"]) in (("abandoned", "pass"), (None, "warn"))
-    assert all(x["result"] == "= reference" for x in rows if x["role"] == "neighbour")
-    after = [x for x in rows if x["phase"] == "after-disconnect"]
-    assert len(after) == 4 and all(x["result"] == "= reference" for x in after)
-    resent = [q for q in records(m, "after-disconnect")
-              if any(c["name"] == "abandoned_prefix" for c in q["checks"])]
-    assert resent and all(c["status"] == "pass" for q in resent for c in q["checks"]
-                          if c["name"] == "abandoned_prefix")
-    assert pcheck(m, "disconnect", "fresh_cache")["status"] == "pass"
-    settle = pcheck(m, "disconnect", "engine_after_disconnect")
-    assert settle["status"] == "pass" and "abort" in settle["detail"]
-    assert pcheck(m, "after-disconnect", "prefix_cache_reuse")["status"] == "pass"
-    assert phase(m, "after-disconnect")["engaged"]["prefix_cache"]["hit_tokens"] > 0
-    # prefix isolation: every near duplicate equals its own fresh-cache reference; the cache was
-    # hit on exactly the whole blocks each shares with the original (block 1: block 0)
-    iso = m["tables"]["prefix_isolation"]
-    assert [(x["block"], x["offset"]) for x in iso] == [(0, B // 2), (0, B - 1), (1, B // 2),
-                                                        (1, B - 1)]
-    assert all(x["result"] == "= reference" and x["reference_cache"] == "fresh (reset)"
-               for x in iso)
-    assert any(x["reference_differs_from_original"] for x in iso)
-    tested = pcheck(m, "isolation-near-duplicates", "prefix_isolation_tested")
-    assert tested["status"] == "pass", tested
-    hits = phase(m, "isolation-near-duplicates")["engaged"]["prefix_cache"]["hit_tokens"]
-    assert hits == sum(x["shared_whole_blocks"] for x in iso) * B
-    assert phase(m, "isolation-original")["engaged"]["prefix_cache"]["hit_tokens"] == 0  # fresh
-    for ref in [p for p in m["phases"] if p["name"].startswith("isolation-ref-")]:
-        assert ref["engaged"]["prefix_cache"]["hit_tokens"] == 0  # each on a fresh cache
-    assert "### Client disconnects" in (tmp_path / "clean" / "summary.md").read_text()
+    assert r.returncode == 0 and m["verdict"] == "pass", out[-3000:]
+    clean_scenarios.disconnects(m, (tmp_path / "clean" / "summary.md").read_text())
+    clean_scenarios.prefix_isolation(m)
 
 
 @pytest.mark.engine

@@ -3,6 +3,7 @@ import socket
 
 import pytest
 
+import clean_scenarios as clean
 from conftest import group_alive, launched_pid, load_json, run_cli
 from pleharness.model import WEIGHTS_SHA256
 
@@ -146,6 +147,12 @@ def test_stress_default_suite_launch(tmp_path):
     assert k["value"] == 3 and k["source"] == "/server_info?config_format=json"  # the engine's
     assert {"value": 3, "source": "launch argument --speculative-config"} in k["observed"]
     assert m["engine"]["launch"]["profile"] == "profiles/cpu-ngram.toml"
+    # what each scenario's own clean-engine test asserts (nightly since issue 49), on this run
+    for scenario in (clean.sampled, clean.stop_strings, clean.mixed_params, clean.prompt_logprobs,
+                     clean.constrained, clean.prefix_isolation):
+        scenario(m)
+    clean.chat_twins(m, out)
+    clean.disconnects(m, (run_dir / "summary.md").read_text())
     assert (run_dir / "engine.log").stat().st_size > 0
     assert "command:" in (run_dir / "launcher.log").read_text()
     # no engine process left, port free again

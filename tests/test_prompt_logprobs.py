@@ -5,6 +5,7 @@ prefill chunk and the long one in two; a double that shifts the prompt's scores 
 under load (tests/faults_prompt_logprobs.py) fails exactly the shifted requests, naming the rule."""
 import pytest
 
+import clean_scenarios
 from conftest import load_json, run_cli
 from doubles import FaultProxy
 from faults_prompt_logprobs import ShiftedPromptLogprobs
@@ -29,26 +30,12 @@ def scored(m):
             or (q.get("params") or {}).get("echo")]
 
 
+@pytest.mark.nightly  # default (issue 49): test_e2e_cpu.py::test_stress_default_suite_launch
+# asserts clean_scenarios.prompt_logprobs on the default suite's run
 def test_clean_engine_passes_prompt_logprobs(cpu_engine, tmp_path):
     r, out, m = stress(cpu_engine.url, tmp_path, "clean")
     assert r.returncode == 0 and m["verdict"] == "pass", out[-3000:]
-    rows = m["tables"]["prompt_logprobs"]
-    assert {(row["way"], row["chunks"]) for row in rows} == {
-        ("prompt_logprobs", 1), ("echo", 1), ("prompt_logprobs", 2), ("echo", 2)}
-    assert all(row["rules"] == "pass" and row["max_diff_nats"] is not None
-               and row["max_diff_nats"] <= 0.01 for row in rows)
-    qs = scored(m)
-    assert len(qs) == 12  # 2 prompts x 2 ways x (cold reference, warm reference, load)
-    for q in qs:
-        (rule,) = checks_of(q, "prompt_logprobs")
-        assert rule["status"] == "pass", rule
-        assert f"{q['prompt_len'] - 1} entries" in rule["detail"]
-    load = [q for q in qs if q["phase"] == "prompt-logprobs-c4"]
-    assert len(load) == 4
-    assert all(checks_of(q, "prompt_logprobs_parity")[0]["status"] == "pass" for q in load)
-    # prompt_logprobs go non-streamed (vLLM refuses them streamed), echo streams
-    assert {(bool(q["params"].get("echo")), q["stream"]) for q in qs} == {(False, False),
-                                                                         (True, True)}
+    clean_scenarios.prompt_logprobs(m)
 
 
 @pytest.mark.parametrize("relabel", [False, True], ids=["shifted", "relabelled"])

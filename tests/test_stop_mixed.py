@@ -6,6 +6,7 @@ from collections import Counter
 
 import pytest
 
+import clean_scenarios
 from conftest import NO_GOLDEN, load_json, run_cli
 from doubles import FaultProxy
 from faults_stop_mixed import (IdsAfterStop, PenaltyOnNeighbour, Rechunk, StopIdsIgnored,
@@ -27,50 +28,13 @@ def failed(q, name=None):
     return [c for c in q["checks"] if c["status"] == "fail" and (name is None or c["name"] == name)]
 
 
+@pytest.mark.nightly  # default (issue 49): test_e2e_cpu.py::test_stress_default_suite_launch
+# asserts clean_scenarios.stop_strings and .mixed_params on the default suite's run
 def test_clean_engine_passes_stop_strings_and_mixed_params(cpu_engine, tmp_path):
     r, out, m = stress(cpu_engine.url, tmp_path, "clean", "stop_strings", "mixed_params")
-    assert r.returncode == 0, out[-3000:]
-    assert m["verdict"] == "pass"
-    stops = m["tables"]["stop_strings"]
-    assert len(stops) >= 2
-    want = {(s["prompt_key"], s["stop"]): s["expected_ids"] for s in stops}
-    judged = [q for q in m["requests"] if (q.get("params") or {}).get("stop")
-              and q["scenario"] == "stop_strings"]
-    # each stop request: its two references, streamed and non-streamed under load, and (--api
-    # both, the default: the counting prompt is its chat template) one chat twin under load
-    assert len([q for q in judged if q.get("api") != "chat"]) == 4 * len(stops)
-    assert len([q for q in judged if q.get("api") == "chat"]) == len(stops)
-    for q in judged:
-        (stop,) = q["params"]["stop"]
-        assert q["output_len"] == want[(q["prompt_key"], stop)], q
-        assert q["finish_reason"] == "stop"
-        assert [c["status"] for c in q["checks"] if c["name"] == "stop_string"] == ["pass"]
-    assert {q["stream"] for q in judged if q["phase"].endswith("stop-c8")} == {True, False}
-    rows = {row["variant"]: row for row in m["tables"]["mixed_params"]}
-    # on a speculative engine: logit_bias is refused by vLLM, the sampled neighbour left out
-    assert rows["logit-bias"]["left_out"] and rows["sampled"]["left_out"]
-    assert all(rows[v]["compared"] for v in ("repetition", "frequency", "presence", "eos",
-                                             "stop-token", "min-tokens", "min-tokens-stop"))
-    # issue 52's shapes this engine cannot serve are left out with the reason, not sent
-    for v in ("top-k", "top-p", "min-p"):
-        assert "speculative decoding" in rows[v]["left_out"], rows[v]
-    for v in ("min-tokens-eos", "special-text", "stop-eos-id"):
-        assert "logit_bias" in rows[v]["left_out"], rows[v]
-    assert "no LoRA adapter" in rows["adapter"]["left_out"]
-    mixed = [q for q in m["requests"] if q["phase"].endswith("mixed-c8")]
-    assert {tuple(sorted((q.get("params") or {}))) for q in mixed} >= {
-        (), ("repetition_penalty",), ("frequency_penalty",), ("presence_penalty",),
-        ("ignore_eos",), ("stop_token_ids",), ("min_tokens", "stop_token_ids"),
-        ("min_tokens", "stop")}
-    assert all(q["match"] for q in mixed)
-    # token-level stops (issue 35 item 5): the stop-token variant stopped on its stop ID, which
-    # its prompt's default output emits at position 8 (or earlier), and both obeyed the rules
-    stops = [q for q in m["requests"] if (q.get("params") or {}).get("stop_token_ids")]
-    assert stops and all([c["status"] for c in q["checks"] if c["name"] == "stop_token"]
-                         == ["pass"] for q in stops)
-    (st,) = [q for q in mixed if list(q["params"] or {}) == ["stop_token_ids"]]
-    assert st["finish_reason"] == "stop" and st["output_len"] <= 9
-    assert rows["stop-token"]["differs_from_default"] is True
+    assert r.returncode == 0 and m["verdict"] == "pass", out[-3000:]
+    clean_scenarios.stop_strings(m)
+    clean_scenarios.mixed_params(m)
 
 
 def test_ids_after_a_stop_string_fail_the_request(cpu_engine, tmp_path):
