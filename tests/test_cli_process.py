@@ -30,9 +30,9 @@ def test_a_forked_call_answers_as_a_fresh_interpreter(args, env):
     assert forked.stdout or forked.stderr  # something was compared
 
 
-def test_the_call_environment_and_directory_are_the_childs_own(tmp_path):
-    """Two calls in a row with different environments: neither sees the other's; a relative
-    output path lands in the call's working directory."""
+def test_each_call_has_its_own_environment():
+    """Two calls in a row with different environments: neither sees the other's, and the test
+    process's own is left as it was."""
     a = run_forked(["stress", "--url", "http://127.0.0.1:9", "--api-key-env", "PLE_TEST_KEY"],
                    _env(PLE_TEST_KEY=""), ROOT, timeout=120)
     b = run_forked(["stress", "--url", "http://127.0.0.1:9", "--api-key-env", "PLE_TEST_KEY"],
