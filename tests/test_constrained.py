@@ -7,6 +7,7 @@ requests, naming rule ``constrained`` and parity."""
 import pytest
 
 import clean_scenarios
+from clean_scenarios import checks_of
 from conftest import NO_GOLDEN, load_json, run_cli
 from doubles import FaultProxy
 from faults_constrained import ConstrainedBrokenUnderLoad
@@ -21,10 +22,6 @@ def stress(url, tmp_path, run_id, *more):
     r = run_cli("stress", "--url", url, "--results-dir", str(tmp_path), "--run-id", run_id,
                 "--no-engine-probe", *FACTS, "--scenario", "constrained", *more)
     return r, r.stdout + r.stderr, load_json(tmp_path / run_id / "manifest.json")
-
-
-def checks_of(q, name):
-    return [c for c in q["checks"] if c["name"] == name]
 
 
 def constrained(m):

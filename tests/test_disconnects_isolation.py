@@ -7,6 +7,7 @@ answer, are caught (failing requests and rule asserted)."""
 import pytest
 
 import clean_scenarios
+from clean_scenarios import failed, is_problem, pcheck, phase
 from conftest import NO_GOLDEN, load_json, run_cli
 from doubles import Fault, FaultProxy
 from faults_disconnect import CorruptAfterDisconnect, ServeFromOriginal
@@ -24,26 +25,8 @@ def stress(url, tmp_path, run_id, *scenarios, more=()):
     return r, r.stdout + r.stderr, load_json(tmp_path / run_id / "manifest.json")
 
 
-def phase(m, name):
-    return next(p for p in m["phases"] if p["name"] == name)
-
-
-def pcheck(m, ph, name):
-    return next(c for c in phase(m, ph)["checks"] if c["name"] == name)
-
-
 def records(m, ph):
     return [q for q in m["requests"] if q["phase"] == ph]
-
-
-def failed(q):
-    return {c["name"] for c in q["checks"] if c["status"] == "fail"}
-
-
-def is_problem(q):
-    return bool(failed(q)) or (q["match"] is False and q["error"] is None
-                               and (q["divergence"] or {}).get("fails", True)) \
-        or (q["error"] is not None and not q["error_expected"])
 
 
 @pytest.mark.engine

@@ -6,6 +6,7 @@ under load (tests/faults_prompt_logprobs.py) fails exactly the shifted requests,
 import pytest
 
 import clean_scenarios
+from clean_scenarios import checks_of
 from conftest import load_json, run_cli
 from doubles import FaultProxy
 from faults_prompt_logprobs import ShiftedPromptLogprobs
@@ -19,10 +20,6 @@ def stress(url, tmp_path, run_id):
     r = run_cli("stress", "--url", url, "--results-dir", str(tmp_path), "--run-id", run_id,
                 "--no-engine-probe", *FACTS, "--scenario", "prompt_logprobs")
     return r, r.stdout + r.stderr, load_json(tmp_path / run_id / "manifest.json")
-
-
-def checks_of(q, name):
-    return [c for c in q["checks"] if c["name"] == name]
 
 
 def scored(m):
