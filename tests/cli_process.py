@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import atexit
 import io
+import locale
 import multiprocessing
 import os
 import runpy
@@ -42,11 +43,11 @@ def _forkserver():
     return _context
 
 
-def _fresh_stream(fd: int, errors: str) -> io.TextIOWrapper:
+def _fresh_stream(fd: int, encoding: str, errors: str) -> io.TextIOWrapper:
     """A text stream on ``fd`` as a fresh interpreter opens one for a file (block buffered;
     stderr line buffered as Python 3.9+ makes it)."""
     return io.TextIOWrapper(io.BufferedWriter(io.FileIO(fd, "w", closefd=False)),
-                            encoding="utf-8", errors=errors, line_buffering=fd == 2)
+                            encoding=encoding, errors=errors, line_buffering=fd == 2)
 
 
 def _child(args: list[str], env: dict[str, str], cwd: str, out: str, err: str) -> None:
@@ -59,8 +60,10 @@ def _child(args: list[str], env: dict[str, str], cwd: str, out: str, err: str) -
         f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         os.dup2(f, fd)
         os.close(f)
-    sys.stdout = sys.__stdout__ = _fresh_stream(1, "strict")
-    sys.stderr = sys.__stderr__ = _fresh_stream(2, "backslashreplace")
+    # the encoding the fork server's interpreter chose for its own streams, as a fresh one would
+    encoding = sys.__stdout__.encoding if sys.__stdout__ is not None else "utf-8"
+    sys.stdout = sys.__stdout__ = _fresh_stream(1, encoding, "strict")
+    sys.stderr = sys.__stderr__ = _fresh_stream(2, encoding, "backslashreplace")
     sys.argv = [sys.argv[0], *args]
     try:
         runpy.run_module("pleharness", run_name="__main__", alter_sys=True)
@@ -100,7 +103,9 @@ def run_forked(args: list[str], env: dict[str, str], cwd: Path,
             proc.join()
         code = proc.exitcode
         proc.close()
-        text = [p.read_text(errors="replace") if p.exists() else "" for p in (out, err)]
+        # decoded as subprocess.run(text=True) decodes: the locale's encoding, universal newlines
+        text = [p.read_text(encoding=locale.getpreferredencoding(False)) if p.exists() else ""
+                for p in (out, err)]
     if timed_out:
         raise subprocess.TimeoutExpired(cmd, timeout, output=text[0], stderr=text[1])
     return subprocess.CompletedProcess(cmd, code, text[0], text[1])
