@@ -6,7 +6,9 @@
 # cores, issue 49), then the engine tests one at a time (they share one engine per configuration;
 # two at a time, each worker's engines pinned to a core of their own, took 872-974 s against
 # 988 s: each worker starts its own engines and the engines' serving already keeps both cores
-# busy). `--nightly`: only the nightly tests;
+# busy). The tests' `ple-harness` calls are forked from a server that imported the CLI once
+# (tests/cli_process.py; PLE_TEST_CLI_SPAWN=1: fresh interpreters). `--nightly`: only the
+# nightly tests;
 # `--all`: everything, one at a time. The GPU tests skip themselves on a machine without a GPU.
 # Further arguments go to pytest (to both passes).
 set -euo pipefail
