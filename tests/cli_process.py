@@ -29,6 +29,7 @@ import runpy
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 _context = None
@@ -68,7 +69,10 @@ def _child(args: list[str], env: dict[str, str], cwd: str, out: str, err: str) -
     try:
         runpy.run_module("pleharness", run_name="__main__", alter_sys=True)
     finally:
-        atexit._run_exitfuncs()  # an interpreter's exit runs them; multiprocessing's child doesn't
+        # what an interpreter's exit does, in its order (multiprocessing's child would only join
+        # the threads, after the target): join the non-daemon threads, then the exit handlers
+        threading._shutdown()
+        atexit._run_exitfuncs()
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
