@@ -21,6 +21,7 @@ as a fresh interpreter instead (:func:`run_spawned`), e.g. to rule this module o
 from __future__ import annotations
 
 import atexit
+import functools
 import io
 import locale
 import multiprocessing
@@ -32,16 +33,11 @@ import tempfile
 import threading
 from pathlib import Path
 
-_context = None
-
-
+@functools.cache
 def _forkserver():
-    global _context
-    if _context is None:
-        ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["pleharness.cli"])
-        _context = ctx
-    return _context
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["pleharness.cli"])
+    return ctx
 
 
 def _fresh_stream(fd: int, encoding: str, errors: str) -> io.TextIOWrapper:

@@ -26,8 +26,13 @@ def run_cli(*args: str, timeout: float = 900, env: dict | None = None) -> subpro
     ``--engine-probe`` (or sets PLE_HARNESS_ENGINE_PROBE): its solo requests would shift the
     request numbers and prompt occurrences that the engine doubles pick their faults by.
     COLUMNS is 200 unless ``env`` sets it."""
-    return run_forked(list(args), {**os.environ, "PLE_HARNESS_ENGINE_PROBE": "0",
-                                   "COLUMNS": "200", **(env or {})}, ROOT, timeout)
+    return run_forked(list(args), cli_env(env), ROOT, timeout)
+
+
+def cli_env(env: dict | None = None) -> dict[str, str]:
+    """The environment of a test's ``ple-harness`` call: this process's, the engine probe off,
+    200 columns, then ``env``."""
+    return {**os.environ, "PLE_HARNESS_ENGINE_PROBE": "0", "COLUMNS": "200", **(env or {})}
 
 
 # For a fault test whose planted fault fails parity by the engine's own margin (float32): without

@@ -8,11 +8,11 @@ import time
 import pytest
 
 from cli_process import run_forked, run_spawned
-from conftest import ROOT
+from conftest import ROOT, cli_env
 
 
 def _env(**extra: str) -> dict[str, str]:
-    return {**os.environ, "PLE_HARNESS_ENGINE_PROBE": "0", "COLUMNS": "200", **extra}
+    return cli_env(extra)
 
 
 @pytest.mark.parametrize("args, env", [

@@ -35,21 +35,14 @@ def test_stress_default_suite_launch(tmp_path):
     assert {q["phase"] for q in chat} == {"chat-api-solo", "chat-api-c4"} and len(chat) == 8
     assert all(q["match"] for q in every_chat)
     # elsewhere (--api both, the default): the chat twins of the load phases' message prompts
+    # (their count and rules: clean_scenarios.chat_twins below)
     twins = [q for q in every_chat if not q["phase"].startswith("chat-api-")]
-    assert len(twins) == sum(r["chat_twins"] for r in m["summary"]["api_paths"].values()) > 0
     assert {q["phase"].split("/")[-1] for q in twins} <= {"stop-plain-solo", "stop-c8", "insert"}
     rows = m["tables"]["chat_api"]
     assert len(rows) == 4 and all(r["template"] == "same" for r in rows)
     assert {r["turns"] for r in rows} == {1, 2, 3}
-    # prompt logprobs and echo (issue 35 item 4): a short prompt and a chunked one (C = 256)
-    rows = m["tables"]["prompt_logprobs"]
-    assert sorted((r["way"], r["chunks"], r["rules"]) for r in rows) == [
-        ("echo", 1, "pass"), ("echo", 2, "pass"), ("prompt_logprobs", 1, "pass"),
-        ("prompt_logprobs", 2, "pass")]
-    # constrained output (issue 35 item 3): every JSON / regex / choice output conforms and
-    # equals its solo request's, streamed and not, beside unconstrained neighbours
-    rows = m["tables"]["constrained"]
-    assert len(rows) == 12 and all(r["rule"] == "pass" and r["match"] for r in rows)
+    # prompt logprobs and echo (issue 35 item 4) and constrained output (item 3):
+    # clean_scenarios.prompt_logprobs and .constrained below
     # transitions: 16 ladder phases, every hash matched
     load = [p for p in m["phases"] if p["role"] == "load" and p["scenario"] == "transitions"]
     assert [p["concurrency"] for p in load] == [4, 3, 2, 1, 2, 3, 4, 1] * 2
